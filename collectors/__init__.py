@@ -1,0 +1,1 @@
+"""Data sources. One module per source; none imports Textual (they also run headless)."""

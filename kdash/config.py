@@ -1,0 +1,91 @@
+"""The config file: `$XDG_CONFIG_HOME/kdash/config.toml` (else `~/.config/kdash/config.toml`).
+
+Holds the theme the user last chose (`t` cycles it and the choice is saved) and the findings'
+thresholds. Example::
+
+    theme = "dark"
+
+    [thresholds]
+    runq_ms_per_s = 5.0          # run-queue delay of a hot thread, ms waited per s, to flag
+    hot_thread_cpu_pct = 50.0    # a thread above this CPU % counts as hot
+    migrations_per_s = 20.0      # migrations per s of a hot thread to flag
+    low_cpu_freq_ratio = 0.6     # CPU clock below this share of its max while busy
+    busy_cpu_pct = 50.0          # a CPU above this busy % counts as under load
+    gpu_busy_util_pct = 50.0     # GPU utilisation above this counts as busy
+    sm_clock_ratio = 0.8         # SM clock below this share of its max while busy
+    min_duration_s = 1.0         # a condition must hold this long before it becomes a finding
+
+An unreadable file is reported once and defaults are used; the dashboard still starts.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from kdash.errors import UserError
+
+
+@dataclass
+class Thresholds:
+    runq_ms_per_s: float = 5.0
+    hot_thread_cpu_pct: float = 50.0
+    migrations_per_s: float = 20.0
+    low_cpu_freq_ratio: float = 0.6
+    busy_cpu_pct: float = 50.0
+    gpu_busy_util_pct: float = 50.0
+    sm_clock_ratio: float = 0.8
+    min_duration_s: float = 1.0
+
+
+@dataclass
+class Config:
+    theme: str = "dark"
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    path: Path | None = None
+    warning: str = ""  # set when the file existed but could not be used
+
+
+def config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "kdash" / "config.toml"
+
+
+def load_config(path: Path | None = None) -> Config:
+    path = path or config_path()
+    cfg = Config(path=path)
+    if not path.exists():
+        return cfg
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        cfg.warning = f"config {path} ignored: {e}"
+        return cfg
+    if isinstance(data.get("theme"), str):
+        cfg.theme = data["theme"]
+    th = data.get("thresholds", {})
+    if isinstance(th, dict):
+        names = {f.name for f in fields(Thresholds)}
+        for k, v in th.items():
+            if k in names and isinstance(v, int | float) and not isinstance(v, bool):
+                setattr(cfg.thresholds, k, float(v))
+            else:
+                cfg.warning = f"config {path}: ignored thresholds.{k}"
+    return cfg
+
+
+def save_config(cfg: Config) -> None:
+    """Write atomically. Only our keys: the file is small and owned by kdash."""
+    path = cfg.path or config_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = [f'theme = "{cfg.theme}"', "", "[thresholds]"]
+        for k, v in asdict(cfg.thresholds).items():
+            lines.append(f"{k} = {float(v)!r}")
+        tmp = path.with_suffix(".toml.tmp")
+        tmp.write_text("\n".join(lines) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        raise UserError(f"cannot write config {path}: {e.strerror or e}") from None

@@ -1,0 +1,58 @@
+"""The watched process tree: the pid the user named and its descendants."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+import psutil
+
+from kdash.errors import UserError
+
+
+@dataclass
+class Target:
+    pid: int
+    cmdline: list[str] = field(default_factory=list)
+    host: str = field(default_factory=socket.gethostname)
+
+    @classmethod
+    def from_pid(cls, pid: int) -> Target:
+        if pid <= 0:
+            raise UserError(f"not a process id: {pid}")
+        try:
+            p = psutil.Process(pid)
+            cmd = p.cmdline()
+        except psutil.NoSuchProcess:
+            raise UserError(f"no such process: {pid}") from None
+        except psutil.AccessDenied:
+            cmd = []
+        except psutil.ZombieProcess:
+            raise UserError(f"process {pid} has exited (zombie)") from None
+        return cls(pid=pid, cmdline=cmd)
+
+    def alive(self) -> bool:
+        try:
+            return psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def pids(self) -> list[int]:
+        """The root and every descendant still alive (children spawn and die; re-read each poll)."""
+        try:
+            root = psutil.Process(self.pid)
+            kids = root.children(recursive=True)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            return []
+        except psutil.AccessDenied:
+            return [self.pid]
+        return [self.pid] + [k.pid for k in kids]
+
+    def describe(self) -> dict:
+        return {
+            "pid": self.pid,
+            "cmdline": " ".join(self.cmdline),
+            "host": self.host,
+            "uid": os.getuid(),
+        }
