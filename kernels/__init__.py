@@ -1,0 +1,1 @@
+"""Triton attention kernels (paged split-KV decode, varlen prefill/extend) and the demo workload."""

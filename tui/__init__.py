@@ -1,0 +1,1 @@
+"""The Textual app: screens, panes, widgets. Reads the store; never polls a source itself."""
