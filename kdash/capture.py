@@ -16,6 +16,7 @@ renamed into place, so a crash or a full disk never leaves a half capture under 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -78,10 +79,8 @@ def write_capture(path: str | os.PathLike, meta: dict, tables: dict[str, schema.
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     return path
 
@@ -135,7 +134,9 @@ def _open_zip(p: Path) -> zipfile.ZipFile:
     try:
         zf = zipfile.ZipFile(p)
     except zipfile.BadZipFile:
-        raise CaptureError(f"{p} is not a kdash capture (not a .kdash archive, or truncated)") from None
+        raise CaptureError(
+            f"{p} is not a kdash capture (not a .kdash archive, or truncated)"
+        ) from None
     except OSError as e:
         raise CaptureError(f"cannot read {p}: {e.strerror or e}") from None
     return zf

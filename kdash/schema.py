@@ -214,9 +214,11 @@ def _coerce(vals, code: str, n: int) -> np.ndarray:
         arr[:] = [("" if v is None else str(v)) for v in vals]
         return arr
     if code.startswith("f"):
-        return np.asarray([np.nan if v is None else v for v in vals], dtype=dt) if isinstance(
-            vals, list
-        ) else np.asarray(vals, dtype=dt)
+        return (
+            np.asarray([np.nan if v is None else v for v in vals], dtype=dt)
+            if isinstance(vals, list)
+            else np.asarray(vals, dtype=dt)
+        )
     if isinstance(vals, list):
         vals = [-1 if v is None else v for v in vals]
     return np.asarray(vals, dtype=dt)

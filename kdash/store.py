@@ -82,7 +82,7 @@ class Store:
                 ring.overflowed += excess
 
     def get(self, table: str, since_ns: int | None = None, until_ns: int | None = None) -> Batch:
-        """Rows whose time column lies in [since_ns, until_ns]; the whole ring when both are None."""
+        """Rows whose time column lies in [since_ns, until_ns]; the whole ring when both None."""
         with self._lock:
             ring = self._rings[table]
             if len(ring.chunks) > 1:

@@ -1,0 +1,323 @@
+"""The recorder: polls sources into the store on one clock and cuts capture windows.
+
+Used the same way by the dashboard (which runs it in a worker thread and reads the store) and by
+`--headless` (which runs it for a duration and writes one capture). The poll loop is
+self-clocking: each source has its own due time, polls never overlap, and the loop measures its
+own cost so the status bar can show it.
+
+A capture is "the `pre` seconds before the key and the `post` seconds after": the ring always
+holds the pre-trigger seconds, sources poll faster until the window closes, then the window is
+cut from the store and written on a separate thread so polling never stalls on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kdash import clock, schema
+from kdash.capture import write_capture
+from kdash.collectors.base import Source, safe_call, safe_poll
+from kdash.config import Thresholds
+from kdash.store import Store
+from kdash.target import Target
+
+log = logging.getLogger("kdash.session")
+
+
+@dataclass
+class CaptureState:
+    phase: str = "idle"  # idle | recording | writing | saved | failed
+    trigger_ns: int = 0
+    start_ns: int = 0
+    end_ns: int = 0
+    path: Path | None = None
+    error: str = ""
+    seq: int = 0  # increments per capture, so the UI can tell a new result from an old one
+
+    def remaining_s(self, now_ns: int) -> float:
+        if self.phase != "recording":
+            return 0.0
+        return max(0.0, (self.end_ns - now_ns) / 1e9)
+
+
+@dataclass
+class RecorderOptions:
+    interval_s: float = 0.25  # 4 Hz
+    fast_interval_s: float = 0.1  # inside a capture window
+    pre_s: float = 10.0
+    post_s: float = 5.0
+    capture_dir: Path = field(default_factory=lambda: Path.cwd())
+    findings_every_s: float = 1.0
+    findings_window_s: float = 10.0
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+
+class Recorder:
+    def __init__(
+        self,
+        sources: list[Source],
+        store: Store,
+        target: Target | None = None,
+        options: RecorderOptions | None = None,
+        on_event: Callable[[str, object], None] | None = None,
+    ) -> None:
+        self.sources = sources
+        self.store = store
+        self.target = target
+        self.opt = options or RecorderOptions()
+        self.on_event = on_event
+        self.capture = CaptureState()
+        self.poll_cost_ms = 0.0
+        self.findings = schema.to_frame("findings", schema.empty("findings"))
+        self.started_ns = clock.now_ns()
+        self.wall_offset_ns = clock.wall_offset_ns()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._next_findings = 0
+        self._target_gone_reported = False
+
+    # -- life cycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        for s in self.sources:
+            safe_call(s, "start")
+        self._thread = threading.Thread(target=self._loop, name="kdash-recorder", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for s in self.sources:
+            safe_call(s, "stop")
+
+    def run_for(self, seconds: float, progress: Callable[[float], None] | None = None) -> None:
+        """Poll for `seconds` on the calling thread (headless mode); progress gets elapsed s."""
+        for s in self.sources:
+            safe_call(s, "start")
+        t0 = time.monotonic()
+        last_tick = -1
+        while True:
+            elapsed = time.monotonic() - t0
+            if elapsed >= seconds or self._stop.is_set():
+                break
+            self._tick()
+            if progress and int(elapsed) != last_tick:
+                last_tick = int(elapsed)
+                progress(elapsed)
+            self._stop.wait(self._sleep_s())
+        self._tick()
+        for s in self.sources:
+            safe_call(s, "stop")
+
+    # -- polling --------------------------------------------------------------------------
+    def _interval(self, s: Source) -> float:
+        base = getattr(s, "interval_s", self.opt.interval_s)
+        if self.capture.phase == "recording":
+            return min(base, self.opt.fast_interval_s)
+        return base
+
+    def _sleep_s(self) -> float:
+        return min(self._interval(s) for s in self.sources) if self.sources else 0.25
+
+    def _loop(self) -> None:
+        due = {id(s): 0.0 for s in self.sources}
+        while not self._stop.is_set():
+            now = time.monotonic()
+            for s in self.sources:
+                if now >= due[id(s)]:
+                    self._poll_one(s)
+                    due[id(s)] = now + self._interval(s)
+            self._after_poll()
+            nxt = min(due.values()) if due else now + 0.25
+            self._stop.wait(max(0.005, nxt - time.monotonic()))
+
+    def _tick(self) -> None:
+        for s in self.sources:
+            self._poll_one(s)
+        self._after_poll()
+
+    def _poll_one(self, s: Source) -> None:
+        t0 = time.perf_counter()
+        batches = safe_poll(s, clock.now_ns())
+        self.store.extend(batches)
+        cost = (time.perf_counter() - t0) * 1e3
+        self.poll_cost_ms = 0.8 * self.poll_cost_ms + 0.2 * cost
+
+    def _after_poll(self) -> None:
+        now = clock.now_ns()
+        if now >= self._next_findings:
+            self._next_findings = now + int(self.opt.findings_every_s * 1e9)
+            self.findings = self.compute_findings(now - int(self.opt.findings_window_s * 1e9), now)
+        if self.target is not None and not self._target_gone_reported and not self.target.alive():
+            self._target_gone_reported = True
+            self._emit("target-exited", self.target.pid)
+        cap = self.capture
+        if cap.phase == "recording" and now >= cap.end_ns:
+            with self._lock:
+                cap.phase = "writing"
+            threading.Thread(target=self._write_capture, name="kdash-capture", daemon=True).start()
+
+    # -- analyses -------------------------------------------------------------------------
+    def topology(self) -> dict:
+        gpus = self.gpus()
+        return {
+            "gpu_local_cpus": {g["index"]: g.get("local_cpus", "") for g in gpus},
+            "cpu_count": os.cpu_count() or 0,
+        }
+
+    def gpus(self) -> list[dict]:
+        for s in self.sources:
+            describe = getattr(s, "describe", None)
+            if describe is not None:
+                try:
+                    return list(describe())
+                except Exception as e:  # noqa: BLE001 - metadata must not stop a capture
+                    log.warning("describe() failed on %s: %s", s.name, e)
+        return []
+
+    def compute_findings(self, since_ns: int, until_ns: int):
+        try:
+            from kdash.analyses.findings import find_all
+        except ImportError:
+            return self.findings
+        tables = {
+            t: self.store.frame(t, since_ns, until_ns)
+            for t in ("threads", "cpu_freq", "gpu_samples")
+        }
+        try:
+            return find_all(tables, self.topology(), self.opt.thresholds, now_ns=until_ns)
+        except Exception:  # noqa: BLE001 - an analysis bug must not stop polling
+            log.exception("findings failed")
+            return self.findings
+
+    # -- captures -------------------------------------------------------------------------
+    def trigger_capture(self, pre_s: float | None = None, post_s: float | None = None) -> bool:
+        """Start a capture window; False when one is already being recorded or written."""
+        with self._lock:
+            if self.capture.phase in ("recording", "writing"):
+                return False
+            now = clock.now_ns()
+            pre = self.opt.pre_s if pre_s is None else pre_s
+            post = self.opt.post_s if post_s is None else post_s
+            self.capture = CaptureState(
+                phase="recording",
+                trigger_ns=now,
+                start_ns=max(self.started_ns, now - int(pre * 1e9)),
+                end_ns=now + int(post * 1e9),
+                seq=self.capture.seq + 1,
+            )
+        self._emit("capture-started", self.capture)
+        return True
+
+    def capture_path(self, trigger_ns: int) -> Path:
+        wall = (trigger_ns + self.wall_offset_ns) / 1e9
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(wall))
+        pid = self.target.pid if self.target else "none"
+        base = Path(self.opt.capture_dir) / f"kdash-{pid}-{stamp}.kdash"
+        n = 1
+        path = base
+        while path.exists():
+            n += 1
+            path = base.with_name(f"{base.stem}-{n}.kdash")
+        return path
+
+    def _write_capture(self) -> None:
+        cap = self.capture
+        try:
+            path = self.write_window(
+                cap.start_ns, cap.end_ns, self.capture_path(cap.trigger_ns), cap.trigger_ns
+            )
+        except Exception as e:  # noqa: BLE001 - reported in the status bar, never raised
+            log.exception("capture failed")
+            with self._lock:
+                cap.phase = "failed"
+                cap.error = f"{type(e).__name__}: {e}" if not isinstance(e, OSError) else str(e)
+            self._emit("capture-failed", cap)
+            return
+        with self._lock:
+            cap.phase = "saved"
+            cap.path = path
+        self._emit("capture-saved", cap)
+
+    def write_window(
+        self, start_ns: int, end_ns: int, path: Path, trigger_ns: int | None = None
+    ) -> Path:
+        tables = {t: self.store.get(t, start_ns, end_ns) for t in schema.TABLES if t != "findings"}
+        findings = self.compute_findings(start_ns, end_ns)
+        tables["findings"] = schema.from_frame("findings", findings)
+        meta = self.build_meta(start_ns, end_ns, trigger_ns)
+        return write_capture(path, meta, tables)
+
+    def build_meta(self, start_ns: int, end_ns: int, trigger_ns: int | None = None) -> dict:
+        return build_meta(
+            target=self.target,
+            gpus=self.gpus(),
+            sources={s.name: str(s.health) for s in self.sources},
+            start_ns=start_ns,
+            end_ns=end_ns,
+            trigger_ns=trigger_ns,
+            wall_offset_ns=self.wall_offset_ns,
+            overflowed=self.store.overflowed(),
+            extra={"interval_s": self.opt.interval_s},
+        )
+
+    def _emit(self, event: str, payload: object) -> None:
+        if self.on_event is not None:
+            try:
+                self.on_event(event, payload)
+            except Exception:  # noqa: BLE001 - a UI callback bug must not stop polling
+                log.exception("event callback failed for %s", event)
+
+
+def build_meta(
+    *,
+    target: Target | None,
+    gpus: list[dict],
+    sources: dict[str, str],
+    start_ns: int,
+    end_ns: int,
+    trigger_ns: int | None,
+    wall_offset_ns: int,
+    overflowed: int = 0,
+    extra: dict | None = None,
+) -> dict:
+    from kdash import __version__
+
+    driver = next((g.get("driver_version") for g in gpus if g.get("driver_version")), None)
+    meta = {
+        "kdash_version": __version__,
+        "created_wall_ns": time.time_ns(),
+        "target": target.describe()
+        if target
+        else {"pid": None, "cmdline": "", "host": socket.gethostname()},
+        "host": {
+            "hostname": socket.gethostname(),
+            "kernel": platform.release(),
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "gpus": gpus,
+        "driver": driver,
+        "clock": {"domain": "host monotonic ns", "wall_offset_ns": wall_offset_ns},
+        "window": {
+            "start_ns": int(start_ns),
+            "end_ns": int(end_ns),
+            "seconds": round((end_ns - start_ns) / 1e9, 3),
+            "trigger_ns": int(trigger_ns) if trigger_ns is not None else None,
+        },
+        "sources": sources,
+        "overflowed_rows": overflowed,
+    }
+    if extra:
+        meta.update(extra)
+    return meta
