@@ -1,0 +1,116 @@
+"""Kernel-table analyses: top kernels, GPU idle gaps, launch-to-start latency.
+
+Pure functions over the `kernels` and `api` tables (pandas DataFrames in the schema's columns),
+shared by the kernel pane and `kdash report`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+TOP_COLUMNS = [
+    "name",
+    "calls",
+    "total_ms",
+    "pct",
+    "mean_us",
+    "p50_us",
+    "p99_us",
+    "grid",
+    "block",
+    "registers",
+    "smem",
+]
+
+
+def short_name(name: str, width: int = 48) -> str:
+    """A readable kernel name: C++ templates and argument lists cut, middle elided if long.
+
+    The full name stays in the table; this is for narrow columns.
+    """
+    s = name
+    if s.startswith("void "):
+        s = s[5:]
+    depth = 0
+    out = []
+    for ch in s:
+        if ch in "<(":
+            if depth == 0:
+                out.append("<…>" if ch == "<" else "")
+            depth += 1
+        elif ch in ">)":
+            depth = max(0, depth - 1)
+        elif depth == 0:
+            out.append(ch)
+    s = "".join(out).strip() or name
+    if len(s) > width:
+        keep = width - 1
+        s = s[: keep // 2] + "…" + s[-(keep - keep // 2) :]
+    return s
+
+
+def top_kernels(kernels: pd.DataFrame, limit: int | None = None) -> pd.DataFrame:
+    """Per kernel name: calls, total GPU time and its share, mean/p50/p99, launch shape.
+
+    Shares are of the summed kernel time in the table (concurrent kernels on several streams
+    can add up to more than the wall window, so wall time would mislead).
+    """
+    if kernels.empty:
+        return pd.DataFrame(columns=TOP_COLUMNS)
+    k = kernels.assign(dur_ns=(kernels["end_ns"] - kernels["start_ns"]).clip(lower=0))
+    total = float(k["dur_ns"].sum()) or 1.0
+    rows = []
+    for name, g in k.groupby("name", sort=False):
+        d = g["dur_ns"].to_numpy(dtype=np.float64)
+        last = g.iloc[-1]
+        rows.append(
+            {
+                "name": name,
+                "calls": len(g),
+                "total_ms": d.sum() / 1e6,
+                "pct": 100.0 * d.sum() / total,
+                "mean_us": d.mean() / 1e3,
+                "p50_us": float(np.percentile(d, 50)) / 1e3,
+                "p99_us": float(np.percentile(d, 99)) / 1e3,
+                "grid": f"{last['grid_x']},{last['grid_y']},{last['grid_z']}",
+                "block": f"{last['block_x']},{last['block_y']},{last['block_z']}",
+                "registers": int(last["registers"]),
+                "smem": int(last["static_smem"]) + int(last["dynamic_smem"]),
+            }
+        )
+    out = pd.DataFrame(rows, columns=TOP_COLUMNS).sort_values("total_ms", ascending=False)
+    out = out.reset_index(drop=True)
+    return out.head(limit) if limit else out
+
+
+def idle_gaps(kernels: pd.DataFrame, min_gap_us: float = 100.0) -> pd.DataFrame:
+    """Intervals on each device where no kernel ran for at least `min_gap_us`."""
+    cols = ["device", "start_ns", "end_ns", "gap_us"]
+    if kernels.empty:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for dev, g in kernels.groupby("device"):
+        g = g.sort_values("start_ns")
+        starts = g["start_ns"].to_numpy()
+        ends = np.maximum.accumulate(g["end_ns"].to_numpy())
+        gap = starts[1:] - ends[:-1]
+        idx = np.nonzero(gap >= min_gap_us * 1e3)[0]
+        for i in idx:
+            rows.append((int(dev), int(ends[i]), int(starts[i + 1]), gap[i] / 1e3))
+    return pd.DataFrame(rows, columns=cols)
+
+
+def launch_latency(kernels: pd.DataFrame, api: pd.DataFrame) -> pd.DataFrame:
+    """Launch-to-start latency per kernel: kernel start minus the end of its launch API call.
+
+    Matched on correlation id. Graph launches share one correlation id across their kernels;
+    each kernel then measures from the graph launch call, which is what the user waits on.
+    """
+    cols = ["name", "correlation_id", "api_end_ns", "start_ns", "latency_us", "tid"]
+    if kernels.empty or api.empty:
+        return pd.DataFrame(columns=cols)
+    a = api[["correlation_id", "end_ns", "tid"]].rename(columns={"end_ns": "api_end_ns"})
+    m = kernels[["name", "correlation_id", "start_ns"]].merge(a, on="correlation_id", how="inner")
+    m["latency_us"] = (m["start_ns"] - m["api_end_ns"]) / 1e3
+    return m[cols]
