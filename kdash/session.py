@@ -87,17 +87,24 @@ class Recorder:
 
     # -- life cycle ---------------------------------------------------------------------
     def start(self) -> None:
+        """Poll on a thread of our own (headless callers); the dashboard uses `run_forever`."""
+        self._thread = threading.Thread(target=self.run_forever, name="kdash-recorder", daemon=True)
+        self._thread.start()
+
+    def run_forever(self) -> None:
+        """Start the sources and poll until `stop()`; meant for a Textual thread worker."""
         for s in self.sources:
             safe_call(s, "start")
-        self._thread = threading.Thread(target=self._loop, name="kdash-recorder", daemon=True)
-        self._thread.start()
+        try:
+            self._loop()
+        finally:
+            for s in self.sources:
+                safe_call(s, "stop")
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        for s in self.sources:
-            safe_call(s, "stop")
 
     def run_for(self, seconds: float, progress: Callable[[float], None] | None = None) -> None:
         """Poll for `seconds` on the calling thread (headless mode); progress gets elapsed s."""
