@@ -1,0 +1,201 @@
+"""The `kdash` command line.
+
+Exit status: 0 success; 2 bad input (one `kdash: ...` line on stderr, no traceback); 1 a bug in
+kdash (one line too; set KDASH_DEBUG=1 for the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from kdash.errors import UserError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad option in one line and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(message)
+
+
+def _positive(kind: str):
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{kind} must be a number, not {text!r}") from None
+        if not v > 0 or v != v or v == float("inf"):
+            raise argparse.ArgumentTypeError(f"{kind} must be a positive number, not {text!r}")
+        return v
+
+    return parse
+
+
+def _non_negative(kind: str):
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{kind} must be a number, not {text!r}") from None
+        if not v >= 0 or v == float("inf"):
+            raise argparse.ArgumentTypeError(f"{kind} must be zero or more, not {text!r}")
+        return v
+
+    return parse
+
+
+def _pid(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a process id: {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
+    return v
+
+
+def _gpu_list(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--gpus takes indices like 0,1 — not {text!r}") from None
+    if not out or any(g < 0 for g in out):
+        raise argparse.ArgumentTypeError(f"--gpus takes indices like 0,1 — not {text!r}")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from kdash import __version__
+
+    p = _Parser(
+        prog="kdash",
+        description="Terminal profiling dashboard for GPU inference processes.",
+    )
+    p.add_argument("--version", action="version", version=f"kdash {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def live_options(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--interval",
+            type=_positive("--interval"),
+            default=0.25,
+            metavar="S",
+            help="seconds between host polls (default 0.25 = 4 Hz)",
+        )
+        sp.add_argument(
+            "--pre",
+            type=_non_negative("--pre"),
+            default=10.0,
+            metavar="S",
+            help="seconds before the capture key to keep (default 10)",
+        )
+        sp.add_argument(
+            "--post",
+            type=_non_negative("--post"),
+            default=5.0,
+            metavar="S",
+            help="seconds after the capture key to record (default 5)",
+        )
+        sp.add_argument(
+            "--capture-dir",
+            type=Path,
+            default=None,
+            metavar="DIR",
+            help="where `c` saves captures (default: current folder)",
+        )
+        sp.add_argument("--theme", default=None, metavar="NAME", help="dark, light or mono")
+        sp.add_argument(
+            "--gpus",
+            type=_gpu_list,
+            default=None,
+            metavar="I,J",
+            help="only these GPU indices (default: all)",
+        )
+        sp.add_argument(
+            "--headless",
+            action="store_true",
+            help="record without a UI (needs --duration and --output)",
+        )
+        sp.add_argument("--duration", type=_positive("--duration"), default=None, metavar="S")
+        sp.add_argument(
+            "--output",
+            type=Path,
+            default=None,
+            metavar="PATH",
+            help="capture file to write in --headless mode (.kdash)",
+        )
+
+    a = sub.add_parser("attach", help="watch a running process and its children")
+    a.add_argument("--pid", type=_pid, required=True, help="the process to watch")
+    live_options(a)
+
+    o = sub.add_parser("open", help="replay a capture in the dashboard")
+    o.add_argument("path", type=Path)
+    o.add_argument("--theme", default=None, metavar="NAME")
+
+    r = sub.add_parser("report", help="print a capture's summary tables")
+    r.add_argument("path", type=Path)
+    r.add_argument("--json", action="store_true", help="one JSON document on stdout")
+
+    e = sub.add_parser("export", help="convert a capture to another format")
+    e.add_argument("path", type=Path)
+    e.add_argument(
+        "--perfetto",
+        type=Path,
+        required=True,
+        metavar="OUT",
+        help="Chrome/Perfetto trace to write (.json or .json.gz)",
+    )
+
+    d = sub.add_parser("demo", help="the embedded demo (live on a GPU, else a recorded replay)")
+    d.add_argument("--theme", default=None, metavar="NAME")
+    d.add_argument(
+        "--replay",
+        action="store_true",
+        help="open the bundled H200 capture even on a machine with a GPU",
+    )
+    d.add_argument("--headless", action="store_true")
+    d.add_argument("--duration", type=_positive("--duration"), default=None, metavar="S")
+    d.add_argument("--output", type=Path, default=None, metavar="PATH")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command is None:
+            build_parser().print_help()
+            return 2
+        return _dispatch(args)
+    except UserError as e:
+        print(f"kdash: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kdash: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `kdash report X | head`: the reader left; not an error of ours.
+        sys.stderr.close()
+        return 0
+    except Exception as e:  # noqa: BLE001 - the last line of defence: one line, exit 1
+        if os.environ.get("KDASH_DEBUG"):
+            raise
+        print(
+            f"kdash: internal error: {type(e).__name__}: {e} (KDASH_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from kdash import commands
+
+    return getattr(commands, f"cmd_{args.command}")(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,333 @@
+"""The subcommands behind `kdash.cli`: each takes parsed args and returns an exit status."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+from kdash.errors import UserError
+
+DEMO_CAPTURE = "demo-h200.kdash"
+
+
+# -- shared pieces -------------------------------------------------------------------------
+def build_sources(target, gpus: list[int] | None, interval_s: float) -> list:
+    """The host sources that work against any pid: scheduler (/proc) and NVML."""
+    from kdash.collectors.nvml import NvmlSource
+    from kdash.collectors.sched import SchedSource
+
+    return [
+        SchedSource(target, interval_s=interval_s),
+        NvmlSource(target, gpus=gpus, interval_s=interval_s),
+    ]
+
+
+def _check_output(path: Path) -> Path:
+    if path.suffix != ".kdash":
+        path = path.with_name(path.name + ".kdash")
+    if path.is_dir():
+        raise UserError(f"{path} is a folder; give a file name for the capture")
+    if not path.parent.exists():
+        raise UserError(f"no such folder: {path.parent}")
+    if not os.access(path.parent, os.W_OK):
+        raise UserError(f"cannot write in {path.parent}: permission denied")
+    if path.exists():
+        raise UserError(f"{path} exists; remove it or choose another name (kdash never overwrites)")
+    return path
+
+
+def _check_capture_dir(d: Path | None) -> Path:
+    d = Path.cwd() if d is None else d
+    if d.exists() and not d.is_dir():
+        raise UserError(f"--capture-dir {d} is not a folder")
+    if not d.exists():
+        try:
+            d.mkdir(parents=True)
+        except OSError as e:
+            raise UserError(f"cannot create --capture-dir {d}: {e.strerror or e}") from None
+    if not os.access(d, os.W_OK):
+        raise UserError(f"cannot write in --capture-dir {d}: permission denied")
+    return d
+
+
+def _theme(name: str | None):
+    """Theme to start with: --theme, else the saved one, else mono under NO_COLOR."""
+    from kdash.config import load_config
+    from kdash.tui.app import resolve_theme
+
+    cfg = load_config()
+    if name is not None:
+        return cfg, resolve_theme(name)
+    if os.environ.get("NO_COLOR"):
+        return cfg, resolve_theme("mono")
+    try:
+        return cfg, resolve_theme(cfg.theme)
+    except UserError:
+        return cfg, resolve_theme("dark")
+
+
+def _progress(total: float):
+    tty = sys.stderr.isatty()
+
+    def show(elapsed: float) -> None:
+        if tty:
+            print(f"\rkdash: recording {elapsed:4.0f}/{total:.0f} s", end="", file=sys.stderr)
+        elif int(elapsed) % 5 == 0:
+            print(f"kdash: recording {elapsed:.0f}/{total:.0f} s", file=sys.stderr)
+
+    return show
+
+
+def _record_headless(target, args, sources: list, extra_meta: dict | None = None) -> int:
+    from kdash import clock
+    from kdash.session import Recorder, RecorderOptions
+    from kdash.store import Store
+
+    out = _check_output(args.output)
+    store = Store(retention_s=args.duration + 60, max_rows=20_000_000)
+    opts = RecorderOptions(interval_s=getattr(args, "interval", 0.25))
+    rec = Recorder(sources, store, target, opts)
+    start = clock.now_ns()
+    rec.run_for(args.duration, progress=_progress(args.duration))
+    end = clock.now_ns()
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    path = rec.write_window(start, end, out)
+    if extra_meta:
+        _patch_meta(path, extra_meta)
+    rows = {k: v["rows"] for k, v in store.stats().items() if v["rows"]}
+    health = ", ".join(f"{s.name}: {s.health}" for s in sources)
+    print(
+        f"kdash: saved {path} ({(end - start) / 1e9:.1f} s; rows {rows}; {health})", file=sys.stderr
+    )
+    if not target.alive():
+        print(f"kdash: note: pid {target.pid} exited during the recording", file=sys.stderr)
+    return 0
+
+
+def _patch_meta(path: Path, extra: dict) -> None:
+    """Rewrite a capture with extra metadata keys (same atomic writer)."""
+    from kdash import schema
+    from kdash.capture import load_capture, write_capture
+
+    cap = load_capture(path)
+    meta = dict(cap.meta)
+    meta.update(extra)
+    tables = {t: cap.batch(t) for t in schema.TABLES}
+    tmp = path.with_name(path.name + ".rewrite.kdash")
+    write_capture(tmp, meta, tables)
+    os.replace(tmp, path)
+
+
+# -- attach ----------------------------------------------------------------------------------
+def cmd_attach(args) -> int:
+    from kdash.target import Target
+
+    if args.headless and (args.duration is None or args.output is None):
+        raise UserError("--headless needs --duration S and --output PATH")
+    if not args.headless and (args.duration is not None or args.output is not None):
+        raise UserError("--duration and --output go with --headless")
+    target = Target.from_pid(args.pid)
+    if args.headless:
+        return _record_headless(target, args, build_sources(target, args.gpus, args.interval))
+    cap_dir = _check_capture_dir(args.capture_dir)
+    cfg, theme = _theme(args.theme)
+    return _run_live(target, args, cfg, theme, cap_dir)
+
+
+def _run_live(target, args, cfg, theme, cap_dir: Path, title: str | None = None) -> int:
+    from kdash.session import Recorder, RecorderOptions
+    from kdash.store import Store
+    from kdash.tui.app import KdashApp
+
+    store = Store(retention_s=max(120.0, args.pre + args.post + 60))
+    opts = RecorderOptions(
+        interval_s=args.interval,
+        pre_s=args.pre,
+        post_s=args.post,
+        capture_dir=cap_dir,
+        thresholds=cfg.thresholds,
+    )
+    rec = Recorder(build_sources(target, args.gpus, args.interval), store, target, opts)
+    meta = {"target": target.describe(), "title": title}
+    app = KdashApp(store=store, recorder=rec, meta=meta, mode="live", config=cfg, theme=theme)
+    app.run()
+    return 0
+
+
+# -- open / report / export ------------------------------------------------------------------
+def _load(path: Path):
+    from kdash.capture import load_capture
+
+    return load_capture(path)
+
+
+def _store_from_capture(cap):
+    from kdash import schema
+    from kdash.store import Store
+
+    store = Store(retention_s=10**7, max_rows=10**9)
+    for t in schema.TABLES:
+        store.append(t, cap.batch(t))
+    return store
+
+
+def open_capture(path: Path, theme_name: str | None, title: str | None = None) -> int:
+    from kdash.tui.app import KdashApp
+
+    cap = _load(path)
+    cfg, theme = _theme(theme_name)
+    meta = dict(cap.meta)
+    if title:
+        meta["title"] = title
+    meta["capture_path"] = str(path)
+    app = KdashApp(
+        store=_store_from_capture(cap),
+        recorder=None,
+        meta=meta,
+        mode="replay",
+        config=cfg,
+        theme=theme,
+    )
+    app.run()
+    return 0
+
+
+def cmd_open(args) -> int:
+    return open_capture(args.path, args.theme)
+
+
+def cmd_report(args) -> int:
+    import json
+
+    from rich.console import Console
+
+    from kdash.report import render, summarize
+
+    summary = summarize(_load(args.path))
+    if args.json:
+        sys.stdout.write(json.dumps(summary, indent=1, default=str) + "\n")
+    else:
+        render(summary, Console())
+    return 0
+
+
+def cmd_export(args) -> int:
+    from kdash.export import write_perfetto
+
+    cap = _load(args.path)
+    out = args.perfetto
+    if not (out.name.endswith(".json") or out.name.endswith(".json.gz")):
+        raise UserError(f"--perfetto {out}: the name must end .json or .json.gz")
+    path, n = write_perfetto(cap, out)
+    size = path.stat().st_size
+    print(
+        f"kdash: wrote {path} ({n} events, {size / 1e6:.1f} MB); open it in ui.perfetto.dev",
+        file=sys.stderr,
+    )
+    if size > 300e6:
+        print(
+            "kdash: note: over 300 MB; the Perfetto web UI may struggle — export a shorter capture",
+            file=sys.stderr,
+        )
+    return 0
+
+
+# -- demo ------------------------------------------------------------------------------------
+def has_gpu() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetCount() > 0
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - any NVML failure means "no usable GPU here"
+        return False
+
+
+def bundled_demo() -> Path:
+    ref = resources.files("kdash").joinpath("data", DEMO_CAPTURE)
+    path = Path(str(ref))
+    if not path.exists():
+        raise UserError(
+            "this kdash install has no bundled demo capture (kdash/data/"
+            f"{DEMO_CAPTURE}); reinstall, or run `kdash demo` on a GPU machine"
+        )
+    return path
+
+
+def cmd_demo(args) -> int:
+    live = has_gpu() and not args.replay
+    if args.headless:
+        if not live:
+            raise UserError(
+                "`kdash demo --headless` records the live workload: needs an "
+                "NVIDIA GPU (use `kdash report` on the bundled capture instead)"
+            )
+        if args.duration is None or args.output is None:
+            raise UserError("--headless needs --duration S and --output PATH")
+    if not live:
+        path = bundled_demo()
+        from kdash.capture import read_meta
+
+        meta = read_meta(path)
+        title = meta.get("title") or "replay of the kdash demo workload recorded on an H200"
+        return open_capture(path, args.theme, title=f"{title} (no GPU here: replay)")
+    return _demo_live(args)
+
+
+def _demo_live(args) -> int:
+    """Start the attention workload and watch it (headless: record it)."""
+    from kdash.target import Target
+
+    env = dict(os.environ)
+    cmd = [sys.executable, "-m", "kdash.kernels"]
+    # The workload's own prints would tear the dashboard: send them to a file.
+    log = open(os.devnull, "wb")  # noqa: SIM115 - closed in the finally below
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(1.0)
+        if proc.poll() is not None:
+            raise UserError(
+                f"the demo workload exited at start (status {proc.returncode}); "
+                f"run `{' '.join(cmd)}` to see why"
+            )
+        target = Target.from_pid(proc.pid)
+        title = "kdash demo: attention workload (kdash.kernels)"
+        if args.headless:
+            args.interval = 0.25
+            return _record_headless(
+                target,
+                args,
+                build_sources(target, None, 0.25),
+                extra_meta={
+                    "title": "kdash demo workload (paged decode + prefill) on " + _gpu_name()
+                },
+            )
+        args.interval, args.pre, args.post, args.gpus = 0.25, 10.0, 5.0, None
+        cfg, theme = _theme(args.theme)
+        return _run_live(target, args, cfg, theme, _check_capture_dir(None), title=title)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _gpu_name() -> str:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # noqa: BLE001 - only used for a title
+        return "an NVIDIA GPU"

@@ -1,0 +1,207 @@
+"""`kdash export --perfetto`: a capture as a Chrome trace (JSON, optionally gzipped).
+
+Tracks: one process per GPU with a thread per stream for kernels and copies, one process per
+watched pid with its API calls and NVTX ranges per thread, and counter tracks for the GPU's
+clocks, temperature, power and utilisation, and the busiest threads' CPU %. Timestamps are
+microseconds from the capture window's start, so the trace opens at zero.
+
+Slices on one track must nest in Perfetto; kernels on one stream and calls on one thread do, and
+NVTX ranges get their own track per thread, so overlapping but unnested ranges do not corrupt the
+API lane.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from kdash.capture import Capture
+from kdash.errors import UserError
+
+GPU_PID_BASE = 1_000_000  # synthetic pids for GPU tracks, away from real ones
+
+COUNTERS = [
+    ("sm_clock_mhz", "SM clock (MHz)"),
+    ("mem_clock_mhz", "memory clock (MHz)"),
+    ("temp_c", "temperature (C)"),
+    ("power_w", "power (W)"),
+    ("util_gpu_pct", "utilisation (%)"),
+]
+
+
+def trace_events(cap: Capture, top_threads: int = 8) -> list[dict]:
+    t = cap.tables
+    t0 = (cap.meta.get("window") or {}).get("start_ns")
+    if t0 is None:
+        starts = [df[c].min() for df, c in _time_cols(t) if len(df)]
+        t0 = int(min(starts)) if starts else 0
+    ev: list[dict] = []
+
+    def us(ns) -> float:
+        return (int(ns) - t0) / 1e3
+
+    gpus = sorted(
+        set(t["gpu_samples"]["gpu"].astype(int).tolist())
+        | set(t["kernels"]["device"].astype(int).tolist())
+    )
+    names = {g.get("index"): g.get("name", "") for g in cap.meta.get("gpus") or []}
+    for g in gpus:
+        ev.append(_meta("process_name", GPU_PID_BASE + g, 0, f"GPU {g} {names.get(g, '')}".strip()))
+        ev.append(_meta("process_sort_index", GPU_PID_BASE + g, 0, None, sort_index=g))
+
+    k = t["kernels"]
+    for row in k.itertuples(index=False):
+        ev.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": row.name,
+                "pid": GPU_PID_BASE + int(row.device),
+                "tid": int(row.stream),
+                "ts": us(row.start_ns),
+                "dur": max(0.0, (row.end_ns - row.start_ns) / 1e3),
+                "args": {
+                    "grid": [int(row.grid_x), int(row.grid_y), int(row.grid_z)],
+                    "block": [int(row.block_x), int(row.block_y), int(row.block_z)],
+                    "registers": int(row.registers),
+                    "shared_memory": int(row.static_smem) + int(row.dynamic_smem),
+                    "correlation": int(row.correlation_id),
+                    "graph_id": int(row.graph_id),
+                },
+            }
+        )
+    for stream in sorted(set(k["stream"].astype(int).tolist())):
+        for dev in sorted(set(k[k["stream"] == stream]["device"].astype(int).tolist())):
+            ev.append(_meta("thread_name", GPU_PID_BASE + dev, stream, f"stream {stream}"))
+
+    m = t["memcpy"]
+    for row in m.itertuples(index=False):
+        ev.append(
+            {
+                "ph": "X",
+                "cat": "memcpy",
+                "name": f"{row.kind} {int(row.bytes)} B",
+                "pid": GPU_PID_BASE + int(row.device),
+                "tid": int(row.stream),
+                "ts": us(row.start_ns),
+                "dur": max(0.0, (row.end_ns - row.start_ns) / 1e3),
+                "args": {"bytes": int(row.bytes), "correlation": int(row.correlation_id)},
+            }
+        )
+
+    for row in t["api"].itertuples(index=False):
+        ev.append(
+            {
+                "ph": "X",
+                "cat": "cuda_api",
+                "name": row.name,
+                "pid": int(row.pid),
+                "tid": int(row.tid),
+                "ts": us(row.start_ns),
+                "dur": max(0.0, (row.end_ns - row.start_ns) / 1e3),
+                "args": {"correlation": int(row.correlation_id)},
+            }
+        )
+    nvtx_tid_offset = 1 << 40
+    for row in t["markers"].itertuples(index=False):
+        ev.append(
+            {
+                "ph": "X",
+                "cat": "nvtx",
+                "name": row.name,
+                "pid": int(row.pid),
+                "tid": nvtx_tid_offset + int(row.tid),
+                "ts": us(row.start_ns),
+                "dur": max(0.0, (row.end_ns - row.start_ns) / 1e3),
+            }
+        )
+
+    gs = t["gpu_samples"]
+    for col, label in COUNTERS:
+        if col not in gs:
+            continue
+        for row in gs[["t_ns", "gpu", col]].itertuples(index=False):
+            v = float(row[2])
+            if np.isnan(v):
+                continue
+            ev.append(
+                {
+                    "ph": "C",
+                    "name": label,
+                    "pid": GPU_PID_BASE + int(row[1]),
+                    "ts": us(row[0]),
+                    "args": {"value": v},
+                }
+            )
+
+    th = t["threads"]
+    if len(th):
+        hot = th.groupby(["pid", "tid"])["cpu_pct"].mean().sort_values(ascending=False)
+        names_by_tid = th.groupby("tid")["name"].last().to_dict()
+        for pid, tid in list(hot.index[:top_threads]):
+            sub = th[(th["pid"] == pid) & (th["tid"] == tid)]
+            label = f"CPU % {names_by_tid.get(tid, '')} ({tid})"
+            for row in sub[["t_ns", "cpu_pct"]].itertuples(index=False):
+                if np.isnan(row[1]):
+                    continue
+                ev.append(
+                    {
+                        "ph": "C",
+                        "name": label,
+                        "pid": int(pid),
+                        "ts": us(row[0]),
+                        "args": {"value": float(row[1])},
+                    }
+                )
+        for pid in sorted(set(th["pid"].astype(int).tolist())):
+            ev.append(_meta("process_name", pid, 0, f"pid {pid}"))
+    return ev
+
+
+def _time_cols(tables):
+    from kdash import schema
+
+    for name, df in tables.items():
+        yield df, schema.TIME_COLUMN[name]
+
+
+def _meta(kind: str, pid: int, tid: int, name: str | None, sort_index: int | None = None) -> dict:
+    args = {"name": name} if name is not None else {"sort_index": sort_index}
+    return {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": args}
+
+
+def write_perfetto(cap: Capture, out: Path) -> tuple[Path, int]:
+    """Write atomically; `.gz` suffix means gzip. Returns (path, event count)."""
+    out = Path(out)
+    if out.is_dir():
+        raise UserError(f"{out} is a folder; give a file name ending .json or .json.gz")
+    if not out.parent.exists():
+        raise UserError(f"no such folder: {out.parent}")
+    events = trace_events(cap)
+    doc = {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "kdash_version": cap.meta.get("kdash_version"),
+            "target": cap.meta.get("target"),
+            "window": cap.meta.get("window"),
+        },
+    }
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            if out.name.endswith(".gz"):
+                with gzip.GzipFile(fileobj=raw, mode="wb") as gz:
+                    gz.write(json.dumps(doc, separators=(",", ":")).encode())
+            else:
+                raw.write(json.dumps(doc, separators=(",", ":")).encode())
+        os.replace(tmp, out)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise UserError(f"cannot write {out}: {e.strerror or e}") from None
+    return out, len(events)

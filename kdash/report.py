@@ -1,0 +1,252 @@
+"""`kdash report`: a capture's summary as one dict (for --json) and as rich tables.
+
+Built from the same analyses the panes use, so the report and the dashboard never disagree.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from kdash import gpu_reasons
+from kdash.analyses.kernels import top_kernels
+from kdash.capture import Capture
+
+
+def _num(v, nd: int = 1):
+    if v is None:
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    if math.isnan(f):
+        return None
+    return round(f, nd)
+
+
+def gpu_summary(gs: pd.DataFrame) -> list[dict]:
+    """Per GPU over the window: clocks, power, temperature, utilisation and throttle reasons."""
+    out = []
+    if gs.empty:
+        return out
+    for gpu, g in gs.groupby("gpu"):
+        bits = 0
+        for b in g["throttle_reasons"].to_numpy():
+            if b > 0:
+                bits |= int(b)
+        busy = g[g["util_gpu_pct"] >= 50]
+        out.append(
+            {
+                "gpu": int(gpu),
+                "samples": len(g),
+                "sm_clock_mhz_mean": _num(g["sm_clock_mhz"].mean()),
+                "sm_clock_mhz_max_seen": _num(g["sm_clock_mhz"].max()),
+                "sm_clock_max_mhz": _num(g["sm_clock_max_mhz"].max()),
+                "mem_clock_mhz_mean": _num(g["mem_clock_mhz"].mean()),
+                "temp_c_max": _num(g["temp_c"].max()),
+                "power_w_mean": _num(g["power_w"].mean()),
+                "power_w_max": _num(g["power_w"].max()),
+                "power_limit_w": _num(g["power_limit_w"].max()),
+                "util_gpu_pct_mean": _num(g["util_gpu_pct"].mean()),
+                "busy_fraction": _num(len(busy) / len(g), 3),
+                "mem_used_mib_max": _num(g["mem_used_mib"].max(), 0),
+                "throttle_reasons_seen": gpu_reasons.decode(bits),
+            }
+        )
+    return out
+
+
+def thread_summary(th: pd.DataFrame, limit: int = 10) -> list[dict]:
+    if th.empty:
+        return []
+    rows = []
+    for (pid, tid), g in th.groupby(["pid", "tid"]):
+        last = g.iloc[-1]
+        cpus = g["cpu"].to_numpy()
+        rows.append(
+            {
+                "pid": int(pid),
+                "tid": int(tid),
+                "name": str(last["name"]),
+                "cpu_pct_mean": _num(g["cpu_pct"].mean()),
+                "runq_ms_per_s_mean": _num(g["runq_ms_per_s"].mean(), 2),
+                "cpus_seen": sorted({int(c) for c in cpus if c >= 0}),
+                "allowed_cpus": str(last["allowed_cpus"]),
+                "invol_switches": int(g["invol_switches"].max() - g["invol_switches"].min()),
+            }
+        )
+    rows.sort(key=lambda r: -(r["cpu_pct_mean"] or 0))
+    return rows[:limit]
+
+
+def summarize(cap: Capture) -> dict:
+    meta = cap.meta
+    t = cap.tables
+    target = meta.get("target") or {}
+    window = meta.get("window") or {}
+    tk = top_kernels(t["kernels"], limit=20)
+    findings = t["findings"]
+    return {
+        "schema_version": meta.get("schema_version"),
+        "kdash_version": meta.get("kdash_version"),
+        "title": meta.get("title"),
+        "target": {
+            "pid": target.get("pid"),
+            "cmdline": target.get("cmdline", ""),
+            "host": target.get("host") or (meta.get("host") or {}).get("hostname"),
+        },
+        "window": {
+            "start_ns": window.get("start_ns"),
+            "end_ns": window.get("end_ns"),
+            "seconds": window.get("seconds"),
+        },
+        "gpus": meta.get("gpus") or [],
+        "driver": meta.get("driver"),
+        "sources": meta.get("sources") or {},
+        "tables": {name: int(len(df)) for name, df in t.items()},
+        "gpu_summary": gpu_summary(t["gpu_samples"]),
+        "threads_top": thread_summary(t["threads"]),
+        "findings": [
+            {k: str(r[k]) for k in ("severity", "kind", "subject", "evidence", "advice")}
+            for _, r in findings.iterrows()
+        ],
+        "top_kernels": [
+            {k: (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()}
+            for row in tk.to_dict("records")
+        ],
+    }
+
+
+def render(summary: dict, console) -> None:
+    """Print the summary as rich tables (plain text when the output is not a terminal)."""
+    from rich.table import Table
+
+    tgt = summary["target"]
+    win = summary["window"]
+    head = f"[b]{summary.get('title') or 'kdash capture'}[/b]  pid {tgt['pid']} on {tgt['host']}"
+    console.print(head)
+    if tgt.get("cmdline"):
+        console.print(f"  {tgt['cmdline'][:200]}")
+    console.print(
+        f"  window {win.get('seconds')} s · kdash {summary.get('kdash_version')} · "
+        f"schema {summary.get('schema_version')} · driver {summary.get('driver') or 'n/a'}"
+    )
+    for g in summary["gpus"]:
+        console.print(
+            f"  GPU {g.get('index')}: {g.get('name', '?')} "
+            f"(local CPUs {g.get('local_cpus') or 'n/a'})"
+        )
+    console.print("  sources: " + ", ".join(f"{k} {v}" for k, v in summary["sources"].items()))
+
+    tables = Table(title="Tables", show_header=True)
+    tables.add_column("table")
+    tables.add_column("rows", justify="right")
+    for name, n in summary["tables"].items():
+        if n:
+            tables.add_row(name, str(n))
+    console.print(tables)
+
+    if summary["gpu_summary"]:
+        gt = Table(title="GPUs over the window")
+        for c in (
+            "gpu",
+            "SM MHz mean/max",
+            "mem MHz",
+            "temp max",
+            "power mean/max/limit W",
+            "util %",
+            "busy",
+            "throttle reasons",
+        ):
+            gt.add_column(c)
+        for g in summary["gpu_summary"]:
+            gt.add_row(
+                str(g["gpu"]),
+                f"{_fmt(g['sm_clock_mhz_mean'])}/{_fmt(g['sm_clock_max_mhz'])}",
+                _fmt(g["mem_clock_mhz_mean"]),
+                _fmt(g["temp_c_max"]),
+                f"{_fmt(g['power_w_mean'])}/{_fmt(g['power_w_max'])}/{_fmt(g['power_limit_w'])}",
+                _fmt(g["util_gpu_pct_mean"]),
+                f"{_fmt((g['busy_fraction'] or 0) * 100)}%",
+                ", ".join(g["throttle_reasons_seen"]) or "none",
+            )
+        console.print(gt)
+        console.print("  (util % = share of time a kernel was running, not SM occupancy)")
+
+    if summary["findings"]:
+        ft = Table(title="Findings")
+        for c in ("severity", "what", "subject", "evidence", "advice"):
+            ft.add_column(c, overflow="fold")
+        for f in summary["findings"]:
+            ft.add_row(f["severity"], f["kind"], f["subject"], f["evidence"], f["advice"])
+        console.print(ft)
+    else:
+        console.print("Findings: none over this window")
+
+    if summary["threads_top"]:
+        tt = Table(title="Busiest threads")
+        for c in ("pid", "tid", "name", "cpu %", "runq ms/s", "CPUs seen", "allowed", "invol sw"):
+            tt.add_column(c)
+        for r in summary["threads_top"]:
+            tt.add_row(
+                str(r["pid"]),
+                str(r["tid"]),
+                r["name"],
+                _fmt(r["cpu_pct_mean"]),
+                _fmt(r["runq_ms_per_s_mean"], 2),
+                _cpus(r["cpus_seen"]),
+                r["allowed_cpus"],
+                str(r["invol_switches"]),
+            )
+        console.print(tt)
+
+    if summary["top_kernels"]:
+        kt = Table(title="Top kernels (by GPU time)")
+        for c in (
+            "kernel",
+            "calls",
+            "total ms",
+            "%",
+            "mean us",
+            "p50 us",
+            "p99 us",
+            "grid",
+            "block",
+            "regs",
+            "smem",
+        ):
+            kt.add_column(c)
+        from kdash.analyses.kernels import short_name
+
+        for k in summary["top_kernels"]:
+            kt.add_row(
+                short_name(k["name"]),
+                str(k["calls"]),
+                _fmt(k["total_ms"], 2),
+                _fmt(k["pct"]),
+                _fmt(k["mean_us"], 2),
+                _fmt(k["p50_us"], 2),
+                _fmt(k["p99_us"], 2),
+                k["grid"],
+                k["block"],
+                str(k["registers"]),
+                str(k["smem"]),
+            )
+        console.print(kt)
+    else:
+        console.print("Top kernels: no kernel records in this capture (needs the in-process agent)")
+
+
+def _fmt(v, nd: int = 0) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.{nd}f}"
+
+
+def _cpus(cpus: list[int]) -> str:
+    from kdash.collectors.topology import format_cpulist
+
+    return format_cpulist(set(cpus)) if cpus else "n/a"
