@@ -177,9 +177,10 @@ def _store_from_capture(cap):
 
 
 def open_capture(path: Path, theme_name: str | None, title: str | None = None) -> int:
+    cap = _load(path)  # a bad file is reported before any UI starts
+
     from kdash.tui.app import KdashApp
 
-    cap = _load(path)
     cfg, theme = _theme(theme_name)
     meta = dict(cap.meta)
     if title:

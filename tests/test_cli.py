@@ -1,0 +1,193 @@
+"""The CLI contract: exit 0 on success; exit 2 with exactly one `kdash: ` line for bad input.
+
+Every command runs as a real subprocess (`python -m kdash.cli`), the way a user runs it, so a
+traceback or a stray second line on stderr fails the test.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+import zipfile
+
+import pytest
+
+BUSY = textwrap.dedent(
+    """
+    import ctypes, threading, time
+    def spin():
+        # Name the OS thread (Python < 3.14 does not), as servers name their threads.
+        ctypes.CDLL(None).prctl(15, b"spinner", 0, 0, 0)  # PR_SET_NAME
+        x = 0
+        while True:
+            x += 1
+    threading.Thread(target=spin, name="spinner", daemon=True).start()
+    time.sleep(120)
+    """
+)
+
+
+def kdash(*args, timeout=60):
+    return subprocess.run(
+        [sys.executable, "-m", "kdash.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_one_line_error(r, *words):
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("kdash: "), lines[0]
+    assert "Traceback" not in r.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+@pytest.fixture(scope="module")
+def busy_pid():
+    p = subprocess.Popen([sys.executable, "-c", BUSY])
+    time.sleep(0.3)
+    yield p.pid
+    p.kill()
+    p.wait()
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory, busy_pid):
+    """A real capture: 2 s of a real busy process, recorded headless by the real CLI."""
+    out = tmp_path_factory.mktemp("cap") / "busy.kdash"
+    r = kdash("attach", "--pid", busy_pid, "--headless", "--duration", 2, "--output", out)
+    assert r.returncode == 0, r.stderr
+    assert out.exists()
+    return out
+
+
+def dead_pid():
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_version():
+    r = kdash("--version")
+    assert r.returncode == 0 and r.stdout.startswith("kdash ")
+
+
+def test_headless_capture_has_real_threads(recorded, busy_pid):
+    import kdash as k
+
+    tables = k.read_capture(recorded)
+    th = tables["threads"]
+    assert busy_pid in set(th["pid"])
+    spinner = th[th["name"] == "spinner"]
+    assert not spinner.empty
+    assert spinner["cpu_pct"].max() > 30  # a spinning thread is busy
+
+
+def test_report_json_keys(recorded, busy_pid):
+    r = kdash("report", recorded, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    for key in (
+        "schema_version",
+        "kdash_version",
+        "target",
+        "window",
+        "gpus",
+        "tables",
+        "findings",
+        "top_kernels",
+    ):
+        assert key in doc
+    assert doc["target"]["pid"] == busy_pid
+    assert set(doc["target"]) >= {"pid", "cmdline", "host"}
+    assert set(doc["window"]) >= {"start_ns", "end_ns", "seconds"}
+    assert 1.5 < doc["window"]["seconds"] < 4
+    assert doc["tables"]["threads"] > 0
+    for f in doc["findings"]:
+        assert set(f) >= {"severity", "kind", "subject", "evidence", "advice"}
+
+
+def test_report_tables(recorded):
+    r = kdash("report", recorded)
+    assert r.returncode == 0, r.stderr
+    assert "Busiest threads" in r.stdout and "spinner" in r.stdout
+
+
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+def test_export_perfetto(recorded, tmp_path, suffix):
+    import gzip
+
+    out = tmp_path / f"trace{suffix}"
+    r = kdash("export", recorded, "--perfetto", out)
+    assert r.returncode == 0, r.stderr
+    raw = out.read_bytes()
+    doc = json.loads(gzip.decompress(raw) if suffix.endswith(".gz") else raw)
+    events = doc["traceEvents"]
+    assert any(e["ph"] == "C" and e["name"].startswith("CPU %") for e in events)
+    assert all("ts" in e for e in events if e["ph"] in ("X", "C"))
+
+
+# -- bad input: one line, exit 2 ----------------------------------------------------------
+def test_missing_file(tmp_path):
+    for cmd in (["open"], ["report"], ["export"]):
+        extra = ["--perfetto", tmp_path / "o.json"] if cmd == ["export"] else []
+        assert_one_line_error(kdash(*cmd, tmp_path / "nope.kdash", *extra), "no such file")
+
+
+def test_foreign_and_truncated(tmp_path, recorded):
+    txt = tmp_path / "notes.txt"
+    txt.write_text("not a capture\n")
+    assert_one_line_error(kdash("report", txt), "not a kdash capture")
+    z = tmp_path / "other.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        zf.writestr("a", "b")
+    assert_one_line_error(kdash("report", z), "not a kdash capture")
+    cut = tmp_path / "cut.kdash"
+    cut.write_bytes(recorded.read_bytes()[:2000])
+    assert_one_line_error(kdash("report", cut))
+    assert_one_line_error(kdash("open", cut))
+
+
+def test_dead_pid_and_bad_pid():
+    assert_one_line_error(kdash("attach", "--pid", dead_pid()), "no such process")
+    assert_one_line_error(kdash("attach", "--pid", "abc"), "not a process id")
+    assert_one_line_error(kdash("attach", "--pid", "-5"))
+
+
+def test_bad_options(tmp_path, busy_pid):
+    assert_one_line_error(kdash("attach", "--pid", busy_pid, "--interval", "-1"), "--interval")
+    assert_one_line_error(kdash("attach", "--pid", busy_pid, "--interval", "x"), "--interval")
+    assert_one_line_error(kdash("attach", "--pid", busy_pid, "--headless"), "--duration")
+    assert_one_line_error(kdash("attach", "--pid", busy_pid, "--theme", "nope"), "nope")
+    assert_one_line_error(kdash("attach"), "--pid")
+    assert_one_line_error(kdash("frobnicate"))
+    assert_one_line_error(kdash("export", tmp_path / "x.kdash"), "--perfetto")
+    assert_one_line_error(
+        kdash(
+            "attach",
+            "--pid",
+            busy_pid,
+            "--headless",
+            "--duration",
+            1,
+            "--output",
+            tmp_path / "no" / "dir" / "x.kdash",
+        ),
+        "no such folder",
+    )
+
+
+def test_never_overwrites(tmp_path, busy_pid, recorded):
+    before = recorded.read_bytes()
+    r = kdash("attach", "--pid", busy_pid, "--headless", "--duration", 1, "--output", recorded)
+    assert_one_line_error(r, "exists")
+    assert recorded.read_bytes() == before
+
+
+def test_export_bad_suffix(recorded, tmp_path):
+    assert_one_line_error(kdash("export", recorded, "--perfetto", tmp_path / "t.txt"), ".json")
