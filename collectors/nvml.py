@@ -720,6 +720,10 @@ class NvmlSource:
             out = []
             for g in self.gpus:
                 slow = self._slow_fields(nv, g)
+                if g not in self.power_source:  # describe() before the first poll
+                    instant = FI_POWER_INSTANT in nv.fields(g, [FI_POWER_INSTANT])
+                    has_avg = nv.get(g, "nvmlDeviceGetPowerUsage") is not None
+                    self.power_source[g] = "instant" if instant else "average" if has_avg else "n/a"
                 pci = nv.get(g, "nvmlDeviceGetPciInfo")
                 bus = _text(getattr(pci, "busId", "")) if pci is not None else ""
                 cpus, src = self._local_cpus(nv, g, bus)

@@ -598,7 +598,8 @@ def test_describe(fake: FakePynvml) -> None:
 def test_describe_local_cpus_from_sysfs_when_nvml_has_none(fake: FakePynvml) -> None:
     fake.fail["nvmlDeviceGetCpuAffinity"] = NOT_SUPPORTED
     s = NvmlSource(None)
-    (d,) = s.describe()
+    (d,) = s.describe()  # before any poll
+    assert d["power_source"] == "instant"
     sysfs = Path("/sys/bus/pci/devices/0000:18:00.0/local_cpulist")
     if sysfs.exists():
         assert d["local_cpus"] == sysfs.read_text().strip() and d["local_cpus_source"] == "sysfs"
@@ -657,13 +658,14 @@ def test_real_gpu_under_matmul_load() -> None:
     probe.start()
     if probe.health.state == "unavailable":
         pytest.skip(f"no NVIDIA GPU/NVML: {probe.health}")
+    uuid = probe.describe()[0]["uuid"]  # pins the child to the GPU NVML watches
     probe.stop()
     src = NvmlSource(Target(os.getpid()), gpus=[0], interval_s=0.25)
     idle = []
     for _ in range(8):  # 2 s idle
         idle.append(_rows(src.poll(time.monotonic_ns())["gpu_samples"]))
         time.sleep(0.25)
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=uuid or "0")
     p = subprocess.Popen(
         [sys.executable, "-c", LOAD, "8"], stdout=subprocess.PIPE, text=True, env=env
     )
