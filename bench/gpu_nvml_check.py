@@ -207,6 +207,8 @@ def main() -> int:
     result["child_output"] = lines
     phase[0] = "idle-after"
     poll_for(a.idle)
+    result["transient_errors"] = src.nv.transient_errors if src.nv else None
+    result["nvml_calls"] = src.nv.calls if src.nv else None
     src.stop()
 
     # Figures. "loaded" skips the first second after READY (clocks and NVML windows catch up)

@@ -118,7 +118,7 @@ DEFAULT_INTERVAL_S = 0.25
 FAST_INTERVAL_S = 0.1
 SLOW_REFRESH_S = 10.0
 PCIE_FALLBACK_PERIOD_S = 1.0
-PROC_UTIL_HOLD_S = 1.5
+PROC_UTIL_HOLD_S = 2.0
 MIB = 1024 * 1024
 NAN = math.nan
 
@@ -181,7 +181,7 @@ class NvmlCalls:
             elif code == _ERR_GPU_IS_LOST:
                 log.warning("NVML: GPU %d is lost", gpu)
                 self.lost.add(gpu)
-            else:
+            elif code not in EMPTY_ERRORS:  # "nothing new" is an answer, not an error
                 self.transient_errors += 1
             raise _Failed(code) from None
 
