@@ -58,6 +58,7 @@ from kdash.schema import Batch, make_batch
 from kdash.target import Target
 
 from .base import OK, Health
+from .topology import cpus_from_mask_words, format_cpulist, pci_local_cpus
 
 log = logging.getLogger("kdash.collectors.nvml")
 
@@ -277,46 +278,6 @@ def _num(x: Any, scale: float = 1.0) -> float:
         return float(x) * scale
     except (TypeError, ValueError):
         return NAN
-
-
-# --------------------------------------------------------------------------- cpulists
-
-
-def _format_cpulist(cpus: Iterable[int]) -> str:
-    """[0,1,2,3,8,10,11] -> "0-3,8,10-11" (the kernel's cpulist format).
-
-    Private stand-in until collectors/topology.py's format_cpulist exists.
-    """
-    s = sorted(set(cpus))
-    parts: list[str] = []
-    i = 0
-    while i < len(s):
-        j = i
-        while j + 1 < len(s) and s[j + 1] == s[j] + 1:
-            j += 1
-        parts.append(str(s[i]) if i == j else f"{s[i]}-{s[j]}")
-        i = j + 1
-    return ",".join(parts)
-
-
-def _mask_words_to_cpus(words: Iterable[int]) -> list[int]:
-    """NVML CPU affinity: array of 64-bit words, bit j of word i = CPU 64*i + j."""
-    cpus: list[int] = []
-    for i, w in enumerate(words):
-        w = int(w)
-        for j in range(64):
-            if w >> j & 1:
-                cpus.append(64 * i + j)
-    return cpus
-
-
-def sysfs_bdf(nvml_bus_id: str) -> str:
-    """NVML's "00000000:18:00.0" -> sysfs's "0000:18:00.0" (4-digit domain, lower case)."""
-    s = nvml_bus_id.strip().lower()
-    dom, sep, rest = s.partition(":")
-    if not sep:
-        return s
-    return f"{dom[-4:]:0>4}:{rest}"
 
 
 # --------------------------------------------------------------------------- pid namespaces
@@ -751,15 +712,16 @@ class NvmlSource:
         words = ((os.cpu_count() or 1) + 63) // 64
         mask = nv.get(g, "nvmlDeviceGetCpuAffinity", words)
         if mask is not None:
-            cpus = _mask_words_to_cpus(list(mask))
+            cpus = cpus_from_mask_words(list(mask))
             if cpus:
-                return _format_cpulist(cpus), "nvml"
+                return format_cpulist(cpus), "nvml"
         if bus_id:
-            path = Path("/sys/bus/pci/devices") / sysfs_bdf(bus_id) / "local_cpulist"
             try:
-                return path.read_text().strip(), "sysfs"
-            except OSError:
-                pass
+                local = pci_local_cpus(bus_id)
+            except ValueError:  # not a PCI address: nothing to look up
+                local = None
+            if local:
+                return format_cpulist(local), "sysfs"
         return "", ""
 
 
