@@ -1,0 +1,675 @@
+"""The kdash dashboard: four panes over the store, a status bar, hotkey captures, replay.
+
+Construction (the CLI does this; tests do it too)::
+
+    app = KdashApp(store, recorder, meta, mode="live", config=cfg, theme="dark")
+    app.run()
+
+- live: `recorder.run_forever` runs in a Textual thread worker (`@work(thread=True)`), so
+  polling never blocks the UI; the recorder's events (`on_event`, called on the poll thread) are
+  turned into typed `Message`s and posted to the app (`post_message` is thread-safe). Quitting
+  stops the recorder before the worker's thread is joined at exit.
+- replay: the store is pre-filled from a capture, `recorder` is None, the time axis is anchored
+  at the capture's window (`meta["window"]`), and the title says "replay".
+
+Redraw: a timer at `redraw_hz` (2 Hz by default: a slow SSH link carries it) rebuilds the
+status bar and, unless paused, the visible panes; a replay redraws panes only when the view
+changed (pan, zoom, theme, layout). Nothing is drawn on the poll thread, and panes hidden by a
+maximised pane are not drawn at all.
+
+Themes (item 9): a kdash theme NAME is two things, both chosen here:
+
+1. a Textual `Theme` registered as `kdash-NAME`: the palette every stock widget (header, tables,
+   scrollbars) takes its `$variables` from, and
+2. `themes/NAME.tcss` (package data of `kdash.themes`): kdash's own semantic colours (finding
+   severities, sparklines, the throttle band, the status bar), every rule scoped under the App
+   class `.theme-NAME`.
+
+All theme files are loaded at start; switching (`t`, or `--theme`) swaps the App class and the
+Textual theme, so no stylesheet is re-parsed. `mono` is the no-colour theme (ANSI default
+colours, emphasis by bold/reverse/underline only); it is the default under `NO_COLOR`, and
+Textual's own NO_COLOR filter strips any colour left. A theme is listed when both its `.tcss`
+file and its palette exist; `resolve_theme` checks a name for the CLI before the app starts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from importlib import resources
+from pathlib import Path
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.theme import Theme
+from textual.widgets import Header
+from textual.worker import Worker, WorkerState
+
+from kdash import clock, schema
+from kdash.config import Config, save_config
+from kdash.errors import UserError
+from kdash.session import CaptureState, Recorder
+from kdash.store import Store
+
+from .panes.base import Pane, View
+from .panes.clocks import ClockPane
+from .panes.cpu import CpuPane
+from .panes.kernels import KernelPane
+from .panes.source import SourcePane
+from .widgets.help import HelpScreen
+from .widgets.status import StatusBar, StatusInfo
+
+# -- themes -----------------------------------------------------------------------------------
+THEME_ORDER = ("dark", "light", "mono")
+
+PALETTES: dict[str, Theme] = {
+    "dark": Theme(
+        name="kdash-dark",
+        primary="#5fafff",
+        secondary="#87afaf",
+        accent="#ffaf5f",
+        warning="#ffd75f",
+        error="#ff5f5f",
+        success="#87d787",
+        foreground="#d0d0d0",
+        background="#121212",
+        surface="#1c1c1c",
+        panel="#262626",
+        dark=True,
+    ),
+    "light": Theme(
+        name="kdash-light",
+        primary="#005faf",
+        secondary="#5f8787",
+        accent="#af5f00",
+        warning="#af8700",
+        error="#d70000",
+        success="#008700",
+        foreground="#1c1c1c",
+        background="#f5f5f5",
+        surface="#eeeeee",
+        panel="#e4e4e4",
+        dark=False,
+    ),
+    "mono": Theme(
+        name="kdash-mono",
+        primary="ansi_default",
+        secondary="ansi_default",
+        accent="ansi_default",
+        warning="ansi_default",
+        error="ansi_default",
+        success="ansi_default",
+        foreground="ansi_default",
+        background="ansi_default",
+        surface="ansi_default",
+        panel="ansi_default",
+        boost="ansi_default",
+        dark=True,
+        ansi=True,
+        variables={
+            "border": "ansi_default",
+            "border-blurred": "ansi_default",
+            "block-cursor-foreground": "ansi_default",
+            "block-cursor-background": "ansi_default",
+            "block-cursor-text-style": "reverse",
+            "block-cursor-blurred-text-style": "underline",
+            "scrollbar": "ansi_default",
+            "scrollbar-hover": "ansi_default",
+            "scrollbar-active": "ansi_default",
+            "scrollbar-background": "ansi_default",
+            "scrollbar-background-hover": "ansi_default",
+            "scrollbar-background-active": "ansi_default",
+            "scrollbar-corner-color": "ansi_default",
+            "footer-key-foreground": "ansi_default",
+            "screen-selection-background": "ansi_default",
+            "screen-selection-foreground": "ansi_default",
+        },
+    ),
+}
+
+
+def _theme_dir() -> Path:
+    return Path(str(resources.files("kdash.themes")))
+
+
+def available_themes() -> list[str]:
+    """Theme names that have both a `.tcss` file and a palette, in cycling order."""
+    files = {p.stem for p in _theme_dir().glob("*.tcss")}
+    names = [n for n in THEME_ORDER if n in files and n in PALETTES]
+    names += sorted((files & set(PALETTES)) - set(names))
+    return names
+
+
+def resolve_theme(name: str) -> str:
+    """Check a theme name (from `--theme` or the config file); return it normalised.
+
+    Raises `UserError("unknown theme X (have: dark, light, mono)")` so the CLI can say so in
+    one line before the app starts.
+    """
+    have = available_themes()
+    key = (name or "").strip().lower()
+    if key not in have:
+        raise UserError(f"unknown theme {name} (have: {', '.join(have)})")
+    return key
+
+
+def default_theme(config: Config) -> str:
+    """`NO_COLOR` wins over the saved choice; an unusable saved name falls back to dark."""
+    if os.environ.get("NO_COLOR"):
+        return "mono"
+    try:
+        return resolve_theme(config.theme)
+    except UserError:
+        return "dark"
+
+
+# -- recorder events as messages ------------------------------------------------------------
+class RecorderMessage(Message):
+    """Base of the recorder's events; posted from the poll thread, handled on the UI thread."""
+
+
+class CaptureStarted(RecorderMessage):
+    def __init__(self, state: CaptureState) -> None:
+        super().__init__()
+        self.state = state
+
+
+class CaptureSaved(RecorderMessage):
+    def __init__(self, state: CaptureState) -> None:
+        super().__init__()
+        self.state = state
+
+
+class CaptureFailed(RecorderMessage):
+    def __init__(self, state: CaptureState) -> None:
+        super().__init__()
+        self.state = state
+
+
+class TargetExited(RecorderMessage):
+    def __init__(self, pid: object) -> None:
+        super().__init__()
+        self.pid = pid
+
+
+EVENT_MESSAGES: dict[str, type[RecorderMessage]] = {
+    "capture-started": CaptureStarted,
+    "capture-saved": CaptureSaved,
+    "capture-failed": CaptureFailed,
+    "target-exited": TargetExited,
+}
+
+# -- the app ----------------------------------------------------------------------------------
+LIVE_WINDOW_S = 60.0
+MIN_WINDOW_S = 1.0
+COMPACT_WIDTH = 110  # below this many columns (or COMPACT_HEIGHT rows) the panes stack
+COMPACT_HEIGHT = 30
+
+
+def short_cmdline(cmd: str, width: int = 32) -> str:
+    parts = cmd.split()
+    if not parts:
+        return ""
+    parts[0] = os.path.basename(parts[0])
+    s = " ".join(parts)
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+class KdashApp(App[None]):
+    """The dashboard. See the module docstring for live vs replay, redraw and themes."""
+
+    CSS_PATH = [Path(__file__).with_name("app.tcss")] + [
+        _theme_dir() / f"{n}.tcss" for n in available_themes()
+    ]
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [
+        Binding("c", "capture", "capture: the --pre s before and --post s after"),
+        Binding("p", "pause", "pause / resume the view (collection goes on)"),
+        Binding("t", "next_theme", "next theme (saved to the config file)"),
+        Binding("tab", "cycle_pane(1)", "next pane", priority=True),
+        Binding("shift+tab", "cycle_pane(-1)", "previous pane", priority=True),
+        Binding("1", "maximize('kernels')", "kernels pane: maximise"),
+        Binding("2", "maximize('clocks')", "clocks & thermal pane: maximise"),
+        Binding("3", "maximize('cpu')", "CPU affinity pane: maximise"),
+        Binding("4", "maximize('source')", "source pane: maximise"),
+        Binding("escape", "restore", "restore the layout (all panes)"),
+        Binding("left", "pan(-1)", "pan the time window earlier", priority=True),
+        Binding("right", "pan(1)", "pan the time window later", priority=True),
+        Binding("plus,equals_sign", "zoom(0.5)", "zoom in (halve the window)"),
+        Binding("minus", "zoom(2)", "zoom out (double the window)"),
+        Binding("r", "reset_window", "reset the window (follow live / whole capture)"),
+        Binding("question_mark", "help", "this help"),
+        Binding("q", "quit", "quit"),
+    ]
+    PANE_IDS = ("kernels", "clocks", "cpu", "source")
+
+    def __init__(
+        self,
+        store: Store,
+        recorder: Recorder | None,
+        meta: dict,
+        mode: str,
+        config: Config,
+        theme: str | None = None,
+        redraw_hz: float = 2.0,
+        title: str | None = None,
+    ) -> None:
+        super().__init__()
+        if mode not in ("live", "replay"):
+            raise ValueError(f"mode must be 'live' or 'replay', not {mode!r}")
+        if mode == "live" and recorder is None:
+            raise ValueError("live mode needs a recorder")
+        self.store = store
+        self.recorder = recorder
+        self.meta = dict(meta or {})
+        self.mode = mode
+        self.config = config
+        self.redraw_hz = max(0.1, float(redraw_hz))
+        self.kd_theme = resolve_theme(theme) if theme else default_theme(config)
+        for palette in PALETTES.values():
+            self.register_theme(palette)
+        self.theme = PALETTES[self.kd_theme].name
+        self.add_class(f"theme-{self.kd_theme}")
+        self._title_arg = title
+        self.paused = False
+        self._frozen_ns: int | None = None  # "now" of the view while paused (live)
+        self.maximized: str | None = None
+        self.compact = False
+        self._dirty = True
+        self.redraws = 0  # pane redraws done (tests and the perf check read it)
+        self.last_redraw_ms = 0.0
+        self.note = ""
+        self._capture_note = ""
+        # Window: `window_s` long, ending `offset_s` before the anchor end.
+        self.data_start_ns, self.data_end_ns = self._data_range()
+        full = (self.data_end_ns - self.data_start_ns) / 1e9
+        self.window_s = max(MIN_WINDOW_S, full) if mode == "replay" else LIVE_WINDOW_S
+        self.offset_s = 0.0
+        if recorder is not None:
+            previous = recorder.on_event
+
+            def on_event(event: str, payload: object) -> None:
+                self._on_recorder_event(event, payload)
+                if previous is not None:
+                    previous(event, payload)
+
+            recorder.on_event = on_event
+
+    # -- layout -------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False, icon="≡")
+        with Horizontal(id="body"):
+            with Vertical(id="left", classes="column"):
+                yield KernelPane(id="kernels")
+                yield ClockPane(id="clocks")
+            with Vertical(id="right", classes="column"):
+                yield CpuPane(id="cpu")
+                yield SourcePane(id="source")
+        yield StatusBar(id="status")
+
+    @property
+    def panes(self) -> list[Pane]:
+        return [self.query_one(f"#{p}", Pane) for p in self.PANE_IDS]
+
+    def on_mount(self) -> None:
+        self.title, self.sub_title = self._titles()
+        self._apply_layout(self.size.width, self.size.height)
+        self.set_interval(1.0 / self.redraw_hz, self._tick, name="redraw")
+        if self.mode == "live":
+            self._run_recorder()
+        self._update_status()
+        self.call_after_refresh(self._first_draw)
+        if self.config.warning:
+            self.notify(self.config.warning, severity="warning")
+
+    def _first_draw(self) -> None:
+        self._redraw(force=True)
+        self._update_status()
+        self.panes[2].focus_target().focus()
+
+    def on_resize(self, event) -> None:
+        self._apply_layout(event.size.width, event.size.height)
+        self._dirty = True
+        self.call_after_refresh(self._redraw, True)
+
+    def _apply_layout(self, width: int, height: int) -> None:
+        """Compact (stacked) below COMPACT_WIDTH x COMPACT_HEIGHT, else two columns."""
+        self.compact = width < COMPACT_WIDTH or height < COMPACT_HEIGHT
+        self.set_class(self.compact, "-compact")
+        self.set_class(self.maximized is not None, "-maximized")
+        for pane in self.panes:
+            pane.set_class(pane.id == self.maximized, "-max")
+        for col in self.query(".column"):
+            col.set_class(
+                any(p.id == self.maximized for p in col.query(Pane)),
+                "-has-max",
+            )
+        self._update_columns()
+
+    def _update_columns(self) -> None:
+        """A column whose panes all have nothing to show collapses to their one-liners."""
+        any_empty = False
+        for col in self.query(".column"):
+            empty = all(p.has_class("-empty") for p in col.query(Pane))
+            col.set_class(empty, "-all-empty")
+            any_empty = any_empty or empty
+        # Two columns only pay off when both have something to show; else stack them, so the
+        # one-liners sit on top and the panes with data get the full width.
+        self.set_class(self.compact or any_empty, "-stacked")
+
+    def _titles(self) -> tuple[str, str]:
+        target = self.meta.get("target") or {}
+        cmd = short_cmdline(str(target.get("cmdline") or ""))
+        if self.mode == "live":
+            title = self._title_arg or self.meta.get("title") or "kdash"
+            return title, f"live · pid {target.get('pid', '?')} {cmd}".rstrip()
+        title = self._title_arg or self.meta.get("title") or ""
+        if "replay" not in title.lower():
+            title = f"kdash replay — {title}" if title else "kdash replay"
+        bits = []
+        if self.meta.get("capture_path"):
+            bits.append(Path(str(self.meta["capture_path"])).name)
+        host = target.get("host") or (self.meta.get("host") or {}).get("hostname")
+        what = cmd or (f"pid {target.get('pid')}" if target.get("pid") else "")
+        if what:
+            bits.append(f"{what} on {host}" if host else what)
+        created = self.meta.get("created_wall_ns")
+        if isinstance(created, int):
+            bits.append(time.strftime("recorded %Y-%m-%d %H:%M UTC", time.gmtime(created / 1e9)))
+        return title, " · ".join(bits)
+
+    # -- time window --------------------------------------------------------------------------
+    def _data_range(self) -> tuple[int, int]:
+        """Replay: the capture's window (else the data's span). Live: the store's retention."""
+        win = self.meta.get("window") or {}
+        if self.mode == "replay":
+            start, end = win.get("start_ns"), win.get("end_ns")
+            if isinstance(start, int) and isinstance(end, int) and end > start:
+                return start, end
+            lo, hi = None, 0
+            for t in schema.TABLES:
+                b = self.store.get(t)
+                col = b[schema.TIME_COLUMN[t]]
+                if len(col):
+                    lo = int(col.min()) if lo is None else min(lo, int(col.min()))
+                    hi = max(hi, int(col.max()))
+            if lo is None:
+                now = clock.now_ns()
+                return now - int(1e9), now
+            return lo, max(hi, lo + int(1e9))
+        return 0, 0
+
+    def _anchor_end_ns(self) -> int:
+        if self.mode == "replay":
+            return self.data_end_ns
+        if self.paused and self._frozen_ns is not None:
+            return self._frozen_ns
+        return clock.now_ns()
+
+    def _max_window_s(self) -> float:
+        if self.mode == "replay":
+            return max(MIN_WINDOW_S, (self.data_end_ns - self.data_start_ns) / 1e9)
+        return max(MIN_WINDOW_S, self.store.retention_ns / 1e9)
+
+    def view_range(self) -> tuple[int, int]:
+        end = self._anchor_end_ns() - int(self.offset_s * 1e9)
+        start = end - int(self.window_s * 1e9)
+        return start, end
+
+    def build_view(self) -> View:
+        since, until = self.view_range()
+        anchor = self.data_start_ns if self.mode == "replay" else self._anchor_end_ns()
+        if self.recorder is not None:
+            health = {s.name: str(s.health) for s in self.recorder.sources}
+            findings = self.recorder.findings
+            gpus = list(self.meta.get("gpus") or [])
+        else:
+            health = {str(k): str(v) for k, v in (self.meta.get("sources") or {}).items()}
+            findings = None
+            gpus = list(self.meta.get("gpus") or [])
+        return View(
+            store=self.store,
+            since_ns=since,
+            until_ns=until,
+            mode=self.mode,
+            anchor_ns=anchor,
+            health=health,
+            findings=findings,
+            gpus=gpus,
+        )
+
+    def window_label(self) -> str:
+        since, until = self.view_range()
+        if self.mode == "replay":
+            full = (self.data_end_ns - self.data_start_ns) / 1e9
+            a = (since - self.data_start_ns) / 1e9
+            b = (until - self.data_start_ns) / 1e9
+            return f"t {a:.1f}–{b:.1f} s of {full:.1f} s"
+        label = f"window {self.window_s:g} s"
+        if self.offset_s:
+            label += f", ending {self.offset_s:g} s ago"
+        return label
+
+    # -- redraw -------------------------------------------------------------------------------
+    def _tick(self) -> None:
+        self._update_status()
+        if self.paused:
+            return
+        if self.mode == "replay" and not self._dirty:
+            return
+        self._redraw()
+
+    def _visible_panes(self) -> list[Pane]:
+        if self.maximized is not None:
+            return [p for p in self.panes if p.id == self.maximized]
+        return self.panes
+
+    def _redraw(self, force: bool = False) -> None:
+        """Draw the visible panes for the current view (skipped under a modal screen)."""
+        if not force and len(self.screen_stack) > 1:
+            return
+        t0 = time.perf_counter()
+        view = self.build_view()
+        for pane in self._visible_panes():
+            pane.show(view)
+        self._update_columns()
+        self._dirty = False
+        self.redraws += 1
+        self.last_redraw_ms = (time.perf_counter() - t0) * 1e3
+
+    def _view_changed(self) -> None:
+        """Pan/zoom/layout/theme: redraw now, also while paused (the view is frozen, not dead)."""
+        self._dirty = True
+        self._redraw(force=True)
+        self._update_status()
+
+    def _update_status(self) -> None:
+        self.query_one(StatusBar).show(self.status_info())
+
+    def status_info(self) -> StatusInfo:
+        target = self.meta.get("target") or {}
+        rec = self.recorder
+        if rec is not None and rec.target is not None:
+            tgt = f"pid {rec.target.pid} {short_cmdline(' '.join(rec.target.cmdline))}"
+        else:
+            tgt = f"pid {target.get('pid', '?')} {short_cmdline(str(target.get('cmdline') or ''))}"
+        info = StatusInfo(
+            mode=self.mode,
+            compact=self.compact,
+            target=tgt.rstrip(),
+            paused=self.paused,
+            window=self.window_label(),
+            note=self.note,
+        )
+        if rec is not None:
+            cap = rec.capture
+            info.capture_phase = cap.phase
+            if cap.phase == "recording":
+                info.capture = f"capturing… {cap.remaining_s(clock.now_ns()):.1f} s"
+            elif cap.phase == "writing":
+                info.capture = "writing capture…"
+            elif cap.phase == "saved":
+                info.capture = f"saved: {cap.path}"
+            elif cap.phase == "failed":
+                info.capture = f"capture failed: {cap.error}"
+            info.sources = {s.name: str(s.health) for s in rec.sources}
+            info.poll_ms = rec.poll_cost_ms
+            info.dropped = self.store.overflowed()
+        else:
+            info.sources = {str(k): str(v) for k, v in (self.meta.get("sources") or {}).items()}
+            info.dropped = int(self.meta.get("overflowed_rows") or 0)
+            info.capture = self._capture_note
+        return info
+
+    # -- recorder worker and its events -------------------------------------------------------
+    @work(thread=True, exit_on_error=False, name="recorder", group="recorder")
+    def _run_recorder(self) -> None:
+        assert self.recorder is not None
+        self.recorder.run_forever()
+
+    def _on_recorder_event(self, event: str, payload: object) -> None:
+        """Called on the poll thread: only turn the event into a message for the UI thread."""
+        cls = EVENT_MESSAGES.get(event)
+        if cls is not None:
+            self.post_message(cls(payload))  # type: ignore[arg-type]
+
+    def on_capture_started(self, message: CaptureStarted) -> None:
+        self._update_status()
+
+    def on_capture_saved(self, message: CaptureSaved) -> None:
+        self._update_status()
+        self.notify(f"capture saved: {message.state.path}", title="kdash", timeout=6)
+
+    def on_capture_failed(self, message: CaptureFailed) -> None:
+        self._update_status()
+        self.notify(f"capture failed: {message.state.error}", severity="error", timeout=10)
+
+    def on_target_exited(self, message: TargetExited) -> None:
+        self.note = f"target {message.pid} exited"
+        self._update_status()
+        self.notify(
+            f"pid {message.pid} exited; the view keeps what was collected (c still captures it)",
+            severity="warning",
+        )
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.worker.name == "recorder" and event.state == WorkerState.ERROR:
+            self.note = f"recorder stopped: {event.worker.error}"
+            self._update_status()
+            self.notify(self.note, severity="error", timeout=15)
+
+    def _stop_recorder(self) -> None:
+        if self.recorder is not None:
+            self.recorder.stop()
+
+    def on_unmount(self) -> None:
+        self._stop_recorder()
+
+    # -- actions ------------------------------------------------------------------------------
+    def action_capture(self) -> None:
+        if self.recorder is None:
+            self._capture_note = "replay: nothing to capture (captures are taken live)"
+            self.notify("This is a replay: captures are taken live, with `kdash attach`.")
+            self._update_status()
+            return
+        if not self.recorder.trigger_capture():
+            self.notify("a capture is already being recorded or written", severity="warning")
+        self._update_status()
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        self._frozen_ns = clock.now_ns() if self.paused else None
+        if not self.paused:
+            self._dirty = True
+            self._redraw()
+        self._update_status()
+
+    def action_next_theme(self) -> None:
+        names = available_themes()
+        nxt = (
+            names[(names.index(self.kd_theme) + 1) % len(names)]
+            if self.kd_theme in names
+            else names[0]
+        )
+        self.set_theme(nxt)
+        self.config.theme = nxt
+        try:
+            save_config(self.config)
+        except UserError as e:
+            self.notify(str(e), severity="error")
+        else:
+            self.notify(f"theme: {nxt} (saved)", timeout=2)
+
+    def set_theme(self, name: str) -> None:
+        """Switch palette and the App class that scopes the theme's tcss rules."""
+        name = resolve_theme(name)
+        self.remove_class(f"theme-{self.kd_theme}")
+        self.kd_theme = name
+        self.add_class(f"theme-{name}")
+        self.theme = PALETTES[name].name
+        for pane in self.panes:
+            pane.refresh()
+        self._dirty = True
+        self.call_after_refresh(self._view_changed)
+
+    def action_cycle_pane(self, delta: int) -> None:
+        """Move focus to the next pane; when one is maximised, maximise the next instead."""
+        ids = list(self.PANE_IDS)
+        current = self.maximized or self._focused_pane_id() or ids[0]
+        nxt = ids[(ids.index(current) + delta) % len(ids)]
+        if self.maximized is not None:
+            self.action_maximize(nxt)
+            return
+        pane = self.query_one(f"#{nxt}", Pane)
+        pane.focus_target().focus()
+
+    def _focused_pane_id(self) -> str | None:
+        node = self.focused
+        while node is not None:
+            if isinstance(node, Pane):
+                return node.id
+            node = node.parent
+        return None
+
+    def action_maximize(self, pane_id: str) -> None:
+        self.maximized = pane_id
+        self._apply_layout(self.size.width, self.size.height)
+        self.query_one(f"#{pane_id}", Pane).focus_target().focus()
+        self._view_changed()
+
+    def action_restore(self) -> None:
+        if self.maximized is None:
+            return
+        self.maximized = None
+        self._apply_layout(self.size.width, self.size.height)
+        self._view_changed()
+
+    def action_pan(self, direction: int) -> None:
+        step = self.window_s / 4
+        hi = max(0.0, self._max_window_s() - self.window_s)
+        self.offset_s = min(hi, max(0.0, self.offset_s - direction * step))
+        self._view_changed()
+
+    def action_zoom(self, factor: float) -> None:
+        self.window_s = min(self._max_window_s(), max(MIN_WINDOW_S, self.window_s * factor))
+        hi = max(0.0, self._max_window_s() - self.window_s)
+        self.offset_s = min(self.offset_s, hi)
+        self._view_changed()
+
+    def action_reset_window(self) -> None:
+        self.offset_s = 0.0
+        self.window_s = self._max_window_s() if self.mode == "replay" else LIVE_WINDOW_S
+        self._view_changed()
+
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            self.pop_screen()
+            return
+        self.push_screen(HelpScreen(list(self.BINDINGS), self.mode, self.status_info().sources))
+
+    async def action_quit(self) -> None:
+        self._stop_recorder()
+        self.exit()

@@ -1,0 +1,83 @@
+"""What every pane shares: the view it is drawn for, and the empty-pane convention.
+
+A pane is a read-only view over the store. The app builds one `View` per redraw (the time
+window, the mode, the sources' health, the findings) and hands it to each visible pane's
+`show(view)`; panes never poll a source or touch the recorder themselves, and they never run
+on the poll thread.
+
+A pane with nothing to show says why in one line and gets the `-empty` class, which the
+stylesheet uses to collapse it to that line so the panes with data get the room.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+from textual.containers import Vertical
+from textual.widgets import Static
+
+from kdash.store import Store
+
+
+@dataclass
+class View:
+    """Everything a pane may draw from, for one redraw."""
+
+    store: Store
+    since_ns: int
+    until_ns: int
+    mode: str  # "live" | "replay"
+    anchor_ns: int  # time 0 of the axis labels: capture start in replay, window end live
+    health: dict[str, str] = field(default_factory=dict)  # source name -> "ok" / "unavailable: …"
+    findings: pd.DataFrame | None = None
+    gpus: list[dict] = field(default_factory=list)  # describe() of the GPUs, may be empty
+
+    @property
+    def seconds(self) -> float:
+        return (self.until_ns - self.since_ns) / 1e9
+
+    def rel(self, t_ns: int) -> float:
+        """Seconds of `t_ns` on the axis: from the capture start (replay) or before now (live)."""
+        return (t_ns - self.anchor_ns) / 1e9
+
+    def axis(self, width: int) -> str:
+        """A one-line time axis of `width` characters: start label left, end label right."""
+        if self.mode == "live":
+            left = f"-{self.seconds:.0f}s" if self.seconds >= 10 else f"-{self.seconds:.1f}s"
+            right = "now" if self.until_ns >= self.anchor_ns else f"{self.rel(self.until_ns):.1f}s"
+            if self.until_ns < self.anchor_ns:
+                left = f"{self.rel(self.since_ns):.1f}s"
+        else:
+            left = f"{self.rel(self.since_ns):.1f}s"
+            right = f"{self.rel(self.until_ns):.1f}s"
+        gap = max(1, width - len(left) - len(right))
+        return (left + "─" * gap + right)[: max(0, width)]
+
+
+class Pane(Vertical, can_focus=True):
+    """A titled, focusable pane; subclasses implement `show(view)`.
+
+    Focusable so `tab` can move between panes even when a pane holds no table; a pane with a
+    table forwards focus to it (`focus_target`).
+    """
+
+    key: str = ""  # "1".."4": the key that maximises it
+    title: str = ""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.border_title = f"{self.key} {self.title}"
+        self.empty_line = Static("", classes="empty-line", markup=False)
+
+    def focus_target(self):
+        return self
+
+    def set_empty(self, why: str | None) -> None:
+        """Collapse to one line saying `why` (or restore the full pane when None)."""
+        self.set_class(why is not None, "-empty")
+        if why is not None:
+            self.empty_line.update(why)
+
+    def show(self, view: View) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError

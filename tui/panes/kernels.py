@@ -1,0 +1,118 @@
+"""Kernel pane: the top-kernels table and a per-device/stream lane strip over the window.
+
+Kernel records come from the in-process agent (CUPTI), which is a later issue; until a capture
+or a live agent brings them, the pane is one line saying what will fill it and how. The full
+zoomable line-API timeline replaces the lane strip in a later issue; this strip already shares
+the clock pane's time axis (same window, same binning), so a busy lane and a throttle band line
+up column for column.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.widgets import DataTable, Static
+
+from kdash.analyses.kernels import idle_gaps, launch_latency, short_name, top_kernels
+
+from ..widgets.spark import busy_fraction, shade
+from .base import Pane, View
+
+NO_KERNELS = (
+    "Kernel timeline: no kernel data — needs the in-process agent: start the target with "
+    "`kdash run -- CMD` (coming with the agent)"
+)
+MAX_LANES = 8
+
+
+class KernelPane(Pane):
+    key = "1"
+    title = "Kernels"
+    COMPONENT_CLASSES = {"kernel-pane--lane", "kernel-pane--label", "kernel-pane--note"}
+
+    def compose(self) -> ComposeResult:
+        yield self.empty_line
+        self.lanes = Static("", classes="lanes", markup=False)
+        self.table = DataTable(cursor_type="row", zebra_stripes=False, classes="top-kernels")
+        yield self.lanes
+        yield self.table
+
+    def on_mount(self) -> None:
+        self.table.add_columns(
+            "kernel", "calls", "total ms", "%", "mean µs", "p50 µs", "p99 µs", "grid", "block",
+            "regs", "smem",
+        )  # fmt: skip
+        self.set_empty(NO_KERNELS)
+
+    def focus_target(self):
+        return self.table if not self.has_class("-empty") else self
+
+    def show(self, view: View) -> None:
+        kernels = view.store.frame("kernels", view.since_ns, view.until_ns)
+        if kernels.empty:
+            total = view.store.stats()["kernels"]["rows"]
+            self.set_empty(
+                NO_KERNELS if total == 0 else "Kernel timeline: no kernels in the shown window"
+            )
+            return
+        self.set_empty(None)
+        self.lanes.update(self._lanes(view, kernels))
+        self._fill_table(kernels)
+
+    def _lanes(self, view: View, kernels: pd.DataFrame) -> Text:
+        width = max(10, self.content_region.width or 60)
+        label_w = 12
+        bins = max(1, width - label_w)
+        lane_style = self.get_component_rich_style("kernel-pane--lane")
+        label_style = self.get_component_rich_style("kernel-pane--label")
+        note_style = self.get_component_rich_style("kernel-pane--note")
+        out = Text(no_wrap=True, overflow="ellipsis")
+        groups = list(kernels.groupby(["device", "stream"], sort=True))
+        for n, ((dev, stream), g) in enumerate(groups[:MAX_LANES]):
+            frac = busy_fraction(
+                g["start_ns"].to_numpy(), g["end_ns"].to_numpy(), view.since_ns, view.until_ns, bins
+            )
+            out.append(f"GPU{dev} s{stream}".ljust(label_w)[:label_w], label_style)
+            out.append(shade(frac), lane_style)
+            if n < min(len(groups), MAX_LANES) - 1:
+                out.append("\n")
+        if len(groups) > MAX_LANES:
+            out.append(f"\n… {len(groups) - MAX_LANES} more streams", note_style)
+        out.append("\n" + " " * label_w + view.axis(bins), note_style)
+        gaps = idle_gaps(kernels)
+        api = view.store.frame("api", view.since_ns, view.until_ns)
+        lat = launch_latency(kernels, api)
+        notes = []
+        if not gaps.empty:
+            notes.append(
+                f"GPU idle gaps ≥100 µs: {len(gaps)}, longest {gaps['gap_us'].max() / 1e3:.2f} ms"
+            )
+        if not lat.empty:
+            p50, p99 = np.percentile(lat["latency_us"].to_numpy(dtype=float), [50, 99])
+            notes.append(f"launch→start p50 {p50:.1f} µs, p99 {p99:.1f} µs")
+        if notes:
+            out.append("\n" + " · ".join(notes), note_style)
+        return out
+
+    def _fill_table(self, kernels: pd.DataFrame) -> None:
+        top = top_kernels(kernels, limit=50)
+        keep = self.table.cursor_row
+        self.table.clear()
+        for r in top.itertuples(index=False):
+            self.table.add_row(
+                short_name(str(r.name), 40),
+                f"{r.calls}",
+                f"{r.total_ms:.2f}",
+                f"{r.pct:.1f}",
+                f"{r.mean_us:.1f}",
+                f"{r.p50_us:.1f}",
+                f"{r.p99_us:.1f}",
+                r.grid,
+                r.block,
+                f"{r.registers}" if r.registers >= 0 else "n/a",
+                f"{r.smem}" if r.smem >= 0 else "n/a",
+            )
+        if self.table.row_count:
+            self.table.move_cursor(row=min(keep, self.table.row_count - 1), animate=False)
