@@ -14,6 +14,7 @@ thresholds. Example::
     gpu_busy_util_pct = 50.0     # GPU utilisation above this counts as busy
     sm_clock_ratio = 0.8         # SM clock below this share of its max while busy
     min_duration_s = 1.0         # a condition must hold this long before it becomes a finding
+    shared_core_ratio = 0.5      # two hot threads on one CPU in this share of polls: flag
 
 An unreadable file is reported once and defaults are used; the dashboard still starts.
 """
@@ -30,6 +31,24 @@ from kdash.errors import UserError
 
 @dataclass
 class Thresholds:
+    """The findings' thresholds (`kdash.analyses.findings`); `[thresholds]` in the config file.
+
+    - runq_ms_per_s: run-queue delay, ms a hot thread waited for a CPU per wall second, above
+      which it is flagged (10x this is critical). 5 ms/s = 0.5% of its time spent waiting.
+    - hot_thread_cpu_pct: a thread whose CPU demand (on-CPU % plus run-queue wait as %) is at
+      least this counts as hot; only hot threads are judged for affinity, delay, migrations.
+    - migrations_per_s: CPU migrations per second of a hot thread above which it is flagged.
+    - low_cpu_freq_ratio: a busy CPU clocked below this share of its maximum is flagged.
+    - busy_cpu_pct: a CPU at or above this busy % counts as under load.
+    - gpu_busy_util_pct: a GPU at or above this utilisation counts as busy (throttle and
+      SM-clock findings only judge busy samples).
+    - sm_clock_ratio: a busy GPU's SM clock below this share of its maximum is flagged.
+    - min_duration_s: a condition must hold this long without a break before it becomes a
+      finding, so one unlucky poll never raises one.
+    - shared_core_ratio: two hot threads on the same CPU (or SMT core) in at least this share
+      of the polls where both are hot are flagged as sharing a core.
+    """
+
     runq_ms_per_s: float = 5.0
     hot_thread_cpu_pct: float = 50.0
     migrations_per_s: float = 20.0
@@ -38,6 +57,7 @@ class Thresholds:
     gpu_busy_util_pct: float = 50.0
     sm_clock_ratio: float = 0.8
     min_duration_s: float = 1.0
+    shared_core_ratio: float = 0.5
 
 
 @dataclass

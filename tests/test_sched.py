@@ -1,0 +1,352 @@
+"""The scheduler source against real processes: pinned busy threads, CPUs crowded on purpose.
+
+Every test starts its own small process tree (a Python script that forks busy children or
+starts a busy thread, each pinned with `os.sched_setaffinity` and named through
+/proc/self/task/<tid>/comm) and reads it with `SchedSource` through the real /proc. Thresholds
+and assertions are loose on purpose: CI machines are small (2 cores) and loaded, so the tests
+check presence and direction, never exact numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kdash import schema
+from kdash.analyses.findings import find_all
+from kdash.collectors.base import Source
+from kdash.collectors.sched import SchedSource, _sched_field, _status_field
+from kdash.collectors.topology import format_cpulist, parse_cpulist
+from kdash.config import Thresholds
+from kdash.target import Target
+
+# Forks one busy child per CPU in argv[1] ("1,1,1"), each pinned to that CPU and named
+# busyN; or, with mode "thread", runs one busy thread named busythr pinned to argv[1]; or,
+# with mode "churn", keeps starting short-lived threads. Prints "ready <tids>" when set up.
+BUSY_SCRIPT = r"""
+import os, sys, threading, time
+mode, spec, secs = sys.argv[1], sys.argv[2], float(sys.argv[3])
+def name(n):
+    with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+        f.write(n)
+def spin(until):
+    x = 0
+    while time.monotonic() < until:
+        x += 1
+end = time.monotonic() + secs
+if mode == "procs":
+    kids = []
+    for i, c in enumerate(int(c) for c in spec.split(",")):
+        pid = os.fork()
+        if pid == 0:
+            os.sched_setaffinity(0, {c})
+            name(f"busy{i}")
+            spin(end)
+            os._exit(0)
+        kids.append(pid)
+    print("ready", *kids, flush=True)
+    for k in kids:
+        os.waitpid(k, 0)
+elif mode == "thread":
+    tids = []
+    ev = threading.Event()
+    def worker():
+        os.sched_setaffinity(threading.get_native_id(), {int(spec)})
+        name("busythr")
+        tids.append(threading.get_native_id())
+        ev.set()
+        spin(end)
+    threading.Thread(target=worker, daemon=True).start()
+    ev.wait()
+    print("ready", tids[0], flush=True)
+    time.sleep(max(0.0, end - time.monotonic()))
+else:
+    print("ready", flush=True)
+    while time.monotonic() < end:
+        ts = [threading.Thread(target=time.sleep, args=(0.002,)) for _ in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+"""
+
+
+@contextmanager
+def busy_tree(mode: str, spec: str, secs: float) -> Iterator[tuple[subprocess.Popen, list[int]]]:
+    """Start the busy script; yield (process, tids or child pids it printed). Always reaped."""
+    p = subprocess.Popen(
+        [sys.executable, "-c", BUSY_SCRIPT, mode, spec, str(secs)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = p.stdout.readline().split() if p.stdout else []
+        assert line and line[0] == "ready", f"busy script failed: {line}"
+        yield p, [int(x) for x in line[1:]]
+    finally:
+        p.kill()
+        p.wait(timeout=10)
+        if p.stdout:
+            p.stdout.close()
+
+
+def pinned_cpu() -> int:
+    """A CPU this process may use; the highest, so that CPU 0's housekeeping stays apart."""
+    return max(os.sched_getaffinity(0))
+
+
+def poll_for(src: SchedSource, seconds: float, every: float = 0.2) -> dict[str, pd.DataFrame]:
+    """Poll a started source for `seconds`; the concatenated tables as DataFrames."""
+    got: dict[str, list] = {"threads": [], "cpu_freq": []}
+    end = time.monotonic() + seconds
+    while True:
+        out = src.poll(time.monotonic_ns())
+        for k in got:
+            got[k].append(out[k])
+        if time.monotonic() >= end:
+            break
+        time.sleep(every)
+    return {k: schema.to_frame(k, schema.concat(k, v)) for k, v in got.items()}
+
+
+def demand(df: pd.DataFrame) -> pd.Series:
+    """CPU demand in %: on-CPU % plus run-queue wait as % (what a spinner keeps near 100)."""
+    return df["cpu_pct"] + df["runq_ms_per_s"] / 10.0
+
+
+def test_is_a_source_and_batches_match_schema():
+    src = SchedSource(Target.from_pid(os.getpid()))
+    assert isinstance(src, Source)
+    src.start()
+    try:
+        out = src.poll(time.monotonic_ns())
+    finally:
+        src.stop()
+    assert set(out) == {"threads", "cpu_freq"}
+    for table, batch in out.items():
+        assert list(batch) == schema.columns(table)
+        assert len({len(v) for v in batch.values()}) == 1
+    assert os.getpid() in set(out["threads"]["tid"])
+    # First poll: no previous reading, so rates are n/a rather than invented.
+    assert np.isnan(out["threads"]["cpu_pct"]).all()
+
+
+def test_pinned_busy_thread_reports_its_cpu_and_allowed_list():
+    cpu = pinned_cpu()
+    with busy_tree("thread", str(cpu), 6) as (p, tids):
+        src = SchedSource(Target.from_pid(p.pid))
+        src.start()
+        try:
+            df = poll_for(src, 1.2)["threads"]
+        finally:
+            src.stop()
+    busy = df[df["tid"] == tids[0]]
+    assert len(busy) >= 4
+    assert set(busy["name"]) == {"busythr"}
+    assert (busy["pid"] == p.pid).all()
+    assert set(busy["cpu"]) == {cpu}
+    assert set(busy["allowed_cpus"]) == {str(cpu)}
+    # The main thread sleeps and keeps the default affinity.
+    main = df[df["tid"] == p.pid]
+    assert parse_cpulist(main["allowed_cpus"].iloc[-1]) == os.sched_getaffinity(0)
+    rates = busy["cpu_pct"].dropna()
+    assert len(rates) >= 3
+    # A spinner wants the CPU all the time: it runs or waits in the run queue. On a loaded CI
+    # box its CPU % alone can be small, but run + wait stays near 100%.
+    assert demand(busy).median() > 60.0
+    assert rates.median() > main["cpu_pct"].dropna().median()
+    assert (busy["vol_switches"] >= 0).all() and (busy["invol_switches"] >= 0).all()
+    assert busy["vol_switches"].is_monotonic_increasing
+
+
+def test_crowded_cpu_gives_runqueue_delay_and_findings():
+    cpu = pinned_cpu()
+    with busy_tree("procs", f"{cpu},{cpu},{cpu}", 6) as (p, kids):
+        src = SchedSource(Target.from_pid(p.pid))
+        src.start()
+        try:
+            tables = poll_for(src, 2.4)
+        finally:
+            src.stop()
+    df = tables["threads"]
+    busy = df[df["tid"].isin(kids)].dropna(subset=["runq_ms_per_s"])
+    assert set(busy["tid"]) == set(kids)
+    assert set(busy["cpu"]) == {cpu}
+    # Three spinners on one CPU: each waits about 2/3 of the time (~667 ms/s).
+    assert busy.groupby("tid")["runq_ms_per_s"].median().min() > 100.0
+    assert busy["cpu_pct"].median() < 80.0  # they take turns
+    th = Thresholds(runq_ms_per_s=20.0, hot_thread_cpu_pct=30.0, min_duration_s=0.8)
+    found = find_all(tables, {"cpu_count": os.cpu_count()}, th)
+    runq = found[found["kind"] == "run-queue-delay"]
+    assert {f"busy{i} (pid {k})" for i, k in enumerate(kids)} <= set(runq["subject"])
+    assert runq["evidence"].str.contains("ms/s").all()
+    assert runq["evidence"].str.contains("shares its CPU with busy").all()
+    shared = found[found["kind"] == "shared-core"]
+    assert len(shared) == 1
+    assert all(f"pid {k}" in shared["subject"].iloc[0] for k in kids)
+    assert f"CPU {cpu}" in shared["evidence"].iloc[0]
+    # The same data judged with a threshold above what was measured raises nothing.
+    calm = Thresholds(runq_ms_per_s=5000.0, hot_thread_cpu_pct=30.0, min_duration_s=0.8)
+    assert "run-queue-delay" not in set(find_all(tables, {}, calm)["kind"])
+
+
+def test_off_local_cpu_finding_from_real_threads():
+    cpu = pinned_cpu()
+    online = parse_cpulist(open("/sys/devices/system/cpu/online").read())
+    if online == {cpu}:
+        pytest.skip("one CPU: no CPU can be 'not local'")
+    local = format_cpulist(online - {cpu})
+    with busy_tree("thread", str(cpu), 6) as (p, tids):
+        src = SchedSource(Target.from_pid(p.pid))
+        src.start()
+        try:
+            tables = poll_for(src, 1.6)
+        finally:
+            src.stop()
+    th = Thresholds(hot_thread_cpu_pct=30.0, min_duration_s=0.8)
+    topo = {"gpu_local_cpus": {0: local}, "gpu_of_pid": {p.pid: [0]}, "cpu_count": len(online)}
+    found = find_all(tables, topo, th)
+    off = found[found["kind"] == "off-local-cpu"]
+    assert list(off["subject"]) == [f"busythr (tid {tids[0]}, pid {p.pid})"]
+    row = off.iloc[0]
+    # Allowed on that one CPU only, none of them local: it can never get better by itself.
+    assert row["severity"] == "critical"
+    assert f"runs on CPU {cpu}, not local to GPU 0 (local: {local})" in row["evidence"]
+    assert f"taskset -pc {local} {tids[0]}" in row["advice"]
+    # The same threads with the pinned CPU counted as local: nothing to say.
+    topo_ok = {**topo, "gpu_local_cpus": {0: format_cpulist(online)}}
+    assert "off-local-cpu" not in set(find_all(tables, topo_ok, th)["kind"])
+    # A process that holds no GPU is not judged.
+    topo_other = {**topo, "gpu_of_pid": {p.pid + 999_999: [0]}}
+    assert "off-local-cpu" not in set(find_all(tables, topo_other, th)["kind"])
+
+
+def test_forced_migrations_are_counted_and_flagged():
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs to migrate between")
+    with busy_tree("procs", str(cpus[0]), 6) as (p, kids):
+        src = SchedSource(Target.from_pid(p.pid))
+        src.start()
+        try:
+            chunks = []
+            end = time.monotonic() + 1.6
+            i = 0
+            next_poll = 0.0
+            while time.monotonic() < end:
+                os.sched_setaffinity(kids[0], {cpus[i % 2]})  # bounce it: a real migration
+                i += 1
+                if time.monotonic() >= next_poll:
+                    chunks.append(src.poll(time.monotonic_ns()))
+                    next_poll = time.monotonic() + 0.2
+                time.sleep(0.02)
+        finally:
+            src.stop()
+    tables = {
+        k: schema.to_frame(k, schema.concat(k, [c[k] for c in chunks]))
+        for k in ("threads", "cpu_freq")
+    }
+    t = tables["threads"]
+    kid = t[t["tid"] == kids[0]]
+    if (kid["migrations"] < 0).all():
+        assert "migrations n/a" in str(src.health)
+        pytest.skip("kernel without /proc/<tid>/sched: migrations not available")
+    assert kid["migrations"].iloc[-1] - kid["migrations"].iloc[0] >= 10
+    assert len(set(kid["allowed_cpus"])) == 2
+    th = Thresholds(migrations_per_s=5.0, hot_thread_cpu_pct=30.0, min_duration_s=0.6)
+    found = find_all(tables, {}, th)
+    mig = found[found["kind"] == "migrations"]
+    assert list(mig["subject"]) == [f"busy0 (pid {kids[0]})"]
+    assert "migrations/s" in mig["evidence"].iloc[0]
+
+
+def test_cpu_rows_busy_and_frequency_or_a_reason():
+    cpu = pinned_cpu()
+    with busy_tree("procs", str(cpu), 6) as (p, _):
+        src = SchedSource(Target.from_pid(p.pid))
+        src.start()
+        try:
+            freq = poll_for(src, 0.8)["cpu_freq"]
+        finally:
+            src.stop()
+    online = parse_cpulist(open("/sys/devices/system/cpu/online").read())
+    assert set(freq["cpu"]) == online
+    busy = freq.dropna(subset=["busy_pct"])
+    assert busy["busy_pct"].between(0.0, 100.0).all()
+    assert busy[busy["cpu"] == cpu]["busy_pct"].median() > 50.0
+    has_cpufreq = os.path.exists(f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_cur_freq")
+    if has_cpufreq:
+        assert (freq["mhz"] > 0).all() and (freq["max_mhz"] > 0).all()
+        assert "cpufreq" not in str(src.health)
+    else:
+        assert src.health.state == "degraded" and "no cpufreq" in src.health.reason
+        # The /proc/cpuinfo fallback gives a clock when the platform has one at all.
+        assert freq["mhz"].isna().all() or (freq["mhz"].dropna() > 0).all()
+
+
+def test_threads_coming_and_going_and_target_exit():
+    with busy_tree("churn", "0", 2.0) as (p, _):
+        src = SchedSource(Target.from_pid(p.pid), fd_budget=4)
+        src.start()
+        tids: set[int] = set()
+        for _ in range(12):
+            out = src.poll(time.monotonic_ns())
+            tids |= set(int(t) for t in out["threads"]["tid"])
+            time.sleep(0.05)
+        assert len(tids) > 1  # short-lived threads were seen, none of them raised
+        assert src.health.state in ("ok", "degraded")
+        assert "permission" not in str(src.health)
+        p.kill()
+        p.wait(timeout=10)
+        time.sleep(0.05)
+        src.tree_interval_s = 0.0  # re-read the tree now
+        out = src.poll(time.monotonic_ns())
+        src.stop()
+    assert len(out["threads"]["tid"]) == 0
+    assert src.health.state == "unavailable" and str(p.pid) in src.health.reason
+
+
+def test_kept_descriptors_and_plain_reads_agree():
+    cpu = pinned_cpu()
+    with busy_tree("thread", str(cpu), 6) as (p, tids):
+        kept = SchedSource(Target.from_pid(p.pid))
+        plain = SchedSource(Target.from_pid(p.pid), fd_budget=0)
+        kept.start()
+        plain.start()
+        try:
+            for _ in range(3):
+                a = kept.poll(time.monotonic_ns())["threads"]
+                b = plain.poll(time.monotonic_ns())["threads"]
+                time.sleep(0.15)
+        finally:
+            kept.stop()
+            plain.stop()
+    assert kept._fds_open == 0 and plain._fds_open == 0  # stop() closed them all
+    for batch in (a, b):
+        i = list(batch["tid"]).index(tids[0])
+        assert batch["cpu"][i] == cpu
+        assert batch["cpu_pct"][i] + batch["runq_ms_per_s"][i] / 10 > 60.0
+
+
+def test_parsers_on_real_proc_files():
+    tid = os.getpid()
+    with open(f"/proc/self/task/{tid}/status", "rb") as f:
+        status = f.read()
+    vol = _status_field(status, b"voluntary_ctxt_switches:")
+    assert vol >= 0
+    assert _status_field(status, b"no_such_field:") == -1
+    path = f"/proc/self/task/{tid}/sched"
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            sched = f.read()
+        assert _sched_field(sched, b"se.nr_migrations") >= 0
+        assert _sched_field(sched, b"nr_voluntary_switches") >= vol
+    assert _sched_field(b"nothing here\n", b"se.nr_migrations") == -1
