@@ -1,0 +1,118 @@
+"""kdash's start-up hook (see kdash.collectors.agent.bootstrap): start the agent, then chain.
+
+Runs in every Python process of a `kdash run` tree, before user code. It must never fail the
+target: any problem is written to `<socket folder>/<pid>.unavailable`, where the kdash client
+reads it to say why this process has no agent, and the target starts as usual.
+"""
+
+import contextlib
+import os
+import sys
+
+
+def _kdash_socket_dir():
+    uid = os.getuid()
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        try:
+            st = os.stat(xdg)
+            if st.st_uid == uid and os.path.isdir(xdg):
+                return os.path.join(xdg, "kdash")
+        except OSError:
+            pass  # unusable runtime dir: fall back to /tmp as the agent does
+    return f"/tmp/kdash-{uid}"
+
+
+def _kdash_note_failure(reason):
+    try:
+        d = _kdash_socket_dir()
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(d, 0o700)
+        st = os.lstat(d)
+        if st.st_uid != os.getuid() or (st.st_mode & 0o077):
+            return
+        path = os.path.join(d, f"{os.getpid()}.unavailable")
+        with open(path, "w") as f:
+            f.write(reason[:2000])
+        import atexit
+
+        atexit.register(_kdash_unlink, path)
+    except Exception as e:  # noqa: BLE001 - last resort: say it where a human may look
+        if os.environ.get("KDASH_AGENT_DEBUG"):
+            sys.stderr.write(f"kdash: agent unavailable ({reason}); could not record it: {e}\n")
+
+
+def _kdash_unlink(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        return
+
+
+def _kdash_import_agent():
+    """The agent's server module, loaded from its file next to this folder.
+
+    Only server.py is loaded here (it imports nothing but the standard library at module
+    level), not the `kdash` package: importing kdash and numpy in every Python process of the
+    tree would cost start-up time the target pays even when nobody ever connects. It is
+    registered under its real name so a later `import kdash.collectors.agent.server` (e.g. by
+    an injected start) gets this same module and the same single agent.
+    """
+    import importlib.util
+
+    name = "kdash.collectors.agent.server"
+    if name in sys.modules:
+        return sys.modules[name]
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.join(os.path.dirname(here), "server.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load the kdash agent from {path}")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return mod
+
+
+def _kdash_start():
+    if os.environ.get("KDASH_AGENT") != "1":
+        return
+    try:
+        server = _kdash_import_agent()
+    except Exception as e:  # noqa: BLE001
+        _kdash_note_failure(
+            f"the kdash agent module is not importable in {sys.executable} "
+            f"({type(e).__name__}: {e})"
+        )
+        return
+    if server.start_agent() is None:
+        _kdash_note_failure(f"the kdash agent could not listen: {server.start_error()}")
+
+
+def _kdash_chain():
+    """Run the sitecustomize that Python would have imported without ours, if there is one."""
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    for entry in sys.path:
+        try:
+            if os.path.abspath(entry or os.getcwd()) == here:
+                continue
+        except (OSError, TypeError):
+            continue
+        spec = importlib.machinery.PathFinder.find_spec("sitecustomize", [entry])
+        if spec is None or spec.loader is None:
+            continue
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["sitecustomize"] = mod
+        spec.loader.exec_module(mod)  # its errors surface as they would without kdash
+        return
+
+
+_kdash_start()
+_kdash_chain()

@@ -1,0 +1,246 @@
+"""The client side of the agent: a Source that streams a target's CUPTI activity into the Store.
+
+`AgentSource(pid)` finds the agent's socket, handshakes, sends START, and reads frames on a
+background thread into a bounded queue that `poll()` drains; a full queue drops whole batches
+and counts their rows (`stats["dropped_client"]`), never silently. The agent's own counters
+(CUPTI's dropped records, rows the agent could not queue, callback errors, the clock offset)
+arrive in STATS replies, requested once a second from `poll()`, and are merged into `stats`.
+
+Health follows the agent's STATUS lines: "ok" while activity is on; "unavailable: ..." with the
+agent's reason (no cupti-python, no driver, CUPTI held by torch.profiler, ...), or "no kdash
+agent in pid N (start it with `kdash run -- CMD`)" when there is no socket; "starting:
+waiting ..." until the target has loaded CUDA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import socket
+import stat
+import threading
+import time
+from typing import Any
+
+from kdash.collectors.agent import server, wire
+from kdash.collectors.base import OK, Health
+
+from kdash import schema
+from kdash.schema import Batch
+
+TABLES = ("kernels", "api", "memcpy", "markers")
+STATS_EVERY_S = 1.0
+
+
+def find_agent_socket(pid: int) -> str | None:
+    """The agent socket of `pid` in the folders the agent uses for our uid, or None."""
+    for d in server.socket_dirs():
+        path = os.path.join(d, f"{pid}.sock")
+        try:
+            if stat.S_ISSOCK(os.stat(path).st_mode):
+                return path
+        except OSError:
+            continue
+    return None
+
+
+def agent_failure_note(pid: int) -> str | None:
+    """What the start-up hook wrote when the agent could not start in `pid`, if anything."""
+    for d in server.socket_dirs():
+        try:
+            with open(os.path.join(d, f"{pid}.unavailable")) as f:
+                return f.read().strip() or None
+        except OSError:
+            continue
+    return None
+
+
+def _health_from_status(body: dict[str, Any]) -> Health:
+    state = str(body.get("state", ""))
+    line = str(body.get("line", ""))
+    why = line.split(": ", 1)[1] if ": " in line else line
+    if state == "active":
+        return OK
+    if state in ("unavailable", "busy"):
+        return Health.unavailable(why)
+    if state == "waiting":
+        return Health("starting", line)
+    if state == "error":
+        return Health.degraded(why)
+    return Health("starting", line or state)
+
+
+class AgentSource:
+    """A Source (`name` "agent") fed by the kdash agent inside process `pid`."""
+
+    name = "agent"
+
+    def __init__(
+        self,
+        pid: int,
+        socket_path: str | None = None,
+        activities: list[str] | None = None,
+        max_queued_batches: int = 1024,
+        connect_timeout_s: float = 2.0,
+    ) -> None:
+        self.pid = pid
+        self.socket_path = socket_path
+        self.activities = list(activities or server.DEFAULT_ACTIVITIES)
+        self.health: Health = Health("starting", f"connecting to the agent in pid {pid}")
+        self.hello: dict[str, Any] = {}
+        self.stats: dict[str, Any] = {"dropped_client": 0, "received_rows": 0}
+        self.status_line = ""
+        self._connect_timeout = connect_timeout_s
+        self._queue: queue.Queue[tuple[str, Batch]] = queue.Queue(maxsize=max_queued_batches)
+        self._sock: socket.socket | None = None
+        self._send_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._last_stats_req = 0.0
+        self._lock = threading.Lock()
+
+    # Source protocol
+    def start(self) -> None:
+        path = self.socket_path or find_agent_socket(self.pid)
+        if path is None:
+            note = agent_failure_note(self.pid)
+            if note:
+                self.health = Health.unavailable(f"no kdash agent in pid {self.pid}: {note}")
+            else:
+                self.health = Health.unavailable(
+                    f"no kdash agent in pid {self.pid} (start it with `kdash run -- CMD`)"
+                )
+            return
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self._connect_timeout)
+        try:
+            s.connect(path)
+        except OSError as e:
+            s.close()
+            self.health = Health.unavailable(
+                f"cannot connect to the kdash agent of pid {self.pid} at {path} ({e}); "
+                "is the process still running, and as your user?"
+            )
+            return
+        s.settimeout(None)
+        self._sock = s
+        self._thread = threading.Thread(
+            target=self._reader, name=f"kdash-agent-client-{self.pid}", daemon=True
+        )
+        self._thread.start()
+
+    def poll(self, now_ns: int) -> dict[str, Batch]:
+        now = time.monotonic()
+        if self._sock is not None and now - self._last_stats_req >= STATS_EVERY_S:
+            self._last_stats_req = now
+            self._send(wire.encode_control(wire.MsgType.STATS, {}))
+        parts: dict[str, list[Batch]] = {}
+        while True:
+            try:
+                table, batch = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            parts.setdefault(table, []).append(batch)
+        return {t: schema.concat(t, bs) for t, bs in parts.items()}
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self._sock is not None:
+            self._send(wire.encode_control(wire.MsgType.STOP, {}))
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            self._sock = None
+
+    # internals
+    def _send(self, frame: bytes) -> bool:
+        sock = self._sock
+        if sock is None:
+            return False
+        try:
+            with self._send_lock:
+                sock.sendall(frame, socket.MSG_NOSIGNAL)
+            return True
+        except OSError as e:
+            if not self._stopping:
+                self.health = Health.unavailable(f"lost the agent of pid {self.pid}: {e}")
+            return False
+
+    def _reader(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        decoder = wire.Decoder()
+        try:
+            hello = wire.recv_message(sock, decoder)
+            if hello is None or hello.type != wire.MsgType.HELLO:
+                if hello is not None and hello.type == wire.MsgType.STATUS:
+                    self._on_status(hello.body)
+                else:
+                    self.health = Health.unavailable(
+                        f"the agent of pid {self.pid} closed the connection before HELLO "
+                        "(another user's process, or a refused peer?)"
+                    )
+                return
+            self.hello = hello.body
+            if hello.body.get("schema_version") != schema.SCHEMA_VERSION:
+                self.health = Health.unavailable(
+                    f"the agent in pid {self.pid} speaks record schema "
+                    f"{hello.body.get('schema_version')}, this kdash {schema.SCHEMA_VERSION}: "
+                    "run the same kdash version in both"
+                )
+                return
+            self._send(wire.encode_control(wire.MsgType.START, {"activities": self.activities}))
+            while True:
+                msg = wire.recv_message(sock, decoder)
+                if msg is None:
+                    if not self._stopping:
+                        self.health = Health.unavailable(
+                            f"the agent of pid {self.pid} went away (process exited?)"
+                        )
+                    return
+                if msg.type == wire.MsgType.BATCH:
+                    self._on_batch(msg.table or "", msg.body)
+                elif msg.type == wire.MsgType.STATUS:
+                    self._on_status(msg.body)
+                elif msg.type == wire.MsgType.STATS:
+                    with self._lock:
+                        self.stats.update({f"agent_{k}": v for k, v in msg.body.items()})
+        except (OSError, wire.WireError) as e:
+            if not self._stopping:
+                self.health = Health.unavailable(
+                    f"connection to the agent of pid {self.pid} failed: {type(e).__name__}: {e}"
+                )
+        except Exception as e:  # noqa: BLE001 - a reader bug shows as health, not a crash
+            self.health = Health.degraded(f"agent reader failed: {type(e).__name__}: {e}")
+
+    def _on_batch(self, table: str, batch: Batch) -> None:
+        n = schema.batch_len(batch)
+        try:
+            self._queue.put_nowait((table, batch))
+        except queue.Full:
+            with self._lock:
+                self.stats["dropped_client"] += n
+            return
+        with self._lock:
+            self.stats["received_rows"] += n
+
+    def _on_status(self, body: dict[str, Any]) -> None:
+        self.status_line = str(body.get("line", ""))
+        notes = body.get("notes") or []
+        with self._lock:
+            self.stats["notes"] = list(notes)
+        self.health = _health_from_status(body)
+
+    def dropped(self) -> int:
+        """Every row lost between CUPTI and this source, from all three places it can happen."""
+        with self._lock:
+            return int(
+                self.stats.get("dropped_client", 0)
+                + self.stats.get("agent_dropped_agent", 0)
+                + self.stats.get("agent_dropped_cupti", 0)
+            )

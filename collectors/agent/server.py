@@ -1,0 +1,1119 @@
+"""The agent: a listener inside the watched process that turns CUPTI activity into batches.
+
+Started by `start_agent()` (from the `kdash run` sitecustomize hook, or by injection). Until a
+client connects it is one daemon thread blocked in `accept()` on a Unix socket: no CUDA, no
+CUPTI, no numpy import, nothing the target could notice. Why each rule below exists:
+
+* Socket only at `$XDG_RUNTIME_DIR/kdash/<pid>.sock`, else `/tmp/kdash-<uid>/<pid>.sock`; the
+  folder is 0700 and checked to be ours (a folder someone else made first is refused), the
+  socket 0600, and the peer's uid (SO_PEERCRED) must equal ours. Kernel names and API traces
+  reveal what a process runs, so only its own user may see them.
+* A fixed message set (`wire.MsgType`); control bodies are JSON and only ever read as data.
+  There is no way to make the agent run code, load a module or touch a file by name.
+* One client at a time; a second one gets STATUS "busy" and is closed.
+* CUPTI through cupti-python's Activity API only (`activity_register_callbacks`,
+  `activity_enable`, `activity_flush_all`). Never `cuptiSubscribe`: a callback subscriber
+  blinds torch.profiler for the life of the process, and a profiler the user starts later must
+  still work once kdash has detached.
+* When the client says STOP, disconnects, or dies (SIGKILL closes its socket, which the agent
+  sees as EOF or a send error within its 50 ms poll), every enabled activity kind is disabled
+  and the buffers are flushed, so the target runs on as if it had never been watched.
+* Nothing may raise into the target: every callback CUPTI calls catches its own errors and
+  records them (`callback_errors`, `last_error` in STATS and STATUS); every agent thread ends
+  in a handler that records why.
+* When CUPTI cannot be had (cupti-python not importable, no driver, versions that do not
+  match, CUPTI held by another client in this process) the agent answers STATUS
+  "unavailable: <why> ; <what to do>" and stays idle.
+
+Timestamps: CUPTI's clock is mapped onto `time.monotonic_ns()` by an offset measured at START
+(the tightest of a few `get_timestamp`/`monotonic_ns` pairs) and re-measured every 10 s; the
+offset in use is reported in STATS so captures can keep it.
+
+Test seam: with `KDASH_AGENT_FAKE_CUDA=<cuda version int, e.g. 13000>` in the target's
+environment the driver probe reports that version and CUDA counts as loaded. The tests use it
+with a stand-in `cupti` module to drive the whole START -> records -> STOP path on a machine
+without a GPU; it changes nothing else.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import select
+import socket
+import stat
+import struct
+import sys
+import threading
+import time
+
+TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs every armed process
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+AGENT_VERSION = 1
+ENV_FLAG = "KDASH_AGENT"
+ENV_FAKE_CUDA = "KDASH_AGENT_FAKE_CUDA"
+
+POLL_S = 0.05  # how often the session looks at its socket and queue
+FLUSH_EVERY_S = 0.2  # how often completed CUPTI buffers are asked for
+OFFSET_EVERY_S = 10.0
+MAX_PENDING_ROWS = 2_000_000  # agent-side queue bound; rows beyond it are counted as dropped
+BUFFER_BYTES = 4 * 1024 * 1024
+SEND_TIMEOUT_S = 5.0  # a client that reads nothing for this long is treated as gone
+
+# CUPTI's CUpti_ActivityFlag marker bits (cupti-python 13.0 lists START but not END by name).
+MARKER_INSTANT = 1 << 0
+MARKER_START = 1 << 1
+MARKER_END = 1 << 2
+MAX_OPEN_MARKERS = 100_000
+
+DEFAULT_ACTIVITIES = (
+    "kernels",
+    "memcpy",
+    "memset",
+    "runtime",
+    "driver",
+    "synchronization",
+    "markers",
+)
+# activity name -> cupti.ActivityKind member name
+ACTIVITY_KINDS = {
+    "kernels": "CONCURRENT_KERNEL",
+    "memcpy": "MEMCPY",
+    "memset": "MEMSET",
+    "runtime": "RUNTIME",
+    "driver": "DRIVER",
+    "synchronization": "SYNCHRONIZATION",
+    "markers": "MARKER",
+}
+REQUIRED_ACTIVITY = "kernels"  # without it there is nothing to show: unavailable
+
+
+# ---- where the socket lives ---------------------------------------------------------------------
+
+
+def socket_dirs(uid: int | None = None) -> list[str]:
+    """Candidate folders, best first: `$XDG_RUNTIME_DIR/kdash` (when that runtime dir is ours)
+    and `/tmp/kdash-<uid>`. The client looks in the same places."""
+    uid = os.getuid() if uid is None else uid
+    out = []
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        try:
+            st = os.stat(xdg)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == uid:
+                out.append(os.path.join(xdg, "kdash"))
+        except OSError:
+            pass  # a stale XDG_RUNTIME_DIR (e.g. after su): fall back to /tmp below
+    out.append(f"/tmp/kdash-{uid}")
+    return out
+
+
+def ensure_private_dir(path: str) -> None:
+    """Create `path` as 0700, or check that an existing one is a real folder of ours and 0700.
+
+    A folder made first by someone else (or a symlink to one) could let them swap our socket
+    for theirs, so it is refused with an OSError that says why.
+    """
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(f"{path} exists and is not a folder (a symlink?); refusing to use it")
+    if st.st_uid != os.getuid():
+        raise OSError(f"{path} belongs to uid {st.st_uid}, not {os.getuid()}; refusing it")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)  # ours but loosened (e.g. by a umask game): tighten it back
+
+
+def socket_path_for(pid: int, uid: int | None = None) -> str:
+    return os.path.join(socket_dirs(uid)[0], f"{pid}.sock")
+
+
+# ---- peer check ---------------------------------------------------------------------------------
+
+_UCRED = struct.Struct("3i")
+
+
+def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process on the other end of a Unix socket (SO_PEERCRED)."""
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    return _UCRED.unpack(raw)
+
+
+def check_peer(conn: socket.socket, expected_uid: int | None = None) -> str | None:
+    """None when the peer runs as `expected_uid` (default: our uid), else the reason to refuse.
+
+    Same uid only, root included: a root kdash can reach a root target, and a root client
+    talking to another user's process must use that user's account (or inject as root).
+    """
+    expected = os.getuid() if expected_uid is None else expected_uid
+    try:
+        pid, uid, _gid = peer_credentials(conn)
+    except OSError as e:
+        return f"cannot read the peer's credentials ({e})"
+    if uid != expected:
+        return f"peer pid {pid} runs as uid {uid}, the agent accepts only uid {expected}"
+    return None
+
+
+# ---- CUDA driver and version checks -------------------------------------------------------------
+
+
+def driver_cuda_version() -> tuple[int | None, str]:
+    """The CUDA version the installed driver supports (e.g. 13000), or None and why not.
+
+    Uses cuDriverGetVersion through ctypes: it needs no cuInit, creates no context, and works
+    whether or not cuda-bindings is installed.
+    """
+    fake = os.environ.get(ENV_FAKE_CUDA)
+    if fake:
+        return int(fake), ""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        return None, f"no NVIDIA driver here (libcuda.so.1 not loadable: {e})"
+    v = ctypes.c_int(0)
+    rc = lib.cuDriverGetVersion(ctypes.byref(v))
+    if rc != 0:
+        return None, f"cuDriverGetVersion failed with CUDA error {rc}"
+    return v.value, ""
+
+
+def cuda_loaded() -> bool:
+    """Has this process loaded libcuda? Until it has, enabling CUPTI would pull CUDA into a
+    process that may never use it, so the agent waits instead."""
+    if os.environ.get(ENV_FAKE_CUDA):
+        return True
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return b"libcuda.so" in f.read()
+    except OSError:
+        return True  # no /proc: cannot tell, do not wait forever
+
+
+def _vtuple(v: str) -> tuple[int, int]:
+    parts = (v.split(".") + ["0", "0"])[:2]
+    try:
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+    except ValueError:
+        return 0, 0
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+    except Exception:  # noqa: BLE001 - metadata of a broken install must not stop the agent
+        return None
+
+
+def install_hint(driver_cuda: int | None) -> str:
+    """What to pip install in the target's environment for this driver."""
+    if driver_cuda is None:
+        return "pip install 'cupti-python~=13.0.0' (matching your driver's CUDA version)"
+    major, minor = driver_cuda // 1000, (driver_cuda % 1000) // 10
+    return (
+        f"pip install 'cupti-python~={major}.{minor}.0' 'nvidia-cuda-cupti~={major}.{minor}.0' "
+        f"in the target's Python (the driver supports CUDA {major}.{minor})"
+    )
+
+
+def version_mismatch(driver_cuda: int, cupti_python: str | None, cupti_lib: str | None) -> str:
+    """A one-line warning when cupti-python or libcupti is newer than the driver's CUDA, else "".
+
+    Older CUPTI runs on newer drivers; a newer one may be refused by an older driver (seen:
+    cupti-python 13.4 wants nvidia-cuda-cupti 13.4, which driver 580 / CUDA 13.0 may refuse).
+    """
+    drv = (driver_cuda // 1000, (driver_cuda % 1000) // 10)
+    for what, v in (("cupti-python", cupti_python), ("nvidia-cuda-cupti", cupti_lib)):
+        if v and _vtuple(v) > drv:
+            return (
+                f"{what} {v} is newer than the driver's CUDA {drv[0]}.{drv[1]}; "
+                f"{install_hint(driver_cuda)}"
+            )
+    return ""
+
+
+def other_cupti_client() -> str | None:
+    """Why CUPTI is already taken in this process, or None when nothing says so.
+
+    CUPTI serves one client per process: registering our buffers while torch.profiler (Kineto)
+    or an injected tool (Nsight Systems, via CUDA_INJECTION64_PATH) is collecting would steal
+    their records, so the agent must stay out of the way instead.
+    """
+    inj = os.environ.get("CUDA_INJECTION64_PATH")
+    if inj:
+        return f"an injected CUDA tool holds CUPTI in this process (CUDA_INJECTION64_PATH={inj})"
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            enabled = torch.autograd.profiler._is_profiler_enabled
+        except AttributeError:
+            enabled = False
+        if not enabled:
+            try:
+                enabled = bool(torch._C._autograd._profiler_enabled())
+            except Exception:  # noqa: BLE001 - older/newer torch: the flag above decides
+                enabled = False
+        if enabled:
+            return "torch.profiler is running in this process and holds CUPTI"
+    return None
+
+
+# ---- CUPTI records -> columns -------------------------------------------------------------------
+
+_COPY_KIND_NAMES = {
+    "HTOD": "HtoD",
+    "DTOH": "DtoH",
+    "HTOA": "HtoA",
+    "ATOH": "AtoH",
+    "ATOA": "AtoA",
+    "ATOD": "AtoD",
+    "DTOA": "DtoA",
+    "DTOD": "DtoD",
+    "HTOH": "HtoH",
+    "PTOP": "PtoP",
+}
+
+
+class RecordConverter:
+    """Turns a list of cupti-python activity objects into per-table column lists.
+
+    Runs inside CUPTI's buffer-completed callback, so it only copies the fields the schema
+    wants into tuples (a few hundred ns per record); numpy arrays, the clock offset and string
+    ids are made later on the agent's own thread. Kernel, copy, API and marker names come out
+    as Python strings. NVTX ranges arrive as separate START and END marker records, which are
+    paired here by id (the open ones are bounded, the overflow counted).
+    """
+
+    def __init__(self, cupti_mod: Any, pid: int) -> None:
+        ak = cupti_mod.ActivityKind
+        self.cupti = cupti_mod
+        self.pid = pid
+        self.k_kernel = {int(ak.CONCURRENT_KERNEL), int(ak.KERNEL)}
+        self.k_memcpy = int(ak.MEMCPY)
+        self.k_memset = int(ak.MEMSET)
+        self.k_runtime = int(ak.RUNTIME)
+        self.k_driver = int(ak.DRIVER)
+        self.k_sync = int(ak.SYNCHRONIZATION)
+        self.k_marker = int(ak.MARKER)
+        self._api_names: dict[tuple[int, int], str] = {}
+        self._copy_names: dict[int, str] = {}
+        self._sync_names: dict[int, str] = {}
+        self._open_markers: dict[int, tuple[int, str, str, int]] = {}
+        self.markers_overflowed = 0
+        self.other_records = 0
+
+    def _api_name(self, kind: int, cbid: int) -> str:
+        key = (kind, cbid)
+        name = self._api_names.get(key)
+        if name is None:
+            dom = self.cupti.CallbackDomain
+            domain = dom.DRIVER_API if kind == self.k_driver else dom.RUNTIME_API
+            try:
+                name = str(self.cupti.get_callback_name(domain, cbid))
+            except Exception as e:  # noqa: BLE001 - an unnamed API still gets a row
+                name = f"cbid {cbid} ({type(e).__name__})"
+            self._api_names[key] = name
+        return name
+
+    def _copy_name(self, copy_kind: int) -> str:
+        name = self._copy_names.get(copy_kind)
+        if name is None:
+            try:
+                raw = self.cupti.ActivityMemcpyKind(copy_kind).name
+            except (ValueError, AttributeError):
+                raw = f"kind{copy_kind}"
+            name = _COPY_KIND_NAMES.get(raw, raw)
+            self._copy_names[copy_kind] = name
+        return name
+
+    def _sync_name(self, t: int) -> str:
+        name = self._sync_names.get(t)
+        if name is None:
+            try:
+                name = "sync:" + self.cupti.ActivitySynchronizationType(t).name.lower()
+            except (ValueError, AttributeError):
+                name = f"sync:{t}"
+            self._sync_names[t] = name
+        return name
+
+    def convert(self, activities: list[Any]) -> dict[str, list[tuple]]:
+        """Rows per table as tuples in the order of `ROW_COLUMNS` (timestamps still CUPTI's)."""
+        kernels: list[tuple] = []
+        api: list[tuple] = []
+        memcpy: list[tuple] = []
+        markers: list[tuple] = []
+        pid = self.pid
+        for a in activities:
+            k = a.kind
+            if k in self.k_kernel:
+                kernels.append(
+                    (
+                        a.start,
+                        a.end,
+                        a.name,
+                        a.device_id,
+                        a.stream_id,
+                        a.grid_x,
+                        a.grid_y,
+                        a.grid_z,
+                        a.block_x,
+                        a.block_y,
+                        a.block_z,
+                        a.registers_per_thread,
+                        a.static_shared_memory,
+                        a.dynamic_shared_memory,
+                        a.correlation_id,
+                        a.graph_id or -1,  # CUPTI: 0 = not launched from a graph
+                    )
+                )
+            elif k == self.k_runtime or k == self.k_driver:
+                api.append(
+                    (
+                        a.start,
+                        a.end,
+                        self._api_name(k, a.cbid),
+                        a.process_id or pid,
+                        a.thread_id,
+                        a.correlation_id,
+                    )
+                )
+            elif k == self.k_memcpy:
+                memcpy.append(
+                    (
+                        a.start,
+                        a.end,
+                        self._copy_name(a.copy_kind),
+                        a.bytes,
+                        a.device_id,
+                        a.stream_id,
+                        a.correlation_id,
+                    )
+                )
+            elif k == self.k_memset:
+                memcpy.append(
+                    (a.start, a.end, "memset", a.bytes, a.device_id, a.stream_id, a.correlation_id)
+                )
+            elif k == self.k_sync:
+                api.append((a.start, a.end, self._sync_name(a.type), pid, -1, a.correlation_id))
+            elif k == self.k_marker:
+                self._marker(a, markers)
+            else:
+                self.other_records += 1
+        return {"kernels": kernels, "api": api, "memcpy": memcpy, "markers": markers}
+
+    def _marker(self, a: Any, out: list[tuple]) -> None:
+        flags = a.flags_
+        ts = a.timestamp
+        if flags & MARKER_END:
+            opened = self._open_markers.pop(a.id, None)
+            if opened is not None:
+                start, name, domain, tid = opened
+                out.append((start, ts, name, domain, tid))
+            return
+        try:
+            tid = a.object_id.pt.thread_id
+        except AttributeError:
+            tid = -1
+        name = a.name or ""
+        domain = a.domain or ""
+        if flags & MARKER_START:
+            if len(self._open_markers) >= MAX_OPEN_MARKERS:
+                self.markers_overflowed += 1
+                return
+            self._open_markers[a.id] = (ts, name, domain, tid)
+        else:  # instantaneous
+            out.append((ts, ts, name, domain, tid))
+
+
+# Tuple layouts made by RecordConverter.convert, per table; columns not listed get the pid or n/a.
+ROW_COLUMNS: dict[str, tuple[str, ...]] = {
+    "kernels": (
+        "start_ns",
+        "end_ns",
+        "name",
+        "device",
+        "stream",
+        "grid_x",
+        "grid_y",
+        "grid_z",
+        "block_x",
+        "block_y",
+        "block_z",
+        "registers",
+        "static_smem",
+        "dynamic_smem",
+        "correlation_id",
+        "graph_id",
+    ),
+    "api": ("start_ns", "end_ns", "name", "pid", "tid", "correlation_id"),
+    "memcpy": ("start_ns", "end_ns", "kind", "bytes", "device", "stream", "correlation_id"),
+    "markers": ("start_ns", "end_ns", "name", "domain", "tid"),
+}
+
+
+def rows_to_batch(table: str, rows: list[tuple], offset_ns: int, pid: int) -> dict[str, Any]:
+    """Column arrays for the wire from converter tuples; CUPTI time + offset = monotonic ns."""
+    import numpy as np
+
+    schema = _schema()
+
+    cols = ROW_COLUMNS[table]
+    n = len(rows)
+    transposed = list(zip(*rows, strict=True)) if n else [() for _ in cols]
+    out: dict[str, Any] = {}
+    types = dict(schema.TABLES[table])
+    for c, vals in zip(cols, transposed, strict=True):
+        code = types[c]
+        if code == schema.STR:
+            arr = np.empty(n, dtype=object)
+            arr[:] = vals
+            out[c] = arr
+        elif c in ("start_ns", "end_ns"):
+            out[c] = np.fromiter(vals, dtype=np.int64, count=n) + offset_ns
+        else:
+            out[c] = np.fromiter(vals, dtype=np.int64, count=n).astype(code)
+    for c, code in schema.TABLES[table]:
+        if c not in out:
+            out[c] = np.full(n, pid if c == "pid" else -1, dtype=code)
+    return out
+
+
+# ---- the CUPTI controller -----------------------------------------------------------------------
+
+
+class Unavailable(Exception):
+    """CUPTI cannot be used here; the message is the STATUS line (why, and what to do)."""
+
+
+class CuptiActivity:
+    """Owns everything the agent does with CUPTI: probe, enable, flush, disable, callbacks.
+
+    Callbacks are registered once per process (CUPTI keeps one registration); while no session
+    is active the buffer callback only counts what it throws away.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.cupti: Any = None
+        self.converter: RecordConverter | None = None
+        self.enabled: list[tuple[str, int]] = []
+        self.notes: list[str] = []
+        self.offset_ns = 0
+        self.offset_gap_ns = 0
+        self.driver_cuda: int | None = None
+        self._registered = False
+        self._lock = threading.Lock()
+        self._sink: Callable[[dict[str, list[tuple]]], None] | None = None
+        self.callback_errors = 0
+        self.last_error = ""
+        self.discarded_records = 0
+        self.records_seen = 0
+        self.callback_ns = 0
+        self.dropped_by_cupti = 0
+
+    # probing
+    def probe(self) -> None:
+        """Import cupti-python and check driver and versions; raise Unavailable with the fix."""
+        self.driver_cuda, why = driver_cuda_version()
+        if self.driver_cuda is None:
+            import importlib.util
+
+            also = ""
+            if importlib.util.find_spec("cupti") is None:
+                also = f"; cupti-python is not installed in {sys.executable} either"
+            raise Unavailable(f"{why}; kernel activity needs an NVIDIA GPU and driver{also}")
+        hint = install_hint(self.driver_cuda)
+        try:
+            from cupti import cupti as cupti_mod
+        except Exception as e:  # noqa: BLE001 - ImportError, or a broken cuda-bindings install
+            raise Unavailable(
+                f"cupti-python is not importable in pid {self.pid} "
+                f"({type(e).__name__}: {e}); {hint}"
+            ) from None
+        self.cupti = cupti_mod
+        self.converter = RecordConverter(cupti_mod, self.pid)
+        mismatch = version_mismatch(
+            self.driver_cuda,
+            _dist_version("cupti-python"),
+            _dist_version("nvidia-cuda-cupti") or _dist_version("nvidia-cuda-cupti-cu12"),
+        )
+        if mismatch:
+            self.notes.append("warning: " + mismatch)
+        held = other_cupti_client()
+        if held:
+            raise Unavailable(f"{held}; kdash stays idle until it is done (then reconnect)")
+
+    def _describe_error(self, e: BaseException) -> str:
+        status = getattr(e, "status", None)
+        name = ""
+        if status is not None and self.cupti is not None:
+            try:
+                name = self.cupti.Result(status).name
+            except (ValueError, AttributeError):
+                name = str(status)
+        held = (
+            "MULTIPLE_SUBSCRIBERS",
+            "OLD_PROFILER_API_INITIALIZED",
+            "HARDWARE_BUSY",
+            "PROFILER_ALREADY_INITIALIZED",
+        )
+        if any(h in name for h in held):
+            return (
+                f"CUPTI is held by another client in this process ({name}: torch.profiler, "
+                "Nsight or another tool); kdash stays idle"
+            )
+        if "INSUFFICIENT_PRIVILEGES" in name:
+            return f"CUPTI refused ({name}): profiling is restricted to admins on this machine"
+        text = f"{type(e).__name__}: {e}" if not name else f"CUPTI error {name} ({e})"
+        return text
+
+    def measure_offset(self) -> None:
+        """monotonic_ns - CUPTI time, from the tightest of a few paired reads."""
+        best_gap = None
+        for _ in range(7):
+            a = time.monotonic_ns()
+            c = int(self.cupti.get_timestamp())
+            b = time.monotonic_ns()
+            gap = b - a
+            if best_gap is None or gap < best_gap:
+                best_gap = gap
+                self.offset_ns = (a + b) // 2 - c
+        self.offset_gap_ns = int(best_gap or 0)
+
+    # enabling
+    def enable(self, activities: list[str], sink: Callable[[dict[str, list[tuple]]], None]) -> None:
+        cu = self.cupti
+        try:
+            self.measure_offset()
+        except Exception as e:  # noqa: BLE001
+            raise Unavailable(
+                f"{self._describe_error(e)}; {install_hint(self.driver_cuda)}"
+            ) from None
+        with self._lock:
+            self._sink = sink
+        if not self._registered:
+            try:
+                cu.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+            except Exception as e:  # noqa: BLE001
+                with self._lock:
+                    self._sink = None
+                raise Unavailable(self._describe_error(e)) from None
+            self._registered = True
+        self.enabled = []
+        for act in activities:
+            kind_name = ACTIVITY_KINDS.get(act)
+            if kind_name is None:
+                self.notes.append(f"unknown activity {act!r} ignored")
+                continue
+            kind = getattr(cu.ActivityKind, kind_name, None)
+            if kind is None:
+                self.notes.append(f"{act}: this cupti-python has no {kind_name}")
+                continue
+            try:
+                cu.activity_enable(kind)
+            except Exception as e:  # noqa: BLE001
+                if act == REQUIRED_ACTIVITY:
+                    self.disable(flush=False)
+                    raise Unavailable(self._describe_error(e)) from None
+                self.notes.append(f"{act} not available: {self._describe_error(e)}")
+                continue
+            self.enabled.append((act, int(kind)))
+        try:
+            cu.activity_flush_period(0)  # we flush ourselves, on our thread, every 200 ms
+        except Exception as e:  # noqa: BLE001
+            self.notes.append(f"flush period not set: {self._describe_error(e)}")
+        if "markers" in [a for a, _ in self.enabled] and not os.environ.get(
+            "NVTX_INJECTION64_PATH"
+        ):
+            self.notes.append(
+                "NVTX ranges need NVTX_INJECTION64_PATH=<libcupti.so> set when the target starts"
+            )
+
+    def disable(self, flush: bool = True) -> str:
+        """Disable every enabled kind, then force-flush; "" or what went wrong."""
+        errors = []
+        cu = self.cupti
+        for act, kind in self.enabled:
+            try:
+                cu.activity_disable(kind)
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"disable {act}: {self._describe_error(e)}")
+        self.enabled = []
+        if flush and cu is not None:
+            try:
+                cu.activity_flush_all(1)  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"flush: {self._describe_error(e)}")
+        self.read_dropped()
+        with self._lock:
+            self._sink = None
+        if errors:
+            self.last_error = "; ".join(errors)
+        return "; ".join(errors)
+
+    def flush(self) -> None:
+        try:
+            self.cupti.activity_flush_all(0)
+        except Exception as e:  # noqa: BLE001
+            self.last_error = f"flush: {self._describe_error(e)}"
+
+    def read_dropped(self) -> int:
+        if self.cupti is None:
+            return self.dropped_by_cupti
+        import ctypes
+
+        try:
+            d = ctypes.c_size_t(0)
+            self.cupti.activity_get_num_dropped_records(0, 0, ctypes.addressof(d))
+            self.dropped_by_cupti += int(d.value)
+        except Exception as e:  # noqa: BLE001
+            self.last_error = f"dropped-record count: {self._describe_error(e)}"
+        return self.dropped_by_cupti
+
+    # the callbacks CUPTI calls (on its own thread or the flushing one): never raise
+    def _buffer_requested(self) -> tuple[int, int]:
+        return BUFFER_BYTES, 0
+
+    def _buffer_completed(self, activities: list[Any]) -> None:
+        try:
+            t0 = time.perf_counter_ns()
+            n = len(activities)
+            with self._lock:
+                sink = self._sink
+            if sink is None or self.converter is None:
+                self.discarded_records += n
+                return
+            rows = self.converter.convert(activities)
+            self.records_seen += n
+            sink(rows)
+            self.callback_ns += time.perf_counter_ns() - t0
+        except BaseException as e:  # noqa: BLE001 - nothing may raise into CUPTI or the target
+            self.callback_errors += 1
+            self.last_error = f"buffer callback: {type(e).__name__}: {e}"
+
+
+# ---- the agent ----------------------------------------------------------------------------------
+
+
+class Agent:
+    """The listener and its one session at a time. See the module docstring for the rules."""
+
+    def __init__(self, path: str) -> None:
+        self.pid = os.getpid()
+        self.path = path
+        self.state = "idle"  # idle | active | waiting | unavailable | error
+        self.line = "idle: no client"
+        self.sessions = 0
+        self.last_error = ""
+        self._listener: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._session_lock = threading.Lock()
+        self._conn: socket.socket | None = None
+        self._closing = False
+        self._cupti: CuptiActivity | None = None
+        self._pending: list[dict[str, list[tuple]]] = []
+        self._pending_rows = 0
+        self._pending_lock = threading.Lock()
+        self.dropped_rows = 0
+        self.discarded_rows = 0
+        self._next_cuda_check = 0.0
+        self.sent_rows: dict[str, int] = {}
+
+    # lifecycle
+    def listen(self) -> None:
+        ensure_private_dir(os.path.dirname(self.path))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)  # a stale socket of an earlier process with our pid
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.bind(self.path)
+            os.chmod(self.path, 0o600)
+            s.listen(2)
+        except BaseException:
+            s.close()
+            raise
+        self._listener = s
+        self._thread = threading.Thread(target=self._serve, name="kdash-agent", daemon=True)
+        self._thread.start()
+
+    def close(self, unlink: bool = True) -> None:
+        """Stop listening; disable CUPTI if a session is on (atexit and tests)."""
+        self._closing = True
+        conn = self._conn
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        # wait (bounded) for a running session to disable CUPTI before the process goes on
+        if self._session_lock.acquire(timeout=2.0):
+            self._session_lock.release()
+        if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.close()
+        if unlink:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+    # the accept loop
+    def _serve(self) -> None:
+        while not self._closing:
+            try:
+                conn, _ = self._listener.accept()  # type: ignore[union-attr]
+            except OSError as e:
+                if not self._closing:
+                    self.state, self.last_error = "error", f"accept failed: {e}"
+                return
+            try:
+                self._admit(conn)
+            except BaseException as e:  # noqa: BLE001 - the target must never see this
+                self.last_error = f"session setup: {type(e).__name__}: {e}"
+                with contextlib.suppress(OSError):
+                    conn.close()
+
+    def _admit(self, conn: socket.socket) -> None:
+        wire = _wire()
+
+        refusal = check_peer(conn)
+        if refusal is not None:
+            self.last_error = f"refused a client: {refusal}"
+            conn.close()  # a stranger learns nothing, not even why
+            return
+        if not self._session_lock.acquire(blocking=False):
+            busy = {
+                "state": "busy",
+                "line": f"busy: another kdash client is attached to {self.pid}",
+            }
+            with contextlib.suppress(OSError):
+                conn.sendall(wire.encode_control(wire.MsgType.STATUS, busy), socket.MSG_NOSIGNAL)
+            conn.close()
+            return
+        t = threading.Thread(target=self._session, args=(conn,), name="kdash-agent-session")
+        t.daemon = True
+        t.start()
+
+    # one client
+    def _status(self, state: str, line: str) -> dict:
+        self.state, self.line = state, line
+        notes = list(self._cupti.notes) if self._cupti else []
+        return {"state": state, "line": line, "notes": notes}
+
+    def _stats(self) -> dict:
+        c = self._cupti
+        if c is not None and c.enabled:
+            c.read_dropped()
+        return {
+            "pid": self.pid,
+            "state": self.state,
+            "line": self.line,
+            "sessions": self.sessions,
+            "sent_rows": dict(self.sent_rows),
+            "dropped_agent": self.dropped_rows,
+            "dropped_cupti": c.dropped_by_cupti if c else 0,
+            "discarded_records": c.discarded_records if c else 0,
+            "discarded_rows": self.discarded_rows,
+            "records_seen": c.records_seen if c else 0,
+            "callback_ns": c.callback_ns if c else 0,
+            "callback_errors": c.callback_errors if c else 0,
+            "last_error": (c.last_error if c and c.last_error else self.last_error),
+            "offset_ns": c.offset_ns if c else 0,
+            "offset_gap_ns": c.offset_gap_ns if c else 0,
+            "enabled": [a for a, _ in c.enabled] if c else [],
+            "notes": list(c.notes) if c else [],
+        }
+
+    def _sink(self, rows: dict[str, list[tuple]]) -> None:
+        n = sum(len(v) for v in rows.values())
+        with self._pending_lock:
+            if self._pending_rows + n > MAX_PENDING_ROWS:
+                self.dropped_rows += n
+                return
+            self._pending.append(rows)
+            self._pending_rows += n
+
+    def _take_pending(self) -> list[dict[str, list[tuple]]]:
+        with self._pending_lock:
+            out, self._pending, self._pending_rows = self._pending, [], 0
+        return out
+
+    def _session(self, conn: socket.socket) -> None:
+        wire = _wire()
+
+        self._conn = conn
+        self.sessions += 1
+        active = False
+        waiting: list[str] | None = None
+        try:
+            conn.settimeout(SEND_TIMEOUT_S)
+            strings = wire.StringEncoder()
+            decoder = wire.Decoder()
+
+            def send(frame: bytes) -> None:
+                conn.sendall(frame, socket.MSG_NOSIGNAL)
+
+            def status(state: str, line: str) -> None:
+                send(wire.encode_control(wire.MsgType.STATUS, self._status(state, line)))
+
+            send(
+                wire.encode_control(
+                    wire.MsgType.HELLO,
+                    {
+                        "agent_version": AGENT_VERSION,
+                        "wire_version": wire.VERSION,
+                        "schema_version": _schema_version(),
+                        "pid": self.pid,
+                        "python": sys.version.split()[0],
+                        "capabilities": list(DEFAULT_ACTIVITIES),
+                        "cupti_python": _dist_version("cupti-python"),
+                    },
+                )
+            )
+            last_flush = last_offset = time.monotonic()
+            while not self._closing:
+                readable, _, _ = select.select([conn], [], [], POLL_S)
+                if readable:
+                    msg = wire.recv_message(conn, decoder)
+                    if msg is None:
+                        break  # the client closed or died
+                    if msg.type == wire.MsgType.START:
+                        if active or waiting is not None:
+                            status(self.state, self.line)
+                            continue
+                        acts = msg.body.get("activities") or list(DEFAULT_ACTIVITIES)
+                        if not isinstance(acts, list) or not all(isinstance(a, str) for a in acts):
+                            status("error", "error: START activities must be a list of names")
+                            continue
+                        waiting = acts
+                        if self._cupti is not None:
+                            self._cupti.notes = []
+                    elif msg.type == wire.MsgType.STOP:
+                        waiting = None
+                        if active:
+                            active = False
+                            err = self._cupti.disable() if self._cupti else ""
+                            self._send_pending(send, strings)
+                            status("idle", "idle: stopped" + (f" ({err})" if err else ""))
+                        else:
+                            status("idle", "idle: stopped")
+                    elif msg.type == wire.MsgType.STATS:
+                        send(wire.encode_control(wire.MsgType.STATS, self._stats()))
+                    else:
+                        status("error", f"error: {msg.type.name} is not a client message")
+                if waiting is not None:
+                    active = self._try_start(waiting, status)
+                    if active or self.state == "unavailable":
+                        waiting = None
+                now = time.monotonic()
+                if active and self._cupti is not None:
+                    if now - last_flush >= FLUSH_EVERY_S:
+                        self._cupti.flush()
+                        last_flush = now
+                    if now - last_offset >= OFFSET_EVERY_S:
+                        with contextlib.suppress(Exception):
+                            self._cupti.measure_offset()
+                        last_offset = now
+                self._send_pending(send, strings)
+        except (OSError, wire.WireError) as e:
+            self.last_error = f"client connection: {type(e).__name__}: {e}"
+        except BaseException as e:  # noqa: BLE001 - never into the target
+            self.last_error = f"session: {type(e).__name__}: {e}"
+        finally:
+            if active and self._cupti is not None:
+                err = self._cupti.disable()
+                if err:
+                    self.last_error = err
+            # rows that were on their way to a client that has gone: counted for the next one
+            self.discarded_rows += sum(len(v) for ch in self._take_pending() for v in ch.values())
+            self.state, self.line = "idle", "idle: no client"
+            self._conn = None
+            with contextlib.suppress(OSError):
+                conn.close()
+            self._session_lock.release()
+
+    def _try_start(self, acts: list[str], status: Callable[[str, str], None]) -> bool:
+        """One step of START: probe CUPTI, wait for CUDA, enable. True once enabled."""
+        if self._cupti is None:
+            self._cupti = CuptiActivity(self.pid)
+        c = self._cupti
+        try:
+            if c.cupti is None:
+                c.probe()
+            else:
+                held = other_cupti_client()
+                if held:
+                    raise Unavailable(f"{held}; kdash stays idle until it is done (then reconnect)")
+        except Unavailable as e:
+            status("unavailable", f"unavailable: {e}")
+            return False
+        except Exception as e:  # noqa: BLE001
+            status("unavailable", f"unavailable: CUPTI probe failed: {type(e).__name__}: {e}")
+            return False
+        now = time.monotonic()
+        if now < self._next_cuda_check:
+            return False
+        if not cuda_loaded():
+            self._next_cuda_check = now + 0.5  # /proc/self/maps of a torch process is ~1 MB
+            if self.state != "waiting":
+                status("waiting", f"waiting: pid {self.pid} has not loaded CUDA yet")
+            return False
+        try:
+            c.enable(acts, self._sink)
+        except Unavailable as e:
+            status("unavailable", f"unavailable: {e}")
+            return False
+        except Exception as e:  # noqa: BLE001
+            c.disable(flush=False)
+            status("unavailable", f"unavailable: enabling CUPTI failed: {type(e).__name__}: {e}")
+            return False
+        names = ", ".join(a for a, _ in c.enabled)
+        status("active", f"ok: CUPTI activity on ({names})")
+        return True
+
+    def _send_pending(self, send: Callable[[bytes], None], strings: Any) -> None:
+        wire = _wire()
+
+        chunks = self._take_pending()
+        if not chunks:
+            return
+        offset = self._cupti.offset_ns if self._cupti else 0
+        for table in ROW_COLUMNS:
+            rows = [r for ch in chunks for r in ch.get(table, ())]
+            if not rows:
+                continue
+            for i in range(0, len(rows), 200_000):
+                part = rows[i : i + 200_000]
+                batch = rows_to_batch(table, part, offset, self.pid)
+                send(wire.encode_batch(table, batch, strings))
+                self.sent_rows[table] = self.sent_rows.get(table, 0) + len(part)
+
+
+def _schema_version() -> int:
+    return _schema().SCHEMA_VERSION
+
+
+ENV_PKGS = "KDASH_AGENT_PKGS"
+
+
+def _ensure_kdash() -> None:
+    """Make `kdash.schema` and `kdash.collectors.agent.wire` importable, importing them late.
+
+    They pull in numpy, so they are imported when the first client connects, never at start-up.
+    When the target's interpreter has no kdash installed (`kdash run -- /other/python ...`), the
+    three package folders that `kdash run` put in KDASH_AGENT_PKGS are mounted as bare packages
+    (their `__init__` is not run) so the two modules load from kdash's own files.
+    """
+    try:
+        import kdash.collectors.agent.wire  # noqa: F401
+
+        import kdash.schema  # noqa: F401
+
+        return
+    except ImportError as first:
+        dirs = os.environ.get(ENV_PKGS, "").split(os.pathsep)
+        if len(dirs) != 3 or not all(os.path.isdir(d) for d in dirs):
+            raise ImportError(
+                f"kdash is not importable by {sys.executable} ({first}) and {ENV_PKGS} "
+                "does not name its folders"
+            ) from None
+    import types
+
+    names = ("kdash", "kdash.collectors", "kdash.collectors.agent")
+    for name, d in zip(names, dirs, strict=True):
+        mod = types.ModuleType(name)
+        mod.__path__ = [d]
+        mod.__package__ = name
+        sys.modules[name] = mod
+    import kdash.collectors.agent.wire  # noqa: F401
+
+    import kdash.schema  # noqa: F401,F811
+
+
+def _wire() -> Any:
+    _ensure_kdash()
+    return sys.modules["kdash.collectors.agent.wire"]
+
+
+def _schema() -> Any:
+    _ensure_kdash()
+    return sys.modules["kdash.schema"]
+
+
+# ---- process-wide entry points ------------------------------------------------------------------
+
+_AGENT: Agent | None = None
+_START_LOCK = threading.Lock()
+_FORK_HOOKED = False
+_LAST_START_ERROR = ""
+
+
+def start_agent() -> Agent | None:
+    """Start the agent in this process once; later calls return the same agent.
+
+    Returns quickly (a mkdir, a bind and a thread start) and never raises: if the socket cannot
+    be made, the reason is kept in `start_error()` and None is returned, and the target goes on.
+    """
+    global _AGENT, _FORK_HOOKED, _LAST_START_ERROR
+    try:
+        with _START_LOCK:
+            if _AGENT is not None and _AGENT.pid == os.getpid():
+                return _AGENT
+            last_err = ""
+            for d in socket_dirs():
+                agent = Agent(os.path.join(d, f"{os.getpid()}.sock"))
+                try:
+                    agent.listen()
+                except OSError as e:
+                    last_err = f"{d}: {e}"
+                    continue
+                _AGENT = agent
+                atexit.register(_at_exit, agent)
+                if not _FORK_HOOKED:
+                    os.register_at_fork(after_in_child=_after_fork_in_child)
+                    _FORK_HOOKED = True
+                return agent
+            _LAST_START_ERROR = f"no usable socket folder ({last_err})"
+            return None
+    except BaseException as e:  # noqa: BLE001 - the target must start regardless
+        _LAST_START_ERROR = f"{type(e).__name__}: {e}"
+        return None
+
+
+def start_error() -> str:
+    return _LAST_START_ERROR
+
+
+def current_agent() -> Agent | None:
+    return _AGENT
+
+
+def _at_exit(agent: Agent) -> None:
+    try:
+        if agent.pid == os.getpid():
+            agent.close()
+    except BaseException as e:  # noqa: BLE001 - exiting anyway: say it once on stderr
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"kdash agent: cleanup at exit failed: {type(e).__name__}: {e}\n")
+
+
+def _after_fork_in_child() -> None:
+    """A forked child is a new pid: drop the parent's listener (without unlinking the parent's
+    socket) and listen on its own, if kdash run armed this process tree."""
+    global _AGENT, _START_LOCK
+    old = _AGENT
+    _AGENT = None
+    _START_LOCK = threading.Lock()  # the parent's lock may have been held at fork time
+    if old is not None and old._listener is not None:
+        with contextlib.suppress(OSError):
+            old._listener.close()
+    if os.environ.get(ENV_FLAG) == "1":
+        start_agent()

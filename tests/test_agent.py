@@ -1,0 +1,533 @@
+"""The in-process agent, tested in real child Python processes started with `run_env`.
+
+This machine has no GPU and no cupti-python, so two kinds of target are used:
+
+* plain targets: the agent must say, honestly, why kernel activity is unavailable here;
+* targets with a stand-in `cupti` package (`FAKE_CUPTI` below, written into a temporary folder
+  on the child's PYTHONPATH, with `KDASH_AGENT_FAKE_CUDA` so the driver probe passes). It is a
+  fixture, not CUPTI: it implements the handful of cupti-python calls the agent makes, logs
+  each enable/disable/flush with a timestamp, and on every flush hands the agent generated
+  records (kernels, API calls, copies, a memset, a synchronization, an NVTX range). It lets the
+  whole START -> records -> batches -> STOP/detach path run here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from kdash.collectors.agent import bootstrap, server
+from kdash.collectors.agent.client import AgentSource, find_agent_socket
+from kdash.collectors.base import Source
+
+FAKE_CUPTI = '''
+"""Stand-in for cupti-python's `cupti.cupti` (test fixture; see tests/test_agent.py)."""
+import ctypes, enum, os, threading, time
+from types import SimpleNamespace as NS
+
+class ActivityKind(enum.IntEnum):
+    MEMCPY = 1; MEMSET = 2; KERNEL = 3; DRIVER = 4; RUNTIME = 5; MARKER = 12
+    CONCURRENT_KERNEL = 10; SYNCHRONIZATION = 38
+
+class CallbackDomain(enum.IntEnum):
+    DRIVER_API = 1; RUNTIME_API = 2
+
+class ActivityMemcpyKind(enum.IntEnum):
+    UNKNOWN = 0; HTOD = 1; DTOH = 2
+
+class ActivitySynchronizationType(enum.IntEnum):
+    UNKNOWN = 0; STREAM_SYNCHRONIZE = 3
+
+class Result(enum.IntEnum):
+    SUCCESS = 0; ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED = 39
+
+class cuptiError(Exception):
+    def __init__(self, status):
+        super().__init__(f"CUPTI error {status}")
+        self.status = status
+
+SKEW = 1_000_000_000  # this clock runs 1 s ahead of time.monotonic_ns
+_enabled = set()
+_callbacks = None
+_lock = threading.Lock()
+_corr = [0]
+
+def _log(what):
+    with open(os.environ["FAKE_CUPTI_LOG"], "a") as f:
+        f.write(f"{time.monotonic():.6f} {what}\\n")
+
+def get_timestamp():
+    return time.monotonic_ns() + SKEW
+
+def activity_register_callbacks(requested, completed):
+    global _callbacks
+    _callbacks = (requested, completed)
+    _log("register")
+
+def activity_enable(kind):
+    if os.environ.get("FAKE_CUPTI_HELD"):
+        raise cuptiError(Result.ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
+    _enabled.add(int(kind))
+    _log(f"enable {int(kind)}")
+
+def activity_disable(kind):
+    _enabled.discard(int(kind))
+    _log(f"disable {int(kind)}")
+
+def activity_flush_period(ms):
+    _log(f"period {ms}")
+
+def activity_get_num_dropped_records(context, stream_id, addr):
+    ctypes.c_size_t.from_address(addr).value = 5 if _enabled else 0
+
+def get_callback_name(domain, cbid):
+    return {1: "cuLaunchKernel", 2: "cudaLaunchKernel"}[int(domain)]
+
+def activity_flush_all(flag):
+    _log(f"flush {flag}")
+    if _callbacks is None or ActivityKind.CONCURRENT_KERNEL not in _enabled:
+        return
+    now = get_timestamp()
+    recs = []
+    for i in range(1000):
+        _corr[0] += 1
+        c = _corr[0]
+        recs.append(NS(kind=int(ActivityKind.RUNTIME), cbid=7, start=now - 5000, end=now - 4000,
+                       process_id=os.getpid(), thread_id=1234, correlation_id=c))
+        recs.append(NS(kind=int(ActivityKind.CONCURRENT_KERNEL), start=now - 3000 + i,
+                       end=now - 1000 + i, name=f"fake_gemm_{i % 3}", device_id=0, stream_id=7,
+                       grid_x=128, grid_y=1, grid_z=1, block_x=256, block_y=1, block_z=1,
+                       registers_per_thread=64, static_shared_memory=1024,
+                       dynamic_shared_memory=49152, correlation_id=c,
+                       graph_id=(5 if i % 2 else 0)))
+    recs.append(NS(kind=int(ActivityKind.MEMCPY), copy_kind=1, bytes=4096, start=now - 900,
+                   end=now - 800, device_id=0, stream_id=7, correlation_id=1))
+    recs.append(NS(kind=int(ActivityKind.MEMSET), bytes=64, start=now - 700, end=now - 650,
+                   device_id=0, stream_id=7, correlation_id=2))
+    recs.append(NS(kind=int(ActivityKind.SYNCHRONIZATION), type=3, start=now - 600,
+                   end=now - 100, correlation_id=3))
+    pt = NS(pt=NS(process_id=os.getpid(), thread_id=99))
+    recs.append(NS(kind=int(ActivityKind.MARKER), flags_=2, timestamp=now - 950, id=_corr[0],
+                   name="decode_step", domain="sglang", object_id=pt))
+    recs.append(NS(kind=int(ActivityKind.MARKER), flags_=4, timestamp=now - 50, id=_corr[0],
+                   name="", domain="", object_id=pt))
+    recs.append(NS(kind=999))  # a kind the agent does not convert
+    _callbacks[1](recs)
+'''
+
+TARGET = textwrap.dedent(
+    """
+    import sys, time
+    seconds = float(sys.argv[1])
+    n = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        n += sum(range(200))
+        time.sleep(0.001)
+    print("done", n, flush=True)
+    """
+)
+
+
+@pytest.fixture
+def fake_cupti(tmp_path: Path) -> dict[str, str]:
+    """Environment additions that give a child the stand-in cupti package and a log file."""
+    pkg = tmp_path / "fakecupti" / "cupti"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cupti.py").write_text(FAKE_CUPTI)
+    log = tmp_path / "cupti.log"
+    log.write_text("")
+    return {
+        "PYTHONPATH": str(tmp_path / "fakecupti"),
+        "FAKE_CUPTI_LOG": str(log),
+        server.ENV_FAKE_CUDA: "13000",
+    }
+
+
+def start_target(
+    seconds: float = 6.0, extra_env: dict[str, str] | None = None, armed: bool = True
+) -> subprocess.Popen:
+    base = dict(os.environ)
+    base.pop(server.ENV_FAKE_CUDA, None)
+    base.update(extra_env or {})
+    env = bootstrap.run_env(base) if armed else bootstrap.disarmed_env(base)
+    return subprocess.Popen(
+        [sys.executable, "-c", TARGET, str(seconds)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(pred, timeout: float = 10.0, every: float = 0.02):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    return pred()
+
+
+def wait_socket(pid: int) -> str:
+    path = wait_for(lambda: find_agent_socket(pid))
+    assert path, f"no agent socket for pid {pid}"
+    return path
+
+
+def finish(p: subprocess.Popen) -> tuple[int, str, str]:
+    out, err = p.communicate(timeout=30)
+    return p.returncode, out, err
+
+
+def log_lines(env: dict[str, str]) -> list[tuple[float, str]]:
+    rows = []
+    for line in Path(env["FAKE_CUPTI_LOG"]).read_text().splitlines():
+        t, what = line.split(" ", 1)
+        rows.append((float(t), what))
+    return rows
+
+
+# ---- environment and hook -----------------------------------------------------------------------
+
+
+def test_run_env_arms_and_is_idempotent():
+    env = bootstrap.run_env({"PYTHONPATH": "/a:/b", "HOME": "/h"})
+    assert env["KDASH_AGENT"] == "1"
+    parts = env["PYTHONPATH"].split(os.pathsep)
+    assert parts == [bootstrap.SITE_DIR, "/a", "/b"]
+    assert (Path(bootstrap.SITE_DIR) / "sitecustomize.py").is_file()
+    assert bootstrap.run_env(env)["PYTHONPATH"] == env["PYTHONPATH"]
+    assert len(env[bootstrap.ENV_PKGS].split(os.pathsep)) == 3
+    off = bootstrap.disarmed_env(env)
+    assert "KDASH_AGENT" not in off and off["PYTHONPATH"] == "/a:/b"
+
+
+def test_hook_chains_to_an_existing_sitecustomize(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    marker = tmp_path / "ran"
+    (theirs / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('yes')\n")
+    env = bootstrap.run_env({**os.environ, "PYTHONPATH": str(theirs)})
+    code = (
+        "import sys; s = sys.modules['kdash.collectors.agent.server']; "
+        "a = s.current_agent(); print(a is not None and a.pid); "
+        "print('numpy' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    pid_line, numpy_line = out.stdout.split()
+    assert pid_line.isdigit()  # the agent started in the child
+    assert numpy_line == "False"  # and pulled nothing heavy in before a client came
+    assert marker.read_text() == "yes"  # and the site's own hook still ran
+
+
+def test_unarmed_child_has_no_agent_and_source_says_how():
+    p = start_target(3.0, armed=False)
+    try:
+        time.sleep(0.5)
+        src = AgentSource(p.pid)
+        src.start()
+        assert str(src.health) == (
+            f"unavailable: no kdash agent in pid {p.pid} (start it with `kdash run -- CMD`)"
+        )
+        assert src.poll(0) == {}
+        src.stop()
+    finally:
+        p.kill()
+        p.wait()
+
+
+# ---- the real child, honest about this machine --------------------------------------------------
+
+
+def test_handshake_modes_and_honest_unavailable_state():
+    p = start_target(6.0)
+    try:
+        path = wait_socket(p.pid)
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        folder = os.path.dirname(path)
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+        assert os.stat(folder).st_uid == os.getuid()
+        src = AgentSource(p.pid)
+        assert isinstance(src, Source)
+        src.start()
+        assert wait_for(lambda: src.health.state == "unavailable", 5)
+        assert src.hello["pid"] == p.pid
+        assert src.hello["wire_version"] == 1
+        line = str(src.health)
+        assert line.startswith("unavailable: ")
+        # this machine: no NVIDIA driver and no cupti-python; the line says so and what to do
+        try:
+            import cupti  # noqa: F401
+
+            has_cupti = True
+        except ImportError:
+            has_cupti = False
+        if not os.path.exists("/dev/nvidiactl"):
+            assert "no NVIDIA driver" in line
+        if not has_cupti:
+            assert "cupti-python" in line
+        assert src.poll(0) == {}
+        src.stop()
+        assert p.poll() is None  # the target did not notice
+    finally:
+        rc, out, err = finish(p)
+    assert rc == 0 and out.startswith("done"), err
+    assert not os.path.exists(path)  # the socket goes with the process
+
+
+def test_peer_uid_check_with_a_real_socketpair():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        pid, uid, _gid = server.peer_credentials(a)
+        assert pid == os.getpid() and uid == os.getuid()
+        assert server.check_peer(a) is None
+        forged = os.getuid() + 4242
+        why = server.check_peer(a, expected_uid=forged)
+        assert why is not None
+        assert f"uid {os.getuid()}" in why and f"only uid {forged}" in why
+    finally:
+        a.close()
+        b.close()
+
+
+def test_private_dir_is_created_0700_and_a_foreign_one_refused(tmp_path):
+    d = tmp_path / "kd"
+    server.ensure_private_dir(str(d))
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o755)
+    os.chmod(loose, 0o755)
+    server.ensure_private_dir(str(loose))
+    assert stat.S_IMODE(loose.stat().st_mode) == 0o700
+    link = tmp_path / "link"
+    link.symlink_to(d)
+    with pytest.raises(OSError, match="not a folder"):
+        server.ensure_private_dir(str(link))
+    if os.getuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 4242, 4242)
+        with pytest.raises(OSError, match="belongs to uid 4242"):
+            server.ensure_private_dir(str(theirs))
+
+
+def test_version_checks_say_what_to_install():
+    assert server.version_mismatch(13000, "13.0.1", "13.0.88") == ""
+    assert server.version_mismatch(13010, "13.0.1", None) == ""
+    msg = server.version_mismatch(13000, "13.4.0", None)
+    assert "cupti-python 13.4.0 is newer than the driver's CUDA 13.0" in msg
+    assert "cupti-python~=13.0.0" in msg
+    assert "nvidia-cuda-cupti 13.4" in server.version_mismatch(13000, "13.0.1", "13.4.2")
+    assert "cupti-python~=12.8.0" in server.install_hint(12080)
+
+
+# ---- the full path with the stand-in cupti ------------------------------------------------------
+
+
+def drain(src: AgentSource, seconds: float) -> dict[str, list]:
+    got: dict[str, list] = {}
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for t, b in src.poll(time.monotonic_ns()).items():
+            got.setdefault(t, []).append(b)
+        time.sleep(0.05)
+    return got
+
+
+def test_records_flow_from_activity_to_batches(fake_cupti):
+    p = start_target(8.0, fake_cupti)
+    try:
+        wait_socket(p.pid)
+        t_before = time.monotonic_ns()
+        src = AgentSource(p.pid)
+        src.start()
+        assert wait_for(lambda: src.health.ok, 5), str(src.health)
+        got = drain(src, 1.5)
+        t_after = time.monotonic_ns()
+        k = {c: np.concatenate([b[c] for b in got["kernels"]]) for c in got["kernels"][0]}
+        assert len(k["name"]) >= 2000
+        assert set(k["name"]) == {"fake_gemm_0", "fake_gemm_1", "fake_gemm_2"}
+        assert np.all(k["end_ns"] - k["start_ns"] == 2000)
+        # CUPTI time (1 s ahead) was mapped onto our monotonic clock
+        assert t_before - 10**8 <= k["start_ns"].min() and k["end_ns"].max() <= t_after
+        assert set(k["pid"]) == {p.pid}
+        assert set(k["graph_id"]) == {-1, 5}
+        assert set(k["grid_x"]) == {128} and set(k["dynamic_smem"]) == {49152}
+        api = np.concatenate([b["name"] for b in got["api"]])
+        assert {"cudaLaunchKernel", "sync:stream_synchronize"} <= set(api)
+        kinds = set(np.concatenate([b["kind"] for b in got["memcpy"]]))
+        assert kinds == {"HtoD", "memset"}
+        m = got["markers"][0]
+        assert m["name"][0] == "decode_step" and m["domain"][0] == "sglang"
+        assert m["end_ns"][0] - m["start_ns"][0] == 900 and m["tid"][0] == 99
+        assert wait_for(lambda: src.stats.get("agent_dropped_cupti", 0) > 0, 3)
+        assert src.dropped() >= src.stats["agent_dropped_cupti"]
+        assert src.stats["agent_callback_errors"] == 0
+        assert src.stats["dropped_client"] == 0
+        assert abs(src.stats["agent_offset_ns"] + 10**9) < 10**7
+        src.stop()
+        assert wait_for(lambda: any(w == "disable 10" for _, w in log_lines(fake_cupti)), 2)
+        assert any(w == "flush 1" for _, w in log_lines(fake_cupti))
+        assert p.poll() is None
+    finally:
+        rc, out, err = finish(p)
+    assert rc == 0 and out.startswith("done"), err
+
+
+CLIENT = textwrap.dedent(
+    """
+    import sys, time
+    from kdash.collectors.agent.client import AgentSource
+    src = AgentSource(int(sys.argv[1]))
+    src.start()
+    end = time.monotonic() + 10
+    while not src.health.ok and time.monotonic() < end:
+        src.poll(0)
+        time.sleep(0.02)
+    print(src.health, flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_sigkilled_client_detaches_within_a_second(fake_cupti):
+    p = start_target(10.0, fake_cupti)
+    client = None
+    try:
+        wait_socket(p.pid)
+        client = subprocess.Popen(
+            [sys.executable, "-c", CLIENT, str(p.pid)], stdout=subprocess.PIPE, text=True
+        )
+        assert client.stdout is not None
+        assert client.stdout.readline().strip() == "ok"
+        enabled_at = max(t for t, w in log_lines(fake_cupti) if w == "enable 10")
+        os.kill(client.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        client.wait()
+        disabled = wait_for(
+            lambda: [t for t, w in log_lines(fake_cupti) if w == "disable 10" and t > enabled_at],
+            2.0,
+        )
+        assert disabled, "the agent did not disable activity after its client died"
+        assert disabled[0] - killed_at < 1.0
+        flushed = [t for t, w in log_lines(fake_cupti) if w == "flush 1" and t > enabled_at]
+        assert flushed and flushed[0] - killed_at < 1.0
+        # ready for the next client at once: not "busy", records flow again
+        src = AgentSource(p.pid)
+        src.start()
+        assert wait_for(lambda: src.health.ok, 3), str(src.health)
+        assert wait_for(lambda: drain(src, 0.3).get("kernels"), 3)
+        assert wait_for(lambda: src.stats.get("agent_sessions") == 2, 3)
+        src.stop()
+        assert p.poll() is None
+    finally:
+        if client and client.poll() is None:
+            client.kill()
+        rc, out, err = finish(p)
+    assert rc == 0 and out.startswith("done"), err
+
+
+def test_second_client_is_told_busy(fake_cupti):
+    p = start_target(6.0, fake_cupti)
+    try:
+        wait_socket(p.pid)
+        first = AgentSource(p.pid)
+        first.start()
+        assert wait_for(lambda: first.health.ok, 5)
+        second = AgentSource(p.pid)
+        second.start()
+        assert wait_for(lambda: second.health.state == "unavailable", 3)
+        assert "busy: another kdash client" in str(second.health) or "busy" in second.status_line
+        second.stop()
+        assert first.health.ok
+        first.stop()
+    finally:
+        rc, out, err = finish(p)
+    assert rc == 0, err
+
+
+def test_cupti_held_by_another_client_means_idle(fake_cupti):
+    p = start_target(5.0, {**fake_cupti, "FAKE_CUPTI_HELD": "1"})
+    try:
+        wait_socket(p.pid)
+        src = AgentSource(p.pid)
+        src.start()
+        assert wait_for(lambda: src.health.state == "unavailable", 5)
+        assert "CUPTI is held by another client" in str(src.health)
+        assert "MULTIPLE_SUBSCRIBERS" in str(src.health)
+        assert drain(src, 0.5) == {}
+        src.stop()
+    finally:
+        rc, out, err = finish(p)
+    assert rc == 0, err
+
+
+def test_target_exits_normally_while_watched(fake_cupti):
+    p = start_target(1.5, fake_cupti)
+    wait_socket(p.pid)
+    src = AgentSource(p.pid)
+    src.start()
+    assert wait_for(lambda: src.health.ok, 5)
+    rc, out, err = finish(p)
+    assert rc == 0 and out.startswith("done"), err
+    assert wait_for(lambda: src.health.state == "unavailable", 3)
+    assert "went away" in str(src.health)
+    assert any(w == "disable 10" for _, w in log_lines(fake_cupti))  # atexit turned it off
+    src.stop()
+
+
+# ---- converter unit ------------------------------------------------------------------------------
+
+
+def test_converter_pairs_nvtx_ranges_and_names_copies():
+    from types import ModuleType
+
+    fake = ModuleType("cupti")
+    exec(compile(FAKE_CUPTI, "fake_cupti", "exec"), fake.__dict__)
+    conv = server.RecordConverter(fake, pid=7)
+    pt = SimpleNamespace(pt=SimpleNamespace(thread_id=3))
+    mk = int(fake.ActivityKind.MARKER)
+    rows = conv.convert(
+        [
+            SimpleNamespace(
+                kind=mk, flags_=2, timestamp=10, id=1, name="a", domain="d", object_id=pt
+            ),
+            SimpleNamespace(
+                kind=mk, flags_=1, timestamp=15, id=2, name="i", domain="", object_id=pt
+            ),
+            SimpleNamespace(
+                kind=int(fake.ActivityKind.MEMCPY),
+                copy_kind=2,
+                bytes=8,
+                start=1,
+                end=2,
+                device_id=0,
+                stream_id=1,
+                correlation_id=9,
+            ),
+        ]
+    )
+    assert rows["markers"] == [(15, 15, "i", "", 3)]
+    assert rows["memcpy"][0][2] == "DtoH"
+    rows = conv.convert(
+        [SimpleNamespace(kind=mk, flags_=4, timestamp=30, id=1, name="", domain="", object_id=pt)]
+    )
+    assert rows["markers"] == [(10, 30, "a", "d", 3)]
+    batch = server.rows_to_batch("markers", rows["markers"], offset_ns=100, pid=7)
+    assert batch["start_ns"].tolist() == [110] and batch["pid"].tolist() == [7]
