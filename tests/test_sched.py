@@ -19,12 +19,12 @@ from contextlib import contextmanager
 import numpy as np
 import pandas as pd
 import pytest
+from kdash.collectors.base import Source
+from kdash.collectors.sched import SchedSource, _sched_field, _status_field
+from kdash.collectors.topology import format_cpulist, online_cpus, parse_cpulist
 
 from kdash import schema
 from kdash.analyses.findings import find_all
-from kdash.collectors.base import Source
-from kdash.collectors.sched import SchedSource, _sched_field, _status_field
-from kdash.collectors.topology import format_cpulist, parse_cpulist
 from kdash.config import Thresholds
 from kdash.target import Target
 
@@ -200,7 +200,7 @@ def test_crowded_cpu_gives_runqueue_delay_and_findings():
 
 def test_off_local_cpu_finding_from_real_threads():
     cpu = pinned_cpu()
-    online = parse_cpulist(open("/sys/devices/system/cpu/online").read())
+    online = online_cpus()
     if online == {cpu}:
         pytest.skip("one CPU: no CPU can be 'not local'")
     local = format_cpulist(online - {cpu})
@@ -277,7 +277,7 @@ def test_cpu_rows_busy_and_frequency_or_a_reason():
             freq = poll_for(src, 0.8)["cpu_freq"]
         finally:
             src.stop()
-    online = parse_cpulist(open("/sys/devices/system/cpu/online").read())
+    online = online_cpus()
     assert set(freq["cpu"]) == online
     busy = freq.dropna(subset=["busy_pct"])
     assert busy["busy_pct"].between(0.0, 100.0).all()
