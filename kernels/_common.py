@@ -1,0 +1,69 @@
+"""Small helpers shared by the Triton kernels: device facts, block sizes, the interpreter switch.
+
+Why a helper for ``tl.dot``: under ``TRITON_INTERPRET=1`` (the CPU CI path) Triton 3.9's
+interpreter returns garbage for a ``tl.dot`` on bf16 operands (seen with torch 2.13 CPU), while an
+fp32 dot is right; and its fp32 -> bf16 conversion truncates where the GPU rounds to nearest
+even. The kernels therefore round their operands to bf16 exactly as the GPU path does and, when
+interpreting, upcast those bf16 values to fp32 before the dot. The product of two bf16
+values is exact in fp32, so the CPU run checks the same numerics that the tensor cores compute
+(bf16 operands, fp32 accumulation), up to the order of the fp32 additions.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+def interpreting(t: torch.Tensor) -> bool:
+    """True when kernels on ``t`` run in Triton's CPU interpreter rather than on a GPU."""
+    return t.device.type == "cpu" or os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.lru_cache(maxsize=8)
+def sm_count(device_index: int = 0) -> int:
+    """Multiprocessor count of a CUDA device (132 on an H200); 8 on the CPU interpreter."""
+    if not torch.cuda.is_available():
+        return 8
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (Triton block shapes must be powers of two)."""
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative integers."""
+    return -(-a // b)
+
+
+@triton.jit
+def mma(a, b, UPCAST: tl.constexpr):
+    """``a @ b`` with fp32 accumulation; ``UPCAST`` routes around the interpreter's bf16 dot."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def to_bf16(x, EMULATE: tl.constexpr):
+    """fp32 -> bf16 with round-to-nearest-even.
+
+    The GPU's conversion already rounds to nearest even; Triton 3.9's interpreter truncates
+    instead (twice the rounding error, seen on torch 2.13 CPU), so with ``EMULATE`` the rounding is
+    done on the bits first and the cast that follows is exact.
+    """
+    if EMULATE:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        bits = bits & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
+    else:
+        return x.to(tl.bfloat16)

@@ -1,0 +1,185 @@
+"""Paged split-KV decode attention against fp32 references (FA-style error gates).
+
+CPU CI runs the Triton kernel in its interpreter on small shapes; the ``gpu`` tests run the same
+gates on the benchmark's shapes (``TRITON_INTERPRET=0 pytest -m gpu`` on a CUDA machine).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from kdash.kernels.decode_attention import (  # noqa: E402
+    DecodeConfig,
+    choose_num_splits,
+    decode_attention,
+)
+from kdash.kernels.kv_cache import FP8, build_paged_cache, fp8_scales  # noqa: E402
+from kdash.kernels.reference import (  # noqa: E402
+    baseline_for,
+    decode_reference,
+    error_gate,
+    gather_kv,
+)
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DEV = "cpu" if INTERPRET else "cuda"
+needs_device = pytest.mark.skipif(
+    not INTERPRET and not torch.cuda.is_available(), reason="no CUDA and not interpreting"
+)
+# Interpreter runs are slow per program: small blocks and few splits keep CI within its budget.
+SMALL = DecodeConfig(block_n=64)
+
+
+def make_case(
+    lens: list[int],
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    fp8: bool,
+    *,
+    device: str = DEV,
+    seed: int = 0,
+):
+    """A fresh random paged cache (NaN in every unowned slot) and the query batch for it."""
+    g = torch.Generator().manual_seed(seed)
+    ks = [torch.randn(n, kv_heads, head_dim, generator=g).to(device) for n in lens]
+    vs = [torch.randn(n, kv_heads, head_dim, generator=g).to(device) for n in lens]
+    scales = {}
+    if fp8:
+        # Deliberately unequal per-head magnitudes, so a swapped head scale shows.
+        mult = torch.linspace(0.5, 2.0, kv_heads, device=device).view(1, -1, 1)
+        ks = [k * mult for k in ks]
+        scales = dict(k_scale=fp8_scales(torch.cat(ks)), v_scale=fp8_scales(torch.cat(vs)))
+    kc, vc, pt, sl = build_paged_cache(
+        ks, vs, page_size, dtype=FP8 if fp8 else torch.bfloat16, generator=g, **scales
+    )
+    q = torch.randn(len(lens), q_heads, head_dim, generator=g).to(device, torch.bfloat16)
+    return q, kc, vc, pt, sl, scales
+
+
+def check(out, q, kc, vc, pt, sl, scales, fp8: bool):
+    ref = decode_reference(q, kc, vc, pt, sl, **scales)
+    base = decode_reference(q, kc, vc, pt, sl, fn=baseline_for(q.device), **scales)
+    # Decode always reads through the page table: the issue's paged/fp8 factors (4x max, 3x mean).
+    ok, msg = error_gate(out, ref, base, max_factor=4.0, mean_factor=3.0)
+    assert ok, msg
+
+
+@needs_device
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_decode_matches_reference(page_size: int, head_dim: int, fp8: bool) -> None:
+    lens = [1, 5, 100, 500]  # not block multiples; 1 and 5 are shorter than the split count
+    q, kc, vc, pt, sl, scales = make_case(lens, 8, 2, head_dim, page_size, fp8)
+    out = torch.full_like(q, float("nan"))  # poisoned: every element must be written
+    decode_attention(q, kc, vc, pt, sl, num_splits=4, config=SMALL, out=out, **scales)
+    check(out, q, kc, vc, pt, sl, scales, fp8)
+
+
+@needs_device
+@pytest.mark.parametrize(("q_heads", "kv_heads"), [(2, 2), (8, 1), (6, 2)])
+def test_decode_gqa_groups(q_heads: int, kv_heads: int) -> None:
+    """MHA (group 1), one KV head for 8 query heads, and a group that is not a power of two."""
+    q, kc, vc, pt, sl, scales = make_case([7, 130], q_heads, kv_heads, 64, 16, False, seed=1)
+    out = decode_attention(q, kc, vc, pt, sl, config=SMALL, max_seq_len=130)
+    check(out, q, kc, vc, pt, sl, scales, False)
+
+
+@needs_device
+def test_more_splits_than_tokens_gives_no_nan() -> None:
+    q, kc, vc, pt, sl, scales = make_case([1, 2, 3], 4, 2, 64, 1, False, seed=2)
+    out = decode_attention(q, kc, vc, pt, sl, num_splits=16, config=SMALL)
+    assert torch.isfinite(out.float()).all()
+    check(out, q, kc, vc, pt, sl, scales, False)
+
+
+@needs_device
+def test_lse_is_the_log_sum_exp_of_the_logits() -> None:
+    q, kc, vc, pt, sl, _ = make_case([3, 77], 4, 2, 64, 16, False, seed=3)
+    _, lse = decode_attention(q, kc, vc, pt, sl, num_splits=3, config=SMALL, return_lse=True)
+    for b, n in enumerate(sl.tolist()):
+        k = gather_kv(kc, pt, b, n).repeat_interleave(2, dim=1)  # [n, Hq, D]
+        logits = torch.einsum("hd,nhd->hn", q[b].float(), k) / math.sqrt(64)
+        torch.testing.assert_close(lse[b], torch.logsumexp(logits, dim=-1), rtol=1e-4, atol=1e-4)
+
+
+@needs_device
+def test_fp8_per_tensor_scale_as_float() -> None:
+    """A single float is a per-tensor scale: same result as the equal per-head tensor."""
+    q, kc, vc, pt, sl, _ = make_case([40, 9], 4, 2, 64, 16, False, seed=4)
+    kf = kc.float().nan_to_num(0.0).to(FP8)
+    vf = vc.float().nan_to_num(0.0).to(FP8)
+    a = decode_attention(q, kf, vf, pt, sl, k_scale=0.5, v_scale=2.0, config=SMALL)
+    ks = torch.full((2,), 0.5, device=q.device)
+    vs = torch.full((2,), 2.0, device=q.device)
+    b = decode_attention(q, kf, vf, pt, sl, k_scale=ks, v_scale=vs, config=SMALL)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    check(a, q, kf, vf, pt, sl, dict(k_scale=ks, v_scale=vs), True)
+
+
+def test_fp8_without_scales_is_refused() -> None:
+    q, kc, vc, pt, sl, _ = make_case([4], 2, 2, 64, 1, True, device="cpu")
+    with pytest.raises(ValueError, match="scale"):
+        decode_attention(q, kc, vc, pt, sl, num_splits=1)
+
+
+@pytest.mark.parametrize(
+    ("batch", "kv_heads", "max_len"), [(1, 8, 131072), (8, 8, 16384), (128, 8, 1024), (1, 1, 5)]
+)
+def test_split_count_fills_the_gpu_without_waste(batch: int, kv_heads: int, max_len: int) -> None:
+    cfg = DecodeConfig()
+    s = choose_num_splits(batch, kv_heads, max_len, config=cfg, sms=132)
+    assert 1 <= s <= cfg.max_splits
+    # never more splits than blocks of min_tokens_per_split in the longest request
+    assert s <= max(1, -(-max_len // cfg.min_tokens_per_split))
+    # enough programs to cover the SMs whenever the request is long enough to split that far
+    if max_len >= cfg.min_tokens_per_split * cfg.programs_per_sm * 132 // (batch * kv_heads):
+        assert batch * kv_heads * s >= 132
+
+
+# --------------------------------------------------------------------------- GPU gates
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(
+    INTERPRET or not torch.cuda.is_available(), reason="needs CUDA (and TRITON_INTERPRET=0)"
+)
+
+
+def _lognormal_lens(batch: int, mean: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.empty(batch).log_normal_(math.log(mean) - 0.5 * 0.6**2, 0.6, generator=g)
+    return [max(1, min(int(v), 8 * mean)) for v in x.tolist()]
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize(
+    ("q_heads", "lens", "page_size"),
+    [
+        (32, [131072], 16),
+        (64, [65536], 1),
+        (32, [16384] * 8, 16),
+        (64, [4096] * 32, 16),
+        (32, [1024] * 128, 1),
+        (32, "lognormal", 16),
+    ],
+    ids=["1x128k", "1x64k-p1", "8x16k", "32x4k", "128x1k-p1", "64xlognormal4k"],
+)
+def test_gpu_decode_gates_at_benchmark_shapes(q_heads, lens, page_size, fp8) -> None:
+    if lens == "lognormal":
+        lens = _lognormal_lens(64, 4096, seed=5)
+    q, kc, vc, pt, sl, scales = make_case(lens, q_heads, 8, 128, page_size, fp8, device="cuda")
+    out = torch.full_like(q, float("nan"))
+    decode_attention(q, kc, vc, pt, sl, out=out, max_seq_len=max(lens), **scales)
+    check(out, q, kc, vc, pt, sl, scales, fp8)

@@ -1,0 +1,127 @@
+"""Varlen prefill/extend attention (cached prefix through the page table + new tokens).
+
+CPU CI runs the Triton kernel in its interpreter on small shapes; the ``gpu`` tests run the same
+gates on benchmark-sized shapes (``TRITON_INTERPRET=0 pytest -m gpu`` on a CUDA machine).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from kdash.kernels.kv_cache import build_paged_cache  # noqa: E402
+from kdash.kernels.prefill_attention import extend_attention  # noqa: E402
+from kdash.kernels.reference import baseline_for, error_gate, extend_reference  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DEV = "cpu" if INTERPRET else "cuda"
+needs_device = pytest.mark.skipif(
+    not INTERPRET and not torch.cuda.is_available(), reason="no CUDA and not interpreting"
+)
+
+
+def make_case(prefixes, news, q_heads, kv_heads, head_dim, page_size, *, device=DEV, seed=0):
+    """Random packed new tokens plus a NaN-padded paged cache holding each request's prefix."""
+    g = torch.Generator().manual_seed(seed)
+    ks = [torch.randn(n, kv_heads, head_dim, generator=g).to(device) for n in prefixes]
+    vs = [torch.randn(n, kv_heads, head_dim, generator=g).to(device) for n in prefixes]
+    kc, vc, pt, pl = build_paged_cache(ks, vs, page_size, generator=g)
+    total = sum(news)
+    cu = torch.tensor([0, *torch.tensor(news).cumsum(0).tolist()], dtype=torch.int32)
+
+    def rnd(h):
+        return torch.randn(total, h, head_dim, generator=g).to(device, torch.bfloat16)
+
+    return rnd(q_heads), rnd(kv_heads), rnd(kv_heads), kc, vc, pt, pl, cu.to(device)
+
+
+def check(out, q, kn, vn, kc, vc, pt, pl, cu, causal, paged: bool):
+    ref = extend_reference(q, kn, vn, kc, vc, pt, pl, cu, causal=causal)
+    base = extend_reference(q, kn, vn, kc, vc, pt, pl, cu, causal=causal, fn=baseline_for(q.device))
+    if paged:
+        ok, msg = error_gate(out, ref, base, max_factor=4.0, mean_factor=3.0)
+    else:
+        ok, msg = error_gate(out, ref, base, max_factor=2.0)
+    assert ok, msg
+
+
+@needs_device
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_extend_with_prefix_matches_reference(page_size: int, head_dim: int, causal: bool) -> None:
+    prefixes = [0, 5, 100, 37]  # a request with no prefix, and lengths off every block size
+    news = [100, 1, 5, 60]
+    q, kn, vn, kc, vc, pt, pl, cu = make_case(prefixes, news, 4, 2, head_dim, page_size)
+    out = torch.full_like(q, float("nan"))
+    extend_attention(q, kn, vn, kc, vc, pt, pl, cu, max(news), causal=causal, out=out)
+    check(out, q, kn, vn, kc, vc, pt, pl, cu, causal, paged=True)
+
+
+@needs_device
+def test_long_request_lengths_1_5_100_500() -> None:
+    news = [1, 5, 100, 500]
+    q, kn, vn, kc, vc, pt, pl, cu = make_case([0, 0, 0, 0], news, 2, 1, 64, 1, seed=1)
+    out = torch.full_like(q, float("nan"))
+    extend_attention(q, kn, vn, None, None, None, None, cu, max(news), causal=True, out=out)
+    check(out, q, kn, vn, kc, vc, pt, pl, cu, True, paged=False)
+
+
+@needs_device
+def test_extend_equals_prefill_of_the_whole_sequence() -> None:
+    """Splitting a sequence into cached prefix + new tokens must not change its last rows."""
+    g = torch.Generator().manual_seed(2)
+    n, p, hq, hkv, d = 90, 53, 4, 2, 64
+    q = torch.randn(n, hq, d, generator=g).to(DEV, torch.bfloat16)
+    k = torch.randn(n, hkv, d, generator=g).to(DEV, torch.bfloat16)
+    v = torch.randn(n, hkv, d, generator=g).to(DEV, torch.bfloat16)
+    cu_all = torch.tensor([0, n], dtype=torch.int32, device=DEV)
+    full = extend_attention(q, k, v, None, None, None, None, cu_all, n)
+    kc, vc, pt, pl = build_paged_cache([k[:p].float()], [v[:p].float()], 16, generator=g)
+    cu_new = torch.tensor([0, n - p], dtype=torch.int32, device=DEV)
+    part = extend_attention(q[p:], k[p:], v[p:], kc, vc, pt, pl, cu_new, n - p)
+    torch.testing.assert_close(part.float(), full[p:].float(), atol=2e-2, rtol=2e-2)
+    assert (part.float() - full[p:].float()).abs().mean() < 2e-3
+
+
+def test_rejects_mismatched_heads() -> None:
+    q = torch.zeros(4, 6, 64, dtype=torch.bfloat16)
+    kv = torch.zeros(4, 4, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(ValueError, match="multiple"):
+        extend_attention(q, kv, kv, None, None, None, None, cu, 4)
+
+
+# --------------------------------------------------------------------------- GPU gates
+needs_cuda = pytest.mark.skipif(
+    INTERPRET or not torch.cuda.is_available(), reason="needs CUDA (and TRITON_INTERPRET=0)"
+)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize(
+    ("q_heads", "kv_heads", "head_dim", "seq", "causal", "prefix"),
+    [
+        (16, 16, 128, 4096, True, 0),
+        (32, 32, 64, 2048, False, 0),
+        (32, 32, 64, 8192, True, 0),
+        (32, 8, 128, 2048, True, 0),
+        (32, 8, 128, 1000, True, 3000),
+    ],
+    ids=["h2048-d128-4k-causal", "h2048-d64-2k-full", "h2048-d64-8k-causal", "gqa-2k", "extend"],
+)
+def test_gpu_prefill_gates(q_heads, kv_heads, head_dim, seq, causal, prefix) -> None:
+    batch = 2
+    q, kn, vn, kc, vc, pt, pl, cu = make_case(
+        [prefix] * batch, [seq, seq - 7], q_heads, kv_heads, head_dim, 16, device="cuda"
+    )
+    out = torch.full_like(q, float("nan"))
+    extend_attention(q, kn, vn, kc, vc, pt, pl, cu, seq, causal=causal, out=out)
+    check(out, q, kn, vn, kc, vc, pt, pl, cu, causal, paged=prefix > 0)
