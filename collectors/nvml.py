@@ -380,6 +380,7 @@ class NvmlSource:
         self._util_last_seen: dict[int, int] = {}  # gpu -> NVML µs timestamp cursor
         self._util_hold: dict[tuple[int, int], tuple[int, float]] = {}  # (gpu,pid)->(µs,sm%)
         self._pid_problem = ""
+        self._identity: dict[int, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -666,46 +667,58 @@ class NvmlSource:
         return {g: sorted(v) for g, v in out.items()}
 
     def describe(self) -> list[dict[str, Any]]:
-        """Per GPU, for the capture's metadata: identity, driver, limits, local CPUs."""
+        """Per GPU, for the capture's metadata: identity, driver, limits, local CPUs.
+
+        Identity (names, bus ids, driver, local CPUs) is read once and cached: the recorder may
+        ask often. Limits come from the slow-field cache. n/a numbers are None (JSON-safe).
+        """
         if not self._started:
             self.start()
         with self._lock:
             nv = self.nv
             if nv is None:
                 return []
-            driver = _text(nv.get(-1, "nvmlSystemGetDriverVersion"))
-            cuda = nv.get(-1, "nvmlSystemGetCudaDriverVersion_v2")
-            if cuda is None:
-                cuda = nv.get(-1, "nvmlSystemGetCudaDriverVersion")
-            cuda_s = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}" if cuda else ""
             out = []
             for g in self.gpus:
+                ident = self._identity.get(g) or self._read_identity(nv, g)
                 slow = self._slow_fields(nv, g)
                 if g not in self.power_source:  # describe() before the first poll
                     instant = FI_POWER_INSTANT in nv.fields(g, [FI_POWER_INSTANT])
                     has_avg = nv.get(g, "nvmlDeviceGetPowerUsage") is not None
                     self.power_source[g] = "instant" if instant else "average" if has_avg else "n/a"
-                pci = nv.get(g, "nvmlDeviceGetPciInfo")
-                bus = _text(getattr(pci, "busId", "")) if pci is not None else ""
-                cpus, src = self._local_cpus(nv, g, bus)
+                d = {
+                    **ident,
+                    "memory_total_mib": slow["mem_total_mib"],
+                    "sm_clock_max_mhz": slow["sm_clock_max_mhz"],
+                    "mem_clock_max_mhz": slow["mem_clock_max_mhz"],
+                    "power_limit_w": slow["power_limit_w"],
+                    "power_source": self.power_source.get(g, ""),
+                }
                 out.append(
-                    {
-                        "index": g,
-                        "name": _text(nv.get(g, "nvmlDeviceGetName")),
-                        "uuid": _text(nv.get(g, "nvmlDeviceGetUUID")),
-                        "pci_bus_id": bus,
-                        "driver_version": driver,
-                        "cuda_driver_version": cuda_s,
-                        "memory_total_mib": slow["mem_total_mib"],
-                        "sm_clock_max_mhz": slow["sm_clock_max_mhz"],
-                        "mem_clock_max_mhz": slow["mem_clock_max_mhz"],
-                        "power_limit_w": slow["power_limit_w"],
-                        "power_source": self.power_source.get(g, ""),
-                        "local_cpus": cpus,
-                        "local_cpus_source": src,
-                    }
+                    {k: (None if isinstance(v, float) and v != v else v) for k, v in d.items()}
                 )
             return out
+
+    def _read_identity(self, nv: NvmlCalls, g: int) -> dict[str, Any]:
+        driver = _text(nv.get(-1, "nvmlSystemGetDriverVersion"))
+        cuda = nv.get(-1, "nvmlSystemGetCudaDriverVersion_v2")
+        if cuda is None:
+            cuda = nv.get(-1, "nvmlSystemGetCudaDriverVersion")
+        pci = nv.get(g, "nvmlDeviceGetPciInfo")
+        bus = _text(getattr(pci, "busId", "")) if pci is not None else ""
+        cpus, src = self._local_cpus(nv, g, bus)
+        ident = {
+            "index": g,
+            "name": _text(nv.get(g, "nvmlDeviceGetName")),
+            "uuid": _text(nv.get(g, "nvmlDeviceGetUUID")),
+            "pci_bus_id": bus,
+            "driver_version": driver,
+            "cuda_driver_version": f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}" if cuda else "",
+            "local_cpus": cpus,
+            "local_cpus_source": src,
+        }
+        self._identity[g] = ident
+        return ident
 
     def _local_cpus(self, nv: NvmlCalls, g: int, bus_id: str) -> tuple[str, str]:
         """The GPU's local CPUs as a cpulist: NVML's affinity, else sysfs, else ""."""

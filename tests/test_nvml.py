@@ -591,6 +591,16 @@ def test_describe(fake: FakePynvml) -> None:
     assert d["sm_clock_max_mhz"] == 1980
     assert d["local_cpus"] == "0-3,8,64-65" and d["local_cpus_source"] == "nvml"
     assert d["power_source"] == "instant"
+    before = fake.calls["nvmlDeviceGetName"]
+    s.describe()
+    assert fake.calls["nvmlDeviceGetName"] == before  # identity is cached
+
+
+def test_describe_na_is_none(fake: FakePynvml) -> None:
+    fake.fail["nvmlDeviceGetEnforcedPowerLimit"] = NOT_SUPPORTED
+    fake.fail["nvmlDeviceGetPowerManagementLimit"] = NOT_SUPPORTED
+    (d,) = NvmlSource(None).describe()
+    assert d["power_limit_w"] is None  # JSON-safe, not NaN
 
 
 def test_describe_local_cpus_from_sysfs_when_nvml_has_none(fake: FakePynvml) -> None:
