@@ -1,0 +1,561 @@
+"""Talking to a live SGLang server over its own HTTP API: server info, Prometheus metrics, load,
+and the torch-profiler capture endpoints.
+
+Checked against SGLang's source (sgl-project/sglang): `python/sglang/srt/managers/io_struct.py`
+and `python/sglang/srt/entrypoints/http_server.py` at commit 0025436eab05 (0.5.x line), and
+`ProfileReqInput` as it stands in io_struct.py at 001067fffe33 (where the profile fields now
+live on `ProfileReq`). What kdash relies on:
+
+- `POST /start_profile` takes a JSON `ProfileReqInput`: `output_dir` (str), `start_step` (int),
+  `num_steps` (int; when set the server stops by itself after that many forward steps),
+  `activities` (list of "CPU", "GPU", "MEM", "RPD"), `with_stack` (bool), `record_shapes`
+  (bool), `profile_by_stage` (bool; separate EXTEND/DECODE files), `merge_profiles` (bool),
+  `profile_prefix` (str). Every field is optional; `ProfileRequest.to_json` leaves out what is
+  unset so an older server that lacks a field (0.4.x has no `profile_prefix`) still accepts it.
+- A refused profile (already running; stop with none running) comes back from the scheduler as
+  `ProfileReqOutput(success=False, message="Profiling is already in progress. Call
+  /stop_profile first.")`, which the tokenizer manager raises as `RuntimeError`; FastAPI turns
+  that into a bare `500 Internal Server Error`. So a 500 on /start_profile is reported as "the
+  server refused to start a profile (usually: one is already running)", and a body that says
+  "already" is reported as exactly that.
+- `--api-key` (and `--admin-api-key` for admin endpoints in newer versions) make the server
+  answer 401 unless `Authorization: Bearer KEY` is sent.
+- `/metrics` exists only with `--enable-metrics` (404 otherwise); `/get_load` always exists and
+  returns one object per DP rank (`num_reqs`, `num_waiting_reqs`, `num_tokens`; newer servers
+  name them `num_running_reqs`, `num_waiting_reqs`, `num_used_tokens` and add `token_usage`).
+
+Errors are `SglangError` (a `UserError`): one line that names the endpoint and says what to do,
+with a `kind` ("refused", "timeout", "unauthorized", "busy", "not_found", "http", "bad_reply")
+for code that must branch on it (the capture flow, the metrics source's fallback).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kdash.errors import UserError
+from kdash.schema import Batch, make_batch
+
+from .base import Health
+
+log = logging.getLogger("kdash.collectors.sglang")
+
+ACTIVITIES = ("CPU", "GPU", "MEM", "RPD")
+
+
+class SglangError(UserError):
+    """One-line failure of an SGLang endpoint; `kind` says which for callers that branch."""
+
+    def __init__(self, message: str, kind: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
+
+
+@dataclass
+class ProfileRequest:
+    """The body of `/start_profile`, field for field SGLang's `ProfileReqInput`."""
+
+    output_dir: str | None = None
+    start_step: int | None = None
+    num_steps: int | None = None
+    activities: list[str] | None = None
+    with_stack: bool | None = None
+    record_shapes: bool | None = None
+    profile_by_stage: bool = False
+    merge_profiles: bool = False
+    profile_prefix: str | None = None
+
+    def validate(self) -> None:
+        """Refuse what the server would refuse later, with a clearer line."""
+        if self.activities is not None:
+            bad = [a for a in self.activities if a not in ACTIVITIES]
+            if bad or not self.activities:
+                raise UserError(
+                    f"profile activities must be some of {', '.join(ACTIVITIES)}; got "
+                    f"{self.activities}"
+                )
+        for name in ("start_step", "num_steps"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise UserError(f"profile {name} must be a non-negative integer; got {v!r}")
+        if self.num_steps == 0:
+            raise UserError("profile num_steps must be at least 1")
+        if self.profile_prefix is not None and ("/" in self.profile_prefix):
+            raise UserError(f"profile prefix must not contain '/': {self.profile_prefix!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        """Set fields only; booleans that are False are SGLang's defaults and are left out."""
+        self.validate()
+        out: dict[str, Any] = {}
+        for key in (
+            "output_dir",
+            "start_step",
+            "num_steps",
+            "activities",
+            "with_stack",
+            "record_shapes",
+            "profile_prefix",
+        ):
+            v = getattr(self, key)
+            if v is not None:
+                out[key] = list(v) if key == "activities" else v
+        if self.profile_by_stage:
+            out["profile_by_stage"] = True
+        if self.merge_profiles:
+            out["merge_profiles"] = True
+        return out
+
+
+class SglangClient:
+    """urllib client with timeouts; every failure becomes one `SglangError` line."""
+
+    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 5.0) -> None:
+        text = url.strip().rstrip("/")
+        if "://" not in text:
+            text = "http://" + text
+        self.base = text
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+
+    # -- plumbing --------------------------------------------------------------------------
+    def _request(
+        self,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        method: str | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[int, str]:
+        data = None
+        headers = {"Accept": "*/*", "User-Agent": "kdash"}
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(
+            self.base + path,
+            data=data,
+            headers=headers,
+            method=method or ("POST" if data else "GET"),
+        )
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status, resp.read().decode(errors="replace")
+        except urllib.error.HTTPError as e:
+            try:
+                text = e.read().decode(errors="replace")
+            except OSError:
+                text = ""
+            raise self._http_error(path, e.code, text) from None
+        except urllib.error.URLError as e:
+            raise self._conn_error(path, e.reason, timeout) from None
+        except TimeoutError:
+            raise SglangError(
+                f"{self.base}{path}: no answer in {timeout:g} s (server busy or hung?)", "timeout"
+            ) from None
+        except (ConnectionError, OSError) as e:
+            raise self._conn_error(path, e, timeout) from None
+
+    def _conn_error(self, path: str, reason: object, timeout: float) -> SglangError:
+        if isinstance(reason, ConnectionRefusedError):
+            return SglangError(
+                f"cannot connect to SGLang at {self.base}: connection refused (is the server "
+                "up, and is this its port?)",
+                "refused",
+            )
+        if isinstance(reason, TimeoutError | socket.timeout):
+            return SglangError(
+                f"{self.base}{path}: no answer in {timeout:g} s (server busy or hung?)", "timeout"
+            )
+        if isinstance(reason, socket.gaierror):
+            return SglangError(f"cannot resolve the host of {self.base}: {reason}", "refused")
+        text = getattr(reason, "strerror", None) or str(reason)
+        return SglangError(f"cannot reach SGLang at {self.base}: {text}", "refused")
+
+    def _http_error(self, path: str, status: int, text: str) -> SglangError:
+        detail = _one_line(_error_message(text))
+        if status in (401, 403):
+            return SglangError(
+                f"{self.base}{path}: {status} unauthorized — the server was started with "
+                "--api-key/--admin-api-key; give kdash the key",
+                "unauthorized",
+                status,
+            )
+        if "already" in detail.lower() and "profil" in detail.lower():
+            return SglangError(
+                f"{self.base}{path}: a profile is already running on the server (wait for it "
+                "or call /stop_profile)",
+                "busy",
+                status,
+            )
+        if status == 404:
+            return SglangError(f"{self.base}{path}: 404 not found", "not_found", status)
+        if path == "/start_profile" and status >= 500:
+            return SglangError(
+                f"{self.base}{path}: the server refused to start a profile ({status} "
+                f"{detail or 'server error'}; usually one is already running — see its log)",
+                "busy",
+                status,
+            )
+        if path == "/stop_profile" and status >= 500:
+            return SglangError(
+                f"{self.base}{path}: the server refused to stop ({status} "
+                f"{detail or 'server error'}; usually no profile is running)",
+                "http",
+                status,
+            )
+        return SglangError(
+            f"{self.base}{path}: HTTP {status} {detail or 'error'}".rstrip(), "http", status
+        )
+
+    def _json(self, path: str, text: str) -> Any:
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise SglangError(
+                f"{self.base}{path}: answer is not JSON (is this an SGLang server?)", "bad_reply"
+            ) from None
+
+    # -- endpoints -------------------------------------------------------------------------
+    def get_server_info(self) -> dict[str, Any]:
+        _, text = self._request("/get_server_info")
+        info = self._json("/get_server_info", text)
+        if not isinstance(info, dict):
+            raise SglangError(f"{self.base}/get_server_info: not an object", "bad_reply")
+        return info
+
+    def metrics_text(self, timeout_s: float | None = None) -> str:
+        """Prometheus text of /metrics; SglangError kind "not_found" when metrics are off."""
+        return self._request("/metrics", timeout_s=timeout_s)[1]
+
+    def get_load(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """One dict per DP rank (a single object is wrapped in a list)."""
+        _, text = self._request("/get_load", timeout_s=timeout_s)
+        data = self._json("/get_load", text)
+        if isinstance(data, dict):
+            data = [data]
+        if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
+            raise SglangError(f"{self.base}/get_load: unexpected answer shape", "bad_reply")
+        return data
+
+    def start_profile(self, req: ProfileRequest) -> str:
+        """Start a torch.profiler window in every scheduler; returns the server's text."""
+        _, text = self._request("/start_profile", body=req.to_json(), method="POST")
+        return text.strip()
+
+    def stop_profile(self, timeout_s: float | None = None) -> str:
+        """Stop it; the schedulers write their trace files after answering (takes seconds)."""
+        _, text = self._request("/stop_profile", body={}, method="POST", timeout_s=timeout_s)
+        return text.strip()
+
+
+def _error_message(text: str) -> str:
+    """The message of a JSON error body (FastAPI/OpenAI shapes), else the text itself."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(data, dict):
+        for key in ("message", "detail", "error"):
+            v = data.get(key)
+            if isinstance(v, dict):
+                v = v.get("message")
+            if isinstance(v, str) and v:
+                return v
+    return text
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+# -- Prometheus -> server rows -------------------------------------------------------------
+PREFIX = "sglang:"
+# Gauges and how several series (one per DP/TP rank) add up.
+GAUGES: dict[str, str] = {
+    "num_running_reqs": "sum",
+    "num_queue_reqs": "sum",
+    "token_usage": "max",
+    "gen_throughput": "sum",
+    "cache_hit_rate": "mean",
+}
+# Histograms -> short names of the server rows (`<short>_p50_s`, `<short>_p99_s`, `<short>_n`).
+HISTOGRAMS: dict[str, str] = {
+    "time_to_first_token_seconds": "ttft",
+    "inter_token_latency_seconds": "itl",
+    "e2e_request_latency_seconds": "e2e",
+}
+# Counters -> per-second rates (prometheus_client's parser drops the `_total` suffix).
+COUNTERS: dict[str, str] = {
+    "prompt_tokens": "prompt_tokens_per_s",
+    "generation_tokens": "generation_tokens_per_s",
+    "num_requests": "requests_per_s",
+}
+QUANTILES = ((0.5, "p50"), (0.99, "p99"))
+_RANK_LABELS = ("dp_rank", "tp_rank", "pp_rank")
+
+
+@dataclass
+class Scrape:
+    """One /metrics scrape reduced to what the server pane needs."""
+
+    gauges: dict[str, float] = field(default_factory=dict)
+    ranked: dict[str, float] = field(default_factory=dict)  # e.g. "num_running_reqs[dp=1]"
+    hist: dict[str, dict[float, float]] = field(default_factory=dict)  # short -> le -> cum count
+    counters: dict[str, float] = field(default_factory=dict)
+
+
+def parse_metrics(text: str) -> Scrape:
+    """Parse SGLang's Prometheus text with prometheus_client's own parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = Scrape()
+    gauge_series: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(text):
+        if not fam.name.startswith(PREFIX):
+            continue
+        name = fam.name[len(PREFIX) :]
+        if name in GAUGES:
+            gauge_series[name] = [(s.labels, float(s.value)) for s in fam.samples]
+        elif name in HISTOGRAMS:
+            buckets = out.hist.setdefault(HISTOGRAMS[name], {})
+            for s in fam.samples:
+                if s.name.endswith("_bucket") and "le" in s.labels:
+                    le = float(s.labels["le"])
+                    buckets[le] = buckets.get(le, 0.0) + float(s.value)
+        else:
+            base = name[: -len("_total")] if name.endswith("_total") else name
+            if base in COUNTERS:
+                total = sum(float(s.value) for s in fam.samples if not s.name.endswith("_created"))
+                out.counters[COUNTERS[base]] = total
+    for name, series in gauge_series.items():
+        vals = [v for _, v in series if not math.isnan(v)]
+        if not vals:
+            continue
+        how = GAUGES[name]
+        out.gauges[name] = (
+            sum(vals) if how == "sum" else max(vals) if how == "max" else sum(vals) / len(vals)
+        )
+        if len(series) > 1:
+            for labels, v in series:
+                tag = ",".join(
+                    f"{k.split('_')[0]}={labels[k]}" for k in _RANK_LABELS if k in labels
+                )
+                if tag:
+                    out.ranked[f"{name}[{tag}]"] = v
+    return out
+
+
+def bucket_quantile(q: float, buckets: Mapping[float, float]) -> float:
+    """Prometheus' `histogram_quantile` on cumulative bucket counts (upper bound -> count).
+
+    Linear interpolation inside the bucket that holds the rank; the +Inf bucket answers with
+    the largest finite bound. NaN when there are no observations.
+    """
+    bounds = sorted(buckets)
+    if not bounds or bounds[-1] != math.inf:
+        return math.nan
+    total = buckets[math.inf]
+    if total <= 0:
+        return math.nan
+    rank = q * total
+    prev_bound, prev_count = 0.0, 0.0
+    for b in bounds:
+        c = buckets[b]
+        if c >= rank:
+            if b == math.inf:
+                return prev_bound if len(bounds) > 1 else math.nan
+            if c == prev_count:
+                return b
+            return prev_bound + (b - prev_bound) * (rank - prev_count) / (c - prev_count)
+        prev_bound, prev_count = b, c
+    return bounds[-2] if len(bounds) > 1 else math.nan
+
+
+def bucket_delta(new: Mapping[float, float], old: Mapping[float, float]) -> dict[float, float]:
+    """Observations between two scrapes; a counter that went down (restart) starts afresh."""
+    if not old or any(new.get(b, 0.0) < c for b, c in old.items()):
+        return dict(new)
+    return {b: c - old.get(b, 0.0) for b, c in new.items()}
+
+
+def load_rows(loads: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """/get_load's per-DP objects -> the gauges the server pane shows (summed over DP ranks)."""
+    keys = {
+        "num_running_reqs": ("num_running_reqs", "num_reqs"),
+        "num_queue_reqs": ("num_waiting_reqs", "num_queue_reqs"),
+        "num_used_tokens": ("num_used_tokens", "num_tokens"),
+        "gen_throughput": ("gen_throughput",),
+    }
+    out: dict[str, float] = {}
+    loads = list(loads)
+    for short, names in keys.items():
+        vals = []
+        for d in loads:
+            for n in names:
+                v = d.get(n)
+                if isinstance(v, int | float) and not isinstance(v, bool):
+                    vals.append(float(v))
+                    break
+        if vals:
+            out[short] = sum(vals)
+    usage = [
+        float(d["token_usage"]) for d in loads if isinstance(d.get("token_usage"), int | float)
+    ]
+    if usage:
+        out["token_usage"] = max(usage)
+    return out
+
+
+class SglangMetricsSource:
+    """A Source that polls /metrics (or /get_load when metrics are off) into `server` rows.
+
+    Row names (`server.metric`): the gauges by their SGLang name without the `sglang:` prefix
+    (`num_running_reqs`, `num_queue_reqs`, `token_usage`, `gen_throughput`, `cache_hit_rate`),
+    per-rank copies as `num_running_reqs[dp=1]` when the server exports one series per rank,
+    `ttft_p50_s`/`ttft_p99_s`/`ttft_n` (and `itl_`, `e2e_`) over the last `hist_window_s`
+    (bucket deltas between scrapes; nothing emitted when no request finished in the window),
+    and counter rates `prompt_tokens_per_s`, `generation_tokens_per_s`, `requests_per_s`.
+    In /get_load mode: `num_running_reqs`, `num_queue_reqs`, `num_used_tokens` (+ `token_usage`
+    and `gen_throughput` where the server gives them).
+
+    `poll` does one HTTP request with a short timeout; the recorder calls it every `interval_s`
+    from its worker thread. While the server is unreachable it retries every `retry_s`.
+    """
+
+    name = "sglang"
+
+    def __init__(
+        self,
+        url: str,
+        interval_s: float = 1.0,
+        api_key: str | None = None,
+        timeout_s: float | None = None,
+        hist_window_s: float | None = None,
+        retry_s: float = 5.0,
+        client: SglangClient | None = None,
+    ) -> None:
+        self.url = url
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s if timeout_s is not None else min(2.0, max(0.2, interval_s))
+        self.hist_window_s = hist_window_s if hist_window_s is not None else interval_s
+        self.retry_s = retry_s
+        self.client = client or SglangClient(url, api_key=api_key, timeout_s=self.timeout_s)
+        self.health = Health("starting")
+        self.mode: str | None = None  # "metrics" | "load" | None until the first answer
+        self._hist_hist: deque[tuple[int, dict[str, dict[float, float]]]] = deque()
+        self._last_counters: tuple[int, dict[str, float]] | None = None
+        self._next_try_ns = 0
+        self._lock = threading.Lock()
+        self.polls = 0
+        self.failures = 0
+        self.last_latency_s = math.nan
+
+    def start(self) -> None:
+        self.health = Health("starting")
+
+    def stop(self) -> None:
+        self.mode = None
+
+    def poll(self, now_ns: int) -> dict[str, Batch]:
+        with self._lock:  # polls never overlap, even if a caller misbehaves
+            try:
+                return self._poll(now_ns)
+            except Exception as e:  # noqa: BLE001 - a source never raises into the app
+                log.exception("sglang metrics poll failed")
+                self.health = Health.degraded(f"poll failed: {type(e).__name__}: {e}")
+                return {}
+
+    def _poll(self, now_ns: int) -> dict[str, Batch]:
+        if now_ns < self._next_try_ns:
+            return {}
+        self.polls += 1
+        t0 = time.monotonic()
+        rows: dict[str, float] | None = None
+        try:
+            if self.mode != "load":
+                try:
+                    rows = self._from_metrics(now_ns, self.client.metrics_text(self.timeout_s))
+                    self.mode = "metrics"
+                    self.health = Health()
+                except SglangError as e:
+                    if e.kind != "not_found":
+                        raise
+                    self.mode = "load"
+            if self.mode == "load":
+                rows = load_rows(self.client.get_load(self.timeout_s))
+                self.health = Health.degraded(
+                    "metrics off (start the server with --enable-metrics); using /get_load"
+                )
+        except SglangError as e:
+            self.failures += 1
+            self._next_try_ns = now_ns + int(self.retry_s * 1e9)
+            self.health = Health.unavailable(str(e))
+            return {}
+        finally:
+            self.last_latency_s = time.monotonic() - t0
+        if not rows:
+            return {}
+        names = sorted(rows)
+        return {
+            "server": make_batch(
+                "server",
+                t_ns=[now_ns] * len(names),
+                metric=names,
+                value=[rows[n] for n in names],
+            )
+        }
+
+    def _from_metrics(self, now_ns: int, text: str) -> dict[str, float]:
+        try:
+            scrape = parse_metrics(text)
+        except ValueError as e:
+            raise SglangError(
+                f"{self.url}/metrics: not Prometheus text ({e})", "bad_reply"
+            ) from None
+        rows = dict(scrape.gauges)
+        rows.update(scrape.ranked)
+        # Histograms: compare with the newest scrape at least hist_window_s old (less half a
+        # poll interval, so a poll that comes a little early still pairs with the previous one).
+        min_age = int((self.hist_window_s - self.interval_s / 2) * 1e9)
+        base = None
+        for t, h in self._hist_hist:
+            if now_ns - t >= min_age:
+                base = h
+            else:
+                break
+        if base is not None:
+            for short, buckets in scrape.hist.items():
+                delta = bucket_delta(buckets, base.get(short, {}))
+                n = delta.get(math.inf, 0.0)
+                if n > 0:
+                    rows[f"{short}_n"] = n
+                    for q, tag in QUANTILES:
+                        rows[f"{short}_{tag}_s"] = bucket_quantile(q, delta)
+        self._hist_hist.append((now_ns, scrape.hist))
+        while len(self._hist_hist) > 1 and now_ns - self._hist_hist[1][0] >= min_age:
+            self._hist_hist.popleft()
+        # Counter rates
+        if self._last_counters is not None:
+            t_old, old = self._last_counters
+            dt = (now_ns - t_old) / 1e9
+            if dt > 0:
+                for k, v in scrape.counters.items():
+                    if k in old and v >= old[k]:
+                        rows[k] = (v - old[k]) / dt
+        self._last_counters = (now_ns, scrape.counters)
+        return rows
