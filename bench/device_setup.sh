@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# On the GPU machine (device tool): install the carried wheels and this checkout into /tmp/site,
-# since nothing can be fetched there. Use: `bash bench/device_setup.sh && export PYTHONPATH=/tmp/site`.
+# On the GPU machine (device tool): install the carried wheels into /tmp/site, since nothing can
+# be fetched there. The kdash wheel itself is built here first, from the current tree:
+#   rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .
+# Use: `bash bench/device_setup.sh && export PYTHONPATH=/tmp/site`.
 set -euo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
-    --target /tmp/site .
 PYTHONPATH=/tmp/site python3 -c "import kdash, textual, kdash.collectors.nvml; print('kdash', kdash.__version__, 'textual', textual.__version__)"
