@@ -6,7 +6,20 @@ The one-call way into a capture from pandas::
     tables = kdash.read_capture("run.kdash")   # dict: table name -> pandas.DataFrame
 """
 
+import os
 from importlib.metadata import PackageNotFoundError, version
+
+# Installed, the wheel puts collectors/, tui/, kernels/ and themes/ inside this package. In a
+# source checkout they sit beside this folder, and `python -m ...` run from the checkout's root
+# imports this folder first; extending __path__ to the checkout's root lets
+# `kdash.collectors` and the rest resolve there too. Guarded by pyproject.toml so an installed
+# copy never looks at its site-packages neighbours.
+_here = os.path.dirname(os.path.abspath(__file__))
+_root = os.path.dirname(_here)
+if not os.path.isdir(os.path.join(_here, "collectors")) and os.path.isfile(
+    os.path.join(_root, "pyproject.toml")
+):
+    __path__.append(_root)  # noqa: F821 - __path__ is set for packages
 
 try:
     __version__ = version("kdash")
