@@ -31,13 +31,16 @@ Per CPU and poll (table `cpu_freq`): the current and maximum clock from
 maximum, so the low-frequency finding cannot judge it), and busy % from `/proc/stat` deltas
 (busy = everything but idle and iowait; steal counts as busy because the vCPU had work).
 
-Cost: the hot path reads three small /proc files per thread through file descriptors kept
-open between polls (`pread` at offset 0 makes the kernel regenerate the text, saving the path
-lookup and open/close of each read), within a budget of half the process's open-file limit;
-threads beyond it are read with open/read/close. A kept descriptor refers to the thread itself,
-not its number, so a recycled tid can never be mistaken for the old thread: the read fails with
-ESRCH and the tid is re-opened. The process tree (a walk over every process on the host in
-psutil) is refreshed once a second, not on every poll. `bench/sched_cost.py` measures it.
+Cost: a thread that has not run since the last poll costs one small read (`schedstat`: its
+counters did not move, so nothing else can have) plus one system call; one that ran costs three
+reads (`stat`, `schedstat`, `sched`); every thread is read in full every `full_every` polls
+anyway. Reads go through file descriptors kept open between polls (`pread` at offset 0 makes the
+kernel regenerate the text, saving the path lookup and open/close of each read), within a budget
+of half the process's open-file limit; threads beyond it are read with open/read/close. A kept
+descriptor refers to the thread itself, not its number, so a recycled tid can never be mistaken
+for the old thread: the read fails with ESRCH and the tid is re-opened. The process tree (a walk
+over every process on the host in psutil) is refreshed once a second, not on every poll.
+`bench/sched_cost.py` measures the whole.
 
 Threads and processes that exit between reads are normal and never an error; a file that cannot
 be read for lack of rights degrades the source's health with a line saying which and why.
@@ -103,6 +106,7 @@ class _Thread:
     prev_exec_ns: int = -1  # schedstat field 1, or utime+stime converted to ns
     prev_wait_ns: int = -1  # schedstat field 2
     seen: int = 0  # poll generation in which it was last listed
+    last: tuple[str, int, int, int, int] | None = None  # name, cpu, vol, invol, migrations
 
 
 class SchedSource:
@@ -124,6 +128,7 @@ class SchedSource:
         interval_s: float = 0.25,
         *,
         tree_interval_s: float = 1.0,
+        full_every: int = 8,
         proc: str = "/proc",
         sysfs: str = "/sys",
         fd_budget: int | None = None,
@@ -131,6 +136,7 @@ class SchedSource:
         self.target = target
         self.interval_s = interval_s
         self.tree_interval_s = tree_interval_s
+        self.full_every = max(1, full_every)
         self.health: Health = Health("starting")
         self._proc = proc
         self._sysfs = sysfs
@@ -323,60 +329,86 @@ class SchedSource:
             migrations=c_mig,
         )
 
-    def _read_thread(self, th: _Thread) -> tuple | None:
-        """One thread's row, or None when it has gone (any read failing with ESRCH/ENOENT)."""
-        try:
-            stat = self._read(th, "stat", 1024)
-            if not stat:
-                return None
-            rp = stat.rfind(b")")
-            name = stat[stat.find(b"(") + 1 : rp].decode("utf-8", "replace")
-            f = stat[rp + 2 :].split()
-            # f[0] is field 3 (state): field N is f[N - 3].
-            ticks = int(f[11]) + int(f[12])
-            cpu = int(f[36]) if len(f) > 36 else -1
+    def _read_full(
+        self, th: _Thread, exec_ns: int, wait_ns: int, slices: int
+    ) -> tuple[str, int, int, int, int, int, int]:
+        """`stat` and `sched` (or `status`): name, CPU, counters. Raises as `_read` does."""
+        stat = self._read(th, "stat", 1024)
+        if not stat:
+            raise ProcessLookupError(th.tid)
+        rp = stat.rfind(b")")
+        name = stat[stat.find(b"(") + 1 : rp].decode("utf-8", "replace")
+        f = stat[rp + 2 :].split()
+        # f[0] is field 3 (state): field N is f[N - 3].
+        ticks = int(f[11]) + int(f[12])
+        cpu = int(f[36]) if len(f) > 36 else -1
+        if self._schedstat_ok is None and ticks > 0 and exec_ns >= 0:
+            # "0 0 0" for a thread that has run: the kernel keeps no sched_info.
+            self._schedstat_ok = not (exec_ns == 0 and slices == 0)
+        if self._schedstat_ok is False:
             exec_ns = wait_ns = -1
+        if exec_ns < 0:
+            exec_ns = ticks * (1_000_000_000 // _CLK_TCK)
+        vol = invol = mig = -1
+        if self._sched_file:
+            try:
+                sc = self._read(th, "sched", 8192)
+                vol = _sched_field(sc, b"nr_voluntary_switches")
+                invol = _sched_field(sc, b"nr_involuntary_switches")
+                mig = _sched_field(sc, b"se.nr_migrations")
+            except FileNotFoundError:
+                # Either the thread left, or the kernel has no CONFIG_SCHED_DEBUG: the
+                # stat read just worked, so look at whether the file exists at all.
+                if not os.path.exists(f"{self._proc}/{th.pid}/task/{th.tid}"):
+                    raise
+                self._sched_file = False
+                self._notes["sched"] = (
+                    "no /proc/<tid>/sched (kernel without CONFIG_SCHED_DEBUG): migrations n/a"
+                )
+            except PermissionError:
+                self._sched_file = False
+                self._notes["sched"] = "/proc/<tid>/sched not readable: migrations n/a"
+        if vol < 0:
+            st = self._read(th, "status", 4096)
+            vol = _status_field(st, b"voluntary_ctxt_switches:")
+            invol = _status_field(st, b"nonvoluntary_ctxt_switches:")
+        return name, cpu, exec_ns, wait_ns, vol, invol, mig
+
+    def _read_thread(self, th: _Thread) -> tuple | None:
+        """One thread's row, or None when it has gone (any read failing with ESRCH/ENOENT).
+
+        `schedstat` is read first: when neither its on-CPU nor its wait counter moved since
+        the last poll, the thread has not been on a CPU, so its switch and migration counters
+        and its CPU cannot have moved either (a migration of a queued thread shows at its next
+        run): the `stat` and `sched` reads are skipped and the last values reused. Most threads
+        of a server sleep, so this cuts the cost per poll about threefold. Every
+        `full_every`-th poll (staggered by tid) reads everything regardless, so a name changed
+        from outside shows within seconds.
+        """
+        try:
+            exec_ns = wait_ns = slices = -1
             if self._schedstat_ok is not False:
                 try:
                     ss = self._read(th, "schedstat", 256).split()
                     exec_ns, wait_ns, slices = int(ss[0]), int(ss[1]), int(ss[2])
-                    if self._schedstat_ok is None and ticks > 0:
-                        # "0 0 0" for a thread that has run: the kernel keeps no sched_info.
-                        self._schedstat_ok = not (exec_ns == 0 and slices == 0)
-                    if self._schedstat_ok is False:
-                        exec_ns = wait_ns = -1
                 except (IndexError, ValueError):
                     exec_ns = wait_ns = -1
             # Stamp each thread's own reading: under GIL contention a poll's reads can spread
             # over tens of ms, and one stamp per poll would turn that into bogus CPU %.
             t_ns = time.monotonic_ns()
-            if exec_ns < 0:
-                exec_ns = ticks * (1_000_000_000 // _CLK_TCK)
-            vol = invol = mig = -1
-            if self._sched_file:
-                try:
-                    sc = self._read(th, "sched", 8192)
-                    vol = _sched_field(sc, b"nr_voluntary_switches")
-                    invol = _sched_field(sc, b"nr_involuntary_switches")
-                    mig = _sched_field(sc, b"se.nr_migrations")
-                except FileNotFoundError:
-                    # Either the thread left, or the kernel has no CONFIG_SCHED_DEBUG: the
-                    # stat read just worked, so look at whether the file exists at all.
-                    if os.path.exists(f"{self._proc}/{th.pid}/task/{th.tid}"):
-                        self._sched_file = False
-                        self._notes["sched"] = (
-                            "no /proc/<tid>/sched (kernel without CONFIG_SCHED_DEBUG): "
-                            "migrations n/a"
-                        )
-                    else:
-                        return None
-                except PermissionError:
-                    self._sched_file = False
-                    self._notes["sched"] = "/proc/<tid>/sched not readable: migrations n/a"
-            if vol < 0:
-                st = self._read(th, "status", 4096)
-                vol = _status_field(st, b"voluntary_ctxt_switches:")
-                invol = _status_field(st, b"nonvoluntary_ctxt_switches:")
+            if (
+                self._schedstat_ok
+                and th.last is not None
+                and exec_ns == th.prev_exec_ns
+                and wait_ns == th.prev_wait_ns
+                and (th.tid + self._gen) % self.full_every
+            ):
+                name, cpu, vol, invol, mig = th.last
+            else:
+                name, cpu, exec_ns, wait_ns, vol, invol, mig = self._read_full(
+                    th, exec_ns, wait_ns, slices
+                )
+                th.last = (name, cpu, vol, invol, mig)
             allowed = self._affinity(th.tid)
         except _GONE:
             return None
@@ -384,9 +416,10 @@ class SchedSource:
             self._poll_notes["perm"] = f"cannot read threads of pid {th.pid} (permission denied)"
             return None
         except OSError as e:
-            if e.errno == 3:  # ESRCH through a kept descriptor
-                return None
-            raise
+            # Anything else (EIO from a dying task, a /proc oddity): skip the thread this poll
+            # and say so, rather than lose the whole poll.
+            self._poll_notes["oserror"] = f"reading tid {th.tid}: {e.strerror or e}"
+            return None
         cpu_pct = runq = _NAN
         if th.prev_t_ns >= 0 and t_ns > th.prev_t_ns:
             dt = t_ns - th.prev_t_ns

@@ -350,3 +350,53 @@ def test_parsers_on_real_proc_files():
         assert _sched_field(sched, b"se.nr_migrations") >= 0
         assert _sched_field(sched, b"nr_voluntary_switches") >= vol
     assert _sched_field(b"nothing here\n", b"se.nr_migrations") == -1
+
+
+RENAME_SCRIPT = r"""
+import sys, threading
+ev = threading.Event()
+t = threading.Thread(target=ev.wait, daemon=True)
+t.start()
+print("ready", t.native_id, flush=True)
+sys.stdin.readline()
+with open(f"/proc/self/task/{t.native_id}/comm", "w") as f:
+    f.write("renamed")
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_sleeping_thread_is_cheap_but_not_stale():
+    """A thread that never runs is read through schedstat alone; a rename from another thread
+    of its process still shows within `full_every` polls."""
+    p = subprocess.Popen(
+        [sys.executable, "-c", RENAME_SCRIPT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout and p.stdin
+        line = p.stdout.readline().split()
+        assert line[0] == "ready"
+        tid = int(line[1])
+        src = SchedSource(Target.from_pid(p.pid), full_every=3)
+        src.start()
+
+        def name_of() -> tuple[str, float]:
+            b = src.poll(time.monotonic_ns())["threads"]
+            i = list(b["tid"]).index(tid)
+            return str(b["name"][i]), float(b["cpu_pct"][i])
+
+        first = [name_of() for _ in range(3)]
+        assert len({n for n, _ in first}) == 1 and first[0][0] != "renamed"
+        assert all(pct == 0.0 for _, pct in first[1:])  # asleep the whole time
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "done"
+        names = [name_of()[0] for _ in range(3)]
+        src.stop()
+    finally:
+        p.kill()
+        p.wait(timeout=10)
+    assert names[-1] == "renamed"
