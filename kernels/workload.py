@@ -1,0 +1,474 @@
+"""The demo workload: a small transformer-shaped server loop over the project's attention kernels.
+
+``python -m kdash.kernels`` runs it until stopped (Ctrl-C, SIGTERM, or ``--duration S``) and prints
+tokens/s every few seconds. Requests arrive at random, are prefilled (extend kernel) and then
+decoded (split-KV decode kernel) in a continuously batched, paged KV cache; around the attention
+sit the usual matmuls (QKV and output projections, a SwiGLU MLP, RMSNorm, a tied LM head) so that
+a profile looks like a real server's: many kernels per step, the attention among them. Each step is
+an NVTX range named ``prefill`` or ``decode``.
+
+The model is random weights (nothing to download) and has no rotary embedding (it would add a
+kernel, not change what is being watched). Sampling is greedy. The host waits for a step's tokens
+one step later (the "overlap" pattern of SGLang's scheduler), unless ``--sync-every-step``.
+
+Pathologies on purpose, for kdash's CPU-affinity and idle-gap panes:
+
+- ``--pin-off-local``: pin the launch thread to CPUs not local to the GPU
+  (``/sys/bus/pci/devices/<bdf>/local_cpulist``);
+- ``--noisy-neighbour``: start a busy process pinned to the launch thread's CPU;
+- ``--sync-every-step``: ``torch.cuda.synchronize()`` after every step (GPU idle while the host
+  schedules the next one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .scheduler import ArrivalProcess, Scheduler, Step, off_local_cpus, parse_cpulist
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of the toy model; the defaults start in a few seconds and fill an H200 usefully."""
+
+    layers: int = 4
+    hidden: int = 2048
+    q_heads: int = 16
+    kv_heads: int = 4
+    head_dim: int = 128
+    mlp: int = 5632
+    vocab: int = 32000
+
+
+def _nvtx(name: str, enabled: bool):
+    if not enabled:
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.cuda.nvtx.range(name)
+
+
+class Engine:
+    """Weights, the paged KV cache, and the two step functions (prefill, decode)."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        num_pages: int,
+        page_size: int,
+        max_running: int,
+        max_context: int,
+        kv_dtype: str = "bf16",
+        device: str = "cuda",
+        seed: int = 0,
+    ) -> None:
+        import torch
+
+        from .kv_cache import FP8
+
+        self.torch = torch
+        self.cfg, self.page_size, self.device = cfg, page_size, torch.device(device)
+        self.nvtx = self.device.type == "cuda"
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        bf = torch.bfloat16
+
+        def w(rows: int, cols: int) -> torch.Tensor:
+            t = torch.randn(rows, cols, generator=g) / math.sqrt(cols)
+            return t.to(self.device, bf)
+
+        qkv = (cfg.q_heads + 2 * cfg.kv_heads) * cfg.head_dim
+        self.embed = (torch.randn(cfg.vocab, cfg.hidden, generator=g) * 0.02).to(self.device, bf)
+        self.layers = [
+            {
+                "wqkv": w(cfg.hidden, qkv),
+                "wo": w(cfg.q_heads * cfg.head_dim, cfg.hidden),
+                "wgu": w(cfg.hidden, 2 * cfg.mlp),
+                "wd": w(cfg.mlp, cfg.hidden),
+                "n1": torch.ones(cfg.hidden, device=self.device, dtype=bf),
+                "n2": torch.ones(cfg.hidden, device=self.device, dtype=bf),
+            }
+            for _ in range(cfg.layers)
+        ]
+        self.fp8 = kv_dtype == "fp8"
+        cache_dtype = FP8 if self.fp8 else bf
+        shape = (num_pages, page_size, cfg.kv_heads, cfg.head_dim)
+        self.k_cache = [
+            torch.zeros(shape, device=self.device, dtype=cache_dtype) for _ in self.layers
+        ]
+        self.v_cache = [
+            torch.zeros(shape, device=self.device, dtype=cache_dtype) for _ in self.layers
+        ]
+        # Random activations are ~unit size after RMSNorm; a fixed scale keeps e4m3 in range.
+        self.kv_scale = torch.full((cfg.kv_heads,), 4.0 / 448, device=self.device)
+        self.max_pages = -(-max_context // page_size)
+        self.max_running = max_running
+
+    # ------------------------------------------------------------------ pieces of a layer
+    def _rms(self, x, weight):
+        t = self.torch
+        xf = x.float()
+        return (xf * t.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * weight
+
+    def _mlp(self, x, lw):
+        t = self.torch
+        gu = self._rms(x, lw["n2"]) @ lw["wgu"]
+        gate, up = gu.chunk(2, dim=-1)
+        return x + (t.nn.functional.silu(gate) * up) @ lw["wd"]
+
+    def _qkv(self, x, lw):
+        c = self.cfg
+        qkv = self._rms(x, lw["n1"]) @ lw["wqkv"]
+        q, k, v = qkv.split(
+            [c.q_heads * c.head_dim, c.kv_heads * c.head_dim, c.kv_heads * c.head_dim], dim=-1
+        )
+        n = x.shape[0]
+        return (
+            q.view(n, c.q_heads, c.head_dim),
+            k.reshape(n, c.kv_heads, c.head_dim),
+            v.reshape(n, c.kv_heads, c.head_dim),
+        )
+
+    def _page_table(self, step: Step):
+        rows = [r.pages + [0] * (self.max_pages - len(r.pages)) for r in step.requests]
+        return self.torch.tensor(rows, dtype=self.torch.int32).to(self.device, non_blocking=True)
+
+    def _tokens(self, n: int):
+        return self.torch.randint(0, self.cfg.vocab, (n,), device=self.device)
+
+    # ------------------------------------------------------------------------ the steps
+    def prefill(self, step: Step):
+        """Prompt tokens of ``step.requests`` through the stack; returns each one's first token."""
+        from .kv_cache import write_kv
+        from .prefill_attention import extend_attention
+
+        t = self.torch
+        lens = [r.prompt_len for r in step.requests]
+        total = sum(lens)
+        with _nvtx("prefill", self.nvtx):
+            cu_host = [0]
+            for n in lens:
+                cu_host.append(cu_host[-1] + n)
+            cu = t.tensor(cu_host, dtype=t.int32).to(self.device, non_blocking=True)
+            req = t.repeat_interleave(t.arange(len(lens)), t.tensor(lens)).to(self.device)
+            pos = t.cat([t.arange(n) for n in lens]).to(self.device)
+            pt = self._page_table(step)
+            x = self.embed[self._tokens(total)]
+            for i, lw in enumerate(self.layers):
+                q, k, v = self._qkv(x, lw)
+                scales = (self.kv_scale, self.kv_scale) if self.fp8 else (None, None)
+                write_kv(self.k_cache[i], self.v_cache[i], pt, req, pos, k, v, *scales)
+                # New tokens come straight from the projection; the (empty) prefix from the cache.
+                o = extend_attention(q, k, v, None, None, None, None, cu, max(lens))
+                x = x + o.view(total, -1) @ lw["wo"]
+                x = self._mlp(x, lw)
+            last = x[t.tensor([c - 1 for c in cu_host[1:]], device=self.device)]
+            return (self._rms(last, 1.0) @ self.embed.T).argmax(-1)
+
+    def decode(self, step: Step):
+        """One token for each of ``step.requests``; returns the next tokens."""
+        from .decode_attention import decode_attention
+        from .kv_cache import write_kv
+
+        t = self.torch
+        reqs = step.requests
+        b = len(reqs)
+        with _nvtx("decode", self.nvtx):
+            pt = self._page_table(step)
+            pos_host = [r.cached for r in reqs]
+            pos = t.tensor(pos_host, dtype=t.int32).to(self.device, non_blocking=True)
+            lens = t.tensor([p + 1 for p in pos_host], dtype=t.int32).to(
+                self.device, non_blocking=True
+            )
+            req = t.arange(b, device=self.device)
+            # Token values do not matter to the work done; random ids keep the host out of it.
+            x = self.embed[self._tokens(b)]
+            max_len = max(pos_host) + 1
+            for i, lw in enumerate(self.layers):
+                q, k, v = self._qkv(x, lw)
+                scales = (self.kv_scale, self.kv_scale) if self.fp8 else (None, None)
+                write_kv(self.k_cache[i], self.v_cache[i], pt, req, pos, k, v, *scales)
+                kw = {"k_scale": self.kv_scale, "v_scale": self.kv_scale} if self.fp8 else {}
+                o = decode_attention(
+                    q.contiguous(),
+                    self.k_cache[i],
+                    self.v_cache[i],
+                    pt,
+                    lens,
+                    max_seq_len=max_len,
+                    **kw,
+                )
+                x = x + o.view(b, -1) @ lw["wo"]
+                x = self._mlp(x, lw)
+            return (self._rms(x, 1.0) @ self.embed.T).argmax(-1)
+
+
+# ---------------------------------------------------------------------------- host side
+def gpu_pci_bdf(index: int = 0) -> str | None:
+    """The GPU PCI address in sysfs form (``0000:19:00.0``) from NVML or torch; None if unknown."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            bus = pynvml.nvmlDeviceGetPciInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).busId
+        finally:
+            pynvml.nvmlShutdown()
+        bus = bus.decode() if isinstance(bus, bytes) else str(bus)
+        return bus[-12:].lower()
+    except Exception:
+        pass
+    try:
+        import torch
+
+        p = torch.cuda.get_device_properties(index)
+        return f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+    except Exception:
+        return None
+
+
+def gpu_local_cpus(index: int = 0) -> tuple[set[int] | None, str]:
+    """CPUs local to GPU ``index`` per sysfs, and where that came from (or why it is unknown)."""
+    bdf = gpu_pci_bdf(index)
+    if bdf is None:
+        return None, "GPU PCI address unknown (no NVML, no torch PCI ids)"
+    path = Path("/sys/bus/pci/devices") / bdf / "local_cpulist"
+    try:
+        return parse_cpulist(path.read_text()), str(path)
+    except OSError as e:
+        return None, f"{path}: {e.strerror}"
+
+
+def fmt_cpus(cpus: set[int]) -> str:
+    """Compact cpulist text (``0-3,8``) for messages."""
+    out, run = [], []
+    for c in sorted(cpus):
+        if run and c == run[-1] + 1:
+            run.append(c)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [c]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def pin_off_local(index: int = 0) -> str:
+    """Pin the calling (launch) thread to allowed CPUs not local to the GPU; says what it did."""
+    allowed = os.sched_getaffinity(0)
+    local, src = gpu_local_cpus(index)
+    if local is None:
+        return f"--pin-off-local: cannot tell which CPUs are local ({src}); not pinned"
+    off = off_local_cpus(allowed, local)
+    if not off:
+        # Single-NUMA machines (and many VMs) list every CPU as local: pin to the CPU farthest
+        # from the GPU's list instead, so the pin is still visible in kdash's thread table.
+        off = {max(allowed)}
+        note = f"every allowed CPU is local to GPU {index} ({src}); pinned to CPU {max(allowed)}"
+    else:
+        note = f"not local to GPU {index} (local: {fmt_cpus(local)}, from {src})"
+    os.sched_setaffinity(0, off)
+    return f"pinned launch thread {threading_tid()} to CPUs {fmt_cpus(off)}: {note}"
+
+
+def threading_tid() -> int:
+    import threading
+
+    return threading.get_native_id()
+
+
+def start_noisy_neighbour() -> tuple[subprocess.Popen, str]:
+    """A busy-looping child process pinned to the launch thread's CPU (which is pinned too)."""
+    cpu = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpu})
+    code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True:\n    pass\n"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    return proc, f"noisy neighbour pid {proc.pid} busy on CPU {cpu}, the launch thread's CPU"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m kdash.kernels",
+        description="kdash demo workload: a paged-KV attention server loop on one GPU.",
+    )
+    ap.add_argument(
+        "--duration", type=float, default=None, help="seconds to run (default: forever)"
+    )
+    ap.add_argument("--rate", type=float, default=40.0, help="request arrivals per second")
+    ap.add_argument("--prompt-len", type=int, default=1024, help="mean prompt length (lognormal)")
+    ap.add_argument("--output-len", type=int, default=256, help="mean output length (lognormal)")
+    ap.add_argument("--max-running", type=int, default=64, help="decode batch limit")
+    ap.add_argument("--max-prefill-tokens", type=int, default=8192, help="tokens per prefill step")
+    ap.add_argument("--max-context", type=int, default=16384)
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--num-pages", type=int, default=16384)
+    ap.add_argument("--kv-dtype", choices=["bf16", "fp8"], default="bf16")
+    ap.add_argument("--layers", type=int, default=ModelConfig.layers)
+    ap.add_argument("--hidden", type=int, default=ModelConfig.hidden)
+    ap.add_argument("--q-heads", type=int, default=ModelConfig.q_heads)
+    ap.add_argument("--kv-heads", type=int, default=ModelConfig.kv_heads)
+    ap.add_argument("--head-dim", type=int, default=ModelConfig.head_dim, choices=[64, 128])
+    ap.add_argument("--mlp", type=int, default=ModelConfig.mlp)
+    ap.add_argument("--report-every", type=float, default=2.0, help="seconds between reports")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument(
+        "--pin-off-local",
+        action="store_true",
+        help="pin the launch thread to CPUs not local to the GPU",
+    )
+    ap.add_argument(
+        "--noisy-neighbour",
+        "--noisy-neighbor",
+        action="store_true",
+        help="start a busy process pinned to the launch thread's CPU",
+    )
+    ap.add_argument(
+        "--sync-every-step",
+        action="store_true",
+        help="torch.cuda.synchronize() after every step (GPU idles between steps)",
+    )
+    return ap
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("kdash demo workload: no CUDA GPU here", file=sys.stderr)
+        return 2
+    cuda = args.device.startswith("cuda")
+    cfg = ModelConfig(
+        args.layers, args.hidden, args.q_heads, args.kv_heads, args.head_dim, args.mlp
+    )
+    if args.q_heads * args.head_dim != args.hidden:
+        print("note: q_heads * head_dim != hidden; fine for the demo", file=sys.stderr)
+    sched = Scheduler(
+        page_size=args.page_size,
+        num_pages=args.num_pages,
+        max_prefill_tokens=args.max_prefill_tokens,
+        max_running=args.max_running,
+        max_context=args.max_context,
+    )
+    if sched.max_pages_per_request > args.num_pages:
+        print("--num-pages too small for one request of --max-context", file=sys.stderr)
+        return 2
+    max_prompt = min(args.max_context // 2, 8 * args.prompt_len)
+    arrivals = ArrivalProcess(
+        args.rate,
+        prompt_mean=args.prompt_len,
+        output_mean=args.output_len,
+        max_prompt=max_prompt,
+        max_output=args.max_context - max_prompt,
+        seed=args.seed,
+    )
+    stop = {"now": False}
+
+    def on_signal(signum, frame):  # noqa: ARG001
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    notes = [f"pid {os.getpid()}, launch thread {threading_tid()}"]
+    neighbour = None
+    if args.pin_off_local and cuda:
+        notes.append(pin_off_local(torch.cuda.current_device()))
+    if args.noisy_neighbour:
+        neighbour, msg = start_noisy_neighbour()
+        notes.append(msg)
+    if args.sync_every_step:
+        notes.append("synchronizing after every step")
+    t_build = time.monotonic()
+    engine = Engine(
+        cfg,
+        num_pages=args.num_pages,
+        page_size=args.page_size,
+        max_running=args.max_running,
+        max_context=args.max_context,
+        kv_dtype=args.kv_dtype,
+        device=args.device,
+        seed=args.seed,
+    )
+    print(
+        f"kdash workload: {cfg}, KV {args.kv_dtype} pages {args.num_pages}x{args.page_size}; "
+        f"built in {time.monotonic() - t_build:.1f}s",
+        flush=True,
+    )
+    for n in notes:
+        print("  " + n, flush=True)
+    t0 = time.monotonic()
+    last_report = t0
+    win = {"prefill": 0, "decode": 0, "steps": 0}
+    totals = {"prefill": 0, "decode": 0, "steps": 0, "finished": 0}
+    pending = None  # (event, host tokens) of the step before, waited on one step late
+    try:
+        while not stop["now"]:
+            now = time.monotonic()
+            if args.duration is not None and now - t0 >= args.duration:
+                break
+            for req in arrivals.due(now - t0):
+                sched.add(req)
+            step = sched.schedule()
+            if step.kind == "idle":
+                time.sleep(0.002)
+                continue
+            toks = engine.prefill(step) if step.kind == "prefill" else engine.decode(step)
+            if cuda:
+                host = torch.empty(toks.shape, dtype=toks.dtype, pin_memory=True)
+                host.copy_(toks, non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record()
+                if args.sync_every_step:
+                    torch.cuda.synchronize()
+                elif pending is not None:
+                    pending[0].synchronize()
+                pending = (ev, host)
+            done = sched.complete(step, time.monotonic() - t0)
+            totals["finished"] += len(done)
+            tokens = step.num_tokens
+            win[step.kind] += tokens
+            totals[step.kind] += tokens
+            win["steps"] += 1
+            totals["steps"] += 1
+            now = time.monotonic()
+            if now - last_report >= args.report_every:
+                dt = now - last_report
+                print(
+                    f"[{now - t0:7.1f}s] decode {win['decode'] / dt:8.0f} tok/s  "
+                    f"prefill {win['prefill'] / dt:8.0f} tok/s  steps/s {win['steps'] / dt:6.1f}  "
+                    f"running {len(sched.running):3d} waiting {len(sched.waiting):3d}  "
+                    f"free pages {sched.pages.num_free}/{args.num_pages}  "
+                    f"done {totals['finished']} preempted {sched.preemptions}",
+                    flush=True,
+                )
+                win = {"prefill": 0, "decode": 0, "steps": 0}
+                last_report = now
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if cuda:
+            torch.cuda.synchronize()
+        if neighbour is not None:
+            neighbour.terminate()
+            neighbour.wait(timeout=5)
+    el = max(1e-9, time.monotonic() - t0)
+    print(
+        f"kdash workload: {el:.1f}s, {totals['decode'] / el:.0f} decode tok/s, "
+        f"{totals['prefill'] / el:.0f} prefill tok/s, {totals['steps']} steps, "
+        f"{totals['finished']} requests done",
+        flush=True,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))

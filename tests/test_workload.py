@@ -1,0 +1,229 @@
+"""The demo workload's scheduler (pure Python) and a tiny end-to-end engine run on the CPU."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+
+import pytest
+from kdash.kernels.scheduler import (
+    ArrivalProcess,
+    OutOfPages,
+    PageAllocator,
+    Request,
+    Scheduler,
+    State,
+    off_local_cpus,
+    pages_for,
+    parse_cpulist,
+)
+from kdash.kernels.workload import build_parser, fmt_cpus
+
+
+def test_page_allocator_accounts_every_page() -> None:
+    a = PageAllocator(8)
+    x = a.alloc(3)
+    y = a.alloc(5)
+    assert len(set(x) | set(y)) == 8 and a.num_free == 0
+    with pytest.raises(OutOfPages):
+        a.alloc(1)
+    a.free(x)
+    assert a.num_free == 3
+    with pytest.raises(ValueError, match="twice"):
+        a.free(x[:1])
+    assert sorted(a.alloc(3)) == sorted(x)
+
+
+def check_invariants(s: Scheduler) -> None:
+    owned = [p for r in s.running for p in r.pages]
+    assert len(owned) == len(set(owned)), "a page owned twice"
+    assert len(owned) + s.pages.num_free == s.pages.num_pages, "pages leaked"
+    for r in s.running:
+        assert r.state is State.RUNNING
+        assert len(r.pages) >= pages_for(max(r.cached, 1), s.page_size)
+    assert len(s.running) <= s.max_running
+
+
+def drive(s: Scheduler, arrivals: ArrivalProcess, horizon: float, dt: float = 0.01):
+    """Run the scheduler on simulated time until every arrival before ``horizon`` is done."""
+    t = 0.0
+    kinds: list[str] = []
+    steps = 0
+    while t < horizon or s.running or s.waiting:
+        for req in arrivals.due(min(t, horizon)):
+            s.add(req)
+        step = s.schedule()
+        check_invariants(s)
+        if step.kind == "prefill":
+            assert step.num_tokens <= s.max_prefill_tokens or len(step.requests) == 1
+            for r in step.requests:
+                assert len(r.pages) == pages_for(r.prompt_len, s.page_size)
+        if step.kind == "decode":
+            for r in step.requests:  # room for the token this step writes at position `cached`
+                assert len(r.pages) * s.page_size >= r.cached + 1
+        kinds.append(step.kind)
+        s.complete(step, t)
+        check_invariants(s)
+        t += dt
+        steps += 1
+        assert steps < 200_000, "scheduler made no progress"
+    return kinds
+
+
+def test_every_request_finishes_with_its_tokens_and_frees_its_pages() -> None:
+    s = Scheduler(
+        page_size=16, num_pages=4096, max_prefill_tokens=2048, max_running=32, max_context=4096
+    )
+    arr = ArrivalProcess(
+        50.0, prompt_mean=300, output_mean=40, max_prompt=2000, max_output=1000, seed=1
+    )
+    kinds = drive(s, arr, horizon=2.0)
+    assert len(s.finished) == arr.next_rid > 50
+    for r in s.finished:
+        assert r.state is State.DONE and r.generated == r.max_new_tokens and r.pages == []
+        assert r.finished_at is not None and r.first_token_at is not None
+    assert s.pages.num_free == s.pages.num_pages
+    assert "decode" in kinds and "prefill" in kinds
+
+
+def test_no_two_prefills_in_a_row_while_requests_decode() -> None:
+    s = Scheduler(
+        page_size=16, num_pages=4096, max_prefill_tokens=64, max_running=64, max_context=4096
+    )
+    for i in range(20):
+        s.add(Request(i, prompt_len=50, max_new_tokens=30))
+    prev = None
+    for _ in range(200):
+        had_running = bool(s.running)
+        step = s.schedule()
+        if prev == "prefill" and had_running:
+            assert step.kind == "decode"
+        prev = step.kind
+        s.complete(step)
+    assert len(s.finished) == 20
+
+
+def test_page_pool_exhaustion_preempts_the_newest_and_still_finishes() -> None:
+    s = Scheduler(
+        page_size=4, num_pages=40, max_prefill_tokens=4096, max_running=16, max_context=128
+    )
+    for i in range(8):
+        s.add(Request(i, prompt_len=12, max_new_tokens=40))  # 52 tokens = 13 pages each
+    for _ in range(5000):
+        if not (s.running or s.waiting):
+            break
+        step = s.schedule()
+        check_invariants(s)
+        s.complete(step)
+    assert len(s.finished) == 8
+    assert s.preemptions > 0
+    assert all(r.generated == 40 for r in s.finished)
+    assert s.pages.num_free == 40
+
+
+def test_decode_takes_a_new_page_exactly_at_a_page_boundary() -> None:
+    s = Scheduler(page_size=16, num_pages=8, max_context=64)
+    r = Request(0, prompt_len=16, max_new_tokens=5)
+    s.add(r)
+    s.complete(s.schedule())  # prefill: 16 tokens cached in exactly one page
+    assert len(r.pages) == 1 and r.cached == 16
+    step = s.schedule()
+    assert step.kind == "decode" and len(r.pages) == 2  # token 17 goes to a second page
+    s.complete(step)
+    s.complete(s.schedule())
+    assert len(r.pages) == 2
+
+
+def test_requests_longer_than_the_context_are_refused() -> None:
+    s = Scheduler(page_size=16, num_pages=8, max_context=64)
+    with pytest.raises(ValueError):
+        s.add(Request(0, prompt_len=60, max_new_tokens=10))
+
+
+def test_arrivals_are_seeded_and_have_the_asked_means() -> None:
+    a = ArrivalProcess(
+        100.0,
+        prompt_mean=500,
+        output_mean=100,
+        sigma=0.5,
+        seed=3,
+        max_prompt=10**6,
+        max_output=10**6,
+    )
+    b = ArrivalProcess(
+        100.0,
+        prompt_mean=500,
+        output_mean=100,
+        sigma=0.5,
+        seed=3,
+        max_prompt=10**6,
+        max_output=10**6,
+    )
+    ra, rb = a.due(30.0), b.due(30.0)
+    assert [(r.prompt_len, r.max_new_tokens) for r in ra] == [
+        (r.prompt_len, r.max_new_tokens) for r in rb
+    ]
+    assert 2500 < len(ra) < 3500  # Poisson, 100/s for 30 s
+    assert abs(sum(r.prompt_len for r in ra) / len(ra) - 500) < 50
+    assert abs(sum(r.max_new_tokens for r in ra) / len(ra) - 100) < 10
+    assert all(x.arrival <= y.arrival for x, y in zip(ra, ra[1:], strict=False))
+    assert a.due(30.0) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "cpus"),
+    [("0-3", {0, 1, 2, 3}), ("0-1,8,10-11\n", {0, 1, 8, 10, 11}), ("5", {5}), ("0-6:3", {0, 3, 6})],
+)
+def test_parse_cpulist(text: str, cpus: set[int]) -> None:
+    assert parse_cpulist(text) == cpus
+    assert parse_cpulist(fmt_cpus(cpus)) == cpus
+
+
+def test_off_local_cpus() -> None:
+    assert off_local_cpus(set(range(8)), {0, 1, 2, 3}) == {4, 5, 6, 7}
+    assert off_local_cpus({0, 1}, {0, 1, 2}) == set()
+
+
+def test_cli_has_the_pathology_flags() -> None:
+    a = build_parser().parse_args(
+        ["--duration", "5", "--pin-off-local", "--noisy-neighbour", "--sync-every-step"]
+    )
+    assert a.duration == 5 and a.pin_off_local and a.noisy_neighbour and a.sync_every_step
+    assert build_parser().parse_args(["--noisy-neighbor"]).noisy_neighbour
+
+
+def test_engine_steps_end_to_end_on_the_cpu() -> None:
+    """A one-layer model through prefill and decode: the tokens' K/V land in their pages only."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("CPU engine run needs the Triton interpreter")
+    from kdash.kernels.workload import Engine, ModelConfig
+
+    cfg = ModelConfig(layers=1, hidden=128, q_heads=2, kv_heads=1, head_dim=64, mlp=256, vocab=64)
+    eng = Engine(cfg, num_pages=16, page_size=4, max_running=4, max_context=32, device="cpu")
+    s = Scheduler(page_size=4, num_pages=16, max_running=4, max_context=32)
+    s.add(Request(0, prompt_len=6, max_new_tokens=3))
+    s.add(Request(1, prompt_len=3, max_new_tokens=3))
+    step = s.schedule()
+    toks = eng.prefill(step)
+    assert step.kind == "prefill" and toks.shape == (2,)
+    s.complete(step)
+    step = s.schedule()
+    toks = eng.decode(step)
+    assert step.kind == "decode" and toks.shape == (2,)
+    assert int(toks.min()) >= 0 and int(toks.max()) < cfg.vocab
+    s.complete(step)
+    kc = eng.k_cache[0].float()
+    used = {
+        (p, slot)
+        for r in s.running
+        for i, p in enumerate(r.pages)
+        for slot in range(4)
+        if i * 4 + slot < r.cached
+    }
+    for p in range(16):
+        for slot in range(4):
+            written = bool(kc[p, slot].abs().sum() > 0)
+            assert written == ((p, slot) in used), (p, slot)
