@@ -1,0 +1,635 @@
+"""Import torch.profiler / Kineto Chrome traces into a kdash capture, streamed.
+
+A Kineto trace is one JSON object: a header (`schemaVersion`, `deviceProperties`,
+`baseTimeNanoseconds`, ...), then `traceEvents` (often hundreds of MB), then a short tail.
+Event times are microseconds (`ts`, `dur`, floats with ns decimals) counted from
+`baseTimeNanoseconds`, itself Unix wall-clock ns (checked on torch 2.13: base + ts*1000 is the
+wall time the trace was taken). What becomes which table:
+
+    cat kernel                          -> kernels  (device, stream, correlation, grid, block,
+                                                     registers per thread, shared memory)
+    cat cuda_runtime / cuda_driver      -> api      (name, pid, tid, correlation)
+    cat gpu_memcpy / gpu_memset         -> memcpy   (kind from the name: HtoD, DtoH, ..., memset)
+    cat user_annotation / gpu_user_annotation -> markers (domain = the category)
+
+CPU ops, Python frames and flow events are counted per category in the capture's metadata and
+not stored: the capture schema has no table for them, and they are most of a trace's bytes.
+Kineto reports one "shared memory" figure per kernel (static + dynamic); it is stored as
+`dynamic_smem`, with `static_smem` = 0, so their sum — what every pane shows — is right.
+
+**Streaming.** `ijson` (its C backend, yajl2_c) yields one event at a time, so memory follows
+the rows kept (numpy columns, appended in chunks of `CHUNK` rows, names interned), not the
+file: a 1 GB trace does not need 10 GB. The header is read by a first, short pass that stops
+at `traceEvents`; the events by a second pass. gzip is recognised by its magic bytes, not the
+suffix.
+
+**Times.** Stored in ns. Without `wall_offset_ns` they stay on the trace's own (wall) clock and
+the capture's metadata says so; a live session that takes a capture through SGLang's
+`/start_profile` passes its `wall_offset_ns` (wall - monotonic, kdash.clock) and gets rows on
+the host monotonic clock, next to its NVML and /proc rows.
+
+**SGLang file names** `{prefix-}{profile_id}-TP-{tp}[-DP-d][-PP-p][-EP-e][-EXTEND|-DECODE]
+.trace.json.gz` give each trace's ranks and stage (`parse_trace_name`); they are kept per trace
+in the metadata, and rows of a rank are told apart by `pid` (the scheduler's process).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import re
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from kdash import schema
+from kdash.errors import UserError
+from kdash.schema import Batch
+
+CHUNK = 65_536  # rows per table before a chunk is turned into numpy columns
+
+_STAGE_RE = r"(?:-(?P<stage>[A-Z][A-Z_]*))?"
+_TRACE_NAME = re.compile(
+    r"^(?:(?P<prefix>.*?)-)?(?P<id>[^-]+)(?P<ranks>(?:-(?:TP|DP|PP|EP)-\d+)+)"
+    + _STAGE_RE
+    + r"\.trace\.json(?:\.gz)?$"
+)
+_RANK = re.compile(r"-(TP|DP|PP|EP)-(\d+)")
+_MERGED = re.compile(r"^merged-(?P<id>.+?)\.trace\.json(?:\.gz)?$")
+
+_STORED = {
+    "kernel",
+    "cuda_runtime",
+    "cuda_driver",
+    "gpu_memcpy",
+    "gpu_memset",
+    "user_annotation",
+    "gpu_user_annotation",
+}
+HOST_CATS = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function"}
+
+
+@dataclass
+class TraceName:
+    """What an SGLang trace file name says; all None for other names."""
+
+    prefix: str | None = None
+    profile_id: str | None = None
+    tp: int | None = None
+    dp: int | None = None
+    pp: int | None = None
+    ep: int | None = None
+    stage: str | None = None
+    merged: bool = False
+
+
+def parse_trace_name(name: str) -> TraceName:
+    """Ranks and stage from SGLang's trace file name (rank tokens in any order)."""
+    base = os.path.basename(name)
+    m = _TRACE_NAME.match(base)
+    if m:
+        ranks = {k.lower(): int(v) for k, v in _RANK.findall(m.group("ranks"))}
+        return TraceName(
+            prefix=m.group("prefix") or None,
+            profile_id=m.group("id"),
+            stage=m.group("stage"),
+            **ranks,
+        )
+    m = _MERGED.match(base)
+    if m:
+        return TraceName(profile_id=m.group("id"), merged=True)
+    return TraceName()
+
+
+@dataclass
+class TraceInfo:
+    """One imported file: what it held and what was kept (goes into the capture metadata)."""
+
+    path: str
+    name: TraceName = field(default_factory=TraceName)
+    base_ns: int = 0
+    pid: int | None = None
+    host_name: str | None = None
+    events: int = 0
+    kept: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    start_ns: int | None = None
+    end_ns: int | None = None
+
+
+# -- opening and the header ----------------------------------------------------------------
+def _open_binary(path: Path) -> IO[bytes]:
+    """The file's JSON bytes: gunzipped when it starts with gzip's magic number."""
+    if not path.exists():
+        raise UserError(f"no such file: {path}")
+    if path.is_dir():
+        raise UserError(f"{path} is a folder, not a trace file")
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - handed to the caller, closed there
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror or e}") from None
+    magic = fh.read(2)
+    fh.seek(0)
+    if magic == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=fh, mode="rb")  # type: ignore[return-value]
+    return io.BufferedReader(fh, buffer_size=1 << 20)  # type: ignore[arg-type]
+
+
+def _stream_error(path: Path, e: BaseException, events: int) -> UserError:
+    where = f" after {events} events" if events else ""
+    if isinstance(e, EOFError):
+        return UserError(f"{path}: truncated gzip file{where} (copy it again)")
+    if isinstance(e, gzip.BadGzipFile | zlib.error):
+        return UserError(f"{path}: damaged gzip data{where} ({e})")
+    if isinstance(e, UnicodeDecodeError):
+        return UserError(f"{path}: not a JSON trace (bytes that are not text{where})")
+    import ijson
+
+    if isinstance(e, ijson.IncompleteJSONError) and events:
+        return UserError(f"{path}: truncated JSON{where} (the trace was cut short)")
+    if isinstance(e, ijson.JSONError):
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if events:
+            return UserError(f"{path}: broken JSON{where} ({msg})")
+        return UserError(f"{path} is not a JSON trace ({msg})")
+    return UserError(f"{path}: cannot read trace{where} ({type(e).__name__}: {e})")
+
+
+_READ_ERRORS: tuple[type[BaseException], ...] = (
+    EOFError,
+    OSError,
+    zlib.error,
+    UnicodeDecodeError,
+    ValueError,
+)
+
+
+def read_header(path: Path) -> tuple[dict[str, Any], str]:
+    """Top-level fields before `traceEvents` and where the events are (`traceEvents.item` or
+    `item` for a bare event array). UserError for anything that is not a trace."""
+    import ijson
+
+    header: dict[str, Any] = {}
+    errors = (*_READ_ERRORS, ijson.JSONError)
+    if path.is_file() and path.stat().st_size == 0:
+        raise UserError(f"{path} is empty, not a trace")
+    with _open_binary(path) as fh:
+        try:
+            events = ijson.parse(fh, use_float=True)
+            first = next(events, None)
+            if first is None:
+                raise UserError(f"{path} is empty, not a trace")
+            _, ev, _ = first
+            if ev == "start_array":
+                return header, "item"
+            if ev != "start_map":
+                raise UserError(f"{path} is not a trace (JSON {ev}, not an object)")
+            builder: Any = None
+            build_key = ""
+            for prefix, ev, value in events:
+                if builder is not None:
+                    if prefix == build_key and ev in ("end_map", "end_array"):
+                        builder.event(ev, value)
+                        header[build_key] = builder.value
+                        builder = None
+                    else:
+                        builder.event(ev, value)
+                    continue
+                if prefix == "" and ev == "map_key":
+                    if value == "traceEvents":
+                        return header, "traceEvents.item"
+                    continue
+                if "." in prefix:
+                    continue
+                if ev in ("start_map", "start_array") and prefix == "deviceProperties":
+                    builder = ijson.ObjectBuilder()
+                    build_key = prefix
+                    builder.event(ev, value)
+                elif ev in ("string", "number", "boolean", "null"):
+                    header[prefix] = value
+        except UserError:
+            raise
+        except errors as e:
+            raise _stream_error(path, e, 0) from None
+    raise UserError(f"{path}: JSON without traceEvents (not a Chrome/Kineto trace)")
+
+
+# -- the columns ---------------------------------------------------------------------------
+class _Table:
+    """Row lists for one table, turned into numpy batches every CHUNK rows."""
+
+    def __init__(self, table: str, cols: Sequence[str]) -> None:
+        self.table = table
+        self.cols = {c: [] for c in cols}
+        self.batches: list[Batch] = []
+        self.n = 0
+
+    def flush(self, base_ns: int, wall_offset_ns: int, pid: int | None) -> None:
+        if self.n == 0:
+            return
+        c = self.cols
+        ts = np.asarray(c.pop("ts"), dtype=np.float64)
+        dur = np.asarray(c.pop("dur"), dtype=np.float64)
+        np.nan_to_num(dur, copy=False, nan=0.0)
+        start = np.rint(ts * 1000.0).astype(np.int64) + (base_ns - wall_offset_ns)
+        end = start + np.maximum(np.rint(dur * 1000.0), 0).astype(np.int64)
+        cols: dict[str, Any] = {k: v for k, v in c.items()}
+        if "pid" in cols and pid is not None:
+            cols["pid"] = [pid if p is None else p for p in cols["pid"]]
+        self.batches.append(schema.make_batch(self.table, start_ns=start, end_ns=end, **cols))
+        self.cols = {k: [] for k in ("ts", "dur", *cols)}
+        self.n = 0
+
+
+def _int(v: Any, default: int = -1) -> int:
+    if isinstance(v, bool):
+        return default
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v == v:
+        return int(v)
+    if isinstance(v, str) and v.lstrip("-").isdigit():
+        return int(v)
+    return default
+
+
+def _dim3(v: Any) -> tuple[int, int, int]:
+    if isinstance(v, list | tuple):
+        vals = [_int(x) for x in v[:3]]
+        vals += [-1] * (3 - len(vals))
+        return vals[0], vals[1], vals[2]
+    return -1, -1, -1
+
+
+def _memcpy_kind(name: str, cat: str) -> str:
+    if cat == "gpu_memset" or name.startswith("Memset"):
+        return "memset"
+    parts = name.split()
+    if len(parts) >= 2 and parts[0] == "Memcpy":
+        return parts[1]
+    return name
+
+
+# -- reading -------------------------------------------------------------------------------
+def read_traces(
+    paths: Iterable[str | os.PathLike],
+    *,
+    wall_offset_ns: int | None = None,
+    chunk: int = CHUNK,
+) -> tuple[dict[str, Batch], list[TraceInfo]]:
+    """All traces -> capture tables (kernels, api, memcpy, markers) and per-trace info.
+
+    `wall_offset_ns` (wall - monotonic) moves the rows onto the host monotonic clock.
+    """
+    tables = {
+        "kernels": _Table(
+            "kernels",
+            [
+                "ts",
+                "dur",
+                "name",
+                "device",
+                "stream",
+                "pid",
+                "grid_x",
+                "grid_y",
+                "grid_z",
+                "block_x",
+                "block_y",
+                "block_z",
+                "registers",
+                "static_smem",
+                "dynamic_smem",
+                "correlation_id",
+                "graph_id",
+            ],
+        ),
+        "api": _Table("api", ["ts", "dur", "name", "pid", "tid", "correlation_id"]),
+        "memcpy": _Table(
+            "memcpy", ["ts", "dur", "kind", "bytes", "device", "stream", "pid", "correlation_id"]
+        ),
+        "markers": _Table("markers", ["ts", "dur", "name", "domain", "pid", "tid"]),
+    }
+    infos = []
+    for p in paths:
+        infos.append(_read_one(Path(p), tables, wall_offset_ns or 0, chunk))
+    out = {name: schema.concat(name, t.batches) for name, t in tables.items()}
+    return out, infos
+
+
+def _read_one(path: Path, tables: dict[str, _Table], offset: int, chunk: int) -> TraceInfo:
+    import ijson
+
+    header, where = read_header(path)
+    info = TraceInfo(path=str(path), name=parse_trace_name(path.name))
+    base = header.get("baseTimeNanoseconds")
+    info.base_ns = int(base) if isinstance(base, int | float) else 0
+    host = header.get("host_name")
+    info.host_name = host if isinstance(host, str) else None
+    devs = header.get("deviceProperties")
+    if isinstance(devs, list):
+        info.devices = [d for d in devs if isinstance(d, dict)]
+    first_batch = {name: len(t.batches) for name, t in tables.items()}
+    kern, api, mem, mark = (tables[k] for k in ("kernels", "api", "memcpy", "markers"))
+    kc, ac, mc, rc = kern.cols, api.cols, mem.cols, mark.cols
+    interned: dict[str, str] = {}
+    skipped: Counter[str] = Counter()
+    host_pid: int | None = None
+    n = 0
+    errors = (*_READ_ERRORS, ijson.JSONError)
+    with _open_binary(path) as fh:
+        try:
+            for ev in ijson.items(fh, where, use_float=True):
+                n += 1
+                if not isinstance(ev, dict) or ev.get("ph") != "X":
+                    continue
+                cat = ev.get("cat")
+                cat = cat.lower() if isinstance(cat, str) else ""
+                if cat in _STORED and not isinstance(ev.get("ts"), int | float):
+                    skipped[f"{cat} without ts"] += 1
+                    continue
+                name = ev.get("name")
+                name = interned.setdefault(name, name) if isinstance(name, str) else ""
+                args = ev.get("args")
+                if not isinstance(args, dict):
+                    args = {}
+                if cat == "kernel":
+                    if kern.n >= chunk:
+                        kern.flush(info.base_ns, offset, host_pid)
+                        kc = kern.cols
+                    gx, gy, gz = _dim3(args.get("grid"))
+                    bx, by, bz = _dim3(args.get("block"))
+                    smem = _int(args.get("shared memory"))
+                    kc["ts"].append(ev.get("ts"))
+                    kc["dur"].append(ev.get("dur", 0.0))
+                    kc["name"].append(name)
+                    kc["device"].append(_int(args.get("device"), _int(ev.get("pid"))))
+                    kc["stream"].append(_int(args.get("stream"), _int(ev.get("tid"))))
+                    kc["pid"].append(None)
+                    kc["grid_x"].append(gx)
+                    kc["grid_y"].append(gy)
+                    kc["grid_z"].append(gz)
+                    kc["block_x"].append(bx)
+                    kc["block_y"].append(by)
+                    kc["block_z"].append(bz)
+                    kc["registers"].append(_int(args.get("registers per thread")))
+                    kc["static_smem"].append(0 if smem >= 0 else -1)
+                    kc["dynamic_smem"].append(smem)
+                    kc["correlation_id"].append(_int(args.get("correlation")))
+                    kc["graph_id"].append(_int(args.get("graph id", args.get("graph_id"))))
+                    kern.n += 1
+                elif cat in ("cuda_runtime", "cuda_driver"):
+                    if api.n >= chunk:
+                        api.flush(info.base_ns, offset, host_pid)
+                        ac = api.cols
+                    pid = _int(ev.get("pid"))
+                    if host_pid is None and pid >= 0:
+                        host_pid = pid
+                    ac["ts"].append(ev.get("ts"))
+                    ac["dur"].append(ev.get("dur", 0.0))
+                    ac["name"].append(name)
+                    ac["pid"].append(pid)
+                    ac["tid"].append(_int(ev.get("tid")))
+                    ac["correlation_id"].append(_int(args.get("correlation")))
+                    api.n += 1
+                elif cat in ("gpu_memcpy", "gpu_memset"):
+                    if mem.n >= chunk:
+                        mem.flush(info.base_ns, offset, host_pid)
+                        mc = mem.cols
+                    mc["ts"].append(ev.get("ts"))
+                    mc["dur"].append(ev.get("dur", 0.0))
+                    kind = _memcpy_kind(name, cat)
+                    mc["kind"].append(interned.setdefault(kind, kind))
+                    mc["bytes"].append(_int(args.get("bytes")))
+                    mc["device"].append(_int(args.get("device"), _int(ev.get("pid"))))
+                    mc["stream"].append(_int(args.get("stream"), _int(ev.get("tid"))))
+                    mc["pid"].append(None)
+                    mc["correlation_id"].append(_int(args.get("correlation")))
+                    mem.n += 1
+                elif cat in ("user_annotation", "gpu_user_annotation"):
+                    if mark.n >= chunk:
+                        mark.flush(info.base_ns, offset, host_pid)
+                        rc = mark.cols
+                    gpu = cat == "gpu_user_annotation"
+                    pid = _int(ev.get("pid"))
+                    if not gpu and host_pid is None and pid >= 0:
+                        host_pid = pid
+                    rc["ts"].append(ev.get("ts"))
+                    rc["dur"].append(ev.get("dur", 0.0))
+                    rc["name"].append(name)
+                    rc["domain"].append(cat)
+                    rc["pid"].append(None if gpu else pid)
+                    rc["tid"].append(_int(ev.get("tid")))
+                    mark.n += 1
+                else:
+                    if host_pid is None and cat in HOST_CATS:
+                        p = _int(ev.get("pid"))
+                        host_pid = p if p >= 0 else None
+                    skipped[cat or "(none)"] += 1
+        except UserError:
+            raise
+        except errors as e:
+            raise _stream_error(path, e, n) from None
+    for t in tables.values():
+        t.flush(info.base_ns, offset, host_pid)
+        for b in t.batches[first_batch[t.table] :]:
+            if "pid" in b and host_pid is not None:
+                b["pid"][b["pid"] < 0] = host_pid  # device rows belong to the trace's process
+            tcol = b["start_ns"]
+            if len(tcol):
+                lo, hi = int(tcol.min()), int(b["end_ns"].max())
+                info.start_ns = lo if info.start_ns is None else min(info.start_ns, lo)
+                info.end_ns = hi if info.end_ns is None else max(info.end_ns, hi)
+        info.kept[t.table] = sum(len(b["start_ns"]) for b in t.batches[first_batch[t.table] :])
+    info.pid = host_pid
+    info.events = n
+    info.skipped = dict(skipped)
+    if n == 0:
+        raise UserError(f"{path}: a trace with no events (was the profiler running?)")
+    return info
+
+
+# -- capture -------------------------------------------------------------------------------
+def _gpus_from(infos: Sequence[TraceInfo]) -> list[dict[str, Any]]:
+    seen: dict[int, dict[str, Any]] = {}
+    for info in infos:
+        for d in info.devices:
+            idx = _int(d.get("id"), len(seen))
+            if idx in seen:
+                continue
+            mem = d.get("totalGlobalMem")
+            seen[idx] = {
+                "index": idx,
+                "name": d.get("name"),
+                "mem_total_mib": round(mem / 2**20) if isinstance(mem, int | float) else None,
+                "compute_capability": f"{d.get('computeMajor')}.{d.get('computeMinor')}"
+                if "computeMajor" in d
+                else None,
+                "sm_count": d.get("numSms"),
+            }
+    return [seen[k] for k in sorted(seen)]
+
+
+def build_meta(infos: Sequence[TraceInfo], wall_offset_ns: int | None) -> dict[str, Any]:
+    """Capture metadata for imported traces, in the same keys a recorded capture has."""
+    import platform
+    import socket
+
+    starts = [i.start_ns for i in infos if i.start_ns is not None]
+    ends = [i.end_ns for i in infos if i.end_ns is not None]
+    start = min(starts) if starts else 0
+    end = max(ends) if ends else 0
+    host = next((i.host_name for i in infos if i.host_name), None)
+    pid = next((i.pid for i in infos if i.pid is not None), None)
+    traces = []
+    for i in infos:
+        d = asdict(i)
+        d.pop("devices")
+        d["name"] = {k: v for k, v in d["name"].items() if v is not None and v is not False}
+        traces.append(d)
+    return {
+        "title": f"imported {len(infos)} Kineto trace{'s' if len(infos) != 1 else ''}",
+        "origin": "kineto-import",
+        "target": {"pid": pid, "cmdline": "", "host": host or ""},
+        "host": {
+            "hostname": host or "",
+            "imported_on": socket.gethostname(),
+            "machine": platform.machine(),
+        },
+        "gpus": _gpus_from(infos),
+        "driver": None,
+        "clock": {
+            "domain": "host monotonic ns" if wall_offset_ns is not None else "unix wall ns",
+            "wall_offset_ns": wall_offset_ns if wall_offset_ns is not None else 0,
+            "from": "Kineto baseTimeNanoseconds + ts",
+        },
+        "window": {
+            "start_ns": int(start),
+            "end_ns": int(end),
+            "seconds": round((end - start) / 1e9, 6),
+            "trigger_ns": None,
+        },
+        "sources": {"kineto": "ok"},
+        "traces": traces,
+    }
+
+
+@dataclass
+class ImportResult:
+    path: Path
+    rows: dict[str, int]
+    traces: list[TraceInfo]
+    seconds: float
+
+
+def import_traces(
+    paths: Sequence[str | os.PathLike],
+    output: str | os.PathLike,
+    *,
+    wall_offset_ns: int | None = None,
+    extra_meta: dict[str, Any] | None = None,
+) -> ImportResult:
+    """Read the traces and write one capture at `output` (atomically; `.kdash` added)."""
+    from kdash.capture import write_capture
+
+    if not paths:
+        raise UserError("no trace files given")
+    tables, infos = read_traces(paths, wall_offset_ns=wall_offset_ns)
+    meta = build_meta(infos, wall_offset_ns)
+    if extra_meta:
+        meta.update(extra_meta)
+    written = write_capture(output, meta, tables)
+    return ImportResult(
+        path=written,
+        rows={k: schema.batch_len(v) for k, v in tables.items()},
+        traces=infos,
+        seconds=meta["window"]["seconds"],
+    )
+
+
+_TRACE_SUFFIXES = (".trace.json.gz", ".trace.json", ".json.gz", ".json", ".gz")
+
+
+def default_output(traces: Sequence[Path]) -> Path:
+    """Next to the first trace: `{prefix-}{id}.kdash` for SGLang rank files of one profile,
+    else the first file's name without its trace suffix."""
+    first = traces[0]
+    names = [parse_trace_name(t.name) for t in traces]
+    if names[0].profile_id and all(n.profile_id == names[0].profile_id for n in names):
+        stem = (
+            f"{names[0].prefix}-{names[0].profile_id}" if names[0].prefix else names[0].profile_id
+        )
+        if len(traces) == 1:
+            stem = first.name
+            for suf in _TRACE_SUFFIXES:
+                if stem.endswith(suf):
+                    stem = stem[: -len(suf)]
+                    break
+        return first.with_name(stem + ".kdash")
+    stem = first.name
+    for suf in _TRACE_SUFFIXES:
+        if stem.endswith(suf):
+            stem = stem[: -len(suf)]
+            break
+    return first.with_name(stem + ".kdash")
+
+
+def _check_output(path: Path) -> Path:
+    if path.suffix != ".kdash":
+        path = path.with_name(path.name + ".kdash")
+    if path.is_dir():
+        raise UserError(f"{path} is a folder; give a file name for the capture")
+    if not path.parent.exists():
+        raise UserError(f"no such folder: {path.parent}")
+    if not os.access(path.parent, os.W_OK):
+        raise UserError(f"cannot write in {path.parent}: permission denied")
+    if path.exists():
+        raise UserError(f"{path} exists; remove it or choose another name (kdash never overwrites)")
+    return path
+
+
+def cmd_import(args: Any) -> int:
+    """`kdash import TRACE... [--output PATH]`: one capture from the traces; prints one line."""
+    traces = [Path(t) for t in args.traces]
+    if not traces:
+        raise UserError("give at least one trace file")
+    for t in traces:
+        if not t.exists():
+            raise UserError(f"no such file: {t}")
+    out = _check_output(Path(args.output) if args.output else default_output(traces))
+    res = import_traces(traces, out)
+    r = res.rows
+    print(
+        f"wrote {res.path}: {r['kernels']} kernels, {r['api']} API calls, {r['memcpy']} "
+        f"copies, {r['markers']} markers from {len(traces)} trace"
+        f"{'s' if len(traces) != 1 else ''} ({res.seconds:.3f} s)"
+    )
+    if r["kernels"] == 0:
+        print(
+            "note: no GPU kernels in the trace(s): recorded without CUDA activity, or another "
+            "CUPTI client (kdash's agent, Nsight) held CUPTI while it ran"
+        )
+    return 0
+
+
+def iter_events(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """Every event of a trace, one at a time (for tools and tests that need the raw events)."""
+    import ijson
+
+    p = Path(path)
+    _, where = read_header(p)
+    n = 0
+    with _open_binary(p) as fh:
+        try:
+            for ev in ijson.items(fh, where, use_float=True):
+                n += 1
+                yield ev
+        except (*_READ_ERRORS, ijson.JSONError) as e:
+            raise _stream_error(p, e, n) from None

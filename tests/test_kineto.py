@@ -1,0 +1,411 @@
+"""Kineto / torch.profiler trace import.
+
+Two kinds of input, each said where used:
+- REAL traces: torch.profiler (torch 2.13, CPU build) run in the test on a small workload and
+  exported with `export_chrome_trace`. They carry CPU ops and user annotations only; kernels
+  come with the GPU traces recorded by bench/gpu_kineto_record.py (tests/data/kdash-*.trace.json.gz,
+  used below when present).
+- HAND-MADE events for the GPU fields (kernel grid/block/registers/shared memory, memcpy,
+  runtime calls): written here in Kineto's shape, to pin down each field and edge case.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from kdash import kineto
+from kdash.capture import load_capture
+from kdash.errors import UserError
+
+DATA = Path(__file__).parent / "data"
+BASE_NS = 1_790_000_000_000_000_000
+
+
+def _real_cpu_trace(path: Path, steps: int = 3) -> int:
+    """Record a REAL torch.profiler trace (CPU activity); returns wall ns before recording."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    t0 = time.time_ns()
+    x = torch.randn(32, 32)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for i in range(steps):
+            with record_function(f"decode_step_{i}"):
+                x = torch.softmax(x @ x, dim=-1)
+    prof.export_chrome_trace(str(path))
+    return t0
+
+
+def _kineto_doc(events: list[dict], base: int | None = BASE_NS) -> dict:
+    doc: dict = {
+        "schemaVersion": 1,
+        "deviceProperties": [
+            {
+                "id": 0,
+                "name": "NVIDIA H200",
+                "totalGlobalMem": 150_000_000_000,
+                "numSms": 132,
+                "computeMajor": 9,
+                "computeMinor": 0,
+            }
+        ],
+        "displayTimeUnit": "ms",
+    }
+    if base is not None:
+        doc["baseTimeNanoseconds"] = base
+    doc["traceEvents"] = events
+    doc["traceName"] = "hand-made"
+    return doc
+
+
+def _hand_made_events() -> list[dict]:
+    """HAND-MADE events in Kineto's shape (field names as torch 2.x writes them)."""
+    return [
+        {"ph": "M", "name": "process_name", "pid": 4242, "tid": 0, "args": {"name": "python"}},
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::mm",
+            "pid": 4242,
+            "tid": 4243,
+            "ts": 10.0,
+            "dur": 5.0,
+            "args": {},
+        },
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "pid": 4242,
+            "tid": 4243,
+            "ts": 11.0,
+            "dur": 2.5,
+            "args": {"cbid": 211, "correlation": 77},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "_fwd_kernel_stage1",
+            "pid": 0,
+            "tid": 7,
+            "ts": 20.125,
+            "dur": 3.5,
+            "args": {
+                "queued": 0,
+                "device": 0,
+                "context": 1,
+                "stream": 7,
+                "correlation": 77,
+                "registers per thread": 128,
+                "shared memory": 49152,
+                "blocks per SM": 2.5,
+                "warps per SM": 10.0,
+                "grid": [32, 8, 1],
+                "block": [128, 1, 1],
+                "est. achieved occupancy %": 25,
+            },
+        },
+        {
+            "ph": "X",
+            "cat": "Kernel",
+            "name": "void at::native::vectorized_elementwise_kernel",
+            "pid": 1,
+            "tid": 9,
+            "ts": 30.0,
+            "dur": 1.0,
+            "args": {},
+        },  # no args at all
+        {
+            "ph": "X",
+            "cat": "gpu_memcpy",
+            "name": "Memcpy HtoD (Pageable -> Device)",
+            "pid": 0,
+            "tid": 7,
+            "ts": 40.0,
+            "dur": 2.0,
+            "args": {"device": 0, "stream": 7, "correlation": 80, "bytes": 4096},
+        },
+        {
+            "ph": "X",
+            "cat": "gpu_memset",
+            "name": "Memset (Device)",
+            "pid": 0,
+            "tid": 7,
+            "ts": 45.0,
+            "dur": 0.5,
+            "args": {"device": 0, "stream": 7, "bytes": 256},
+        },
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "forward",
+            "pid": 4242,
+            "tid": 4243,
+            "ts": 9.0,
+            "dur": 50.0,
+        },
+        {
+            "ph": "X",
+            "cat": "gpu_user_annotation",
+            "name": "forward",
+            "pid": 0,
+            "tid": 7,
+            "ts": 20.0,
+            "dur": 30.0,
+        },
+        {"ph": "s", "cat": "ac2g", "id": 77, "pid": 4242, "tid": 4243, "ts": 11.0},
+        {"ph": "X", "cat": "kernel", "name": "no_ts_kernel", "pid": 0, "tid": 7, "dur": 1.0},
+    ]
+
+
+def _write(path: Path, doc, gz: bool = False) -> Path:
+    data = json.dumps(doc).encode()
+    if gz:
+        data = gzip.compress(data)
+    path.write_bytes(data)
+    return path
+
+
+def test_real_cpu_trace_markers_times_and_pid(tmp_path):
+    path = tmp_path / "real.json"
+    t0 = _real_cpu_trace(path)
+    tables, infos = kineto.read_traces([path])
+    m = tables["markers"]
+    assert list(m["name"]) == ["decode_step_0", "decode_step_1", "decode_step_2"]
+    assert set(m["domain"]) == {"user_annotation"}
+    assert (m["pid"] == os.getpid()).all()
+    # base + ts is wall time: the steps happened after t0 and within a minute of it
+    assert (m["start_ns"] >= t0 - 1_000_000).all() and (m["end_ns"] < t0 + 60e9).all()
+    assert (np.diff(m["start_ns"]) > 0).all() and (m["end_ns"] > m["start_ns"]).all()
+    info = infos[0]
+    assert info.pid == os.getpid() and info.skipped.get("cpu_op", 0) > 0
+    assert schema_len(tables["kernels"]) == 0
+
+
+def schema_len(batch) -> int:
+    return len(batch["start_ns"])
+
+
+def test_real_gzipped_trace_with_sglang_name(tmp_path):
+    path = tmp_path / "kdash-1732870000.5-TP-3-DP-1-DECODE.trace.json.gz"
+    _real_cpu_trace(path)
+    assert path.read_bytes()[:2] == b"\x1f\x8b"
+    tables, infos = kineto.read_traces([path])
+    assert schema_len(tables["markers"]) == 3
+    n = infos[0].name
+    assert (n.prefix, n.profile_id, n.tp, n.dp, n.pp, n.stage) == (
+        "kdash",
+        "1732870000.5",
+        3,
+        1,
+        None,
+        "DECODE",
+    )
+
+
+def test_trace_names():
+    p = kineto.parse_trace_name
+    assert p("1732870000.123-TP-0.trace.json.gz").tp == 0
+    n = p("my-exp-001-1732870000.1-TP-2-PP-1-EP-4-EXTEND.trace.json.gz")
+    assert (n.prefix, n.profile_id, n.tp, n.pp, n.ep, n.stage) == (
+        "my-exp-001",
+        "1732870000.1",
+        2,
+        1,
+        4,
+        "EXTEND",
+    )
+    assert p("merged-1732870000.1.trace.json.gz").merged
+    assert p("trace.json").profile_id is None
+
+
+def test_hand_made_kernel_fields(tmp_path):
+    path = _write(tmp_path / "hand.json", _kineto_doc(_hand_made_events()))
+    tables, infos = kineto.read_traces([path])
+    k = tables["kernels"]
+    assert list(k["name"]) == [
+        "_fwd_kernel_stage1",
+        "void at::native::vectorized_elementwise_kernel",
+    ]
+    assert k["start_ns"][0] == BASE_NS + 20_125 and k["end_ns"][0] == BASE_NS + 23_625
+    assert (k["grid_x"][0], k["grid_y"][0], k["grid_z"][0]) == (32, 8, 1)
+    assert (k["block_x"][0], k["block_y"][0], k["block_z"][0]) == (128, 1, 1)
+    assert k["registers"][0] == 128
+    assert k["static_smem"][0] + k["dynamic_smem"][0] == 49152
+    assert (k["device"][0], k["stream"][0], k["correlation_id"][0]) == (0, 7, 77)
+    # kernels belong to the trace's process, not to the device "pid" Kineto gives them
+    assert list(k["pid"]) == [4242, 4242]
+    # a kernel without args: device/stream from pid/tid, the rest n/a
+    assert (k["device"][1], k["stream"][1], k["registers"][1], k["grid_x"][1]) == (1, 9, -1, -1)
+    assert k["static_smem"][1] == -1 and k["dynamic_smem"][1] == -1
+    a = tables["api"]
+    assert list(a["name"]) == ["cudaLaunchKernel"] and a["correlation_id"][0] == 77
+    assert (a["pid"][0], a["tid"][0]) == (4242, 4243)
+    mc = tables["memcpy"]
+    assert list(mc["kind"]) == ["HtoD", "memset"] and list(mc["bytes"]) == [4096, 256]
+    mk = tables["markers"]
+    assert list(mk["domain"]) == ["user_annotation", "gpu_user_annotation"]
+    assert list(mk["pid"]) == [4242, 4242] and mk["tid"][1] == 7
+    info = infos[0]
+    assert info.skipped == {"cpu_op": 1, "kernel without ts": 1}
+    assert info.devices[0]["name"] == "NVIDIA H200"
+
+
+def test_chunked_flush_equals_single_chunk_and_wall_offset(tmp_path):
+    events = _hand_made_events() * 5
+    path = _write(tmp_path / "many.json.gz", _kineto_doc(events), gz=True)
+    one, _ = kineto.read_traces([path])
+    small, _ = kineto.read_traces([path], chunk=2)
+    for table in one:
+        for col in one[table]:
+            assert np.array_equal(one[table][col], small[table][col]), (table, col)
+    moved, _ = kineto.read_traces([path], wall_offset_ns=BASE_NS - 5)
+    assert moved["kernels"]["start_ns"][0] == 5 + 20_125
+
+
+def test_bare_event_array(tmp_path):
+    path = _write(tmp_path / "array.json", _hand_made_events())
+    tables, infos = kineto.read_traces([path])
+    assert schema_len(tables["kernels"]) == 2
+    assert tables["kernels"]["start_ns"][0] == 20_125 and infos[0].base_ns == 0
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "is empty"),
+        (b"\x00\x01binary\xff", "not a JSON trace"),
+        (b'{"schemaVersion": 1, "other": [1, 2]}', "without traceEvents"),
+        (b'"just a string"', "not an object"),
+        (b'{"traceEvents": []}', "no events"),
+    ],
+)
+def test_not_traces_are_one_line_errors(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    with pytest.raises(UserError, match=message) as ei:
+        kineto.read_traces([path])
+    assert "\n" not in str(ei.value)
+
+
+def test_truncated_gzip_and_truncated_json(tmp_path):
+    full = gzip.compress(json.dumps(_kineto_doc(_hand_made_events() * 200)).encode())
+    cut = tmp_path / "cut.trace.json.gz"
+    cut.write_bytes(full[: len(full) // 2])
+    with pytest.raises(UserError, match="truncated gzip"):
+        kineto.read_traces([cut])
+    text = json.dumps(_kineto_doc(_hand_made_events() * 20))
+    half = tmp_path / "half.json"
+    half.write_text(text[: len(text) // 2])
+    with pytest.raises(UserError, match="truncated JSON after"):
+        kineto.read_traces([half])
+    with pytest.raises(UserError, match="no such file"):
+        kineto.read_traces([tmp_path / "missing.json"])
+    with pytest.raises(UserError, match="is a folder"):
+        kineto.read_traces([tmp_path])
+
+
+def test_streaming_memory_stays_small(tmp_path):
+    """A ~25 MB trace of events that are not kept must not be held in memory: peak RSS of a
+    fresh interpreter grows by far less than the file (json.load would need ~8x the file)."""
+    filler = {
+        "ph": "X",
+        "cat": "cpu_op",
+        "name": "aten::add",
+        "pid": 1,
+        "tid": 1,
+        "ts": 1.0,
+        "dur": 1.0,
+        "args": {"External id": 1, "Record function id": 0, "Ev Idx": 1},
+    }
+    path = tmp_path / "big.json"
+    with open(path, "w") as fh:
+        fh.write('{"baseTimeNanoseconds": 0, "traceEvents": [')
+        fh.write(",".join([json.dumps(filler)] * 150_000))
+        fh.write("]}")
+    size = path.stat().st_size
+    assert size > 20e6
+    script = (
+        "import resource, sys, json\n"
+        "from kdash import kineto\n"
+        "import ijson, numpy\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "tables, infos = kineto.read_traces([sys.argv[1]])\n"
+        "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "print(json.dumps([before * 1024, after * 1024, infos[0].events, infos[0].skipped]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    before, after, events, skipped = json.loads(out.stdout.strip().splitlines()[-1])
+    assert events == 150_000 and skipped == {"cpu_op": 150_000}
+    assert after - before < size / 5, (
+        f"RSS grew {(after - before) / 1e6:.1f} MB for {size / 1e6:.1f} MB"
+    )
+
+
+def test_cmd_import_writes_a_loadable_capture_and_never_overwrites(tmp_path, capsys):
+    a = _write(tmp_path / "exp-123.5-TP-0.trace.json.gz", _kineto_doc(_hand_made_events()), True)
+    b = tmp_path / "exp-123.5-TP-1.trace.json.gz"
+    _real_cpu_trace(b)
+    args = SimpleNamespace(traces=[a, b], output=None)
+    assert kineto.cmd_import(args) == 0
+    out = tmp_path / "exp-123.5.kdash"
+    assert out.exists()
+    assert "2 kernels" in capsys.readouterr().out
+    cap = load_capture(out)
+    assert len(cap.tables["kernels"]) == 2 and len(cap.tables["markers"]) == 5
+    assert cap.meta["origin"] == "kineto-import"
+    assert [t["name"].get("tp") for t in cap.meta["traces"]] == [0, 1]
+    assert cap.meta["gpus"][0]["name"] == "NVIDIA H200"
+    assert cap.meta["clock"]["domain"] == "unix wall ns"
+    with pytest.raises(UserError, match="never overwrites"):
+        kineto.cmd_import(args)
+    from kdash.report import summarize
+
+    top = summarize(cap)["top_kernels"]
+    assert top[0]["name"] in {
+        "_fwd_kernel_stage1",
+        "void at::native::vectorized_elementwise_kernel",
+    }
+    # single file: named after it
+    assert kineto.default_output([a]).name == "exp-123.5-TP-0.kdash"
+    assert kineto.default_output([tmp_path / "x.json"]).name == "x.kdash"
+
+
+def test_cmd_import_notes_a_trace_without_kernels(tmp_path, capsys):
+    path = tmp_path / "cpu.json"
+    _real_cpu_trace(path)
+    assert kineto.cmd_import(SimpleNamespace(traces=[path], output=tmp_path / "o")) == 0
+    out = capsys.readouterr().out
+    assert "0 kernels" in out and "another CUPTI client" in out
+    assert (tmp_path / "o.kdash").exists()
+
+
+GPU_TRACES = sorted(DATA.glob("kdash-*-TP-*.trace.json.gz"))
+
+
+@pytest.mark.skipif(not GPU_TRACES, reason="no GPU-recorded trace in tests/data yet")
+def test_real_gpu_trace_has_kernels():
+    """REAL traces recorded on the H200 by bench/gpu_kineto_record.py."""
+    tables, infos = kineto.read_traces(GPU_TRACES)
+    k = tables["kernels"]
+    assert schema_len(k) > 0
+    assert (k["end_ns"] >= k["start_ns"]).all()
+    assert (k["grid_x"] > 0).mean() > 0.9 and (k["block_x"] > 0).mean() > 0.9
+    assert (k["registers"] > 0).mean() > 0.9
+    assert (k["correlation_id"] >= 0).all()
+    # every kernel's correlation id has its launch in the runtime table
+    assert set(k["correlation_id"]) <= set(tables["api"]["correlation_id"])
+    assert all(i.name.tp == 0 for i in infos)
