@@ -234,12 +234,19 @@ class StandIn:
                 with record_function(f"forward_step_{step}"):
                     y = torch.softmax(x @ x, dim=-1)
                     x = y + 1.0
+        # One real trace; the other TP ranks get copies of it (a torch.profiler result can be
+        # exported once), under their own SGLang names.
+        first: Path | None = None
         for tp in range(self.tp_size):
             name = f"{profile_id}-TP-{tp}.trace.json.gz"
             if prefix:
                 name = f"{prefix}-{name}"
             path = out / name
-            prof.export_chrome_trace(str(path))
+            if first is None:
+                prof.export_chrome_trace(str(path))
+                first = path
+            else:
+                path.write_bytes(first.read_bytes())
             self.written.append(path)
         self.profiling = False
 
@@ -444,3 +451,25 @@ def test_not_json_and_not_prometheus():
             c._request("/nope")
     with pytest.raises(ValueError):
         sh.parse_metrics("this is { not prometheus")
+
+
+def test_capture_through_start_profile_and_import(server, tmp_path):
+    """The capture path end to end against the stand-in: /start_profile with a bounded number
+    of steps, wait for every rank's file, import them into one capture."""
+    from kdash import kineto
+
+    c = sh.SglangClient(server.url)
+    req = sh.ProfileRequest(
+        output_dir=str(tmp_path), num_steps=3, activities=["CPU"], profile_prefix="kdash"
+    )
+    assert c.start_profile(req) == "Start profiling."
+    deadline = time.time() + 60
+    while time.time() < deadline and len(list(tmp_path.glob("kdash-*.trace.json.gz"))) < 2:
+        time.sleep(0.1)
+    files = sorted(tmp_path.glob("kdash-*.trace.json.gz"))
+    assert len(files) == 2
+    res = kineto.import_traces(files, tmp_path / "cap")
+    assert res.path.name == "cap.kdash"
+    assert res.rows["markers"] == 6  # 3 steps x 2 ranks
+    assert sorted(t.name.tp for t in res.traces) == [0, 1]
+    assert {t.name.prefix for t in res.traces} == {"kdash"}
