@@ -30,10 +30,16 @@ from kdash.collectors.agent import bootstrap, server
 from kdash.collectors.agent.client import AgentSource, find_agent_socket
 from kdash.collectors.base import Source
 
-FAKE_CUPTI = '''
-"""Stand-in for cupti-python's `cupti.cupti` (test fixture; see tests/test_agent.py)."""
+FAKE_CUPTI = """
+\"\"\"Stand-in for cupti-python's `cupti.cupti` (test fixture; see tests/test_agent.py).
+
+Records are laid out back to back in one buffer with the byte layout of cupti-python 13.0's
+record dtypes (only the fields kdash reads are declared), and each record object carries both
+`.ptr` into that buffer and the attributes, like cupti-python's objects do.
+\"\"\"
 import ctypes, enum, os, threading, time
 from types import SimpleNamespace as NS
+import numpy as np
 
 class ActivityKind(enum.IntEnum):
     MEMCPY = 1; MEMSET = 2; KERNEL = 3; DRIVER = 4; RUNTIME = 5; MARKER = 12
@@ -56,10 +62,61 @@ class cuptiError(Exception):
         super().__init__(f"CUPTI error {status}")
         self.status = status
 
+def _dt(itemsize, **fields):
+    names = list(fields)
+    return np.dtype({"names": names, "formats": [fields[n][0] for n in names],
+                     "offsets": [fields[n][1] for n in names], "itemsize": itemsize})
+
+activity_kernel10_dtype = _dt(216, kind=("<i4", 0), registers_per_thread=("<u2", 6),
+    start=("<u8", 16), end=("<u8", 24), device_id=("<u4", 40), stream_id=("<u4", 48),
+    grid_x=("<i4", 52), grid_y=("<i4", 56), grid_z=("<i4", 60), block_x=("<i4", 64),
+    block_y=("<i4", 68), block_z=("<i4", 72), static_shared_memory=("<i4", 76),
+    dynamic_shared_memory=("<i4", 80), correlation_id=("<u4", 92), name=("<i8", 104),
+    graph_id=("<u4", 156))
+activity_api_dtype = _dt(40, kind=("<i4", 0), cbid=("<u4", 4), start=("<u8", 8),
+    end=("<u8", 16), process_id=("<u4", 24), thread_id=("<u4", 28), correlation_id=("<u4", 32))
+activity_memcpy6_dtype = _dt(96, kind=("<i4", 0), copy_kind=("u1", 4), bytes=("<u8", 8),
+    start=("<u8", 16), end=("<u8", 24), device_id=("<u4", 32), stream_id=("<u4", 40),
+    correlation_id=("<u4", 44), graph_id=("<u4", 72))
+activity_memset4_dtype = _dt(88, kind=("<i4", 0), bytes=("<u8", 8), start=("<u8", 16),
+    end=("<u8", 24), device_id=("<u4", 32), stream_id=("<u4", 40), correlation_id=("<u4", 44),
+    graph_id=("<u4", 72))
+activity_synchronization2_dtype = _dt(56, kind=("<i4", 0), type=("<i4", 4), start=("<u8", 8),
+    end=("<u8", 16), correlation_id=("<u4", 24), stream_id=("<u4", 32))
+activity_marker2_dtype = _dt(56, kind=("<i4", 0), flags_=("<i4", 4), timestamp=("<u8", 8),
+    id=("<u4", 16), name=("<i8", 40))
+if os.environ.get("FAKE_CUPTI_NO_DTYPES"):
+    del activity_kernel10_dtype
+
+_DTYPES = {1: "activity_memcpy6_dtype", 2: "activity_memset4_dtype", 3: "activity_kernel10_dtype",
+           4: "activity_api_dtype", 5: "activity_api_dtype", 10: "activity_kernel10_dtype",
+           12: "activity_marker2_dtype", 38: "activity_synchronization2_dtype"}
+_cstrings = {}
+
+def _cstr(s):
+    if s not in _cstrings:
+        _cstrings[s] = ctypes.create_string_buffer(s.encode())
+    return ctypes.addressof(_cstrings[s])
+
+def materialize(specs):
+    \"\"\"Lay out records (dicts with 'kind' and attribute values) in one buffer.\"\"\"
+    dts = [globals()[_DTYPES[r["kind"]]] for r in specs]
+    total = sum(d.itemsize for d in dts)
+    buf = np.zeros(total + 8, dtype=np.uint8)
+    shift = (-buf.ctypes.data) % 8
+    objs, off = [], shift
+    for r, d in zip(specs, dts):
+        rec = np.ndarray((1,), dtype=d, buffer=buf, offset=off)
+        for k, v in r.items():
+            if k in d.names:
+                rec[k] = _cstr(v) if k == "name" and isinstance(v, str) else v
+        objs.append(NS(ptr=buf.ctypes.data + off, **r))
+        off += d.itemsize
+    return buf, objs
+
 SKEW = 1_000_000_000  # this clock runs 1 s ahead of time.monotonic_ns
 _enabled = set()
 _callbacks = None
-_lock = threading.Lock()
 _corr = [0]
 
 def _log(what):
@@ -93,37 +150,41 @@ def activity_get_num_dropped_records(context, stream_id, addr):
 def get_callback_name(domain, cbid):
     return {1: "cuLaunchKernel", 2: "cudaLaunchKernel"}[int(domain)]
 
+def generated_specs(now, n=1000):
+    pid = os.getpid()
+    recs = []
+    for i in range(n):
+        _corr[0] += 1
+        c = _corr[0]
+        recs.append(dict(kind=5, cbid=7, start=now - 5000, end=now - 4000, process_id=pid,
+                         thread_id=1234, correlation_id=c))
+        recs.append(dict(kind=10, start=now - 3000 + i, end=now - 1000 + i,
+                         name=f"fake_gemm_{i % 3}", device_id=0, stream_id=7, grid_x=128,
+                         grid_y=1, grid_z=1, block_x=256, block_y=1, block_z=1,
+                         registers_per_thread=64, static_shared_memory=1024,
+                         dynamic_shared_memory=49152, correlation_id=c,
+                         graph_id=(5 if i % 2 else 0)))
+    recs.append(dict(kind=1, copy_kind=1, bytes=4096, start=now - 900, end=now - 800,
+                     device_id=0, stream_id=7, correlation_id=1))
+    recs.append(dict(kind=2, bytes=64, start=now - 700, end=now - 650, device_id=0,
+                     stream_id=7, correlation_id=2))
+    recs.append(dict(kind=38, type=3, start=now - 600, end=now - 100, correlation_id=3,
+                     stream_id=7))
+    pt = NS(pt=NS(process_id=pid, thread_id=99))
+    recs.append(dict(kind=12, flags_=2, timestamp=now - 950, id=_corr[0], name="decode_step",
+                     domain="sglang", object_id=pt))
+    recs.append(dict(kind=12, flags_=4, timestamp=now - 50, id=_corr[0], name="", domain="",
+                     object_id=pt))
+    return recs
+
 def activity_flush_all(flag):
     _log(f"flush {flag}")
     if _callbacks is None or ActivityKind.CONCURRENT_KERNEL not in _enabled:
         return
-    now = get_timestamp()
-    recs = []
-    for i in range(1000):
-        _corr[0] += 1
-        c = _corr[0]
-        recs.append(NS(kind=int(ActivityKind.RUNTIME), cbid=7, start=now - 5000, end=now - 4000,
-                       process_id=os.getpid(), thread_id=1234, correlation_id=c))
-        recs.append(NS(kind=int(ActivityKind.CONCURRENT_KERNEL), start=now - 3000 + i,
-                       end=now - 1000 + i, name=f"fake_gemm_{i % 3}", device_id=0, stream_id=7,
-                       grid_x=128, grid_y=1, grid_z=1, block_x=256, block_y=1, block_z=1,
-                       registers_per_thread=64, static_shared_memory=1024,
-                       dynamic_shared_memory=49152, correlation_id=c,
-                       graph_id=(5 if i % 2 else 0)))
-    recs.append(NS(kind=int(ActivityKind.MEMCPY), copy_kind=1, bytes=4096, start=now - 900,
-                   end=now - 800, device_id=0, stream_id=7, correlation_id=1))
-    recs.append(NS(kind=int(ActivityKind.MEMSET), bytes=64, start=now - 700, end=now - 650,
-                   device_id=0, stream_id=7, correlation_id=2))
-    recs.append(NS(kind=int(ActivityKind.SYNCHRONIZATION), type=3, start=now - 600,
-                   end=now - 100, correlation_id=3))
-    pt = NS(pt=NS(process_id=os.getpid(), thread_id=99))
-    recs.append(NS(kind=int(ActivityKind.MARKER), flags_=2, timestamp=now - 950, id=_corr[0],
-                   name="decode_step", domain="sglang", object_id=pt))
-    recs.append(NS(kind=int(ActivityKind.MARKER), flags_=4, timestamp=now - 50, id=_corr[0],
-                   name="", domain="", object_id=pt))
-    recs.append(NS(kind=999))  # a kind the agent does not convert
-    _callbacks[1](recs)
-'''
+    buf, objs = materialize(generated_specs(get_timestamp()))
+    _callbacks[1](objs)
+    del buf
+"""
 
 TARGET = textwrap.dedent(
     """
@@ -379,6 +440,7 @@ def test_records_flow_from_activity_to_batches(fake_cupti):
         assert wait_for(lambda: src.stats.get("agent_dropped_cupti", 0) > 0, 3)
         assert src.dropped() >= src.stats["agent_dropped_cupti"]
         assert src.stats["agent_callback_errors"] == 0
+        assert src.stats["agent_record_reader"] == "buffer"
         assert src.stats["dropped_client"] == 0
         assert abs(src.stats["agent_offset_ns"] + 10**9) < 10**7
         src.stop()
@@ -531,3 +593,61 @@ def test_converter_pairs_nvtx_ranges_and_names_copies():
     assert rows["markers"] == [(10, 30, "a", "d", 3)]
     batch = server.rows_to_batch("markers", rows["markers"], offset_ns=100, pid=7)
     assert batch["start_ns"].tolist() == [110] and batch["pid"].tolist() == [7]
+
+
+def _fake_module():
+    from types import ModuleType
+
+    fake = ModuleType("cupti_fake")
+    exec(compile(FAKE_CUPTI, "fake_cupti", "exec"), fake.__dict__)
+    return fake
+
+
+def _same_batches(a: dict, b: dict) -> None:
+    assert set(a) == set(b)
+    for table in a:
+        assert set(a[table]) == set(b[table]), table
+        for col in a[table]:
+            assert list(a[table][col]) == list(b[table][col]), (table, col)
+
+
+def test_buffer_reader_matches_the_attribute_path():
+    fake = _fake_module()
+    buf, objs = fake.materialize(fake.generated_specs(10**12, n=300))
+    fast = server.RecordConverter(fake, pid=11)
+    slow = server.RecordConverter(fake, pid=11)
+    slow.reader = None
+    got = fast.batches(objs)
+    assert fast.reader is not None and fast.fast_note == ""  # it really took the fast path
+    assert fast._verified
+    _same_batches(got, slow.batches(objs))
+    assert len(got["kernels"]["name"]) == 300
+    assert got["kernels"]["registers"].dtype == np.int32
+    assert set(got["kernels"]["graph_id"]) == {-1, 5}
+    del buf
+
+
+def test_buffer_reader_falls_back_when_the_layout_disagrees():
+    fake = _fake_module()
+    buf, objs = fake.materialize(fake.generated_specs(10**12, n=50))
+    conv = server.RecordConverter(fake, pid=11)
+    partial = objs[:10] + objs[11:]  # cupti-python would never skip one; the walk notices
+    got = conv.batches(partial)
+    assert conv.reader is None
+    assert "walked" in conv.fast_note and "attribute by attribute" in conv.fast_note
+    # 49 runtime calls + 1 sync + 50 kernels: every record still arrives, by the slow path
+    assert len(got["api"]["name"]) + len(got["kernels"]["name"]) == 100
+
+    conv = server.RecordConverter(fake, pid=11)
+    objs[1].start += 1  # the object disagrees with the bytes: verification catches it
+    got = conv.batches(objs)
+    assert conv.reader is None and "cupti-python says" in conv.fast_note
+    assert got["kernels"]["start_ns"][0] == objs[1].start  # slow path values were used
+    del buf
+
+
+def test_without_dtypes_the_attribute_path_is_used(monkeypatch):
+    monkeypatch.setenv("FAKE_CUPTI_NO_DTYPES", "1")
+    fake = _fake_module()
+    conv = server.RecordConverter(fake, pid=11)
+    assert conv.reader is None and "activity_kernel10_dtype" in conv.fast_note

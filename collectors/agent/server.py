@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    Batch = dict[str, Any]  # column name -> numpy array (see kdash.schema)
+
 AGENT_VERSION = 1
 ENV_FLAG = "KDASH_AGENT"
 ENV_FAKE_CUDA = "KDASH_AGENT_FAKE_CUDA"
@@ -313,6 +315,16 @@ class RecordConverter:
         self._open_markers: dict[int, tuple[int, str, str, int]] = {}
         self.markers_overflowed = 0
         self.other_records = 0
+        self.fast_note = ""
+        self._verified = False
+        self._kind_ints = {
+            n: int(getattr(ak, n)) for n in RECORD_DTYPES if getattr(ak, n, None) is not None
+        }
+        try:
+            self.reader: BufferReader | None = BufferReader(cupti_mod, self._kind_ints)
+        except LayoutMismatch as e:
+            self.reader = None
+            self.fast_note = f"reading records attribute by attribute (slower): {e}"
 
     def _api_name(self, kind: int, cbid: int) -> str:
         key = (kind, cbid)
@@ -413,6 +425,160 @@ class RecordConverter:
                 self.other_records += 1
         return {"kernels": kernels, "api": api, "memcpy": memcpy, "markers": markers}
 
+    def batches(self, activities: list[Any]) -> dict[str, dict[str, Any]]:
+        """Per-table column batches (CUPTI timestamps) of one buffer: fast path, else slow."""
+        if not activities:
+            return {}
+        if self.reader is not None:
+            try:
+                out = self._fast(activities)
+                if not self._verified and "kernels" in out:
+                    self._verify(activities, out["kernels"])
+                return out
+            except LayoutMismatch as e:
+                self.reader = None
+                self.fast_note = f"reading records attribute by attribute (slower): {e}"
+        rows = self.convert(activities)
+        return {t: rows_to_batch(t, r, 0, self.pid) for t, r in rows.items() if r}
+
+    def _verify(self, activities: list[Any], kernels: dict[str, Any]) -> None:
+        """Compare the first gathered kernel rows with cupti-python's own attributes, once."""
+        objs = [a for a in activities[:64] if int(a.kind) in self.k_kernel][:3]
+        for i, a in enumerate(objs):
+            want = (int(a.start), int(a.end), int(a.correlation_id), str(a.name), int(a.grid_x))
+            got = (
+                int(kernels["start_ns"][i]),
+                int(kernels["end_ns"][i]),
+                int(kernels["correlation_id"][i]),
+                str(kernels["name"][i]),
+                int(kernels["grid_x"][i]),
+            )
+            if want != got:
+                raise LayoutMismatch(f"buffer read {got} but cupti-python says {want}")
+        if objs:
+            self._verified = True
+
+    def _fast(self, activities: list[Any]) -> dict[str, dict[str, Any]]:
+        r = self.reader
+        assert r is not None
+        np = r.np
+        views, kinds, offs, _span = r.walk(activities)
+        out: dict[str, dict[str, Any]] = {}
+        pid = self.pid
+        kin = self._kind_ints
+
+        def pick(*names: str) -> Any:
+            mask = np.isin(kinds, [kin[n] for n in names if n in kin])
+            return mask, offs[mask]
+
+        mask, o = pick("CONCURRENT_KERNEL", "KERNEL")
+        if o.size:
+            dt = r.dtypes[kin["CONCURRENT_KERNEL"]]
+
+            def f(name: str) -> Any:
+                return r.field(views, o, dt, name)
+
+            graph = f("graph_id").astype(np.int64)
+            graph[graph == 0] = -1  # CUPTI: 0 = not launched from a graph
+            out["kernels"] = {
+                "start_ns": f("start").astype(np.int64),
+                "end_ns": f("end").astype(np.int64),
+                "name": _c_strings(f("name")),
+                "device": f("device_id").astype(np.int16),
+                "stream": f("stream_id").astype(np.int64),
+                "pid": np.full(o.size, pid, dtype=np.int64),
+                "grid_x": f("grid_x").astype(np.int32),
+                "grid_y": f("grid_y").astype(np.int32),
+                "grid_z": f("grid_z").astype(np.int32),
+                "block_x": f("block_x").astype(np.int32),
+                "block_y": f("block_y").astype(np.int32),
+                "block_z": f("block_z").astype(np.int32),
+                "registers": f("registers_per_thread").astype(np.int32),
+                "static_smem": f("static_shared_memory").astype(np.int32),
+                "dynamic_smem": f("dynamic_shared_memory").astype(np.int32),
+                "correlation_id": f("correlation_id").astype(np.int64),
+                "graph_id": graph,
+            }
+        api_parts = []
+        for kname in ("RUNTIME", "DRIVER"):
+            if kname not in kin:
+                continue
+            _m, o = pick(kname)
+            if not o.size:
+                continue
+            dt = r.dtypes[kin[kname]]
+            cbid = r.field(views, o, dt, "cbid")
+            uniq, inv = np.unique(cbid, return_inverse=True)
+            names = np.array([self._api_name(kin[kname], int(c)) for c in uniq], dtype=object)
+            procs = r.field(views, o, dt, "process_id").astype(np.int64)
+            procs[procs == 0] = pid
+            api_parts.append(
+                {
+                    "start_ns": r.field(views, o, dt, "start").astype(np.int64),
+                    "end_ns": r.field(views, o, dt, "end").astype(np.int64),
+                    "name": names[inv],
+                    "pid": procs,
+                    "tid": r.field(views, o, dt, "thread_id").astype(np.int64),
+                    "correlation_id": r.field(views, o, dt, "correlation_id").astype(np.int64),
+                }
+            )
+        if "SYNCHRONIZATION" in kin:
+            _m, o = pick("SYNCHRONIZATION")
+            if o.size:
+                dt = r.dtypes[kin["SYNCHRONIZATION"]]
+                typ = r.field(views, o, dt, "type")
+                uniq, inv = np.unique(typ, return_inverse=True)
+                names = np.array([self._sync_name(int(t)) for t in uniq], dtype=object)
+                api_parts.append(
+                    {
+                        "start_ns": r.field(views, o, dt, "start").astype(np.int64),
+                        "end_ns": r.field(views, o, dt, "end").astype(np.int64),
+                        "name": names[inv],
+                        "pid": np.full(o.size, pid, dtype=np.int64),
+                        "tid": np.full(o.size, -1, dtype=np.int64),
+                        "correlation_id": r.field(views, o, dt, "correlation_id").astype(np.int64),
+                    }
+                )
+        if api_parts:
+            out["api"] = {c: np.concatenate([p[c] for p in api_parts]) for c in api_parts[0]}
+        copy_parts = []
+        for kname in ("MEMCPY", "MEMSET"):
+            if kname not in kin:
+                continue
+            _m, o = pick(kname)
+            if not o.size:
+                continue
+            dt = r.dtypes[kin[kname]]
+            if kname == "MEMCPY":
+                ck = r.field(views, o, dt, "copy_kind")
+                uniq, inv = np.unique(ck, return_inverse=True)
+                kinds_col = np.array([self._copy_name(int(c)) for c in uniq], dtype=object)[inv]
+            else:
+                kinds_col = np.full(o.size, "memset", dtype=object)
+            copy_parts.append(
+                {
+                    "start_ns": r.field(views, o, dt, "start").astype(np.int64),
+                    "end_ns": r.field(views, o, dt, "end").astype(np.int64),
+                    "kind": kinds_col,
+                    "bytes": r.field(views, o, dt, "bytes").astype(np.int64),
+                    "device": r.field(views, o, dt, "device_id").astype(np.int16),
+                    "stream": r.field(views, o, dt, "stream_id").astype(np.int64),
+                    "pid": np.full(o.size, pid, dtype=np.int64),
+                    "correlation_id": r.field(views, o, dt, "correlation_id").astype(np.int64),
+                }
+            )
+        if copy_parts:
+            out["memcpy"] = {c: np.concatenate([p[c] for p in copy_parts]) for c in copy_parts[0]}
+        if "MARKER" in kin:
+            idx = np.flatnonzero(kinds == kin["MARKER"])
+            if idx.size:  # rare; paired START/END by id: the attribute path
+                rows: list[tuple] = []
+                for i in idx.tolist():
+                    self._marker(activities[i], rows)
+                if rows:
+                    out["markers"] = rows_to_batch("markers", rows, 0, pid)
+        return out
+
     def _marker(self, a: Any, out: list[tuple]) -> None:
         flags = a.flags_
         ts = a.timestamp
@@ -490,6 +656,113 @@ def rows_to_batch(table: str, rows: list[tuple], offset_ns: int, pid: int) -> di
     return out
 
 
+class LayoutMismatch(Exception):
+    """The CUPTI buffer does not look the way cupti-python's dtypes say: use the slow path."""
+
+
+# cupti.ActivityKind member -> cupti-python dtype of that record (CUPTI 13 record versions)
+RECORD_DTYPES = {
+    "CONCURRENT_KERNEL": "activity_kernel10_dtype",
+    "KERNEL": "activity_kernel10_dtype",
+    "RUNTIME": "activity_api_dtype",
+    "DRIVER": "activity_api_dtype",
+    "MEMCPY": "activity_memcpy6_dtype",
+    "MEMSET": "activity_memset4_dtype",
+    "SYNCHRONIZATION": "activity_synchronization2_dtype",
+    "MARKER": "activity_marker2_dtype",
+}
+
+
+class BufferReader:
+    """Reads the fields kdash needs straight out of a completed CUPTI buffer, with numpy.
+
+    Why: each attribute read on a cupti-python record object goes through a one-row numpy
+    record array and costs microseconds; a kernel row needs 17 of them. Records of one buffer
+    lie back to back in CUPTI's memory, so the agent reads only the first and last record's
+    address from cupti-python, walks the buffer by each record's `kind` and size (the sizes of
+    cupti-python's own dtypes), and gathers every column with one fancy index per field.
+
+    Trust but verify: the walk must visit exactly as many records as cupti-python delivered and
+    end where the last one ends, and on the first buffer the gathered kernel fields are
+    compared with the object attributes; any disagreement raises LayoutMismatch, and the agent
+    switches to the attribute path for good (and says so in STATUS notes).
+    """
+
+    def __init__(self, cupti_mod: Any, kinds: dict[str, int]) -> None:
+        import numpy as np
+
+        self.np = np
+        self.dtypes: dict[int, Any] = {}
+        for kname, dname in RECORD_DTYPES.items():
+            dt = getattr(cupti_mod, dname, None)
+            if dt is None or kname not in kinds:
+                raise LayoutMismatch(f"cupti-python has no {dname}")
+            if dt.itemsize % 8:
+                raise LayoutMismatch(f"{dname} is {dt.itemsize} bytes, not a multiple of 8")
+            self.dtypes[kinds[kname]] = dt
+        self.sizes = {k: dt.itemsize for k, dt in self.dtypes.items()}
+
+    def walk(self, activities: list[Any]) -> tuple[Any, Any, Any, Any]:
+        """(views by item size, record kinds, byte offsets, span) of one buffer's records."""
+        import ctypes
+
+        np = self.np
+        first = int(activities[0].ptr)
+        last_obj = activities[-1]
+        last = int(last_obj.ptr)
+        last_size = self.sizes.get(int(last_obj.kind))
+        if last_size is None:
+            raise LayoutMismatch(f"record kind {int(last_obj.kind)} has no known layout")
+        span = last + last_size - first
+        # One callback = one buffer that we sized (BUFFER_BYTES): a span beyond it would mean
+        # the records are not where we think, and reading there could fault in the target.
+        if first % 8 or span <= 0 or span % 8 or span > BUFFER_BYTES:
+            raise LayoutMismatch(f"records at {first:#x}..{last:#x} are not one aligned buffer")
+        mem = (ctypes.c_char * span).from_address(first)
+        u8 = np.frombuffer(mem, dtype=np.uint8)
+        i32 = memoryview(mem).cast("B").cast("i")
+        get = self.sizes.get
+        offs: list[int] = []
+        append = offs.append
+        off = 0
+        while off < span:  # every step advances >= 8 bytes, so this ends
+            sz = get(i32[off >> 2])
+            if sz is None:
+                raise LayoutMismatch(f"unknown record kind {i32[off >> 2]} at byte {off}")
+            append(off)
+            off += sz
+        n = len(activities)
+        if len(offs) != n or off != span:
+            raise LayoutMismatch(
+                f"walked {len(offs)} records over {off} bytes, cupti-python gave {n} over {span}"
+            )
+        offsets = np.asarray(offs, dtype=np.int64)
+        kinds = u8.view("<i4")[offsets >> 2]
+        views = {1: u8, 2: u8.view("<u2"), 4: u8.view("<u4"), 8: u8.view("<u8")}
+        return views, kinds, offsets, span
+
+    def field(self, views: dict, offs: Any, dt: Any, name: str) -> Any:
+        """Column `name` of the records at byte offsets `offs`, all of record dtype `dt`."""
+        fdt, foff = dt.fields[name][:2]
+        size = fdt.itemsize
+        if foff % size:
+            raise LayoutMismatch(f"{name} at offset {foff} is not {size}-byte aligned")
+        return views[size][(offs + foff) // size].view(fdt.newbyteorder("<"))
+
+
+def _c_strings(ptrs: Any) -> Any:
+    """Object array of the C strings at `ptrs` (one ctypes read per distinct pointer)."""
+    import ctypes
+
+    import numpy as np
+
+    uniq, inv = np.unique(ptrs, return_inverse=True)
+    names = np.empty(len(uniq), dtype=object)
+    for i, p in enumerate(uniq.tolist()):
+        names[i] = ctypes.string_at(p).decode("utf-8", "replace") if p else ""
+    return names[inv]
+
+
 # ---- the CUPTI controller -----------------------------------------------------------------------
 
 
@@ -515,7 +788,7 @@ class CuptiActivity:
         self.driver_cuda: int | None = None
         self._registered = False
         self._lock = threading.Lock()
-        self._sink: Callable[[dict[str, list[tuple]]], None] | None = None
+        self._sink: Callable[[dict[str, dict[str, Any]]], None] | None = None
         self.callback_errors = 0
         self.last_error = ""
         self.discarded_records = 0
@@ -593,7 +866,7 @@ class CuptiActivity:
         self.offset_gap_ns = int(best_gap or 0)
 
     # enabling
-    def enable(self, activities: list[str], sink: Callable[[dict[str, list[tuple]]], None]) -> None:
+    def enable(self, activities: list[str], sink: Callable[[dict[str, Batch]], None]) -> None:
         cu = self.cupti
         try:
             self.measure_offset()
@@ -695,9 +968,9 @@ class CuptiActivity:
             if sink is None or self.converter is None:
                 self.discarded_records += n
                 return
-            rows = self.converter.convert(activities)
+            batches = self.converter.batches(activities)
             self.records_seen += n
-            sink(rows)
+            sink(batches)
             self.callback_ns += time.perf_counter_ns() - t0
         except BaseException as e:  # noqa: BLE001 - nothing may raise into CUPTI or the target
             self.callback_errors += 1
@@ -723,7 +996,7 @@ class Agent:
         self._conn: socket.socket | None = None
         self._closing = False
         self._cupti: CuptiActivity | None = None
-        self._pending: list[dict[str, list[tuple]]] = []
+        self._pending: list[dict[str, dict[str, Any]]] = []
         self._pending_rows = 0
         self._pending_lock = threading.Lock()
         self.dropped_rows = 0
@@ -803,10 +1076,18 @@ class Agent:
         t.start()
 
     # one client
+    def _notes(self) -> list[str]:
+        c = self._cupti
+        if c is None:
+            return []
+        notes = list(c.notes)
+        if c.converter is not None and c.converter.fast_note:
+            notes.append(c.converter.fast_note)
+        return notes
+
     def _status(self, state: str, line: str) -> dict:
         self.state, self.line = state, line
-        notes = list(self._cupti.notes) if self._cupti else []
-        return {"state": state, "line": line, "notes": notes}
+        return {"state": state, "line": line, "notes": self._notes()}
 
     def _stats(self) -> dict:
         c = self._cupti
@@ -829,11 +1110,15 @@ class Agent:
             "offset_ns": c.offset_ns if c else 0,
             "offset_gap_ns": c.offset_gap_ns if c else 0,
             "enabled": [a for a, _ in c.enabled] if c else [],
-            "notes": list(c.notes) if c else [],
+            "notes": self._notes(),
+            "record_reader": (
+                "buffer" if c and c.converter and c.converter.reader else "attributes"
+            ),
+            "markers_overflowed": c.converter.markers_overflowed if c and c.converter else 0,
         }
 
-    def _sink(self, rows: dict[str, list[tuple]]) -> None:
-        n = sum(len(v) for v in rows.values())
+    def _sink(self, rows: dict[str, dict[str, Any]]) -> None:
+        n = sum(len(next(iter(b.values()))) for b in rows.values() if b)
         with self._pending_lock:
             if self._pending_rows + n > MAX_PENDING_ROWS:
                 self.dropped_rows += n
@@ -841,7 +1126,7 @@ class Agent:
             self._pending.append(rows)
             self._pending_rows += n
 
-    def _take_pending(self) -> list[dict[str, list[tuple]]]:
+    def _take_pending(self) -> list[dict[str, dict[str, Any]]]:
         with self._pending_lock:
             out, self._pending, self._pending_rows = self._pending, [], 0
         return out
@@ -985,16 +1270,21 @@ class Agent:
         chunks = self._take_pending()
         if not chunks:
             return
+        import numpy as np
+
         offset = self._cupti.offset_ns if self._cupti else 0
         for table in ROW_COLUMNS:
-            rows = [r for ch in chunks for r in ch.get(table, ())]
-            if not rows:
+            parts = [ch[table] for ch in chunks if table in ch]
+            if not parts:
                 continue
-            for i in range(0, len(rows), 200_000):
-                part = rows[i : i + 200_000]
-                batch = rows_to_batch(table, part, offset, self.pid)
-                send(wire.encode_batch(table, batch, strings))
-                self.sent_rows[table] = self.sent_rows.get(table, 0) + len(part)
+            cols = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
+            cols["start_ns"] = cols["start_ns"] + offset
+            cols["end_ns"] = cols["end_ns"] + offset
+            n = len(cols["start_ns"])
+            for i in range(0, n, 200_000):
+                part = {c: v[i : i + 200_000] for c, v in cols.items()}
+                send(wire.encode_batch(table, part, strings))
+            self.sent_rows[table] = self.sent_rows.get(table, 0) + n
 
 
 def _schema_version() -> int:
