@@ -159,6 +159,8 @@ class SchedSource:
         self._max_mhz: dict[int, float] = {}
         self._freq_mode = "none"  # "sysfs" | "psutil" | "none"
         self._prev_cpu_times: dict[int, tuple[int, int]] = {}
+        self._psutil_cache: list = []
+        self._psutil_t = -1e9
         self._started = False
 
     # ------------------------------------------------------------------ protocol
@@ -512,7 +514,13 @@ class SchedSource:
                 if khz > 0:
                     mhz[cpu] = khz / 1000.0
         elif self._freq_mode == "psutil":
-            for cpu, fr in enumerate(self._psutil_freq()):
+            # psutil parses all of /proc/cpuinfo (hundreds of KB on a big VM, whose MHz is
+            # mostly static anyway): once a second is enough.
+            mono = time.monotonic()
+            if mono - self._psutil_t >= 1.0:
+                self._psutil_cache = self._psutil_freq()
+                self._psutil_t = mono
+            for cpu, fr in enumerate(self._psutil_cache):
                 if fr.current and fr.current > 0:
                     mhz[cpu] = float(fr.current)
                 if fr.max and fr.max > 0:

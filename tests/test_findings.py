@@ -354,3 +354,17 @@ def test_evidence_cites_the_window(window_end):
     out = F.find_all({"gpu_samples": gpu}, {}, TH, now_ns=window_end)
     expect = "3.0 s" if window_end is None else "10.0 s"
     assert f"for 3.0 s of the {expect} window" in out.iloc[0]["evidence"]
+
+
+def test_empty_gpu_of_pid_map_means_unknown_not_no_gpu():
+    t = thread_rows(3, tid=7, cpu=40, allowed="40")
+    topo = {"gpu_local_cpus": {0: "0-31"}, "gpu_of_pid": {}, "cpu_count": 64}
+    assert [f["severity"] for f in F.off_local_cpu(t, topo, TH)] == ["critical"]
+
+
+def test_threads_meeting_in_a_single_poll_are_not_a_shared_core():
+    """Regression: a pair seen together once (one merged row) once crashed shared_core."""
+    a = thread_rows(3, tid=1, cpu=4)
+    b = thread_rows(0.5, tid=2, cpu=4, start=T0 + 2 * STEP)  # hot in one poll only
+    assert F.shared_core(pd.concat([a, b]), TH) == []
+    assert "shared-core" not in kinds(F.find_all({"threads": pd.concat([a, b])}, {}, TH))

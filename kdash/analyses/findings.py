@@ -222,7 +222,8 @@ def off_local_cpu(
     """A hot thread running (warning/critical) or allowed (info) outside its GPU's local CPUs.
 
     The GPU of a thread is its process's GPU from `topo["gpu_of_pid"]`; a process absent from
-    that map holds no GPU and is skipped. Without the map: the only GPU, or with several GPUs
+    that map holds no GPU and is skipped. Without the map (or with an empty one, as when NVML
+    cannot see the container's pids): the only GPU, or with several GPUs
     the union of their local CPUs ("any GPU"), so only CPUs far from every GPU are flagged.
     GPUs whose local CPUs are all online CPUs (single-node machines) give nothing to improve.
     Critical when the thread's allowed CPUs contain no local CPU at all.
@@ -235,7 +236,7 @@ def off_local_cpu(
             local_map[g] = cpus
     if not local_map or not v.hot.any():
         return []
-    has_pid_map = topo.get("gpu_of_pid") is not None
+    has_pid_map = bool(topo.get("gpu_of_pid"))  # an empty map (NVML saw no pids) = unknown
     gpu_of_pid = {k: [int(g) for g in gs] for k, gs in _int_keys(topo.get("gpu_of_pid")).items()}
     online = parse_cpulist(str(topo["online_cpus"])) if topo.get("online_cpus") else set()
     if not online and topo.get("cpu_count"):
@@ -483,7 +484,7 @@ def shared_core(
     both = both.set_index(["tid_a", "tid_b"]).sort_index()
     passing: dict[tuple[int, int], tuple[float, int, int, int, Counter]] = {}
     for ta, tb in cand.index:
-        g = both.loc[(ta, tb)].sort_values("t_ns")
+        g = both.loc[[(ta, tb)]].sort_values("t_ns")  # [[...]]: a frame even for one row
         same = g["same"].to_numpy(dtype=bool)
         run, end, _ = _runs(g["t_ns"].to_numpy(dtype=np.int64), same, v.interval)
         if run < th.min_duration_s:
