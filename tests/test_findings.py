@@ -368,3 +368,47 @@ def test_threads_meeting_in_a_single_poll_are_not_a_shared_core():
     b = thread_rows(0.5, tid=2, cpu=4, start=T0 + 2 * STEP)  # hot in one poll only
     assert F.shared_core(pd.concat([a, b]), TH) == []
     assert "shared-core" not in kinds(F.find_all({"threads": pd.concat([a, b])}, {}, TH))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_tables_never_break_find_all(seed: int):
+    """Ragged, gappy, n/a-laden tables (threads coming and going, CPUs offline) must give a
+    findings frame, never an exception: the dashboard calls this every second."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400))
+    t = T0 + np.sort(rng.integers(0, 40, n)) * STEP
+    threads = schema.to_frame(
+        "threads",
+        schema.make_batch(
+            "threads",
+            t_ns=t,
+            pid=rng.integers(1, 4, n),
+            tid=rng.integers(1, 12, n),
+            name=[f"t{i}" for i in rng.integers(0, 5, n)],
+            cpu_pct=np.where(rng.random(n) < 0.2, np.nan, rng.random(n) * 120),
+            cpu=rng.integers(-1, 4, n),
+            allowed_cpus=rng.choice(["0-3", "1", "", "2-3"], n),
+            runq_ms_per_s=np.where(rng.random(n) < 0.2, np.nan, rng.random(n) * 900),
+            vol_switches=rng.integers(-1, 100, n),
+            invol_switches=rng.integers(-1, 100, n),
+            migrations=rng.integers(-1, 1000, n),
+        ),
+    )
+    m = int(rng.integers(1, 200))
+    gpu = h200_samples(m / HZ, reasons=0x4)
+    gpu["util_gpu_pct"] = np.where(rng.random(len(gpu)) < 0.3, np.nan, rng.random(len(gpu)) * 100)
+    gpu["throttle_reasons"] = rng.choice([-1, 0, 0x4, 0x40, 0x1], len(gpu))
+    gpu["sm_clock_mhz"] = rng.random(len(gpu)) * 1980
+    cf = cpu_freq_rows(m / HZ + 0.25, [0, 1, 2], 1200.0, 90.0)
+    cf["busy_pct"] = np.where(rng.random(len(cf)) < 0.3, np.nan, rng.random(len(cf)) * 100)
+    topo = {
+        "gpu_local_cpus": {0: "0-1", "1": "2-3"},
+        "gpu_of_pid": {1: [0], 2: [1]},
+        "core_of_cpu": {0: [0, 0], 1: [0, 0], 2: [0, 1], 3: [0, 1]},
+        "cpu_count": 4,
+    }
+    th = Thresholds(min_duration_s=0.3, hot_thread_cpu_pct=40.0)
+    out = F.find_all({"threads": threads, "gpu_samples": gpu, "cpu_freq": cf}, topo, th)
+    assert list(out.columns) == schema.columns("findings")
+    assert set(out["severity"]) <= {"critical", "warning", "info"}
+    assert (out["evidence"].str.len() > 0).all() and (out["advice"].str.len() > 0).all()
