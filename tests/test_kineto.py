@@ -335,14 +335,20 @@ def test_streaming_memory_stays_small(tmp_path):
         fh.write("]}")
     size = path.stat().st_size
     assert size > 20e6
+    # VmHWM (peak RSS of this process image), not ru_maxrss: ru_maxrss survives exec and would
+    # report pytest's own peak as the child's.
     script = (
-        "import resource, sys, json\n"
+        "import json, sys\n"
         "from kdash import kineto\n"
         "import ijson, numpy\n"
-        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "def hwm():\n"
+        "    for line in open('/proc/self/status'):\n"
+        "        if line.startswith('VmHWM'):\n"
+        "            return int(line.split()[1]) * 1024\n"
+        "before = hwm()\n"
         "tables, infos = kineto.read_traces([sys.argv[1]])\n"
-        "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-        "print(json.dumps([before * 1024, after * 1024, infos[0].events, infos[0].skipped]))\n"
+        "after = hwm()\n"
+        "print(json.dumps([before, after, infos[0].events, infos[0].skipped]))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120
