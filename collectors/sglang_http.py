@@ -128,6 +128,9 @@ class SglangClient:
         self.base = text
         self.api_key = api_key
         self.timeout_s = timeout_s
+        # No proxies: kdash runs on the server's own machine, and an http_proxy set for the
+        # user's downloads must not swallow requests to 127.0.0.1.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     # -- plumbing --------------------------------------------------------------------------
     def _request(
@@ -152,7 +155,7 @@ class SglangClient:
         )
         timeout = self.timeout_s if timeout_s is None else timeout_s
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
+            with self._opener.open(req, timeout=timeout) as resp:
                 return resp.status, resp.read().decode(errors="replace")
         except urllib.error.HTTPError as e:
             try:

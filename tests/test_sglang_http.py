@@ -296,7 +296,10 @@ def test_profile_request_matches_profile_req_input():
         sh.ProfileRequest(start_step=-1).to_json()
 
 
-def test_server_info_and_load(server):
+def test_server_info_and_load(server, monkeypatch):
+    # a proxy set for downloads must not be used for the server on this machine
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
     c = sh.SglangClient(server.url)
     info = c.get_server_info()
     assert info["tp_size"] == 2 and info["enable_metrics"] is True
