@@ -110,6 +110,8 @@ PALETTES: dict[str, Theme] = {
         dark=True,
         ansi=True,
         variables={
+            "ansi-background": "ansi_default",
+            "ansi-foreground": "ansi_default",
             "border": "ansi_default",
             "border-blurred": "ansi_default",
             "block-cursor-foreground": "ansi_default",
@@ -279,6 +281,7 @@ class KdashApp(App[None]):
         self.maximized: str | None = None
         self.compact = False
         self._dirty = True
+        self._redraw_pending = False
         self.redraws = 0  # pane redraws done (tests and the perf check read it)
         self.last_redraw_ms = 0.0
         self.note = ""
@@ -332,8 +335,25 @@ class KdashApp(App[None]):
 
     def on_resize(self, event) -> None:
         self._apply_layout(event.size.width, event.size.height)
+        self.request_redraw()
+
+    def request_redraw(self) -> None:
+        """Redraw once after the pending layout settles (panes call this when resized).
+
+        Live and running, this only marks the view dirty and the next timer tick draws it, so
+        redraws never exceed `redraw_hz`. Replay or paused (no ticks draw then), it redraws
+        after the layout settles, coalesced: many resizes in one refresh cost one redraw.
+        """
         self._dirty = True
-        self.call_after_refresh(self._redraw, True)
+        if self.mode == "live" and not self.paused:
+            return  # the next tick redraws: live redraws stay within redraw_hz
+        if not self._redraw_pending:
+            self._redraw_pending = True
+            self.call_after_refresh(self._pending_redraw)
+
+    def _pending_redraw(self) -> None:
+        self._redraw_pending = False
+        self._redraw(force=True)
 
     def _apply_layout(self, width: int, height: int) -> None:
         """Compact (stacked) below COMPACT_WIDTH x COMPACT_HEIGHT, else two columns."""

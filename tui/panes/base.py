@@ -64,14 +64,23 @@ class Pane(Vertical, can_focus=True):
 
     key: str = ""  # "1".."4": the key that maximises it
     title: str = ""
+    waiting: str = "waiting for data"  # the one line shown before the first redraw
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.border_title = f"{self.key} {self.title}"
-        self.empty_line = Static("", classes="empty-line", markup=False)
+        # Set here, not in on_mount: the app's first redraw may run before a pane's on_mount.
+        self.empty_line = Static(self.waiting, classes="empty-line", markup=False)
+        self.add_class("-empty")
 
     def focus_target(self):
         return self
+
+    def on_resize(self) -> None:
+        # Drawn content is sized to the pane (sparkline bins, cut lines): redraw at the new size.
+        request = getattr(self.app, "request_redraw", None)
+        if request is not None:
+            request()
 
     def set_empty(self, why: str | None) -> None:
         """Collapse to one line saying `why` (or restore the full pane when None)."""

@@ -16,6 +16,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from kdash import schema
 from kdash.gpu_reasons import REASONS, THROTTLE_MASK
 
 from ..widgets.spark import bin_mean, bin_or, fmt, spark
@@ -70,6 +71,7 @@ def no_gpu_line(view: View) -> str:
 class ClockPane(Pane):
     key = "2"
     title = "Clocks & thermal"
+    waiting = "Clocks & thermal: waiting for data"
     COMPONENT_CLASSES = {
         "clock-pane--gpu",
         "clock-pane--label",
@@ -80,22 +82,25 @@ class ClockPane(Pane):
         "clock-pane--note",
     }
 
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.body = Static("", markup=False, classes="clock-body")
+
     def compose(self) -> ComposeResult:
         yield self.empty_line
-        self.body = Static("", markup=False, classes="clock-body")
         with VerticalScroll(classes="clock-scroll"):
             yield self.body
 
-    def on_mount(self) -> None:
-        self.set_empty("Clocks & thermal: waiting for data")
-
     def show(self, view: View) -> None:
-        df = view.store.frame("gpu_samples", view.since_ns, view.until_ns)
-        if df.empty:
+        batch = view.store.get("gpu_samples", view.since_ns, view.until_ns)
+        df = schema.to_frame("gpu_samples", batch) if len(batch["t_ns"]) else None
+        if df is None:
             self.set_empty(no_gpu_line(view))
             return
         self.set_empty(None)
-        width = max(LABEL_W + 10, (self.content_region.width or 80) - 1)
+        scroller = self.query_one(".clock-scroll")
+        avail = scroller.scrollable_content_region.width or self.content_region.width or 80
+        width = max(LABEL_W + 10, avail - 1)
         self.body.update(self.render_gpus(view, df, width))
 
     def render_gpus(self, view: View, df: pd.DataFrame, width: int) -> Text:

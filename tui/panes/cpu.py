@@ -16,6 +16,7 @@ import pandas as pd
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
 from ..widgets.spark import fmt
@@ -25,64 +26,93 @@ SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 SEVERITY_TAG = {"critical": "CRIT", "warning": "WARN", "info": "info"}
 
 
-def current_findings(view: View) -> pd.DataFrame:
-    """The findings to show for this view, most severe first, one per (kind, subject)."""
+FINDING_FIELDS = ("severity", "kind", "subject", "evidence", "advice")
+
+
+def current_findings(view: View) -> list[dict]:
+    """The findings to show for this view, most severe first, one per (kind, subject).
+
+    Plain dicts, not pandas: there are a handful, and a DataFrame round trip per redraw cost
+    more than the rest of the pane.
+    """
     if view.mode == "live" and view.findings is not None:
         f = view.findings
+        if f is None or f.empty:
+            return []
+        rows = f.to_dict("records")
     else:
-        f = view.store.frame("findings", view.since_ns, view.until_ns)
-    if f is None or f.empty:
-        return pd.DataFrame(columns=["severity", "kind", "subject", "evidence", "advice"])
-    if "t_ns" in f.columns:
-        f = f.sort_values("t_ns")
-    f = f.drop_duplicates(subset=["kind", "subject"], keep="last")
-    rank = f["severity"].map(lambda s: SEVERITY_ORDER.get(str(s), 3))
-    return f.assign(_rank=rank).sort_values(["_rank", "kind"], kind="stable").drop(columns="_rank")
+        b = view.store.get("findings", view.since_ns, view.until_ns)
+        n = len(b["t_ns"])
+        rows = [{c: b[c][i] for c in ("t_ns", *FINDING_FIELDS)} for i in range(n)]
+    if not rows:
+        return []
+    rows.sort(key=lambda r: r.get("t_ns", 0))
+    latest: dict[tuple, dict] = {}
+    for r in rows:
+        latest[(str(r["kind"]), str(r["subject"]))] = r
+    return sorted(
+        latest.values(),
+        key=lambda r: (SEVERITY_ORDER.get(str(r["severity"]), 3), str(r["kind"])),
+    )
 
 
-def thread_rows(threads: pd.DataFrame) -> pd.DataFrame:
-    """One row per (pid, tid): latest values plus window rates of the cumulative counters."""
-    cols = [
-        "pid",
-        "tid",
-        "name",
-        "cpu_pct",
-        "cpu",
-        "allowed_cpus",
-        "runq_ms_per_s",
-        "sw_s",
-        "mig_s",
-    ]
-    if threads.empty:
-        return pd.DataFrame(columns=cols)
-    t = threads.sort_values("t_ns")
-    g = t.groupby(["pid", "tid"], sort=False)
-    last = g.tail(1).set_index(["pid", "tid"])
-    first = g.head(1).set_index(["pid", "tid"]).reindex(last.index)
-    dt = (last["t_ns"] - first["t_ns"]).to_numpy(dtype=np.float64) / 1e9
-    sw_last = last["vol_switches"] + last["invol_switches"]
-    sw_first = first["vol_switches"] + first["invol_switches"]
+THREAD_COLUMNS = [
+    "pid", "tid", "name", "cpu_pct", "cpu", "allowed_cpus", "runq_ms_per_s", "sw_s", "mig_s",
+]  # fmt: skip
+
+
+def thread_rows(threads: dict[str, np.ndarray]) -> pd.DataFrame:
+    """One row per (pid, tid): latest values plus window rates of the cumulative counters.
+
+    Works on the store's numpy batch (not a DataFrame): at 2 Hz with hundreds of threads a
+    pandas groupby cost tens of ms per redraw; this is a sort and two index picks.
+    """
+    t = threads["t_ns"]
+    if len(t) == 0:
+        return pd.DataFrame(columns=THREAD_COLUMNS)
+    pid, tid = threads["pid"], threads["tid"]
+    order = np.lexsort((t, tid, pid))  # by pid, tid, then time
+    p_s, t_s = pid[order], tid[order]
+    new_group = np.ones(len(order), dtype=bool)
+    new_group[1:] = (p_s[1:] != p_s[:-1]) | (t_s[1:] != t_s[:-1])
+    first = order[new_group]
+    last = order[np.r_[np.nonzero(new_group)[0][1:] - 1, len(order) - 1]]
+    dt = (t[last] - t[first]).astype(np.float64) / 1e9
+    sw = (threads["vol_switches"] + threads["invol_switches"]).astype(np.float64)
+    mig = threads["migrations"].astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
-        sw = np.where(
-            (dt > 0) & (first["vol_switches"].to_numpy() >= 0),
-            (sw_last - sw_first).to_numpy(dtype=np.float64) / dt,
-            np.nan,
+        sw_s = np.where(
+            (dt > 0) & (threads["vol_switches"][first] >= 0), (sw[last] - sw[first]) / dt, np.nan
         )
-        mig = np.where(
-            (dt > 0) & (first["migrations"].to_numpy() >= 0),
-            (last["migrations"] - first["migrations"]).to_numpy(dtype=np.float64) / dt,
-            np.nan,
-        )
-    out = last.reset_index()[
-        ["pid", "tid", "name", "cpu_pct", "cpu", "allowed_cpus", "runq_ms_per_s"]
-    ].assign(sw_s=sw, mig_s=mig)
-    key = out["cpu_pct"].fillna(-1.0)
-    return out.assign(_k=key).sort_values(["_k", "tid"], ascending=[False, True]).drop(columns="_k")
+        mig_s = np.where((dt > 0) & (mig[first] >= 0), (mig[last] - mig[first]) / dt, np.nan)
+    out = pd.DataFrame(
+        {
+            "pid": pid[last],
+            "tid": tid[last],
+            "name": threads["name"][last],
+            "cpu_pct": threads["cpu_pct"][last],
+            "cpu": threads["cpu"][last],
+            "allowed_cpus": threads["allowed_cpus"][last],
+            "runq_ms_per_s": threads["runq_ms_per_s"][last],
+            "sw_s": sw_s,
+            "mig_s": mig_s,
+        }
+    )
+    key = np.nan_to_num(out["cpu_pct"].to_numpy(dtype=np.float64), nan=-1.0)
+    return out.iloc[np.lexsort((out["tid"].to_numpy(), -key))].reset_index(drop=True)
+
+
+class _Row:
+    """Attribute access to a finding dict (r.kind, r.subject, ...)."""
+
+    def __init__(self, d: dict) -> None:
+        self.__dict__.update({k: d.get(k, "") for k in FINDING_FIELDS})
 
 
 class CpuPane(Pane):
     key = "3"
     title = "CPU affinity"
+    waiting = "CPU affinity: waiting for data"
     COMPONENT_CLASSES = {
         "cpu-pane--critical",
         "cpu-pane--warning",
@@ -91,26 +121,27 @@ class CpuPane(Pane):
         "cpu-pane--ok",
     }
 
-    def compose(self) -> ComposeResult:
-        yield self.empty_line
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
         self.findings = Static("", markup=False, classes="findings")
         self.table = DataTable(cursor_type="row", classes="threads")
-        yield self.findings
-        yield self.table
-
-    def on_mount(self) -> None:
         self.table.add_columns(
             "pid", "tid", "name", "cpu%", "cpu", "allowed", "runq ms/s", "sw/s", "mig/s"
         )
-        self.set_empty("CPU affinity: waiting for data")
+
+    def compose(self) -> ComposeResult:
+        yield self.empty_line
+        with VerticalScroll(classes="findings-scroll"):
+            yield self.findings
+        yield self.table
 
     def focus_target(self):
         return self.table if not self.has_class("-empty") else self
 
     def show(self, view: View) -> None:
-        threads = view.store.frame("threads", view.since_ns, view.until_ns)
+        threads = view.store.get("threads", view.since_ns, view.until_ns)
         findings = current_findings(view)
-        if threads.empty and findings.empty:
+        if len(threads["t_ns"]) == 0 and not findings:
             health = view.health.get("sched")
             why = (
                 f"sched {health}"
@@ -123,9 +154,9 @@ class CpuPane(Pane):
         self.findings.update(self._findings_text(findings))
         self._fill_table(thread_rows(threads))
 
-    def _findings_text(self, f: pd.DataFrame) -> Text | Table:
+    def _findings_text(self, f: list[dict]) -> Text | Table:
         out = Text()
-        if f.empty:
+        if not f:
             out.append("No findings in this window ", self.get_component_rich_style("cpu-pane--ok"))
             out.append(
                 "(thresholds: [thresholds] in config.toml)",
@@ -138,7 +169,7 @@ class CpuPane(Pane):
         grid = Table.grid(padding=(0, 1), expand=True)
         grid.add_column(width=4, no_wrap=True)
         grid.add_column(ratio=1)
-        for r in f.itertuples(index=False):
+        for r in map(_Row, f):
             sev = str(r.severity)
             style = self.get_component_rich_style(
                 f"cpu-pane--{sev}" if sev in SEVERITY_ORDER else "cpu-pane--info"
@@ -150,24 +181,23 @@ class CpuPane(Pane):
             grid.add_row(Text(SEVERITY_TAG.get(sev, sev)[:4], style), body)
         return grid
 
-    def _findings_compact(self, f: pd.DataFrame, advice_style) -> Text:
+    def _findings_compact(self, f: list[dict], advice_style) -> Text:
         """80 columns: each finding on one line and its advice on the next, cut with '…'."""
-        width = max(20, self.content_region.width or 78)
         lines: list[Text] = []
-        for r in f.itertuples(index=False):
+        for r in map(_Row, f):
             sev = str(r.severity)
             style = self.get_component_rich_style(
                 f"cpu-pane--{sev}" if sev in SEVERITY_ORDER else "cpu-pane--info"
             )
             head = Text(f"{SEVERITY_TAG.get(sev, sev)[:4]:<4} {r.kind} · {r.subject}: ", style)
             head.append(str(r.evidence))
-            head.truncate(width, overflow="ellipsis")
             lines.append(head)
             if str(r.advice):
-                adv = Text(f"  → {r.advice}", advice_style)
-                adv.truncate(width, overflow="ellipsis")
-                lines.append(adv)
-        return Text("\n").join(lines)
+                lines.append(Text(f"  → {r.advice}", advice_style))
+        out = Text("\n").join(lines)
+        out.no_wrap = True
+        out.overflow = "ellipsis"
+        return out
 
     def _fill_table(self, rows: pd.DataFrame) -> None:
         keep = self.table.cursor_row

@@ -15,6 +15,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import DataTable, Static
 
+from kdash import schema
 from kdash.analyses.kernels import idle_gaps, launch_latency, short_name, top_kernels
 
 from ..widgets.spark import busy_fraction, shade
@@ -31,27 +32,29 @@ class KernelPane(Pane):
     key = "1"
     title = "Kernels"
     COMPONENT_CLASSES = {"kernel-pane--lane", "kernel-pane--label", "kernel-pane--note"}
+    waiting = NO_KERNELS
 
-    def compose(self) -> ComposeResult:
-        yield self.empty_line
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
         self.lanes = Static("", classes="lanes", markup=False)
         self.table = DataTable(cursor_type="row", zebra_stripes=False, classes="top-kernels")
-        yield self.lanes
-        yield self.table
-
-    def on_mount(self) -> None:
         self.table.add_columns(
             "kernel", "calls", "total ms", "%", "mean µs", "p50 µs", "p99 µs", "grid", "block",
             "regs", "smem",
         )  # fmt: skip
-        self.set_empty(NO_KERNELS)
+
+    def compose(self) -> ComposeResult:
+        yield self.empty_line
+        yield self.lanes
+        yield self.table
 
     def focus_target(self):
         return self.table if not self.has_class("-empty") else self
 
     def show(self, view: View) -> None:
-        kernels = view.store.frame("kernels", view.since_ns, view.until_ns)
-        if kernels.empty:
+        batch = view.store.get("kernels", view.since_ns, view.until_ns)
+        kernels = schema.to_frame("kernels", batch) if len(batch["start_ns"]) else None
+        if kernels is None:
             total = view.store.stats()["kernels"]["rows"]
             self.set_empty(
                 NO_KERNELS if total == 0 else "Kernel timeline: no kernels in the shown window"

@@ -11,6 +11,8 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import Static
 
+from kdash import schema
+
 from .base import Pane, View
 
 NO_SAMPLES = (
@@ -22,18 +24,20 @@ NO_SAMPLES = (
 class SourcePane(Pane):
     key = "4"
     title = "Source"
+    waiting = NO_SAMPLES
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.body = Static("", markup=False)
 
     def compose(self) -> ComposeResult:
         yield self.empty_line
-        self.body = Static("", markup=False)
         yield self.body
 
-    def on_mount(self) -> None:
-        self.set_empty(NO_SAMPLES)
-
     def show(self, view: View) -> None:
-        pcs = view.store.frame("pc_samples", view.since_ns, view.until_ns)
-        if pcs.empty:
+        batch = view.store.get("pc_samples", view.since_ns, view.until_ns)
+        pcs = schema.to_frame("pc_samples", batch) if len(batch["t_ns"]) else None
+        if pcs is None:
             self.set_empty(NO_SAMPLES)
             return
         self.set_empty(None)

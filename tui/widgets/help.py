@@ -42,7 +42,7 @@ class HelpScreen(ModalScreen[None]):
         self, bindings: list[Binding], mode: str, sources: dict[str, str] | None = None
     ) -> None:
         super().__init__()
-        self._bindings = bindings
+        self._keys = bindings
         self._mode = mode
         self._sources = sources or {}
 
@@ -50,7 +50,7 @@ class HelpScreen(ModalScreen[None]):
         table = Table.grid(padding=(0, 2))
         table.add_column(style="bold", no_wrap=True)
         table.add_column()
-        for b in self._bindings:
+        for b in self._keys:
             if b.description:
                 table.add_row(key_label(b.key), b.description)
         for k, d in EXTRA_KEYS:

@@ -24,10 +24,37 @@ def bin_index(t_ns: np.ndarray, since_ns: int, until_ns: int, width: int) -> np.
     return idx
 
 
+def hold_bins(t_ns: np.ndarray, since_ns: int, until_ns: int, width: int) -> int:
+    """How many empty bins after a sample still show that sample: up to two sample periods.
+
+    When bins are narrower than the poll period (a 12 s window over 70 columns at 4 Hz),
+    most bins hold no sample; holding the last value across them draws a continuous line, as
+    a step chart would. A gap longer than two periods (a stalled source) stays blank.
+    """
+    if len(t_ns) < 2 or width <= 0:
+        return 0
+    period = float(np.median(np.diff(np.sort(t_ns.astype(np.int64)))))
+    bin_ns = max(1.0, (until_ns - since_ns) / width)
+    return int(np.ceil(2 * period / bin_ns))
+
+
+def _hold(out: np.ndarray, have: np.ndarray, hold: int) -> None:
+    """Forward-fill `out` in place into at most `hold` empty bins after each filled one."""
+    last, since_last = -1, 0
+    for i in range(len(out)):
+        if have[i]:
+            last, since_last = i, 0
+        elif last >= 0:
+            since_last += 1
+            if since_last <= hold:
+                out[i] = out[last]
+
+
 def bin_mean(
     t_ns: np.ndarray, values: np.ndarray, since_ns: int, until_ns: int, width: int
 ) -> np.ndarray:
-    """Mean of the finite values in each bin; NaN where a bin has none."""
+    """Mean of the finite values in each bin, held across short gaps (see `hold_bins`);
+    NaN where there is no sample."""
     out = np.full(width, np.nan)
     if width <= 0 or len(t_ns) == 0:
         return out
@@ -40,6 +67,7 @@ def bin_mean(
     counts = np.bincount(idx[ok], minlength=width)
     with np.errstate(invalid="ignore", divide="ignore"):
         out = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    _hold(out, counts > 0, hold_bins(t_ns, since_ns, until_ns, width))
     return out
 
 
@@ -54,6 +82,7 @@ def bin_or(t_ns: np.ndarray, bits: np.ndarray, since_ns: int, until_ns: int, wid
         if i < 0 or v < 0:
             continue
         out[i] = v if out[i] < 0 else (out[i] | v)
+    _hold(out, out >= 0, hold_bins(t_ns, since_ns, until_ns, width))
     return out
 
 

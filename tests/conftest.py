@@ -1,0 +1,156 @@
+"""Shared fixtures: a deterministic dashboard, a real capture's store, a real busy child process.
+
+Determinism for the TUI tests (Pilot and snapshots), as harlequin's fixtures do it: the config
+lives in a fresh `$XDG_CONFIG_HOME` under tmp (so `t` never writes the user's file and a saved
+theme never leaks between tests), `NO_COLOR` is cleared unless a test sets it, animations are
+off, and nothing shown depends on the wall clock (replays anchor time at the capture's window).
+No widget of the dashboard has a blinking cursor (no Input), so there is no blink to turn off.
+
+`tests/data/local-cpu.kdash` is a real capture recorded on the CI-class machine (2 vCPUs, no
+GPU) with the real product path — `python -c "$BUSY_CHILD"` as the target and
+`kdash attach --pid PID --headless --duration 12 --output tests/data/local-cpu.kdash` — so it
+holds real `threads`/`cpu_freq` rows, real findings (run-queue delay and a shared core: two of
+the child's threads are pinned to CPU 0) and the real "nvml unavailable" health line.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+LOCAL_CAPTURE = DATA / "local-cpu.kdash"
+
+# A busy target with named threads: two spinners pinned to CPU 0 (they queue behind each
+# other: run-queue delay and a shared core), one free spinner, and a light 20%-duty thread.
+BUSY_CHILD = r"""
+import os, threading, time
+
+def name_me(n):
+    with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+        f.write(n)
+
+def spin(n, cpus):
+    name_me(n)
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
+    x = 0
+    while True:
+        x += 1
+
+def light(n):
+    name_me(n)
+    while True:
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.002:
+            pass
+        time.sleep(0.008)
+
+for n, c in (("launch-0", {0}), ("sched-loop", {0}), ("worker-1", None)):
+    threading.Thread(target=spin, args=(n, c), daemon=True).start()
+threading.Thread(target=light, args=("tokenizer",), daemon=True).start()
+name_me("busy-server")
+print("ready", flush=True)
+while True:
+    time.sleep(0.5)
+"""
+
+
+@pytest.fixture
+def kdash_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private config folder and no NO_COLOR; returns the config file's path."""
+    cfg_home = tmp_path / "xdg-config"
+    cfg_home.mkdir()
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(cfg_home))
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TEXTUAL_ANIMATIONS", "none")
+    return cfg_home / "kdash" / "config.toml"
+
+
+def store_from_capture(cap):
+    """A store holding the whole capture (no trimming), as `kdash open` builds it."""
+    from kdash import schema
+    from kdash.store import Store
+
+    store = Store(retention_s=10**7, max_rows=10**9)
+    for t in schema.TABLES:
+        store.append(t, cap.batch(t))
+    return store
+
+
+@pytest.fixture
+def local_capture():
+    """The committed real capture, loaded (meta + pandas tables)."""
+    from kdash.capture import load_capture
+
+    assert LOCAL_CAPTURE.exists(), f"missing {LOCAL_CAPTURE}"
+    return load_capture(LOCAL_CAPTURE)
+
+
+@pytest.fixture
+def capture_store(local_capture):
+    """A store pre-filled from the real capture, ready for a replay app."""
+    return store_from_capture(local_capture)
+
+
+@pytest.fixture
+def make_app(kdash_env):
+    """Factory for a deterministic KdashApp: `make_app(mode=..., store=..., meta=..., ...)`."""
+    from kdash.tui.app import KdashApp
+
+    from kdash.config import load_config
+
+    def build(
+        *,
+        store,
+        meta: dict,
+        mode: str = "replay",
+        recorder=None,
+        theme: str | None = "dark",
+        redraw_hz: float = 2.0,
+        title: str | None = None,
+    ) -> KdashApp:
+        app = KdashApp(
+            store=store,
+            recorder=recorder,
+            meta=meta,
+            mode=mode,
+            config=load_config(),
+            theme=theme,
+            redraw_hz=redraw_hz,
+            title=title,
+        )
+        app.animation_level = "none"
+        return app
+
+    return build
+
+
+@pytest.fixture
+def replay_app(make_app, capture_store, local_capture):
+    """A replay of the committed capture, as `kdash open tests/data/local-cpu.kdash` shows it."""
+    meta = dict(local_capture.meta)
+    meta["capture_path"] = str(LOCAL_CAPTURE)
+    return make_app(store=capture_store, meta=meta, mode="replay")
+
+
+@pytest.fixture
+def busy_child():
+    """A real busy process with named threads (see BUSY_CHILD); killed after the test."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BUSY_CHILD], stdout=subprocess.PIPE, text=True, env=os.environ
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.strip() == "ready", f"busy child did not start: {line!r}"
+    time.sleep(0.1)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=5)

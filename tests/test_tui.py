@@ -1,0 +1,454 @@
+"""Pilot tests that drive the real dashboard: every key of the help, a live capture with a real
+Recorder over the real scheduler source on a real child process, the replay of a real capture,
+themes, layouts and the redraw budget.
+
+Panes with no real data source on a CI machine (kernels: the agent; clocks: NVML without a
+GPU) are also fed small hand-made tables in two tests, marked as such, to check that their
+drawing code runs and says the right things; everything else reads real data.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+import tomllib
+
+import numpy as np
+import pytest
+from kdash.tui.app import KdashApp, available_themes, resolve_theme
+from kdash.tui.panes.base import Pane
+from kdash.tui.panes.clocks import ClockPane
+from kdash.tui.panes.kernels import NO_KERNELS, KernelPane
+from kdash.tui.panes.source import NO_SAMPLES
+from kdash.tui.widgets.help import HelpScreen, key_label
+from kdash.tui.widgets.status import StatusBar
+from rich.console import Console
+from textual.widgets import DataTable
+
+from kdash import schema
+from kdash.capture import load_capture
+from kdash.errors import UserError
+from kdash.store import Store
+
+
+def plain(static) -> str:
+    """What a Static shows, as plain text (Rich renderables rendered at 200 columns)."""
+    content = static.content
+    if isinstance(content, str):
+        return content
+    console = Console(width=200, file=io.StringIO(), color_system=None)
+    with console.capture() as cap:
+        console.print(content)
+    return cap.get()
+
+
+def status_text(app: KdashApp) -> str:
+    return plain(app.query_one(StatusBar))
+
+
+def empty_line(app: KdashApp, pane_id: str) -> str:
+    pane = app.query_one(f"#{pane_id}", Pane)
+    return plain(pane.empty_line) if pane.has_class("-empty") else ""
+
+
+async def wait_for(pilot, cond, timeout: float = 10.0, step: float = 0.1) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        await pilot.pause(step)
+    return cond()
+
+
+# -- themes -------------------------------------------------------------------------------------
+def test_resolve_theme_names_and_unknown():
+    assert available_themes() == ["dark", "light", "mono"]
+    assert resolve_theme("Light") == "light"
+    with pytest.raises(UserError) as e:
+        resolve_theme("neon")
+    assert str(e.value) == "unknown theme neon (have: dark, light, mono)"
+
+
+async def test_theme_cycling_persists_to_config(replay_app, kdash_env, make_app, capture_store):
+    async with replay_app.run_test(size=(100, 30)) as pilot:
+        assert replay_app.kd_theme == "dark" and replay_app.has_class("theme-dark")
+        seen = []
+        for _ in range(3):
+            await pilot.press("t")
+            await pilot.pause()
+            seen.append(replay_app.kd_theme)
+            assert replay_app.has_class(f"theme-{replay_app.kd_theme}")
+            assert replay_app.theme == f"kdash-{replay_app.kd_theme}"
+            saved = tomllib.loads(kdash_env.read_text())
+            assert saved["theme"] == replay_app.kd_theme
+        assert seen == ["light", "mono", "dark"]
+        await pilot.press("t")
+        await pilot.pause()
+    # A new app with no --theme starts with the saved choice.
+    again = make_app(store=capture_store, meta={}, theme=None)
+    assert again.kd_theme == "light"
+
+
+async def test_theme_changes_semantic_colours(replay_app):
+    async with replay_app.run_test(size=(100, 30)) as pilot:
+        bar = replay_app.query_one(StatusBar)
+        dark = bar.get_component_rich_style("status-bar--mode")
+        replay_app.set_theme("light")
+        await pilot.pause()
+        await pilot.pause()
+        light = bar.get_component_rich_style("status-bar--mode")
+        assert dark.color != light.color
+        replay_app.set_theme("mono")
+        await pilot.pause()
+        await pilot.pause()
+        mono = bar.get_component_rich_style("status-bar--mode")
+        assert mono.bold and (mono.color is None or mono.color.is_default)
+
+
+def test_no_color_defaults_to_mono(make_app, capture_store, monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = make_app(store=capture_store, meta={}, theme=None)
+    assert app.kd_theme == "mono"
+    assert app.no_color  # Textual's own NO_COLOR filter is on as well
+
+
+# -- replay ---------------------------------------------------------------------------------------
+async def test_replay_of_real_capture(replay_app, local_capture):
+    threads = local_capture.tables["threads"]
+    async with replay_app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert "replay" in replay_app.title.lower()
+        assert "local-cpu.kdash" in replay_app.sub_title
+        assert "recorded " in replay_app.sub_title and "UTC" in replay_app.sub_title
+        # Kernel and source panes: one line each, saying what fills them and how.
+        assert empty_line(replay_app, "kernels") == NO_KERNELS
+        assert empty_line(replay_app, "source") == NO_SAMPLES
+        # No GPU on the recording machine: the clocks pane says why, from the capture's health.
+        clocks = empty_line(replay_app, "clocks")
+        assert clocks.startswith("Clocks & thermal: no GPU data — nvml unavailable")
+        # The CPU pane has the capture's findings first, then every thread.
+        cpu = replay_app.query_one("#cpu", Pane)
+        assert not cpu.has_class("-empty")
+        findings = plain(cpu.findings)
+        for kind in set(local_capture.tables["findings"]["kind"]):
+            assert kind in findings
+        table = cpu.query_one(DataTable)
+        assert table.row_count == threads[["pid", "tid"]].drop_duplicates().shape[0]
+        # Sorted by cpu%: the first row is the busiest thread at the window's end.
+        first = table.get_row_at(0)
+        last = threads.sort_values("t_ns").groupby("tid").tail(1)
+        assert int(first[1]) == int(last.sort_values("cpu_pct").iloc[-1]["tid"])
+        status = status_text(replay_app)
+        assert "REPLAY" in status and "t 0.0–" in status
+        assert "nvml unavailable" in status and "sched degraded" in status
+
+
+async def test_replay_capture_key_says_replay(replay_app):
+    async with replay_app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("c")
+        await pilot.pause()
+        assert "replay" in status_text(replay_app)
+        assert any("replay" in n.message for n in replay_app._notifications)
+
+
+async def test_every_key_of_the_help(replay_app):
+    """Each binding the help lists is pressed and its effect checked."""
+    app = replay_app
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        # ? opens the help, which lists every binding of the app.
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        listed = plain(app.screen.query_one("#help-table"))
+        for b in app.BINDINGS:
+            assert key_label(b.key) in listed and b.description in listed, b.key
+        assert "sched" in plain(app.screen.query_one("#help-sources"))
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, HelpScreen)
+
+        # + / = zoom in, - zooms out, capped at the capture's length.
+        full = app.window_s
+        await pilot.press("plus")
+        assert app.window_s == pytest.approx(full / 2)
+        await pilot.press("equals_sign")
+        assert app.window_s == pytest.approx(full / 4)
+        label_before = app.window_label()
+        # ← pans earlier, → later, clamped to the capture.
+        await pilot.press("left")
+        assert app.offset_s == pytest.approx(full / 16)
+        assert app.window_label() != label_before
+        await pilot.press("right")
+        assert app.offset_s == 0
+        await pilot.press("right")
+        assert app.offset_s == 0  # cannot pan past the end
+        await pilot.press("minus")
+        assert app.window_s == pytest.approx(full / 2)
+        await pilot.press("minus", "minus")
+        assert app.window_s == pytest.approx(full)  # not beyond the capture
+        await pilot.press("plus", "left")
+        assert app.offset_s > 0
+        # r resets to the whole capture.
+        await pilot.press("r")
+        assert (app.window_s, app.offset_s) == (pytest.approx(full), 0)
+
+        # 1-4 maximise one pane; escape restores.
+        for key, pane_id in zip("1234", app.PANE_IDS, strict=True):
+            await pilot.press(key)
+            await pilot.pause()
+            assert app.maximized == pane_id
+            shown = [p.id for p in app.panes if p.region.height > 0]
+            assert shown == [pane_id]
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.maximized is None
+        assert sum(p.region.height > 0 for p in app.panes) == 4
+
+        # tab / shift+tab move between panes.
+        start = app._focused_pane_id()
+        ids = list(app.PANE_IDS)
+        await pilot.press("tab")
+        assert app._focused_pane_id() == ids[(ids.index(start) + 1) % 4]
+        await pilot.press("shift+tab")
+        assert app._focused_pane_id() == start
+        # ...and with a pane maximised, tab maximises the next one.
+        await pilot.press("2", "tab")
+        assert app.maximized == "cpu"
+        await pilot.press("escape")
+
+        # p freezes the view; p again resumes.
+        await pilot.press("p")
+        await pilot.pause()
+        assert app.paused and "PAUSED" in status_text(app)
+        await pilot.press("p")
+        await pilot.pause()
+        assert not app.paused and "PAUSED" not in status_text(app)
+
+        # t: covered in test_theme_cycling_persists_to_config; c: in the capture tests.
+        # q quits.
+        await pilot.press("q")
+        await pilot.pause()
+    assert app.return_code == 0
+
+
+async def test_compact_layout_at_80x24(replay_app):
+    async with replay_app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert replay_app.has_class("-compact") and replay_app.has_class("-stacked")
+        cpu = replay_app.query_one("#cpu", Pane)
+        # The one-liners take little room: the CPU pane gets most of the 24 rows.
+        assert cpu.region.height >= 12
+        for p in replay_app.panes:
+            assert p.region.width == 80
+        # Resizing to a big terminal leaves the compact layout.
+        await pilot.resize_terminal(200, 50)
+        await pilot.pause()
+        assert not replay_app.has_class("-compact")
+
+
+# -- hand-made data for the panes whose sources need hardware (marked as such) -----------------
+def _gpu_store(t0: int, seconds: float = 10.0, hz: float = 4.0) -> Store:
+    """Made-up GPU samples: two GPUs, a power cap on GPU 0 in the second half, NaN temperature
+    on GPU 1 (its sensor "n/a")."""
+    n = int(seconds * hz)
+    t = t0 + (np.arange(n) * 1e9 / hz).astype(np.int64)
+    rows = []
+    for gpu in (0, 1):
+        for i, ts in enumerate(t):
+            capped = gpu == 0 and i >= n // 2
+            rows.append(
+                {
+                    "t_ns": int(ts),
+                    "gpu": gpu,
+                    "sm_clock_mhz": 1500.0 if capped else 1980.0,
+                    "mem_clock_mhz": 2619.0,
+                    "sm_clock_max_mhz": 1980.0,
+                    "mem_clock_max_mhz": 2619.0,
+                    "temp_c": float("nan") if gpu == 1 else 60.0,
+                    "power_w": 700.0 if capped else 400.0,
+                    "power_limit_w": 700.0,
+                    "util_gpu_pct": 99.0,
+                    "pstate": 0,
+                    "throttle_reasons": 0x4 if capped else 0,
+                }
+            )
+    store = Store(retention_s=10**6)
+    store.append("gpu_samples", schema.make_batch("gpu_samples", rows))
+    return store, int(t[-1])
+
+
+async def test_clock_pane_draws_gpus_made_up_data(make_app, local_capture, capture_store):
+    """Made-up GPU samples (no GPU on CI): values, n/a, sparklines and the throttle band."""
+    t0 = local_capture.meta["window"]["start_ns"]
+    gstore, _ = _gpu_store(t0, seconds=local_capture.meta["window"]["seconds"])
+    for t in schema.TABLES:
+        capture_store_batch = capture_store.get(t)
+        if t != "gpu_samples":
+            gstore.append(t, capture_store_batch)
+    meta = dict(local_capture.meta)
+    meta["gpus"] = [{"index": 0, "name": "H200"}, {"index": 1, "name": "H200"}]
+    app = make_app(store=gstore, meta=meta)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.pause()
+        pane = app.query_one(ClockPane)
+        assert not pane.has_class("-empty")
+        text = plain(pane.body)
+        assert "GPU0 H200" in text and "GPU1 H200" in text
+        assert "1500/1980 MHz" in text and "700/700 W" in text
+        assert "n/a" in text  # GPU 1's temperature
+        assert "util = a kernel ran, not occupancy" in text
+        band = [ln for ln in text.splitlines() if ln.startswith("thrtl")]
+        assert band[0].split()[1] == "sw-power"
+        assert "P" in band[0] and "─" in band[0]  # capped in the 2nd half, free in the 1st
+        assert band[0].index("─") < band[0].rindex("P")
+        assert "P power cap" in text
+        # Both columns have data: the wide 2x2 layout, panes side by side.
+        assert not app.has_class("-stacked")
+        cpu = app.query_one("#cpu", Pane)
+        assert cpu.region.x > pane.region.x and cpu.region.y < pane.region.bottom
+
+
+async def test_kernel_pane_draws_kernels_made_up_data(make_app):
+    """Made-up kernel rows (the agent is a later issue): top-kernels table and lanes."""
+    t0 = 10**12
+    n = 200
+    starts = t0 + np.arange(n, dtype=np.int64) * 50_000
+    names = np.where(np.arange(n) % 4 == 0, "void attn<float>(int)", "gemm_kernel")
+    batch = schema.make_batch(
+        "kernels",
+        start_ns=starts,
+        end_ns=starts + np.where(names == "gemm_kernel", 30_000, 10_000),
+        name=list(names),
+        device=np.zeros(n, dtype=np.int16),
+        stream=np.where(np.arange(n) % 2 == 0, 7, 8),
+    )
+    store = Store(retention_s=10**6)
+    store.append("kernels", batch)
+    meta = {"window": {"start_ns": int(t0), "end_ns": int(starts[-1] + 50_000)}}
+    app = make_app(store=store, meta=meta)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.pause()
+        pane = app.query_one(KernelPane)
+        assert not pane.has_class("-empty")
+        table = pane.query_one(DataTable)
+        assert table.row_count == 2
+        assert table.get_row_at(0)[0] == "gemm_kernel"  # most total time first
+        assert table.get_row_at(1)[0] == "attn<…>"
+        lanes = plain(pane.lanes)
+        assert "GPU0 s7" in lanes and "GPU0 s8" in lanes
+
+
+# -- live -----------------------------------------------------------------------------------------
+def _live_recorder(busy_child, tmp_path, pre: float = 1.0, post: float = 1.0):
+    from kdash.collectors.sched import SchedSource
+
+    from kdash.session import Recorder, RecorderOptions
+    from kdash.target import Target
+
+    target = Target.from_pid(busy_child.pid)
+    store = Store(retention_s=30)
+    opts = RecorderOptions(
+        interval_s=0.1, fast_interval_s=0.05, pre_s=pre, post_s=post, capture_dir=tmp_path
+    )
+    rec = Recorder([SchedSource(target, interval_s=0.1)], store, target, opts)
+    return rec, store, {"target": target.describe()}
+
+
+@pytest.mark.slow
+async def test_live_capture_saves_a_loadable_file(busy_child, tmp_path, make_app):
+    """`c` in live mode: countdown in the status bar, then the saved path; the file loads."""
+    rec, store, meta = _live_recorder(busy_child, tmp_path, pre=1.0, post=1.5)
+    app = make_app(store=store, meta=meta, mode="live", recorder=rec, redraw_hz=10)
+    async with app.run_test(size=(120, 40)) as pilot:
+        # The poll worker fills the store; the CPU pane shows the child's threads.
+        assert await wait_for(pilot, lambda: store.stats()["threads"]["rows"] > 20)
+        assert await wait_for(pilot, lambda: not app.query_one("#cpu", Pane).has_class("-empty"))
+        table = app.query_one("#cpu", Pane).query_one(DataTable)
+        assert await wait_for(pilot, lambda: table.row_count >= 5)
+        names = {str(table.get_row_at(i)[2]) for i in range(table.row_count)}
+        assert {"launch-0", "sched-loop", "worker-1"} <= names
+        # The action updates the status bar itself, so the countdown is there right away;
+        # a second press while recording is refused, not queued.
+        await pilot.press("c")
+        assert "capturing… " in status_text(app)
+        await pilot.press("c")
+        assert any("already" in n.message for n in app._notifications)
+        assert rec.capture.seq == 1
+        assert await wait_for(pilot, lambda: rec.capture.phase in ("saved", "failed"), timeout=15)
+        assert rec.capture.phase == "saved", rec.capture.error
+        assert await wait_for(pilot, lambda: "saved: " in status_text(app), timeout=2)
+        path = rec.capture.path
+        assert str(path) in status_text(app).replace("\n", "")
+        assert any("capture saved" in n.message for n in app._notifications)
+        await pilot.press("q")
+        await pilot.pause()
+    assert rec._stop.is_set()  # quitting stops the poll loop
+    cap = load_capture(path)
+    assert cap.meta["target"]["pid"] == busy_child.pid
+    assert cap.meta["window"]["seconds"] == pytest.approx(2.5, abs=0.5)
+    assert len(cap.tables["threads"]) > 0
+    assert set(cap.tables["threads"]["pid"]) == {busy_child.pid}
+
+
+@pytest.mark.slow
+async def test_live_pause_freezes_view_and_redraws_at_most_redraw_hz(
+    busy_child, tmp_path, make_app
+):
+    rec, store, meta = _live_recorder(busy_child, tmp_path)
+    app = make_app(store=store, meta=meta, mode="live", recorder=rec, redraw_hz=2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.3)
+        r0, t0 = app.redraws, time.monotonic()
+        await pilot.pause(2.0)
+        rate = (app.redraws - r0) / (time.monotonic() - t0)
+        assert 0.5 <= rate <= 2.6, rate  # the 2 Hz timer, not the 10 Hz poll
+        await pilot.press("p")
+        frozen = app.redraws
+        until = app.view_range()[1]
+        rows = store.stats()["threads"]["total"]
+        await pilot.pause(1.2)
+        assert app.redraws == frozen  # no redraw while paused...
+        assert app.view_range()[1] == until  # ...the window stands still...
+        assert store.stats()["threads"]["total"] > rows  # ...but collection goes on
+        assert "PAUSED" in status_text(app)
+        # Zooming while paused redraws the frozen window.
+        await pilot.press("plus")
+        assert app.redraws == frozen + 1
+        await pilot.press("p")
+        await pilot.pause(0.1)
+        assert app.view_range()[1] > until
+        assert "poll " in status_text(app) and "sched" in status_text(app)
+
+
+async def test_live_target_exit_is_shown(tmp_path, make_app):
+    """A target that exits: the status bar says so and the dashboard keeps running."""
+    import subprocess
+    import sys
+
+    from kdash.collectors.sched import SchedSource
+
+    from kdash.session import Recorder, RecorderOptions
+    from kdash.target import Target
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.8)"])
+    target = Target.from_pid(child.pid)
+    store = Store(retention_s=30)
+    rec = Recorder(
+        [SchedSource(target, interval_s=0.1)],
+        store,
+        target,
+        RecorderOptions(interval_s=0.1, capture_dir=tmp_path),
+    )
+    app = make_app(store=store, meta={"target": target.describe()}, mode="live", recorder=rec)
+    async with app.run_test(size=(100, 30)) as pilot:
+        child.wait(timeout=5)
+        assert await wait_for(pilot, lambda: f"target {child.pid} exited" in status_text(app))
+        assert app.is_running
+
+
+def test_live_mode_needs_a_recorder(make_app):
+    with pytest.raises(ValueError):
+        make_app(store=Store(), meta={}, mode="live", recorder=None)
+    with pytest.raises(ValueError):
+        make_app(store=Store(), meta={}, mode="demo")

@@ -1,0 +1,27 @@
+"""Snapshots of the dashboard replaying the committed real capture (tests/data/local-cpu.kdash).
+
+Deterministic by construction: replay only (no live data), fixed terminal sizes, the config in
+a private XDG folder (theme "dark" unless the test picks one), and no wall-clock text — the
+axis and the status bar count seconds from the capture's start and the title's date is the
+capture's own, printed in UTC. Regenerate after an intended change with
+`pytest tests/test_tui_snapshots.py --snapshot-update` and review the SVGs under
+tests/__snapshots__/.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+def test_replay_layout(snap_compare, replay_app, size):
+    assert snap_compare(replay_app, terminal_size=size)
+
+
+def test_replay_help_80x24(snap_compare, replay_app):
+    assert snap_compare(replay_app, terminal_size=(80, 24), press=["question_mark"])
+
+
+def test_replay_mono_cpu_maximised_120x40(snap_compare, make_app, capture_store, local_capture):
+    app = make_app(store=capture_store, meta=dict(local_capture.meta), theme="mono")
+    assert snap_compare(app, terminal_size=(120, 40), press=["3"])
