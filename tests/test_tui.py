@@ -23,6 +23,7 @@ from kdash.tui.panes.source import NO_SAMPLES
 from kdash.tui.widgets.help import HelpScreen, key_label
 from kdash.tui.widgets.status import StatusBar
 from rich.console import Console
+from textual.filter import Monochrome, NoColor
 from textual.widgets import DataTable
 
 from kdash import schema
@@ -109,7 +110,11 @@ def test_no_color_defaults_to_mono(make_app, capture_store, monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     app = make_app(store=capture_store, meta={}, theme=None)
     assert app.kd_theme == "mono"
-    assert app.no_color  # Textual's own NO_COLOR filter is on as well
+    # Textual's own filter strips colour to the terminal's defaults (NoColor); its Monochrome
+    # filter would turn the mono theme's default colours into black on black.
+    assert app.no_color
+    assert any(isinstance(f, NoColor) for f in app._filters)
+    assert not any(isinstance(f, Monochrome) for f in app._filters)
 
 
 # -- replay ---------------------------------------------------------------------------------------
@@ -162,7 +167,10 @@ async def test_every_key_of_the_help(replay_app):
         assert isinstance(app.screen, HelpScreen)
         listed = plain(app.screen.query_one("#help-table"))
         for b in app.BINDINGS:
-            assert key_label(b.key) in listed and b.description in listed, b.key
+            assert key_label(b.key) in listed, b.key
+            # Each binding's own words are in its (possibly shared) row.
+            assert b.description.split(":")[-1].strip() in listed, b.key
+        assert "1 2 3 4" in listed and "maximise a pane: 1 kernels" in listed
         assert "sched" in plain(app.screen.query_one("#help-sources"))
         await pilot.press("escape")
         await pilot.pause()

@@ -231,17 +231,17 @@ class KdashApp(App[None]):
         Binding("c", "capture", "capture: the --pre s before and --post s after"),
         Binding("p", "pause", "pause / resume the view (collection goes on)"),
         Binding("t", "next_theme", "next theme (saved to the config file)"),
-        Binding("tab", "cycle_pane(1)", "next pane", priority=True),
-        Binding("shift+tab", "cycle_pane(-1)", "previous pane", priority=True),
-        Binding("1", "maximize('kernels')", "kernels pane: maximise"),
-        Binding("2", "maximize('clocks')", "clocks & thermal pane: maximise"),
-        Binding("3", "maximize('cpu')", "CPU affinity pane: maximise"),
-        Binding("4", "maximize('source')", "source pane: maximise"),
+        Binding("tab", "cycle_pane(1)", "focus: next pane", priority=True),
+        Binding("shift+tab", "cycle_pane(-1)", "focus: previous pane", priority=True),
+        Binding("1", "maximize('kernels')", "maximise a pane: kernels"),
+        Binding("2", "maximize('clocks')", "maximise a pane: clocks & thermal"),
+        Binding("3", "maximize('cpu')", "maximise a pane: CPU affinity"),
+        Binding("4", "maximize('source')", "maximise a pane: source"),
         Binding("escape", "restore", "restore the layout (all panes)"),
-        Binding("left", "pan(-1)", "pan the time window earlier", priority=True),
-        Binding("right", "pan(1)", "pan the time window later", priority=True),
-        Binding("plus,equals_sign", "zoom(0.5)", "zoom in (halve the window)"),
-        Binding("minus", "zoom(2)", "zoom out (double the window)"),
+        Binding("left", "pan(-1)", "pan the time window: earlier", priority=True),
+        Binding("right", "pan(1)", "pan the time window: later", priority=True),
+        Binding("plus,equals_sign", "zoom(0.5)", "zoom: in (halve the window)"),
+        Binding("minus", "zoom(2)", "zoom: out (double the window)"),
         Binding("r", "reset_window", "reset the window (follow live / whole capture)"),
         Binding("question_mark", "help", "this help"),
         Binding("q", "quit", "quit"),
@@ -259,7 +259,10 @@ class KdashApp(App[None]):
         redraw_hz: float = 2.0,
         title: str | None = None,
     ) -> None:
-        super().__init__()
+        # Under NO_COLOR, native ANSI colours make Textual strip colour with its NoColor filter
+        # (terminal default colours: readable); its Monochrome filter, chosen otherwise, maps
+        # the mono theme's "default" colours to black on black.
+        super().__init__(ansi_color=True if os.environ.get("NO_COLOR") else None)
         if mode not in ("live", "replay"):
             raise ValueError(f"mode must be 'live' or 'replay', not {mode!r}")
         if mode == "live" and recorder is None:
