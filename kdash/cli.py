@@ -150,6 +150,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="Chrome/Perfetto trace to write (.json or .json.gz)",
     )
 
+    i = sub.add_parser("import", help="a torch.profiler/Kineto trace (SGLang's too) into a capture")
+    i.add_argument("traces", type=Path, nargs="+", metavar="TRACE", help=".json or .json.gz")
+    i.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="capture to write (default: beside the first trace)",
+    )
+
     d = sub.add_parser("demo", help="the embedded demo (live on a GPU, else a recorded replay)")
     d.add_argument("--theme", default=None, metavar="NAME")
     d.add_argument(
@@ -194,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     from kdash import commands
 
+    if args.command == "import":
+        from kdash.kineto import cmd_import
+
+        return cmd_import(args)
     return getattr(commands, f"cmd_{args.command}")(args)
 
 
