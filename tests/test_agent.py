@@ -444,8 +444,10 @@ def test_records_flow_from_activity_to_batches(fake_cupti):
         assert src.stats["dropped_client"] == 0
         assert abs(src.stats["agent_offset_ns"] + 10**9) < 10**7
         src.stop()
-        assert wait_for(lambda: any(w == "disable 10" for _, w in log_lines(fake_cupti)), 2)
-        assert any(w == "flush 1" for _, w in log_lines(fake_cupti))
+        # STOP disables every kind, then force-flushes
+        assert wait_for(lambda: any(w == "flush 1" for _, w in log_lines(fake_cupti)), 2)
+        events = [w for _, w in log_lines(fake_cupti)]
+        assert events.index("disable 10") < events.index("flush 1")
         assert p.poll() is None
     finally:
         rc, out, err = finish(p)

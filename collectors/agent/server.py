@@ -767,7 +767,21 @@ def _c_strings(ptrs: Any) -> Any:
 
 
 class Unavailable(Exception):
-    """CUPTI cannot be used here; the message is the STATUS line (why, and what to do)."""
+    """CUPTI cannot be used here; the message is the STATUS line (why, and what to do).
+
+    `retry` marks a passing reason (another CUPTI client that will finish) as opposed to a
+    lasting one (no driver, no cupti-python).
+    """
+
+    def __init__(self, line: str, retry: bool = False) -> None:
+        super().__init__(line)
+        self.retry = retry
+
+
+def _batch_rows(batch: Batch) -> int:
+    for v in batch.values():
+        return len(v)
+    return 0
 
 
 class CuptiActivity:
@@ -782,6 +796,7 @@ class CuptiActivity:
         self.cupti: Any = None
         self.converter: RecordConverter | None = None
         self.enabled: list[tuple[str, int]] = []
+        self.last_enabled: list[tuple[str, int]] = []
         self.notes: list[str] = []
         self.offset_ns = 0
         self.offset_gap_ns = 0
@@ -793,7 +808,9 @@ class CuptiActivity:
         self.last_error = ""
         self.discarded_records = 0
         self.records_seen = 0
-        self.callback_ns = 0
+        self.callback_ns = 0  # wall time in our buffer callback (includes waits for the GIL)
+        self.callback_cpu_ns = 0  # CPU time of the calling thread in our buffer callback
+        self.flush_cpu_ns = 0  # CPU time of our periodic flushes: cupti-python's + ours
         self.dropped_by_cupti = 0
 
     # probing
@@ -826,7 +843,7 @@ class CuptiActivity:
             self.notes.append("warning: " + mismatch)
         held = other_cupti_client()
         if held:
-            raise Unavailable(f"{held}; kdash stays idle until it is done (then reconnect)")
+            raise Unavailable(f"{held}; kdash waits until it ends", retry=True)
 
     def _describe_error(self, e: BaseException) -> str:
         status = getattr(e, "status", None)
@@ -876,14 +893,17 @@ class CuptiActivity:
             ) from None
         with self._lock:
             self._sink = sink
-        if not self._registered:
-            try:
-                cu.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
-            except Exception as e:  # noqa: BLE001
+        # (Re-)register on every START: a profiler that ran in between (torch.profiler) has
+        # registered its own buffer callbacks and CUPTI keeps only the last registration.
+        try:
+            cu.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+            self._registered = True
+        except Exception as e:  # noqa: BLE001
+            if not self._registered:
                 with self._lock:
                     self._sink = None
                 raise Unavailable(self._describe_error(e)) from None
-            self._registered = True
+            self.notes.append(f"re-registering buffer callbacks: {self._describe_error(e)}")
         self.enabled = []
         for act in activities:
             kind_name = ACTIVITY_KINDS.get(act)
@@ -903,10 +923,7 @@ class CuptiActivity:
                 self.notes.append(f"{act} not available: {self._describe_error(e)}")
                 continue
             self.enabled.append((act, int(kind)))
-        try:
-            cu.activity_flush_period(0)  # we flush ourselves, on our thread, every 200 ms
-        except Exception as e:  # noqa: BLE001
-            self.notes.append(f"flush period not set: {self._describe_error(e)}")
+        # CUPTI's own flush period is left as it is: the session flushes every 200 ms.
         if "markers" in [a for a, _ in self.enabled] and not os.environ.get(
             "NVTX_INJECTION64_PATH"
         ):
@@ -918,6 +935,8 @@ class CuptiActivity:
         """Disable every enabled kind, then force-flush; "" or what went wrong."""
         errors = []
         cu = self.cupti
+        if self.enabled:
+            self.last_enabled = list(self.enabled)
         for act, kind in self.enabled:
             try:
                 cu.activity_disable(kind)
@@ -936,11 +955,27 @@ class CuptiActivity:
             self.last_error = "; ".join(errors)
         return "; ".join(errors)
 
+    def step_aside(self) -> None:
+        """Stop taking records without touching CUPTI's global state.
+
+        Used when another client (torch.profiler) started while we were on: it has registered
+        its own callbacks and enabled the kinds it needs; disabling "our" kinds now would switch
+        off its collection too. Its run may still miss records (CUPTI serves one client at a
+        time); the STATUS line says so. We re-register and re-enable when it has ended.
+        """
+        if self.enabled:
+            self.last_enabled = list(self.enabled)
+        self.enabled = []
+        with self._lock:
+            self._sink = None
+
     def flush(self) -> None:
+        c0 = time.thread_time_ns()
         try:
             self.cupti.activity_flush_all(0)
         except Exception as e:  # noqa: BLE001
             self.last_error = f"flush: {self._describe_error(e)}"
+        self.flush_cpu_ns += time.thread_time_ns() - c0
 
     def read_dropped(self) -> int:
         if self.cupti is None:
@@ -962,6 +997,7 @@ class CuptiActivity:
     def _buffer_completed(self, activities: list[Any]) -> None:
         try:
             t0 = time.perf_counter_ns()
+            c0 = time.thread_time_ns()
             n = len(activities)
             with self._lock:
                 sink = self._sink
@@ -971,6 +1007,7 @@ class CuptiActivity:
             batches = self.converter.batches(activities)
             self.records_seen += n
             sink(batches)
+            self.callback_cpu_ns += time.thread_time_ns() - c0
             self.callback_ns += time.perf_counter_ns() - t0
         except BaseException as e:  # noqa: BLE001 - nothing may raise into CUPTI or the target
             self.callback_errors += 1
@@ -1001,7 +1038,7 @@ class Agent:
         self._pending_lock = threading.Lock()
         self.dropped_rows = 0
         self.discarded_rows = 0
-        self._next_cuda_check = 0.0
+        self._next_try = 0.0
         self.sent_rows: dict[str, int] = {}
 
     # lifecycle
@@ -1105,6 +1142,8 @@ class Agent:
             "discarded_rows": self.discarded_rows,
             "records_seen": c.records_seen if c else 0,
             "callback_ns": c.callback_ns if c else 0,
+            "callback_cpu_ns": c.callback_cpu_ns if c else 0,
+            "flush_cpu_ns": c.flush_cpu_ns if c else 0,
             "callback_errors": c.callback_errors if c else 0,
             "last_error": (c.last_error if c and c.last_error else self.last_error),
             "offset_ns": c.offset_ns if c else 0,
@@ -1117,8 +1156,8 @@ class Agent:
             "markers_overflowed": c.converter.markers_overflowed if c and c.converter else 0,
         }
 
-    def _sink(self, rows: dict[str, dict[str, Any]]) -> None:
-        n = sum(len(next(iter(b.values()))) for b in rows.values() if b)
+    def _sink(self, rows: dict[str, Batch]) -> None:
+        n = sum(_batch_rows(b) for b in rows.values())
         with self._pending_lock:
             if self._pending_rows + n > MAX_PENDING_ROWS:
                 self.dropped_rows += n
@@ -1137,7 +1176,8 @@ class Agent:
         self._conn = conn
         self.sessions += 1
         active = False
-        waiting: list[str] | None = None
+        waiting: list[str] | None = None  # START received, CUPTI not on yet (or paused)
+        last_sent: tuple[str, str] | None = None
         try:
             conn.settimeout(SEND_TIMEOUT_S)
             strings = wire.StringEncoder()
@@ -1146,8 +1186,12 @@ class Agent:
             def send(frame: bytes) -> None:
                 conn.sendall(frame, socket.MSG_NOSIGNAL)
 
-            def status(state: str, line: str) -> None:
-                send(wire.encode_control(wire.MsgType.STATUS, self._status(state, line)))
+            def status(state: str, line: str, force: bool = False) -> None:
+                nonlocal last_sent
+                self.state, self.line = state, line
+                if force or last_sent != (state, line):  # retries do not repeat themselves
+                    last_sent = (state, line)
+                    send(wire.encode_control(wire.MsgType.STATUS, self._status(state, line)))
 
             send(
                 wire.encode_control(
@@ -1163,7 +1207,7 @@ class Agent:
                     },
                 )
             )
-            last_flush = last_offset = time.monotonic()
+            last_flush = last_offset = last_held_check = time.monotonic()
             while not self._closing:
                 readable, _, _ = select.select([conn], [], [], POLL_S)
                 if readable:
@@ -1172,13 +1216,14 @@ class Agent:
                         break  # the client closed or died
                     if msg.type == wire.MsgType.START:
                         if active or waiting is not None:
-                            status(self.state, self.line)
+                            status(self.state, self.line, force=True)
                             continue
                         acts = msg.body.get("activities") or list(DEFAULT_ACTIVITIES)
                         if not isinstance(acts, list) or not all(isinstance(a, str) for a in acts):
                             status("error", "error: START activities must be a list of names")
                             continue
                         waiting = acts
+                        self._next_try = 0.0
                         if self._cupti is not None:
                             self._cupti.notes = []
                     elif msg.type == wire.MsgType.STOP:
@@ -1195,17 +1240,37 @@ class Agent:
                     else:
                         status("error", f"error: {msg.type.name} is not a client message")
                 if waiting is not None:
-                    active = self._try_start(waiting, status)
-                    if active or self.state == "unavailable":
+                    outcome = self._try_start(waiting, status)
+                    if outcome == "active":
+                        active, waiting = True, None
+                    elif outcome == "gave_up":
                         waiting = None
                 now = time.monotonic()
                 if active and self._cupti is not None:
+                    if now - last_held_check >= 1.0:
+                        last_held_check = now
+                        held = other_cupti_client()
+                        if held:  # e.g. the user started torch.profiler: step aside at once
+                            active = False
+                            self._cupti.step_aside()
+                            self._send_pending(send, strings)
+                            status(
+                                "unavailable",
+                                f"unavailable: {held} (started while kdash was attached; "
+                                "CUPTI serves one client, so its trace may miss kernels); "
+                                "kdash paused and resumes when it ends",
+                            )
+                            waiting = [a for a, _ in self._cupti.last_enabled]
+                            self._next_try = now + 1.0
+                            continue
                     if now - last_flush >= FLUSH_EVERY_S:
                         self._cupti.flush()
                         last_flush = now
                     if now - last_offset >= OFFSET_EVERY_S:
-                        with contextlib.suppress(Exception):
+                        try:
                             self._cupti.measure_offset()
+                        except Exception as e:  # noqa: BLE001 - keep the previous offset
+                            self._cupti.last_error = f"offset: {type(e).__name__}: {e}"
                         last_offset = now
                 self._send_pending(send, strings)
         except (OSError, wire.WireError) as e:
@@ -1218,15 +1283,25 @@ class Agent:
                 if err:
                     self.last_error = err
             # rows that were on their way to a client that has gone: counted for the next one
-            self.discarded_rows += sum(len(v) for ch in self._take_pending() for v in ch.values())
+            self.discarded_rows += sum(
+                _batch_rows(b) for ch in self._take_pending() for b in ch.values()
+            )
             self.state, self.line = "idle", "idle: no client"
             self._conn = None
             with contextlib.suppress(OSError):
                 conn.close()
             self._session_lock.release()
 
-    def _try_start(self, acts: list[str], status: Callable[[str, str], None]) -> bool:
-        """One step of START: probe CUPTI, wait for CUDA, enable. True once enabled."""
+    def _try_start(self, acts: list[str], status: Callable[..., None]) -> str:
+        """One step of START: probe CUPTI, wait for CUDA, enable.
+
+        Returns "active" once enabled, "retry" while waiting (for CUDA to be loaded, or for
+        another CUPTI client to finish: checked again every second), "gave_up" when CUPTI
+        cannot be had in this process at all (the STATUS line says why and what to do).
+        """
+        now = time.monotonic()
+        if now < self._next_try:
+            return "retry"
         if self._cupti is None:
             self._cupti = CuptiActivity(self.pid)
         c = self._cupti
@@ -1236,33 +1311,26 @@ class Agent:
             else:
                 held = other_cupti_client()
                 if held:
-                    raise Unavailable(f"{held}; kdash stays idle until it is done (then reconnect)")
-        except Unavailable as e:
-            status("unavailable", f"unavailable: {e}")
-            return False
-        except Exception as e:  # noqa: BLE001
-            status("unavailable", f"unavailable: CUPTI probe failed: {type(e).__name__}: {e}")
-            return False
-        now = time.monotonic()
-        if now < self._next_cuda_check:
-            return False
-        if not cuda_loaded():
-            self._next_cuda_check = now + 0.5  # /proc/self/maps of a torch process is ~1 MB
-            if self.state != "waiting":
+                    raise Unavailable(f"{held}; kdash waits until it ends", retry=True)
+            if not cuda_loaded():
+                self._next_try = now + 0.5  # /proc/self/maps of a torch process is ~1 MB
                 status("waiting", f"waiting: pid {self.pid} has not loaded CUDA yet")
-            return False
-        try:
+                return "retry"
             c.enable(acts, self._sink)
         except Unavailable as e:
             status("unavailable", f"unavailable: {e}")
-            return False
+            if e.retry:
+                self._next_try = now + 1.0
+                return "retry"
+            return "gave_up"
         except Exception as e:  # noqa: BLE001
-            c.disable(flush=False)
+            if c.enabled:
+                c.disable(flush=False)
             status("unavailable", f"unavailable: enabling CUPTI failed: {type(e).__name__}: {e}")
-            return False
+            return "gave_up"
         names = ", ".join(a for a, _ in c.enabled)
         status("active", f"ok: CUPTI activity on ({names})")
-        return True
+        return "active"
 
     def _send_pending(self, send: Callable[[bytes], None], strings: Any) -> None:
         wire = _wire()
