@@ -553,3 +553,21 @@ def _scheduler_environ(
     if own is None:
         return None, f"cannot read /proc/{pid}/environ (another user's process?)"
     return own, ""
+
+
+def path_in_process(pid: int, path: str | os.PathLike, proc_root: Path = Path("/proc")) -> Path:
+    """A path as the process `pid` names it, readable from here.
+
+    A server in a container writes its traces under its own root; /proc/PID/root reaches them
+    (same user or root needed). When the process shares our root, the path is used as is.
+    """
+    p = Path(path)
+    root = proc_root / str(pid) / "root"
+    try:
+        theirs = os.stat(root)
+        ours = os.stat("/")
+    except OSError:
+        return p
+    if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino):
+        return p
+    return root / str(p).lstrip("/")

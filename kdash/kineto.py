@@ -619,6 +619,68 @@ def cmd_import(args: Any) -> int:
     return 0
 
 
+def find_rank_traces(folder: str | os.PathLike, prefix: str | None = None) -> list[Path]:
+    """SGLang rank trace files in `folder` (of one `profile_prefix` when given), sorted by
+    profile id, stage and ranks. Merged files are left out: the rank files hold the same events.
+    """
+    out = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return []
+    for p in entries:
+        n = parse_trace_name(p.name)
+        if n.profile_id is None or n.merged:
+            continue
+        if prefix is not None and n.prefix != prefix:
+            continue
+        out.append((n.profile_id, n.stage or "", n.dp or 0, n.pp or 0, n.tp or 0, n.ep or 0, p))
+    return [t[-1] for t in sorted(out, key=lambda t: t[:-1])]
+
+
+def wait_for_traces(
+    folder: str | os.PathLike,
+    prefix: str,
+    count: int,
+    timeout_s: float = 60.0,
+    stable_s: float = 1.0,
+    poll_s: float = 0.2,
+) -> list[Path]:
+    """Wait until `count` rank files of `prefix` exist and their sizes have not changed for
+    `stable_s` (torch writes the .gz in place, so a file can be seen half written).
+
+    Returns the files; UserError on timeout, saying how many came. `folder` may be a path seen
+    through /proc/PID/root for a server in a container.
+    """
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    sizes: dict[Path, tuple[int, float]] = {}
+    files: list[Path] = []
+    while True:
+        now = time.monotonic()
+        files = find_rank_traces(folder, prefix)
+        settled = 0
+        for f in files:
+            try:
+                size = f.stat().st_size
+            except OSError:
+                continue
+            old = sizes.get(f)
+            if old is None or old[0] != size:
+                sizes[f] = (size, now)
+            elif size > 0 and now - old[1] >= stable_s:
+                settled += 1
+        if len(files) >= count and settled >= len(files):
+            return files
+        if now >= deadline:
+            raise UserError(
+                f"{len(files)} of {count} trace files with prefix {prefix!r} in {folder} after "
+                f"{timeout_s:g} s (no requests, so no steps? or the server cannot write there)"
+            )
+        time.sleep(poll_s)
+
+
 def iter_events(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
     """Every event of a trace, one at a time (for tools and tests that need the raw events)."""
     import ijson

@@ -466,11 +466,11 @@ def test_capture_through_start_profile_and_import(server, tmp_path):
         output_dir=str(tmp_path), num_steps=3, activities=["CPU"], profile_prefix="kdash"
     )
     assert c.start_profile(req) == "Start profiling."
-    deadline = time.time() + 60
-    while time.time() < deadline and len(list(tmp_path.glob("kdash-*.trace.json.gz"))) < 2:
-        time.sleep(0.1)
-    files = sorted(tmp_path.glob("kdash-*.trace.json.gz"))
-    assert len(files) == 2
+    files = kineto.wait_for_traces(tmp_path, "kdash", count=2, timeout_s=60, stable_s=0.3)
+    assert [kineto.parse_trace_name(f.name).tp for f in files] == [0, 1]
+    with pytest.raises(UserError, match="1 of 3 trace files"):
+        (tmp_path / "other-1.5-TP-0.trace.json.gz").write_bytes(b"x")
+        kineto.wait_for_traces(tmp_path, "other", count=3, timeout_s=0.5)
     res = kineto.import_traces(files, tmp_path / "cap")
     assert res.path.name == "cap.kdash"
     assert res.rows["markers"] == 6  # 3 steps x 2 ranks

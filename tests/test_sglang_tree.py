@@ -243,3 +243,17 @@ def test_url_errors_are_one_line():
 def test_non_sglang_pid_is_refused():
     with pytest.raises(UserError, match="not part of an SGLang server"):
         st.tree_from_pid(os.getpid())
+
+
+def test_path_in_process_same_root_and_fake_container(tmp_path):
+    assert st.path_in_process(os.getpid(), "/tmp/x.trace.json.gz") == Path("/tmp/x.trace.json.gz")
+    # a stand-in /proc whose pid 7 has another root folder (what a container looks like)
+    fake = tmp_path / "proc"
+    (fake / "7").mkdir(parents=True)
+    other_root = tmp_path / "container-root"
+    (other_root / "tmp").mkdir(parents=True)
+    (fake / "7" / "root").symlink_to(other_root)
+    got = st.path_in_process(7, "/tmp/t.json", proc_root=fake)
+    assert got == fake / "7" / "root" / "tmp" / "t.json"
+    (other_root / "tmp" / "t.json").write_text("{}")
+    assert got.read_text() == "{}"
