@@ -147,6 +147,13 @@ def activity_flush_period(ms):
 def activity_get_num_dropped_records(context, stream_id, addr):
     ctypes.c_size_t.from_address(addr).value = 5 if _enabled else 0
 
+class runtime_api_trace_cbid(enum.IntEnum):
+    INVALID = 0; cudaGetDevice_v3020 = 17; cudaStreamSynchronize_v3020 = 131
+    cudaLaunchKernel_v7000 = 211
+
+def activity_enable_runtime_api(cbid, enable):
+    _log(f"rtapi {int(cbid)} {int(enable)}")
+
 def get_callback_name(domain, cbid):
     return {1: "cuLaunchKernel", 2: "cudaLaunchKernel"}[int(domain)]
 
@@ -444,10 +451,15 @@ def test_records_flow_from_activity_to_batches(fake_cupti):
         assert src.stats["dropped_client"] == 0
         assert abs(src.stats["agent_offset_ns"] + 10**9) < 10**7
         src.stop()
+        # only launch/sync API records were kept: cudaGetDevice (17) was switched off
+        events = [w for _, w in log_lines(fake_cupti)]
+        assert "rtapi 17 0" in events
+        assert not any(w.startswith(("rtapi 211", "rtapi 131", "rtapi 0")) for w in events)
         # STOP disables every kind, then force-flushes
         assert wait_for(lambda: any(w == "flush 1" for _, w in log_lines(fake_cupti)), 2)
         events = [w for _, w in log_lines(fake_cupti)]
         assert events.index("disable 10") < events.index("flush 1")
+        assert events.index("rtapi 17 1") < events.index("disable 10")  # defaults restored
         assert p.poll() is None
     finally:
         rc, out, err = finish(p)

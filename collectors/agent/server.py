@@ -92,6 +92,8 @@ ACTIVITY_KINDS = {
     "markers": "MARKER",
 }
 REQUIRED_ACTIVITY = "kernels"  # without it there is nothing to show: unavailable
+# API records kept (by cupti_runtime_cbid.h / cupti_driver_cbid.h name): launches, waits, copies
+API_KEEP = r"Launch|Synchroniz|Memcpy|Memset|StreamWaitEvent|EventRecord"
 
 
 # ---- where the socket lives ---------------------------------------------------------------------
@@ -923,6 +925,7 @@ class CuptiActivity:
                 self.notes.append(f"{act} not available: {self._describe_error(e)}")
                 continue
             self.enabled.append((act, int(kind)))
+        self._narrow_api_records(enable=True)
         # CUPTI's own flush period is left as it is: the session flushes every 200 ms.
         if "markers" in [a for a, _ in self.enabled] and not os.environ.get(
             "NVTX_INJECTION64_PATH"
@@ -931,12 +934,56 @@ class CuptiActivity:
                 "NVTX ranges need NVTX_INJECTION64_PATH=<libcupti.so> set when the target starts"
             )
 
+    def _narrow_api_records(self, enable: bool) -> None:
+        """Keep only launch, synchronize, copy and set API records (enable=True), or put back
+        CUPTI's default of every API (enable=False).
+
+        Why: with RUNTIME and DRIVER on, CUPTI writes a record for every API call, and torch
+        makes several bookkeeping calls (cudaGetDevice, ...) per op; those records cost the
+        target time and say nothing kdash shows. The per-API switch is process-global CUPTI
+        state, so it is restored on detach: a torch.profiler run afterwards sees every call.
+        """
+        import re
+
+        cu = self.cupti
+        acts = {a for a, _ in (self.enabled if enable else self.last_enabled)}
+        plan = (
+            ("runtime", "runtime_api_trace_cbid", "activity_enable_runtime_api"),
+            ("driver", "driver_api_trace_cbid", "activity_enable_driver_api"),
+        )
+        keep = re.compile(API_KEEP)
+        for act, enum_name, fn_name in plan:
+            if act not in acts:
+                continue
+            members = getattr(getattr(cu, enum_name, None), "__members__", None)
+            fn = getattr(cu, fn_name, None)
+            if not members or fn is None:
+                if enable:
+                    self.notes.append(f"{act} API records not narrowed: no {fn_name}")
+                continue
+            skipped = 0
+            for name, cbid in members.items():
+                if name in ("INVALID", "SIZE", "FORCE_INT") or keep.search(name):
+                    continue
+                try:
+                    fn(int(cbid), 0 if enable else 1)
+                except Exception as e:  # noqa: BLE001 - some cbids are not switchable
+                    skipped += 1
+                    if skipped == 1 and enable:
+                        self.notes.append(
+                            f"{act} API records partly narrowed: {self._describe_error(e)}"
+                        )
+
     def disable(self, flush: bool = True) -> str:
         """Disable every enabled kind, then force-flush; "" or what went wrong."""
         errors = []
         cu = self.cupti
         if self.enabled:
             self.last_enabled = list(self.enabled)
+            try:
+                self._narrow_api_records(enable=False)
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"restoring API record defaults: {self._describe_error(e)}")
         for act, kind in self.enabled:
             try:
                 cu.activity_disable(kind)
@@ -965,6 +1012,10 @@ class CuptiActivity:
         """
         if self.enabled:
             self.last_enabled = list(self.enabled)
+            try:  # give the other client CUPTI's default of every API record back
+                self._narrow_api_records(enable=False)
+            except Exception as e:  # noqa: BLE001
+                self.last_error = f"restoring API record defaults: {self._describe_error(e)}"
         self.enabled = []
         with self._lock:
             self._sink = None
