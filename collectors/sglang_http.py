@@ -436,8 +436,11 @@ class SglangMetricsSource:
     In /get_load mode: `num_running_reqs`, `num_queue_reqs`, `num_used_tokens` (+ `token_usage`
     and `gen_throughput` where the server gives them).
 
-    `poll` does one HTTP request with a short timeout; the recorder calls it every `interval_s`
-    from its worker thread. While the server is unreachable it retries every `retry_s`.
+    `poll` does one HTTP request with a short timeout (`timeout_s`, default min(2 s,
+    interval)); the recorder calls it every `interval_s` from its worker thread, and calls that
+    come sooner (the recorder's faster pace inside a capture window) return nothing. While the
+    server is unreachable it retries every `retry_s`, so a dead server costs the shared poll
+    loop one timeout per `retry_s`, not one per poll.
     """
 
     name = "sglang"
@@ -463,6 +466,8 @@ class SglangMetricsSource:
         self._hist_hist: deque[tuple[int, dict[str, dict[float, float]]]] = deque()
         self._last_counters: tuple[int, dict[str, float]] | None = None
         self._next_try_ns = 0
+        self._last_poll_ns: int | None = None
+        self._min_gap_ns = int(interval_s * 0.9e9)
         self._lock = threading.Lock()
         self.polls = 0
         self.failures = 0
@@ -486,6 +491,11 @@ class SglangMetricsSource:
     def _poll(self, now_ns: int) -> dict[str, Batch]:
         if now_ns < self._next_try_ns:
             return {}
+        # Self-paced: the recorder polls every source faster inside a capture window, but the
+        # server's metrics change at its own pace and each scrape costs the server a little.
+        if self._last_poll_ns is not None and now_ns - self._last_poll_ns < self._min_gap_ns:
+            return {}
+        self._last_poll_ns = now_ns
         self.polls += 1
         t0 = time.monotonic()
         rows: dict[str, float] | None = None

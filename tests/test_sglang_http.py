@@ -366,6 +366,9 @@ def test_metrics_source_p50_p99_from_bucket_deltas(server):
     # a quiet interval: gauges only
     third = src.poll(t0 + 2_000_000_000)["server"]
     assert "ttft_p50_s" not in set(third["metric"])
+    # a poll sooner than interval_s (the recorder's capture-window pace) asks nothing
+    n = len(server.requests)
+    assert src.poll(t0 + 2_100_000_000) == {} and len(server.requests) == n
 
 
 def np_all_equal(arr, value) -> bool:
@@ -375,7 +378,7 @@ def np_all_equal(arr, value) -> bool:
 def test_metrics_off_falls_back_to_get_load():
     with StandIn(enable_metrics=False) as s:
         src = sh.SglangMetricsSource(s.url)
-        out = src.poll(1)["server"]
+        out = src.poll(1_000_000_000)["server"]
         got = dict(zip(out["metric"], out["value"], strict=True))
         assert got["num_running_reqs"] == 3.0
         assert src.mode == "load"
@@ -384,8 +387,10 @@ def test_metrics_off_falls_back_to_get_load():
         )
         # it does not ask /metrics again
         n_metrics = sum(1 for r in s.requests if r[1] == "/metrics")
-        src.poll(2)
+        n_load = sum(1 for r in s.requests if r[1] == "/get_load")
+        assert src.poll(2_000_000_000)["server"] is not None
         assert sum(1 for r in s.requests if r[1] == "/metrics") == n_metrics
+        assert sum(1 for r in s.requests if r[1] == "/get_load") == n_load + 1
 
 
 def test_api_key_401_and_bearer():
@@ -442,9 +447,11 @@ def test_connection_refused_and_timeout_are_one_line():
     finally:
         silent.close()
     src = sh.SglangMetricsSource(f"http://127.0.0.1:{port}", retry_s=5.0)
-    assert src.poll(10) == {}
+    assert src.poll(10_000_000_000) == {}
     assert src.health.state == "unavailable" and "connection refused" in src.health.reason
-    assert src.poll(11) == {} and src.failures == 1  # waits retry_s before the next try
+    # waits retry_s (5 s) before the next try, though polled every second
+    assert src.poll(11_000_000_000) == {} and src.failures == 1 and src.polls == 1
+    assert src.poll(15_000_000_000) == {} and src.failures == 2 and src.polls == 2
 
 
 def test_not_json_and_not_prometheus():
