@@ -11,6 +11,8 @@ GPU) with the real product path — `python -c "$BUSY_CHILD"` as the target and
 `kdash attach --pid PID --headless --duration 12 --output tests/data/local-cpu.kdash` — so it
 holds real `threads`/`cpu_freq` rows, real findings (run-queue delay and a shared core: two of
 the child's threads are pinned to CPU 0) and the real "nvml unavailable" health line.
+`tests/data/h200-*.kdash` are real captures a colleague recorded on the H200 machine (a torch
+matmul load, alone and contended); the clock pane's tests and snapshots use them.
 """
 
 from __future__ import annotations
@@ -137,6 +139,21 @@ def replay_app(make_app, capture_store, local_capture):
     meta = dict(local_capture.meta)
     meta["capture_path"] = str(LOCAL_CAPTURE)
     return make_app(store=capture_store, meta=meta, mode="replay")
+
+
+@pytest.fixture
+def replay_of(make_app):
+    """Factory: `replay_of("h200-matmul.kdash")` -> a replay app of that capture in tests/data."""
+    from kdash.capture import load_capture
+
+    def build(name: str, **kwargs):
+        path = DATA / name
+        cap = load_capture(path)
+        meta = dict(cap.meta)
+        meta["capture_path"] = str(path)
+        return make_app(store=store_from_capture(cap), meta=meta, mode="replay", **kwargs)
+
+    return build
 
 
 @pytest.fixture

@@ -148,6 +148,28 @@ async def test_replay_of_real_capture(replay_app, local_capture):
         assert "nvml unavailable" in status and "sched degraded" in status
 
 
+async def test_replay_of_real_h200_capture_clock_pane(replay_of):
+    """The H200 matmul capture: power-capped at 700 W, SM clock held at 1470 of 1980 MHz."""
+    app = replay_of("h200-matmul.kdash")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        pane = app.query_one(ClockPane)
+        assert not pane.has_class("-empty")
+        text = plain(pane.body)
+        assert "GPU0 NVIDIA H200" in text
+        assert "1470/1980 MHz" in text and "/700 W" in text
+        assert "util = a kernel ran, not occupancy" in text
+        band = next(ln for ln in text.splitlines() if ln.startswith("thrtl"))
+        assert band.split()[1] == "sw-power"
+        # The load starts a moment into the window: free clocks first, then the power cap.
+        cells = band[22:]
+        assert cells.count("P") > 0.8 * len(cells.strip())
+        assert cells.index("─") < cells.index("P")
+        assert "pid 636" in text  # the target's process on the GPU (gpu_procs)
+        status = status_text(app)
+        assert "nvml ok" in status
+
+
 async def test_replay_capture_key_says_replay(replay_app):
     async with replay_app.run_test(size=(100, 30)) as pilot:
         await pilot.press("c")

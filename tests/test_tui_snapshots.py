@@ -1,4 +1,5 @@
-"""Snapshots of the dashboard replaying the committed real capture (tests/data/local-cpu.kdash).
+"""Snapshots of the dashboard replaying real captures from tests/data: the H200 matmul load
+(GPU clocks held back by the power cap, the band full of `P`) and the CPU-only local capture.
 
 Deterministic by construction: replay only (no live data), fixed terminal sizes, the config in
 a private XDG folder (theme "dark" unless the test picks one), and no wall-clock text — the
@@ -25,3 +26,13 @@ def test_replay_help_80x24(snap_compare, replay_app):
 def test_replay_mono_cpu_maximised_120x40(snap_compare, make_app, capture_store, local_capture):
     app = make_app(store=capture_store, meta=dict(local_capture.meta), theme="mono")
     assert snap_compare(app, terminal_size=(120, 40), press=["3"])
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+def test_replay_h200_power_capped(snap_compare, replay_of, size):
+    assert snap_compare(replay_of("h200-matmul.kdash"), terminal_size=size)
+
+
+def test_replay_h200_contended_light_clocks_maximised_80x24(snap_compare, replay_of):
+    app = replay_of("h200-contended.kdash", theme="light")
+    assert snap_compare(app, terminal_size=(80, 24), press=["2"])

@@ -110,6 +110,8 @@ class ClockPane(Pane):
         names = {int(g.get("index", -1)): str(g.get("name", "")) for g in view.gpus}
         out = Text(no_wrap=True, overflow="ellipsis")
         seen_letters: set[str] = set()
+        pb = view.store.get("gpu_procs", view.since_ns, view.until_ns)
+        procs = schema.to_frame("gpu_procs", pb) if len(pb["t_ns"]) else None
         for n, (gpu, g) in enumerate(df.groupby("gpu", sort=True)):
             g = g.sort_values("t_ns")
             last = g.iloc[-1]
@@ -165,11 +167,49 @@ class ClockPane(Pane):
             )
             for ch in band:
                 out.append(ch, st["throttle"] if ch in "THBP" else st["band"])
-        out.append("\n" + " " * LABEL_W + view.axis(bins), st["note"])
+            out.append("\n")
+            used, total = last["mem_used_mib"], last["mem_total_mib"]
+            row(
+                "vram",
+                f"{fmt(used / 1024, '.1f')}/{fmt(total / 1024, '.0f')} GiB",
+                spark(series("mem_used_mib"), 0, _hi(g["mem_total_mib"], g["mem_used_mib"])),
+            )
+            pcie = g["pcie_tx_kbs"].to_numpy(dtype=np.float64) + g["pcie_rx_kbs"].to_numpy(
+                dtype=np.float64
+            )
+            pcie_bins = bin_mean(t, pcie, view.since_ns, view.until_ns, bins)
+            row(
+                "pcie",
+                f"↑{_mbs(last['pcie_tx_kbs'])} ↓{_mbs(last['pcie_rx_kbs'])}",
+                spark(
+                    pcie_bins,
+                    0,
+                    float(np.nanmax(pcie_bins)) if np.isfinite(pcie_bins).any() else 1.0,
+                ),
+            )
+            out.append(" " * LABEL_W + view.axis(bins), st["note"])
+            if procs is not None:
+                out.append(self._procs_line(procs, int(gpu)), st["note"])
         if seen_letters:
             legend = "  ".join(f"{ch} {LEGEND[ch]}" for ch in LEGEND if ch in seen_letters)
             out.append("\n" + " " * LABEL_W + legend + "  ─ no reason", st["note"])
         return out
+
+    @staticmethod
+    def _procs_line(procs: pd.DataFrame, gpu: int) -> str:
+        """The target's processes on this GPU at their latest sample: memory and SM util."""
+        p = procs[procs["gpu"] == gpu]
+        if p.empty:
+            return ""
+        p = p.sort_values("t_ns").groupby("pid", sort=False).tail(1)
+        p = p.sort_values("mem_used_mib", ascending=False)
+        parts = [
+            f"pid {int(r.pid)} {fmt(r.mem_used_mib / 1024, '.1f')} GiB"
+            f" sm {fmt(r.sm_util_pct, '.0f', '%')}"
+            for r in p.head(4).itertuples(index=False)
+        ]
+        more = f" +{len(p) - 4} more" if len(p) > 4 else ""
+        return "\n" + f"{'procs':<{LABEL_W}}" + ", ".join(parts) + more
 
 
 def _gt(v: float, limit: float) -> bool:
@@ -185,3 +225,8 @@ def _hi(*cols: pd.Series) -> float:
         if a.size:
             best = a.max() if not np.isfinite(best) else max(best, a.max())
     return float(best) if np.isfinite(best) and best > 0 else 1.0
+
+
+def _mbs(kbs: float) -> str:
+    """PCIe throughput in MB/s (NVML gives KB/s); "n/a" when unsupported."""
+    return fmt(float(kbs) / 1000.0, ".0f") + "MB/s" if np.isfinite(kbs) and kbs >= 0 else "n/a"
