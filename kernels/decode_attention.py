@@ -44,17 +44,53 @@ FP8_DTYPES = (torch.float8_e4m3fn,)
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Launch parameters of stage 1 (defaults picked on an H200, see bench/NOTES-kernels.md)."""
+    """Launch parameters of stage 1 (defaults picked on an H200, see bench/NOTES-kernels.md).
+
+    ``fp8_compute`` says what fp8 KV is converted to for the tensor cores: ``"fp16"`` (default:
+    e4m3 converts to fp16 exactly, in one instruction per pair on sm_89+, and Q and P are then
+    rounded to fp16, which is finer than bf16 for them) or ``"bf16"`` (a longer conversion chain).
+    """
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
-    programs_per_sm: int = 4  # target number of stage-1 programs per SM when choosing splits
+    programs_per_sm: int = 8  # target number of stage-1 programs per SM when planning splits
     min_tokens_per_split: int = 256
     max_splits: int = 256
+    fp8_compute: str = "fp16"
+    evict_first: bool = False  # streaming hint on the K/V loads (they are read once)
 
 
 DEFAULT_CONFIG = DecodeConfig()
+
+
+def plan_splits(
+    batch: int,
+    kv_heads: int,
+    max_len: int,
+    total_tokens: int | None = None,
+    *,
+    config: DecodeConfig = DEFAULT_CONFIG,
+    sms: int | None = None,
+) -> tuple[int, int]:
+    """``(num_splits, split_len)``: the grid's split count and the planned tokens per split.
+
+    The split length comes from the total work (``total_tokens * kv_heads`` token-heads) over the
+    target program count (``programs_per_sm * sms``), so a batch of unequal requests is cut into
+    pieces of about equal work rather than into an equal number of pieces; it is never below
+    ``min_tokens_per_split`` (shorter splits cost more in partial outputs than they gain). The
+    kernel then cuts each request into ``ceil(len / split_len)`` equal parts (at most
+    ``num_splits``), so every token is covered whatever the lengths are at run time; a split past a
+    request's end writes ``lse = -inf`` and is ignored by the merge, so short requests give no NaN.
+    """
+    sms = sms if sms is not None else sm_count()
+    max_len = max(1, max_len)
+    total = total_tokens if total_tokens is not None else batch * max_len
+    target = max(1, config.programs_per_sm * sms)
+    split_len = max(config.min_tokens_per_split, cdiv(max(1, total) * kv_heads, target))
+    split_len = cdiv(split_len, config.block_n) * config.block_n
+    num_splits = max(1, min(cdiv(max_len, split_len), config.max_splits))
+    return int(num_splits), int(split_len)
 
 
 def choose_num_splits(
@@ -65,18 +101,8 @@ def choose_num_splits(
     config: DecodeConfig = DEFAULT_CONFIG,
     sms: int | None = None,
 ) -> int:
-    """Splits per request so that ``batch * kv_heads * splits`` fills the GPU a few times over.
-
-    Never more splits than the longest request has blocks of ``min_tokens_per_split``: beyond that
-    the partial outputs cost more than the parallelism gains. A request shorter than the split
-    count simply leaves some of its splits empty; those write ``lse = -inf`` and are ignored by the
-    merge, so they cannot produce NaN.
-    """
-    sms = sms if sms is not None else sm_count()
-    base = max(1, batch * kv_heads)
-    want = cdiv(config.programs_per_sm * sms, base)
-    useful = cdiv(max(1, max_len), config.min_tokens_per_split)
-    return int(max(1, min(want, useful, config.max_splits)))
+    """Split count for ``batch`` requests of ``max_len`` tokens (see :func:`plan_splits`)."""
+    return plan_splits(batch, kv_heads, max_len, config=config, sms=sms)[0]
 
 
 @triton.jit
@@ -92,6 +118,7 @@ def _decode_stage1(
     LSEP,
     qk_scale,
     num_splits,
+    split_len_hint,
     stride_qb,
     stride_qh,
     stride_kp,
@@ -101,26 +128,26 @@ def _decode_stage1(
     stride_vs,
     stride_vh,
     stride_ptb,
-    stride_ob,
-    stride_oh,
-    stride_os,
-    stride_lb,
-    stride_lh,
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr,
     IS_FP8: tl.constexpr,
+    FP8_FP16: tl.constexpr,
+    EVICT: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    q_heads = tl.num_programs(1) * GROUP
 
     seq_len = tl.load(LENS + b)
-    # Split length rounded to whole blocks so that only the last block of a split is partial.
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    # This request's own cut: as many splits as its length needs at the planned split length
+    # (never more than the grid has), equal parts rounded up to whole blocks.
+    n_here = tl.minimum(tl.maximum(tl.cdiv(seq_len, split_len_hint), 1), num_splits)
+    split_len = tl.cdiv(tl.cdiv(seq_len, n_here), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
 
@@ -136,6 +163,8 @@ def _decode_stage1(
     scale = qk_scale
     if IS_FP8:
         scale = scale * tl.load(KS + kvh)
+        if FP8_FP16:
+            q = q.to(tl.float16)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -155,6 +184,7 @@ def _decode_stage1(
             + offs_d[None, :],
             mask=nmask[:, None],
             other=0.0,
+            eviction_policy=EVICT,
         )
         v = tl.load(
             V
@@ -164,32 +194,39 @@ def _decode_stage1(
             + offs_d[None, :],
             mask=nmask[:, None],
             other=0.0,
+            eviction_policy=EVICT,
         )
         if IS_FP8:
-            k = k.to(tl.bfloat16)
-            v = v.to(tl.bfloat16)
+            if FP8_FP16:
+                k = k.to(tl.float16)
+                v = v.to(tl.float16)
+            else:
+                k = k.to(tl.bfloat16)
+                v = v.to(tl.bfloat16)
         qk = mma(q, tl.trans(k), UPCAST) * scale  # log2 domain
         qk = tl.where(nmask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + mma(to_bf16(p, UPCAST), v, UPCAST)
+        if IS_FP8 and FP8_FP16:  # noqa: SIM108 - an if on constexprs compiles one branch
+            p_op = p.to(tl.float16)
+        else:
+            p_op = to_bf16(p, UPCAST)
+        acc = acc * alpha[:, None] + mma(p_op, v, UPCAST)
         m_i = m_new
 
     if IS_FP8:
         acc = acc * tl.load(VS + kvh)
-    # An empty split (request shorter than the split count) keeps m_i = -inf, l_i = 0: it writes
+    # An empty split (past the end of a short request) keeps m_i = -inf, l_i = 0: it writes
     # lse = -inf and o = 0, and the merge gives it zero weight.
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_safe[:, None]
     lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-    tl.store(
-        OP + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + offs_d[None, :],
-        out,
-        mask=hmask[:, None],
-    )
-    tl.store(LSEP + b * stride_lb + heads * stride_lh + split, lse, mask=hmask)
+    # Partials are contiguous [B, Hq, num_splits, D] and [B, Hq, num_splits].
+    row = (b * q_heads + heads).to(tl.int64) * num_splits + split
+    tl.store(OP + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=hmask[:, None])
+    tl.store(LSEP + row, lse, mask=hmask)
 
 
 @triton.jit
@@ -199,11 +236,6 @@ def _decode_stage2(
     Out,
     LSE,
     num_splits,
-    stride_ob,
-    stride_oh,
-    stride_os,
-    stride_lb,
-    stride_lh,
     stride_outb,
     stride_outh,
     HEAD_DIM: tl.constexpr,
@@ -212,29 +244,43 @@ def _decode_stage2(
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
-    offs_s = tl.arange(0, BLOCK_S)
+    q_heads = tl.num_programs(1)
+    row0 = (b * q_heads + h).to(tl.int64) * num_splits
     offs_d = tl.arange(0, HEAD_DIM)
-    smask = offs_s < num_splits
-    lse = tl.load(LSEP + b * stride_lb + h * stride_lh + offs_s, mask=smask, other=float("-inf"))
-    m = tl.max(lse, 0)
+    # Pass 1: the largest partial LSE. BLOCK_S covers all splits (<= 256) in one chunk, so each
+    # loop runs once: two dependent load round trips in all, not one per split.
+    m_vec = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        lse = tl.load(LSEP + row0 + offs_s, mask=offs_s < num_splits, other=float("-inf"))
+        m_vec = tl.maximum(m_vec, lse)
+    m = tl.max(m_vec, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m_safe)
-    w = tl.where(smask, w, 0.0)
-    denom = tl.sum(w, 0)
-    part = tl.load(
-        OP + b * stride_ob + h * stride_oh + offs_s[:, None] * stride_os + offs_d[None, :],
-        mask=smask[:, None],
-        other=0.0,
-    )
-    out = tl.sum(part * w[:, None], 0)
+    # Pass 2: the weighted sum of the partial outputs.
+    l_vec = tl.zeros([BLOCK_S], dtype=tl.float32)
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        smask = offs_s < num_splits
+        lse = tl.load(LSEP + row0 + offs_s, mask=smask, other=float("-inf"))
+        w = tl.where(smask, tl.exp2(lse - m_safe), 0.0)
+        part = tl.load(
+            OP + (row0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=smask[:, None],
+            other=0.0,
+        )
+        part = tl.where(w[:, None] > 0, part, 0.0)
+        acc += tl.sum(part * w[:, None], 0)
+        l_vec += w
+    denom = tl.sum(l_vec, 0)
     denom_safe = tl.where(denom > 0, denom, 1.0)
-    out = out / denom_safe
+    out = acc / denom_safe
     tl.store(Out + b * stride_outb + h * stride_outh + offs_d, to_bf16(out, EMULATE_RTNE))
     # Natural-log LSE, for callers that merge further (e.g. a prefix + suffix split).
     lse_out = tl.where(
-        denom > 0, (m_safe + tl.log2(denom_safe)) * 0.6931471805599453, float("-inf")
+        denom > 0, (m_safe + tl.log2(denom_safe)) * 0.6931471805599453, -float("inf")
     )
-    tl.store(LSE + b * tl.num_programs(1) + h, lse_out)  # LSE is a contiguous [B, Hq] tensor
+    tl.store(LSE + b * q_heads + h, lse_out)
 
 
 def _as_scale(
@@ -243,7 +289,9 @@ def _as_scale(
     if scale is None:
         raise ValueError("fp8 KV needs k_scale and v_scale (per KV head, or one float)")
     if isinstance(scale, torch.Tensor):
-        s = scale.to(device=device, dtype=torch.float32).reshape(-1)
+        s = scale.reshape(-1)
+        if s.dtype != torch.float32 or s.device != device:
+            s = s.to(device=device, dtype=torch.float32)
         if s.numel() == 1:
             s = s.expand(kv_heads).contiguous()
         if s.numel() != kv_heads:
@@ -264,16 +312,19 @@ def decode_attention(
     v_scale: torch.Tensor | float | None = None,
     num_splits: int | None = None,
     max_seq_len: int | None = None,
+    total_tokens: int | None = None,
     config: DecodeConfig = DEFAULT_CONFIG,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of one new query token per request over its paged KV cache.
 
-    ``num_splits`` fixes the split count (needed inside a CUDA graph, where reading lengths back
-    to the host is not allowed); otherwise it is chosen by :func:`choose_num_splits` from
-    ``max_seq_len`` (or ``seq_lens.max()``, which synchronises). Returns ``[B, Hq, D]`` in q's
-    dtype, and the natural-log LSE ``[B, Hq]`` fp32 when ``return_lse``.
+    The split plan (:func:`plan_splits`) needs the longest length (``max_seq_len``, else
+    ``seq_lens.max()``, which synchronises with the GPU) and, for a balanced cut of unequal
+    requests, ``total_tokens`` (else ``batch * max_seq_len``). ``num_splits`` overrides the split
+    count, e.g. for a CUDA graph captured once and replayed for any lengths: any lengths stay
+    correct, only the balance changes. Returns ``[B, Hq, D]`` in q's dtype, and the natural-log
+    LSE ``[B, Hq]`` fp32 when ``return_lse``.
     """
     if q.dim() != 3 or k_cache.dim() != 4:
         raise ValueError("q must be [B, Hq, D] and the caches [pages, page_size, Hkv, D]")
@@ -296,21 +347,26 @@ def decode_attention(
         ks = _as_scale(k_scale, kv_heads, dev)
         vs = _as_scale(v_scale, kv_heads, dev)
     else:
-        ks = vs = torch.ones(1, device=dev, dtype=torch.float32)
+        ks = vs = seq_lens  # never read; any pointer does (saves an allocation and a fill)
     sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
-    if num_splits is None:
-        if max_seq_len is None:
-            max_seq_len = int(seq_lens.max().item()) if batch else 0
-        num_splits = choose_num_splits(batch, kv_heads, max_seq_len, config=config)
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max().item()) if batch else 1
+    splits, split_len = plan_splits(batch, kv_heads, max_seq_len, total_tokens, config=config)
+    if num_splits is not None:
+        splits = max(1, int(num_splits))
     if out is None:
         out = torch.empty_like(q)
-    o_part = torch.empty((batch, q_heads, num_splits, head_dim), device=dev, dtype=torch.float32)
-    lse_part = torch.empty((batch, q_heads, num_splits), device=dev, dtype=torch.float32)
-    lse = torch.empty((batch, q_heads), device=dev, dtype=torch.float32)
+    # One workspace allocation: partial O, partial LSE, final LSE.
+    n_o = batch * q_heads * splits * head_dim
+    n_l = batch * q_heads * splits
+    ws = torch.empty(n_o + n_l + batch * q_heads, device=dev, dtype=torch.float32)
+    o_part = ws[:n_o]
+    lse_part = ws[n_o : n_o + n_l]
+    lse = ws[n_o + n_l :].view(batch, q_heads)
     if batch == 0:
         return (out, lse) if return_lse else out
     upcast = interpreting(q)
-    _decode_stage1[(batch, kv_heads, num_splits)](
+    _decode_stage1[(batch, kv_heads, splits)](
         q,
         k_cache,
         v_cache,
@@ -321,7 +377,8 @@ def decode_attention(
         o_part,
         lse_part,
         sm_scale * LOG2E,
-        num_splits,
+        splits,
+        split_len,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -331,17 +388,14 @@ def decode_attention(
         v_cache.stride(1),
         v_cache.stride(2),
         page_table.stride(0),
-        o_part.stride(0),
-        o_part.stride(1),
-        o_part.stride(2),
-        lse_part.stride(0),
-        lse_part.stride(1),
         GROUP=group,
         BLOCK_H=max(16, next_pow2(group)),
         HEAD_DIM=head_dim,
         BLOCK_N=config.block_n,
         PAGE=page_size,
         IS_FP8=is_fp8,
+        FP8_FP16=config.fp8_compute == "fp16",
+        EVICT="evict_first" if config.evict_first else "",
         UPCAST=upcast,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
@@ -351,17 +405,13 @@ def decode_attention(
         lse_part,
         out,
         lse,
-        num_splits,
-        o_part.stride(0),
-        o_part.stride(1),
-        o_part.stride(2),
-        lse_part.stride(0),
-        lse_part.stride(1),
+        splits,
         out.stride(0),
         out.stride(1),
         HEAD_DIM=head_dim,
-        BLOCK_S=next_pow2(num_splits),
+        BLOCK_S=min(256, next_pow2(splits)),
         EMULATE_RTNE=upcast,
-        num_warps=4 if head_dim >= 128 else 2,
+        # the [BLOCK_S, D] fp32 tile of partials at <= 64 registers a thread
+        num_warps=max(1, min(8, next_pow2(splits) * head_dim // 2048)),
     )
     return (out, lse) if return_lse else out

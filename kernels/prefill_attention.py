@@ -42,12 +42,17 @@ class PrefillConfig:
 
 
 def default_config(head_dim: int, causal: bool, device: torch.device) -> PrefillConfig:
-    """Hand-picked configs (H200; see bench/NOTES-kernels.md), small tiles in the interpreter."""
+    """Hand-picked per head dim and causality: the best of a 5-config sweep on an H200 at S=4k
+    (bench/NOTES-kernels.md); small tiles in the CPU interpreter."""
     if device.type != "cuda":
         return PrefillConfig(block_m=64, block_n=64, num_warps=4, num_stages=1)
     if head_dim <= 64:
-        return PrefillConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
-    return PrefillConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+        if causal:
+            return PrefillConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+        return PrefillConfig(block_m=64, block_n=64, num_warps=4, num_stages=4)
+    if causal:
+        return PrefillConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+    return PrefillConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
 
 
 @triton.jit

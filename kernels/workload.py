@@ -193,6 +193,7 @@ class Engine:
             # Token values do not matter to the work done; random ids keep the host out of it.
             x = self.embed[self._tokens(b)]
             max_len = max(pos_host) + 1
+            total = sum(pos_host) + b
             for i, lw in enumerate(self.layers):
                 q, k, v = self._qkv(x, lw)
                 scales = (self.kv_scale, self.kv_scale) if self.fp8 else (None, None)
@@ -205,6 +206,7 @@ class Engine:
                     pt,
                     lens,
                     max_seq_len=max_len,
+                    total_tokens=total,
                     **kw,
                 )
                 x = x + o.view(b, -1) @ lw["wo"]
@@ -304,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--duration", type=float, default=None, help="seconds to run (default: forever)"
     )
-    ap.add_argument("--rate", type=float, default=40.0, help="request arrivals per second")
+    ap.add_argument("--rate", type=float, default=16.0, help="request arrivals per second")
     ap.add_argument("--prompt-len", type=int, default=1024, help="mean prompt length (lognormal)")
     ap.add_argument("--output-len", type=int, default=256, help="mean output length (lognormal)")
     ap.add_argument("--max-running", type=int, default=64, help="decode batch limit")

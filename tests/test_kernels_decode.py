@@ -21,6 +21,7 @@ from kdash.kernels.decode_attention import (  # noqa: E402
     DecodeConfig,
     choose_num_splits,
     decode_attention,
+    plan_splits,
 )
 from kdash.kernels.kv_cache import FP8, build_paged_cache, fp8_scales  # noqa: E402
 from kdash.kernels.reference import (  # noqa: E402
@@ -51,9 +52,9 @@ def make_case(
     seed: int = 0,
 ):
     """A fresh random paged cache (NaN in every unowned slot) and the query batch for it."""
-    g = torch.Generator().manual_seed(seed)
-    ks = [torch.randn(n, kv_heads, head_dim, generator=g).to(device) for n in lens]
-    vs = [torch.randn(n, kv_heads, head_dim, generator=g).to(device) for n in lens]
+    g = torch.Generator(device=device).manual_seed(seed)  # drawn where used: fast on the GPU
+    ks = [torch.randn(n, kv_heads, head_dim, generator=g, device=device) for n in lens]
+    vs = [torch.randn(n, kv_heads, head_dim, generator=g, device=device) for n in lens]
     scales = {}
     if fp8:
         # Deliberately unequal per-head magnitudes, so a swapped head scale shows.
@@ -61,9 +62,14 @@ def make_case(
         ks = [k * mult for k in ks]
         scales = dict(k_scale=fp8_scales(torch.cat(ks)), v_scale=fp8_scales(torch.cat(vs)))
     kc, vc, pt, sl = build_paged_cache(
-        ks, vs, page_size, dtype=FP8 if fp8 else torch.bfloat16, generator=g, **scales
+        ks,
+        vs,
+        page_size,
+        dtype=FP8 if fp8 else torch.bfloat16,
+        generator=torch.Generator().manual_seed(seed),
+        **scales,
     )
-    q = torch.randn(len(lens), q_heads, head_dim, generator=g).to(device, torch.bfloat16)
+    q = torch.randn(len(lens), q_heads, head_dim, generator=g, device=device).bfloat16()
     return q, kc, vc, pt, sl, scales
 
 
@@ -105,6 +111,15 @@ def test_more_splits_than_tokens_gives_no_nan() -> None:
 
 
 @needs_device
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_forced_split_counts_still_cover_every_token(num_splits: int) -> None:
+    """A graph-captured split count must stay right for any lengths (only balance changes)."""
+    q, kc, vc, pt, sl, scales = make_case([1, 130, 500], 4, 2, 64, 16, False, seed=6)
+    out = decode_attention(q, kc, vc, pt, sl, num_splits=num_splits, max_seq_len=2, config=SMALL)
+    check(out, q, kc, vc, pt, sl, scales, False)
+
+
+@needs_device
 def test_lse_is_the_log_sum_exp_of_the_logits() -> None:
     q, kc, vc, pt, sl, _ = make_case([3, 77], 4, 2, 64, 16, False, seed=3)
     _, lse = decode_attention(q, kc, vc, pt, sl, num_splits=3, config=SMALL, return_lse=True)
@@ -128,6 +143,15 @@ def test_fp8_per_tensor_scale_as_float() -> None:
     check(a, q, kf, vf, pt, sl, dict(k_scale=ks, v_scale=vs), True)
 
 
+@needs_device
+def test_fp8_converted_to_bf16_instead_of_fp16() -> None:
+    """The other fp8 compute path (``fp8_compute="bf16"``) passes the same gate."""
+    q, kc, vc, pt, sl, scales = make_case([5, 300], 8, 2, 64, 16, True, seed=7)
+    cfg = DecodeConfig(block_n=64, fp8_compute="bf16")
+    out = decode_attention(q, kc, vc, pt, sl, num_splits=2, config=cfg, **scales)
+    check(out, q, kc, vc, pt, sl, scales, True)
+
+
 def test_fp8_without_scales_is_refused() -> None:
     q, kc, vc, pt, sl, _ = make_case([4], 2, 2, 64, 1, True, device="cpu")
     with pytest.raises(ValueError, match="scale"):
@@ -146,6 +170,19 @@ def test_split_count_fills_the_gpu_without_waste(batch: int, kv_heads: int, max_
     # enough programs to cover the SMs whenever the request is long enough to split that far
     if max_len >= cfg.min_tokens_per_split * cfg.programs_per_sm * 132 // (batch * kv_heads):
         assert batch * kv_heads * s >= 132
+
+
+def test_split_plan_balances_unequal_requests() -> None:
+    """Pieces of about equal work: a long request gets more splits, short ones one each."""
+    cfg = DecodeConfig(block_n=64, programs_per_sm=4, min_tokens_per_split=256)
+    lens = [32768] + [512] * 63
+    splits, split_len = plan_splits(64, 8, max(lens), sum(lens), config=cfg, sms=132)
+    assert split_len % 64 == 0 and split_len >= 256
+    assert splits * split_len >= max(lens)
+    pieces = sum(8 * -(-n // split_len) for n in lens)  # programs that do work
+    assert 132 <= pieces <= 4 * 132 * 2  # fills the GPU without a flood of tiny programs
+    # the longest piece is not much longer than the planned split length
+    assert -(-max(lens) // min(splits, -(-max(lens) // split_len))) <= split_len
 
 
 # --------------------------------------------------------------------------- GPU gates
