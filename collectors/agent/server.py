@@ -803,6 +803,7 @@ class CuptiActivity:
         self.offset_ns = 0
         self.offset_gap_ns = 0
         self.driver_cuda: int | None = None
+        self.mismatch = ""  # cupti-python/libcupti newer than the driver: what to install
         self._registered = False
         self._lock = threading.Lock()
         self._sink: Callable[[dict[str, dict[str, Any]]], None] | None = None
@@ -843,6 +844,7 @@ class CuptiActivity:
         )
         if mismatch:
             self.notes.append("warning: " + mismatch)
+        self.mismatch = mismatch
         held = other_cupti_client()
         if held:
             raise Unavailable(f"{held}; kdash waits until it ends", retry=True)
@@ -870,6 +872,10 @@ class CuptiActivity:
             return f"CUPTI refused ({name}): profiling is restricted to admins on this machine"
         text = f"{type(e).__name__}: {e}" if not name else f"CUPTI error {name} ({e})"
         return text
+
+    def _with_hint(self, why: str) -> str:
+        """A CUPTI failure, plus the version advice when the versions do not match."""
+        return f"{why}; likely cause: {self.mismatch}" if self.mismatch else why
 
     def measure_offset(self) -> None:
         """monotonic_ns - CUPTI time, from the tightest of a few paired reads."""
@@ -904,7 +910,7 @@ class CuptiActivity:
             if not self._registered:
                 with self._lock:
                     self._sink = None
-                raise Unavailable(self._describe_error(e)) from None
+                raise Unavailable(self._with_hint(self._describe_error(e))) from None
             self.notes.append(f"re-registering buffer callbacks: {self._describe_error(e)}")
         self.enabled = []
         for act in activities:
@@ -921,7 +927,7 @@ class CuptiActivity:
             except Exception as e:  # noqa: BLE001
                 if act == REQUIRED_ACTIVITY:
                     self.disable(flush=False)
-                    raise Unavailable(self._describe_error(e)) from None
+                    raise Unavailable(self._with_hint(self._describe_error(e))) from None
                 self.notes.append(f"{act} not available: {self._describe_error(e)}")
                 continue
             self.enabled.append((act, int(kind)))
