@@ -51,6 +51,7 @@ if mode == "procs":
             name(f"busy{i}")
             spin(end)
             os._exit(0)
+        os.sched_setaffinity(pid, {c})  # pinned (and moved) before we say ready
         kids.append(pid)
     print("ready", *kids, flush=True)
     for k in kids:
@@ -238,16 +239,13 @@ def test_forced_migrations_are_counted_and_flagged():
         src.start()
         try:
             chunks = []
-            end = time.monotonic() + 1.6
-            i = 0
-            next_poll = 0.0
-            while time.monotonic() < end:
-                os.sched_setaffinity(kids[0], {cpus[i % 2]})  # bounce it: a real migration
-                i += 1
-                if time.monotonic() >= next_poll:
+            # Bounce it between two CPUs every ~25 ms (each a real migration) and poll every
+            # 7th bounce: an odd stride, so successive polls see both affinities.
+            for i in range(64):
+                os.sched_setaffinity(kids[0], {cpus[i % 2]})
+                if i % 7 == 0:
                     chunks.append(src.poll(time.monotonic_ns()))
-                    next_poll = time.monotonic() + 0.2
-                time.sleep(0.02)
+                time.sleep(0.025)
         finally:
             src.stop()
     tables = {
