@@ -119,9 +119,6 @@ class SchedSource:
 
     name = "sched"
 
-    #: Files read per thread through kept descriptors; the budget is counted in descriptors.
-    _KEPT = ("stat", "schedstat", "sched")
-
     def __init__(
         self,
         target: Target,
@@ -211,8 +208,13 @@ class SchedSource:
         return max(0, min(soft // 2 - 64, 8192))
 
     def _refresh_tree(self, t_ns: int) -> None:
-        pids = self.target.pids()
-        self._pids = pids
+        """Re-read the process tree; on a psutil error keep the last one and say so."""
+        import psutil
+
+        try:
+            self._pids = self.target.pids()
+        except (psutil.Error, OSError) as e:
+            self._poll_notes["tree"] = f"process tree not re-read: {type(e).__name__}: {e}"
         self._tree_t_ns = t_ns
 
     def _close(self, th: _Thread) -> None:
