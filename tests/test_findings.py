@@ -412,3 +412,13 @@ def test_random_tables_never_break_find_all(seed: int):
     assert list(out.columns) == schema.columns("findings")
     assert set(out["severity"]) <= {"critical", "warning", "info"}
     assert (out["evidence"].str.len() > 0).all() and (out["advice"].str.len() > 0).all()
+
+
+def test_a_late_poll_does_not_break_a_stretch_but_missing_data_does():
+    th = Thresholds(min_duration_s=3.0)
+    first = h200_samples(2, reasons=0x4)
+    late = h200_samples(2, reasons=0x4, start=T0 + 3_000_000_000)  # one poll 1.25 s late
+    out = F.gpu_throttle(pd.concat([first, late], ignore_index=True), th)
+    assert len(out) == 1 and "for 5.0 s" in out[0]["evidence"]
+    lost = h200_samples(2, reasons=0x4, start=T0 + 7_000_000_000)  # 5 s without samples
+    assert F.gpu_throttle(pd.concat([first, lost], ignore_index=True), th) == []

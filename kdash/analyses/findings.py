@@ -12,10 +12,12 @@ Rules shared by all findings:
   matters: three busy threads crammed onto one CPU each get 33% of it, and a plain CPU %
   threshold would call the starved threads cold.
 - Persistence: a condition is judged per sample; a finding needs a stretch of consecutive
-  samples where it holds that lasts at least `min_duration_s` (a stretch of k samples lasts k
-  sample intervals; a gap of more than 2.5 intervals in a subject's samples ends a stretch). So
-  one unlucky 250 ms poll never raises a finding, and the evidence says how long it lasted out
-  of how long a window.
+  samples where it holds that lasts at least `min_duration_s` (from one interval before its
+  first sample to its last sample). A late poll does not break a stretch: the rates of the
+  sample after it cover the whole gap. Only a gap longer than both 2.5 poll intervals and
+  `_MAX_GAP_S` (a thread that was not listed, a suspended poller) ends one. So one unlucky
+  250 ms poll never raises a finding, and the evidence says how long it lasted out of how long
+  a window.
 - Rates need two samples of the same thread (the first row of a thread has NaN rates), and
   fields a machine cannot give (NaN, -1) never satisfy a condition: no data, no finding.
 - A finding's `t_ns` is the last sample of its longest stretch.
@@ -40,6 +42,10 @@ from kdash.config import Thresholds
 Finding = dict[str, object]
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+# A gap between two samples of a subject longer than this (and than 2.5 poll intervals) ends a
+# stretch: below it, a late poll on a loaded machine; above it, data is missing.
+_MAX_GAP_S = 2.0
 
 # Reasons that are hardware or thermal: the GPU is being protected, not merely capped.
 _HARD_REASONS = 0x8 | 0x20 | 0x40 | 0x80
@@ -108,9 +114,9 @@ def _runs(
 ) -> tuple[float, int, float]:
     """(longest stretch in s, t_ns of its last sample, total s where cond held) for one subject.
 
-    `t` sorted ascending. A stretch of k consecutive true samples lasts k poll intervals
-    (`interval` in ns: the table's, else this subject's median step); a gap of more than 2.5
-    intervals breaks it (a thread that was not listed, a paused poller).
+    `t` sorted ascending. A stretch of consecutive true samples lasts from one poll interval
+    (`interval` in ns: the table's, else this subject's median step) before its first sample
+    to its last; a gap longer than both 2.5 intervals and `_MAX_GAP_S` breaks it.
     """
     n = len(t)
     if n == 0 or not cond.any():
@@ -120,7 +126,7 @@ def _runs(
     if interval is None:
         interval = float(np.median(dts)) if n > 1 else 0.0
     starts = cond.copy()
-    starts[1:] &= ~cond[:-1] | (dts > 2.5 * interval)
+    starts[1:] &= ~cond[:-1] | (dts > max(2.5 * interval, _MAX_GAP_S * 1e9))
     run_id = np.cumsum(starts) - 1
     start_t = t[np.flatnonzero(starts)]
     idx = np.flatnonzero(cond)
