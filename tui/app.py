@@ -318,12 +318,13 @@ class KdashApp(App[None]):
 
     @property
     def panes(self) -> list[Pane]:
-        return [self.query_one(f"#{p}", Pane) for p in self.PANE_IDS]
+        """The mounted panes in key order (none before compose or after shutdown)."""
+        found = {p.id: p for p in self.query(Pane)}
+        return [found[i] for i in self.PANE_IDS if i in found]
 
     def on_mount(self) -> None:
         self.title, self.sub_title = self._titles()
         self._apply_layout(self.size.width, self.size.height)
-        self.set_interval(1.0 / self.redraw_hz, self._tick, name="redraw")
         if self.mode == "live":
             self._run_recorder()
         self._update_status()
@@ -332,23 +333,28 @@ class KdashApp(App[None]):
             self.notify(self.config.warning, severity="warning")
 
     def _first_draw(self) -> None:
+        # The timer starts here, after the first layout: a tick must never find the panes or
+        # the status bar not yet mounted (seen on a loaded machine when started in on_mount).
+        self.set_interval(1.0 / self.redraw_hz, self._tick, name="redraw")
         self._redraw(force=True)
         self._update_status()
-        self.panes[2].focus_target().focus()
+        for pane in self.query("#cpu").results(Pane):
+            pane.focus_target().focus()
 
     def on_resize(self, event) -> None:
         self._apply_layout(event.size.width, event.size.height)
         self.request_redraw()
 
-    def request_redraw(self) -> None:
-        """Redraw once after the pending layout settles (panes call this when resized).
+    def request_redraw(self, now: bool = False) -> None:
+        """Redraw once after the pending layout settles (resizes, pan, zoom, theme, layout).
 
-        Live and running, this only marks the view dirty and the next timer tick draws it, so
-        redraws never exceed `redraw_hz`. Replay or paused (no ticks draw then), it redraws
-        after the layout settles, coalesced: many resizes in one refresh cost one redraw.
+        Coalesced: a burst of requests in one refresh (a held `+` over a slow SSH link, many
+        resize events) costs one redraw. Live and running, a resize only marks the view dirty
+        and the next timer tick draws it, so redraws stay within `redraw_hz`; a user's view
+        change (`now`) is drawn at once so the key feels immediate.
         """
         self._dirty = True
-        if self.mode == "live" and not self.paused:
+        if self.mode == "live" and not self.paused and not now:
             return  # the next tick redraws: live redraws stay within redraw_hz
         if not self._redraw_pending:
             self._redraw_pending = True
@@ -504,13 +510,14 @@ class KdashApp(App[None]):
         self.last_redraw_ms = (time.perf_counter() - t0) * 1e3
 
     def _view_changed(self) -> None:
-        """Pan/zoom/layout/theme: redraw now, also while paused (the view is frozen, not dead)."""
-        self._dirty = True
-        self._redraw(force=True)
+        """Pan/zoom/layout/theme: redraw (coalesced), also while paused: frozen, not dead."""
+        self.request_redraw(now=True)
         self._update_status()
 
     def _update_status(self) -> None:
-        self.query_one(StatusBar).show(self.status_info())
+        # query(), not query_one(): during start-up and shutdown there may be no bar to update.
+        for bar in self.query(StatusBar):
+            bar.show(self.status_info())
 
     def status_info(self) -> StatusInfo:
         target = self.meta.get("target") or {}
