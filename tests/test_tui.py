@@ -352,7 +352,7 @@ async def test_kernel_pane_draws_kernels_made_up_data(make_app):
         end_ns=starts + np.where(names == "gemm_kernel", 30_000, 10_000),
         name=list(names),
         device=np.zeros(n, dtype=np.int16),
-        stream=np.where(np.arange(n) % 2 == 0, 7, 8),
+        stream=np.where(np.arange(n) % 2 == 0, 7, -1),  # -1: stream n/a
     )
     store = Store(retention_s=10**6)
     store.append("kernels", batch)
@@ -367,7 +367,7 @@ async def test_kernel_pane_draws_kernels_made_up_data(make_app):
         assert table.get_row_at(0)[0] == "gemm_kernel"  # most total time first
         assert table.get_row_at(1)[0] == "attn<…>"
         lanes = plain(pane.lanes)
-        assert "GPU0 s7" in lanes and "GPU0 s8" in lanes
+        assert "GPU0 s7" in lanes and "GPU0 s-1" in lanes
 
 
 # -- live -----------------------------------------------------------------------------------------
