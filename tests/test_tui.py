@@ -481,6 +481,27 @@ async def test_live_target_exit_is_shown(tmp_path, make_app):
         assert app.is_running
 
 
+async def test_recorder_crash_is_shown_not_fatal(make_app, tmp_path):
+    """A recorder whose poll loop dies (stand-in: run_forever raises) leaves the dashboard up
+    with the reason in the status bar: the worker runs with exit_on_error=False."""
+    from kdash.session import Recorder, RecorderOptions
+
+    class Broken(Recorder):
+        def run_forever(self) -> None:
+            raise RuntimeError("boom in the poll loop")
+
+    store = Store(retention_s=30)
+    rec = Broken([], store, None, RecorderOptions(capture_dir=tmp_path))
+    app = make_app(store=store, meta={"target": {"pid": 1}}, mode="live", recorder=rec)
+    async with app.run_test(size=(100, 30)) as pilot:
+        assert await wait_for(pilot, lambda: "recorder stopped" in status_text(app))
+        assert "boom in the poll loop" in status_text(app)
+        assert app.is_running
+        await pilot.press("ctrl+c")
+        await pilot.pause()
+    assert app.return_code == 0
+
+
 def test_live_mode_needs_a_recorder(make_app):
     with pytest.raises(ValueError):
         make_app(store=Store(), meta={}, mode="live", recorder=None)

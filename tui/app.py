@@ -245,6 +245,8 @@ class KdashApp(App[None]):
         Binding("r", "reset_window", "reset the window (follow live / whole capture)"),
         Binding("question_mark", "help", "this help"),
         Binding("q", "quit", "quit"),
+        # Over SSH people press ctrl+c to leave a monitor (top, nvitop); Textual would copy.
+        Binding("ctrl+c", "quit", "quit", priority=True),
     ]
     PANE_IDS = ("kernels", "clocks", "cpu", "source")
 

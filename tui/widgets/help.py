@@ -51,7 +51,9 @@ def help_rows(bindings: list[Binding]) -> list[tuple[str, str]]:
             rows.append((keys, group[0].description))
             continue
         heads = {b.description.split(":", 1)[0] for b in group}
-        if len(heads) == 1 and all(":" in b.description for b in group):
+        if len({b.description for b in group}) == 1:
+            rows.append((keys, group[0].description))
+        elif len(heads) == 1 and all(":" in b.description for b in group):
             parts = ", ".join(
                 f"{key_label(b.key)} {b.description.split(':', 1)[1].strip()}" for b in group
             )
