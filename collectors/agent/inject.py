@@ -1,0 +1,632 @@
+"""Getting the agent into a live Python process that was started without kdash.
+
+`check_injectable(pid)` runs the preconditions in order and returns the first one that fails
+as a one-line reason that says what to do; `inject(pid)` then starts the agent inside the
+target. Nothing here is tried when a check fails, and `kdash attach --no-inject` never calls it.
+
+Preconditions (why each matters):
+
+* the process exists and is not a zombie;
+* it has no agent yet (then there is nothing to do);
+* it runs as our uid: the agent only accepts clients of its own uid (SO_PEERCRED), so even a
+  root kdash could not talk to an agent it put into another user's process;
+* it is Python (the executable or a mapped libpython says so), version 3.10 or newer;
+* the kernel lets us trace it: `kernel.yama.ptrace_scope` 0, or 1 when the target is our
+  descendant or we hold CAP_SYS_PTRACE, 2 only with CAP_SYS_PTRACE, 3 never;
+* on 3.14+, remote debugging is not switched off in the target (PYTHON_DISABLE_REMOTE_DEBUG,
+  `-X disable_remote_debug`);
+* the target's interpreter, with the target's own environment and working folder, can import
+  numpy and cupti-python (otherwise the agent would only say "unavailable"; better to say
+  what to install now).
+
+Mechanisms:
+
+* Python 3.14+: `sys.remote_exec(pid, script)`, run by the target's own interpreter binary.
+* Python 3.10-3.13 on x86_64 Linux: ptrace. The main thread is stopped (PTRACE_SEIZE +
+  PTRACE_INTERRUPT, no SIGSTOP), made to call libc `mmap` for one page, the boot code is
+  written there, and the thread is made to call `Py_AddPendingCall(PyRun_SimpleString, page)`,
+  then its registers are restored and it is released. CPython runs pending calls in the main
+  thread at its next bytecode boundary, with the GIL held, so the boot code runs as ordinary
+  Python: it loads the agent's server.py by path and calls `start_agent()`. Py_AddPendingCall
+  needs neither the GIL nor a thread state, which is why no other thread has to be stopped.
+  The boot code catches everything (a pending call that fails without an exception set would
+  raise SystemError into the target) and records failures in `<socket folder>/<pid>.unavailable`.
+  One 4 KiB page stays mapped in the target afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import platform
+import re
+import struct
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kdash.collectors.agent import bootstrap, server
+from kdash.collectors.agent.client import agent_failure_note, find_agent_socket
+
+CAP_SYS_PTRACE = 19
+MIN_PYTHON = (3, 10)
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class Injectability:
+    """The verdict of `check_injectable`: `reason` is the one line to show when not `ok`."""
+
+    pid: int
+    ok: bool = False
+    reason: str = ""
+    method: str | None = None  # "remote_exec" | "ptrace" | "already"
+    python: str | None = None  # "3.12"
+    exe: str | None = None
+    checks: list[Check] = field(default_factory=list)
+
+    def fail(self, name: str, detail: str) -> Injectability:
+        self.checks.append(Check(name, False, detail))
+        self.ok, self.reason = False, detail
+        return self
+
+    def passed(self, name: str, detail: str = "") -> None:
+        self.checks.append(Check(name, True, detail))
+
+
+# ---- small readers of /proc -----------------------------------------------------------------
+
+
+def _status_fields(pid: int) -> dict[str, str]:
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            out[k] = v.strip()
+    return out
+
+
+def has_cap_sys_ptrace() -> bool:
+    try:
+        cap = int(_status_fields(os.getpid()).get("CapEff", "0"), 16)
+    except (OSError, ValueError):
+        return False
+    return bool(cap >> CAP_SYS_PTRACE & 1)
+
+
+def ptrace_scope() -> int:
+    """kernel.yama.ptrace_scope; 0 when Yama is not there (classic ptrace rules)."""
+    try:
+        return int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def is_descendant(pid: int, ancestor: int | None = None) -> bool:
+    ancestor = os.getpid() if ancestor is None else ancestor
+    seen = 0
+    while pid > 1 and seen < 4096:
+        try:
+            ppid = int(_status_fields(pid).get("PPid", "0"))
+        except (OSError, ValueError):
+            return False
+        if ppid == ancestor:
+            return True
+        pid, seen = ppid, seen + 1
+    return False
+
+
+def ptrace_refusal(scope: int, descendant: bool, cap: bool) -> str | None:
+    """Why Yama would refuse our attach, or None (same uid is checked separately)."""
+    if scope <= 0:
+        return None
+    if scope == 1:
+        if descendant or cap:
+            return None
+        return (
+            "kernel.yama.ptrace_scope=1 lets you attach only to your own child processes: "
+            "start the target with `kdash run -- CMD`, or run `sudo sysctl "
+            "kernel.yama.ptrace_scope=0`, or run kdash with CAP_SYS_PTRACE"
+        )
+    if scope == 2:
+        if cap:
+            return None
+        return (
+            "kernel.yama.ptrace_scope=2 allows attaching only with CAP_SYS_PTRACE: run kdash "
+            "as root (containers: --cap-add SYS_PTRACE), or start the target with `kdash run`"
+        )
+    return (
+        f"kernel.yama.ptrace_scope={scope} forbids attaching to any process until reboot: "
+        "start the target with `kdash run -- CMD`"
+    )
+
+
+def _maps(pid: int) -> list[tuple[int, int, str, int, str]]:
+    """(start, end, perms, file offset, path) per mapping of `pid`."""
+    out = []
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            if len(parts) < 5:
+                continue
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            path = parts[5].strip() if len(parts) == 6 else ""
+            out.append((lo, hi, parts[1], int(parts[2], 16), path))
+    return out
+
+
+_LIBPY = re.compile(r"libpython(3\.\d+)")
+_EXEPY = re.compile(r"python(3\.\d+)")
+
+
+def python_version_of(pid: int, exe: str) -> tuple[str | None, str | None]:
+    """("3.12", where it was seen) from a mapped libpython or the executable's name."""
+    try:
+        for *_x, path in _maps(pid):
+            m = _LIBPY.search(os.path.basename(path))
+            if m:
+                return m.group(1), path
+    except OSError:
+        pass  # fall through to the executable's name
+    m = _EXEPY.search(os.path.basename(exe))
+    if m:
+        return m.group(1), exe
+    return None, None
+
+
+def _target_env(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    env = {}
+    for item in raw.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep:
+            env[k.decode(errors="replace")] = v.decode(errors="replace")
+    return env
+
+
+_PROBE = """
+import importlib.util, json, sys
+out = {"version": "%d.%d" % sys.version_info[:2], "missing": []}
+for name in ("numpy", "cupti"):
+    try:
+        if importlib.util.find_spec(name) is None:
+            out["missing"].append(name)
+    except Exception as e:
+        out["missing"].append(name + " (" + type(e).__name__ + ")")
+print(json.dumps(out))
+"""
+
+
+def probe_interpreter(pid: int, exe: str) -> tuple[dict | None, str]:
+    """Run the target's interpreter with the target's environment and folder: its version and
+    which of numpy / cupti-python it cannot find."""
+    try:
+        env = _target_env(pid)
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError as e:
+        return None, f"cannot read pid {pid}'s environment ({e})"
+    env = bootstrap.disarmed_env(env)  # the probe itself must not start an agent
+    try:
+        r = subprocess.run(
+            [f"/proc/{pid}/exe", "-c", _PROBE],
+            env=env,
+            cwd=cwd if os.path.isdir(cwd) else None,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"cannot run {exe} ({e})"
+    if r.returncode != 0:
+        return None, f"{exe} failed to start: {r.stderr.strip()[-300:]}"
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1]), ""
+    except (ValueError, IndexError):
+        return None, f"{exe} printed {r.stdout.strip()[-200:]!r}"
+
+
+# ---- the checks -----------------------------------------------------------------------------
+
+
+def check_injectable(pid: int, probe: bool = True) -> Injectability:
+    """Every precondition of `inject(pid)`, in order; the first failure is the reason."""
+    v = Injectability(pid)
+    try:
+        st = _status_fields(pid)
+    except FileNotFoundError:
+        return v.fail("exists", f"no such process: {pid}")
+    except OSError as e:
+        return v.fail("exists", f"cannot read /proc/{pid}/status ({e})")
+    if st.get("State", "").startswith("Z"):
+        return v.fail("exists", f"process {pid} has exited (zombie)")
+    v.passed("exists")
+    sock = find_agent_socket(pid)
+    if sock:
+        v.passed("agent", f"already has an agent at {sock}")
+        v.ok, v.method, v.reason = True, "already", f"pid {pid} already has a kdash agent"
+        return v
+    v.passed("agent", "none yet")
+    uid = int(st.get("Uid", "-1").split()[1]) if st.get("Uid") else -1
+    me = os.geteuid()
+    if uid != me:
+        return v.fail(
+            "uid",
+            f"pid {pid} runs as uid {uid} and kdash as uid {me}: the agent accepts only its "
+            f"own user, so run kdash as that user (e.g. `sudo -u '#{uid}' kdash attach ...`)",
+        )
+    v.passed("uid", f"uid {uid}")
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError as e:
+        return v.fail("python", f"cannot read pid {pid}'s executable ({e})")
+    v.exe = exe
+    ver, seen = python_version_of(pid, exe)
+    if ver is None:
+        return v.fail(
+            "python",
+            f"pid {pid} is not a Python process ({exe}); kernel activity of non-Python "
+            "programs needs them started under a CUPTI tool",
+        )
+    v.python = ver
+    vt = tuple(int(x) for x in ver.split("."))
+    if vt < MIN_PYTHON:
+        return v.fail(
+            "python", f"pid {pid} runs Python {ver}; the kdash agent needs Python 3.10 or newer"
+        )
+    v.passed("python", f"Python {ver} ({seen})")
+    if vt >= (3, 14):
+        v.method = "remote_exec"
+        try:
+            env = _target_env(pid)
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError as e:
+            return v.fail("remote_debug", f"cannot read pid {pid}'s environment ({e})")
+        if env.get("PYTHON_DISABLE_REMOTE_DEBUG") or b"disable_remote_debug" in b" ".join(cmd):
+            return v.fail(
+                "remote_debug",
+                f"pid {pid} was started with remote debugging disabled "
+                "(PYTHON_DISABLE_REMOTE_DEBUG or -X disable_remote_debug): restart it without",
+            )
+        v.passed("remote_debug")
+    else:
+        v.method = "ptrace"
+        if platform.machine() != "x86_64":
+            return v.fail(
+                "arch",
+                f"ptrace injection is built for x86_64 only, not {platform.machine()}: start "
+                "the target with `kdash run -- CMD`",
+            )
+        v.passed("arch", "x86_64")
+    why = ptrace_refusal(ptrace_scope(), is_descendant(pid), has_cap_sys_ptrace())
+    if why:
+        return v.fail("ptrace_scope", why)
+    v.passed("ptrace_scope", f"kernel.yama.ptrace_scope={ptrace_scope()}")
+    if probe:
+        info, err = probe_interpreter(pid, exe)
+        if info is None:
+            return v.fail("imports", err)
+        missing = [m for m in info.get("missing", []) if not m.startswith("cupti")]
+        if missing:
+            return v.fail(
+                "imports",
+                f"{exe} (pid {pid}'s interpreter) cannot import {', '.join(missing)}: "
+                f"pip install numpy into that environment",
+            )
+        if any(m.startswith("cupti") for m in info.get("missing", [])):
+            hint = server.install_hint(server.driver_cuda_version()[0])
+            return v.fail(
+                "imports", f"{exe} (pid {pid}'s interpreter) cannot import cupti-python: {hint}"
+            )
+        v.passed("imports", "numpy and cupti-python found")
+    v.ok = True
+    return v
+
+
+# ---- the boot code that runs inside the target ----------------------------------------------
+
+
+def boot_code(pid: int) -> str:
+    """Python source run inside the target: load the agent by path, start it, never raise.
+
+    Names it defines in `__main__` are removed again; failures go to the `.unavailable` note
+    that the client reads.
+    """
+    server_py = str(Path(server.__file__).resolve())
+    pkgs = os.pathsep.join(bootstrap.package_dirs())
+    note = os.path.join(server.socket_dirs()[0], f"{pid}.unavailable")
+    return (
+        "def _kdash_boot():\n"
+        "    import importlib.util, os, sys\n"
+        "    name = 'kdash.collectors.agent.server'\n"
+        "    mod = sys.modules.get(name)\n"
+        "    if mod is None:\n"
+        f"        spec = importlib.util.spec_from_file_location(name, {server_py!r})\n"
+        "        mod = importlib.util.module_from_spec(spec)\n"
+        "        sys.modules[name] = mod\n"
+        "        try:\n"
+        "            spec.loader.exec_module(mod)\n"
+        "        except BaseException:\n"
+        "            sys.modules.pop(name, None)\n"
+        "            raise\n"
+        f"    os.environ.setdefault('KDASH_AGENT_PKGS', {pkgs!r})\n"
+        "    if mod.start_agent() is None:\n"
+        "        raise RuntimeError('the agent could not listen: ' + mod.start_error())\n"
+        "try:\n"
+        "    _kdash_boot()\n"
+        "except BaseException as _kdash_e:\n"
+        "    try:\n"
+        f"        with open({note!r}, 'w') as _kdash_f:\n"
+        "            _kdash_f.write('injected agent failed: %s: %s' % (type(_kdash_e).__name__,"
+        " _kdash_e))\n"
+        "        del _kdash_f\n"
+        "    except BaseException:\n"
+        "        pass  # not even the note could be written: nowhere left to report\n"
+        "finally:\n"
+        "    _kdash_boot = None\n"
+        "    del _kdash_boot\n"
+    )
+
+
+# ---- ELF symbols ------------------------------------------------------------------------------
+
+
+def elf_dynamic_symbols(path: str, wanted: set[str]) -> tuple[dict[str, int], int, int]:
+    """({name: st_value} for `wanted` from .dynsym, e_type, lowest PT_LOAD vaddr) of a 64-bit
+    little-endian ELF file."""
+    data = Path(path).read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise InjectError(f"{path} is not a 64-bit little-endian ELF file")
+    e_type = struct.unpack_from("<H", data, 16)[0]
+    e_phoff, e_shoff = struct.unpack_from("<QQ", data, 32)
+    e_phentsize, e_phnum, e_shentsize, e_shnum = struct.unpack_from("<HHHH", data, 54)
+    low = None
+    for i in range(e_phnum):
+        p_type, _flags, _off, p_vaddr = struct.unpack_from("<IIQQ", data, e_phoff + i * e_phentsize)
+        if p_type == 1 and (low is None or p_vaddr < low):  # PT_LOAD
+            low = p_vaddr
+    sections = []
+    for i in range(e_shnum):
+        sh = struct.unpack_from("<IIQQQQIIQQ", data, e_shoff + i * e_shentsize)
+        sections.append(sh)  # name, type, flags, addr, offset, size, link, info, align, entsize
+    found: dict[str, int] = {}
+    for sh in sections:
+        if sh[1] != 11:  # SHT_DYNSYM
+            continue
+        strtab = sections[sh[6]]
+        str_off = strtab[4]
+        for j in range(sh[5] // 24):
+            st_name, _info, _other, st_shndx, st_value, _size = struct.unpack_from(
+                "<IBBHQQ", data, sh[4] + j * 24
+            )
+            if not st_value or st_shndx == 0:
+                continue
+            end = data.index(b"\0", str_off + st_name)
+            name = data[str_off + st_name : end].decode(errors="replace")
+            if name in wanted:
+                found[name] = st_value
+    return found, e_type, (low or 0) & ~0xFFF
+
+
+def resolve_symbols(pid: int, wanted: set[str], path_pattern: re.Pattern[str]) -> dict[str, int]:
+    """Addresses in `pid` of `wanted` symbols exported by a mapped file matching the pattern."""
+    maps = _maps(pid)
+    paths = []
+    for *_x, path in maps:
+        wanted_file = path.startswith("/") and path_pattern.search(os.path.basename(path))
+        if wanted_file and path not in paths:
+            paths.append(path)
+    for path in paths:
+        base = min((lo for lo, _hi, _p, off, pth in maps if pth == path and off == 0), default=None)
+        if base is None:
+            continue
+        try:
+            syms, e_type, low = elf_dynamic_symbols(f"/proc/{pid}/root{path}", wanted)
+        except (OSError, InjectError):
+            continue
+        if not wanted.issubset(syms):
+            continue
+        bias = 0 if e_type == 2 else base - low  # ET_EXEC: absolute addresses
+        return {k: bias + v for k, v in syms.items()}
+    raise InjectError(
+        f"could not find {', '.join(sorted(wanted))} in pid {pid}'s mapped files "
+        f"(looked in {len(paths)} matching {path_pattern.pattern!r})"
+    )
+
+
+# ---- ptrace ---------------------------------------------------------------------------------
+
+
+class InjectError(Exception):
+    """Injection failed; the message is the one line to show."""
+
+
+PTRACE_PEEKDATA = 2
+PTRACE_CONT = 7
+PTRACE_GETREGS = 12
+PTRACE_SETREGS = 13
+PTRACE_DETACH = 17
+PTRACE_SEIZE = 0x4206
+PTRACE_INTERRUPT = 0x4207
+WALL = 0x40000000
+SIGSEGV = 11
+
+# struct user_regs_struct (x86_64), in order
+_REGS = [
+    *("r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8", "rax", "rcx"),
+    *("rdx", "rsi", "rdi", "orig_rax", "rip", "cs", "eflags", "rsp", "ss", "fs_base"),
+    *("gs_base", "ds", "es", "fs", "gs"),
+]
+
+
+class _Regs(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_ulonglong) for n in _REGS]
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.restype = ctypes.c_long
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    return libc
+
+
+class _Tracee:
+    """One seized thread; `call` runs a function in it and returns rax."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.libc = _libc()
+        self.saved: _Regs | None = None
+        self.pending_signal = 0
+
+    def _pt(self, req: int, addr: int = 0, data: int = 0) -> int:
+        ctypes.set_errno(0)
+        r = self.libc.ptrace(req, self.pid, ctypes.c_void_p(addr), ctypes.c_void_p(data))
+        err = ctypes.get_errno()
+        if r == -1 and err:
+            raise InjectError(f"ptrace({req}) on pid {self.pid}: {os.strerror(err)}")
+        return r
+
+    def _wait_stop(self, timeout: float) -> int:
+        end = time.monotonic() + timeout
+        while True:
+            wpid, status = os.waitpid(self.pid, os.WNOHANG | WALL)
+            if wpid == self.pid:
+                if os.WIFEXITED(status) or os.WIFSIGNALED(status):
+                    raise InjectError(f"pid {self.pid} exited during injection")
+                if os.WIFSTOPPED(status):
+                    return status
+            if time.monotonic() > end:
+                raise InjectError(f"pid {self.pid} did not stop within {timeout:.0f} s")
+            time.sleep(0.001)
+
+    def attach(self) -> None:
+        self._pt(PTRACE_SEIZE)
+        self._pt(PTRACE_INTERRUPT)
+        self._wait_stop(5.0)
+        regs = _Regs()
+        self._pt(PTRACE_GETREGS, 0, ctypes.addressof(regs))
+        self.saved = regs
+
+    def write(self, addr: int, data: bytes) -> None:
+        with open(f"/proc/{self.pid}/mem", "r+b", buffering=0) as f:
+            f.seek(addr)
+            f.write(data)
+
+    def call(self, func: int, *args: int, timeout: float = 3.0) -> int:
+        assert self.saved is not None
+        regs = _Regs.from_buffer_copy(self.saved)
+        sp = ((self.saved.rsp - 4096) & ~0xF) - 8  # below the red zone; rsp+8 16-aligned
+        self.write(sp, b"\0" * 8)  # return address 0: the call ends in a SIGSEGV at rip 0
+        regs.rsp = sp
+        regs.rip = func
+        regs.rax = 0
+        regs.orig_rax = 0xFFFFFFFFFFFFFFFF  # not in a syscall: no restart logic on resume
+        for name, value in zip(("rdi", "rsi", "rdx", "rcx", "r8", "r9"), args, strict=False):
+            setattr(regs, name, value & 0xFFFFFFFFFFFFFFFF)
+        self._pt(PTRACE_SETREGS, 0, ctypes.addressof(regs))
+        self._pt(PTRACE_CONT, 0, 0)
+        end = time.monotonic() + timeout
+        while True:
+            status = self._wait_stop(max(0.1, end - time.monotonic()))
+            sig = os.WSTOPSIG(status)
+            out = _Regs()
+            self._pt(PTRACE_GETREGS, 0, ctypes.addressof(out))
+            if sig == SIGSEGV and out.rip == 0:
+                return ctypes.c_long(out.rax).value
+            if sig == SIGSEGV:
+                raise InjectError(f"the injected call crashed at {out.rip:#x} in pid {self.pid}")
+            if status >> 16:  # a ptrace event stop: just go on
+                self._pt(PTRACE_CONT, 0, 0)
+            else:  # a real signal for the target: hold it, deliver it after we detach
+                self.pending_signal = sig
+                self._pt(PTRACE_CONT, 0, 0)
+
+    def detach(self) -> None:
+        try:
+            if self.saved is not None:
+                self._pt(PTRACE_SETREGS, 0, ctypes.addressof(self.saved))
+        finally:
+            self._pt(PTRACE_DETACH, 0, self.pending_signal)
+
+
+def inject_ptrace(pid: int) -> None:
+    """Make pid's main thread queue the boot code as a CPython pending call (see module doc)."""
+    code = boot_code(pid).encode() + b"\0"
+    if len(code) > 4096:
+        raise InjectError(f"boot code is {len(code)} bytes, more than one page")
+    py = resolve_symbols(
+        pid, {"Py_AddPendingCall", "PyRun_SimpleString"}, re.compile(r"libpython3|python3")
+    )
+    libc = resolve_symbols(pid, {"mmap"}, re.compile(r"^libc[.-]"))
+    t = _Tracee(pid)
+    t.attach()
+    try:
+        page = t.call(libc["mmap"], 0, 4096, 3, 0x22, -1, 0)  # RW, MAP_PRIVATE|MAP_ANONYMOUS
+        if page in (-1, 0) or page < 0:
+            raise InjectError(f"mmap in pid {pid} failed ({page})")
+        t.write(page, code)
+        rc = t.call(py["Py_AddPendingCall"], py["PyRun_SimpleString"], page)
+        if rc != 0:
+            raise InjectError(f"Py_AddPendingCall in pid {pid} returned {rc} (queue full?)")
+    finally:
+        t.detach()
+
+
+def inject_remote_exec(pid: int, exe: str) -> None:
+    """Python 3.14+: the target's own interpreter calls sys.remote_exec(pid, script)."""
+    folder = server.socket_dirs()[0]
+    server.ensure_private_dir(folder)
+    script = os.path.join(folder, f"inject-{pid}.py")
+    with open(script, "w") as f:
+        f.write(boot_code(pid))
+    r = subprocess.run(
+        [f"/proc/{pid}/exe", "-c", f"import sys; sys.remote_exec({pid}, {script!r})"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if r.returncode != 0:
+        raise InjectError(f"sys.remote_exec into pid {pid} failed: {r.stderr.strip()[-300:]}")
+
+
+def inject(pid: int, wait_s: float = 5.0, checked: Injectability | None = None) -> str | None:
+    """Start the agent in `pid`; None once its socket is there, else the reason (one line).
+
+    The boot code runs when the target's main thread next executes Python bytecode, so a
+    target whose main thread is blocked in C for long may take longer than `wait_s`.
+    """
+    v = checked or check_injectable(pid)
+    if not v.ok:
+        return v.reason
+    if v.method == "already":
+        return None
+    with contextlib.suppress(OSError):
+        server.ensure_private_dir(server.socket_dirs()[0])
+    try:
+        if v.method == "remote_exec":
+            inject_remote_exec(pid, v.exe or "")
+        else:
+            inject_ptrace(pid)
+    except (InjectError, OSError, subprocess.SubprocessError) as e:
+        return f"injection into pid {pid} failed: {e}"
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        if find_agent_socket(pid):
+            return None
+        note = agent_failure_note(pid)
+        if note:
+            return f"injected, but the agent did not start in pid {pid}: {note}"
+        time.sleep(0.02)
+    return (
+        f"injected into pid {pid}, but no agent after {wait_s:.0f} s: its main thread has not "
+        "run Python code since (blocked in C?); try again, or start it with `kdash run`"
+    )
