@@ -15,6 +15,9 @@ the run still leaves the earlier evidence):
 4. `profiler`: the target runs torch.profiler for its first seconds; while it does, the agent
    must answer "unavailable" and stay idle; afterwards it must attach; the target reports how
    many CUDA kernel events torch.profiler itself recorded (kdash must not have stolen them).
+5. `inject`: the eager target started WITHOUT kdash; `inject.check_injectable` + `inject.inject`
+   (ptrace on Python 3.10-3.13) put the agent in; seconds from injection to the first kernel,
+   and the rate before / with / after, as in `eager`.
 
 Run on the GPU machine from the repository root (no install needed; see `_kdash_importable`):
 
@@ -292,6 +295,7 @@ def watch(pid: int, seconds: float) -> dict:
         t_ok=t_ok,
         t_window_end=t_window_end,
         t_detach=t_detach,
+        t_first_kernel=t_first_kernel,
         seconds_to_ok=None if t_ok is None else round((t_ok - t_attach) / 1e9, 3),
         seconds_to_first_kernel=(
             None if t_first_kernel is None else round((t_first_kernel - t_attach) / 1e9, 3)
@@ -355,7 +359,7 @@ def run_phase(name: str, mode: str, env: dict, script: Path, armed: bool) -> dic
     from kdash.collectors.agent.client import find_agent_socket
 
     res: dict = {"mode": mode, "armed": armed}
-    tgt = Target(mode, 16.0 if armed else 6.0, env, script)
+    tgt = Target("eager" if mode == "inject" else mode, 16.0 if armed else 6.0, env, script)
     deadline = time.monotonic() + 180
     while not tgt.ready.wait(0.2):
         if tgt.proc.poll() is not None or time.monotonic() > deadline:
@@ -395,7 +399,22 @@ def run_phase(name: str, mode: str, env: dict, script: Path, armed: bool) -> dic
         if res["exit_code"] != 0:
             res["stderr_tail"] = tgt.stderr_tail()
         return res
+    if mode == "inject":
+        from kdash.collectors.agent import inject
+
+        v = inject.check_injectable(pid)
+        res["checks"] = [(c.name, c.ok, c.detail) for c in v.checks]
+        res["python"] = v.python
+        t_inj = now_ns()
+        res["inject_result"] = inject.inject(pid, checked=v) if v.ok else v.reason
+        res["inject_seconds"] = round((now_ns() - t_inj) / 1e9, 3)
+        if res["inject_result"] is not None:
+            res["exit_code"] = tgt.finish()
+            res["stderr_tail"] = tgt.stderr_tail()
+            return res
     w = watch(pid, 3.0)
+    if mode == "inject" and w.get("t_first_kernel"):
+        res["seconds_inject_to_first_kernel"] = round((w["t_first_kernel"] - t_inj) / 1e9, 3)
     time.sleep(3.0)
     t_end = now_ns()
     before = tgt.rate(t_before - 3_000_000_000, w["t_attach"])
@@ -466,6 +485,8 @@ def main() -> int:
             ("eager", "eager", bootstrap.run_env(base), True),
             ("graph", "graph", bootstrap.run_env(base), True),
             ("profiler", "profiler", bootstrap.run_env(base), True),
+            # started WITHOUT kdash; the agent is injected (ptrace on 3.10-3.13)
+            ("inject", "inject", bootstrap.disarmed_env(base), True),
         ]
         for name, mode, env, armed in plan:
             t0 = time.monotonic()
@@ -489,6 +510,10 @@ def main() -> int:
             "timestamps_on_host_clock": bool(k.get("inside_attach_window")),
             "baseline_rate_it_s": base_rate,
             "eager_rates": eager.get("rate_it_s"),
+            "inject": {
+                k: report["phases"].get("inject", {}).get(k)
+                for k in ("inject_result", "seconds_inject_to_first_kernel", "rate_it_s")
+            },
             "graph_kernels_with_graph_id": (
                 (report["phases"].get("graph", {}).get("watch") or {}).get("kernels") or {}
             ).get("with_graph_id"),

@@ -787,3 +787,45 @@ def test_inject_into_a_sleeping_python_child():
         out, err = p.communicate(timeout=30)
     assert p.returncode == 0, err
     assert out.startswith("done") and out.strip().endswith("[]"), out  # __main__ left clean
+
+
+SPAWNER = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    kid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(4)"])
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(4)
+        os._exit(0)
+    print(kid.pid, pid, flush=True)
+    kid.wait()
+    os.waitpid(pid, 0)
+    print("done", flush=True)
+    """
+)
+
+
+def test_spawned_and_forked_python_children_get_their_own_agent():
+    p = subprocess.Popen(
+        [sys.executable, "-c", SPAWNER],
+        env=bootstrap.run_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout is not None
+        spawned, forked = (int(x) for x in p.stdout.readline().split())
+        for pid in (p.pid, spawned, forked):
+            assert wait_for(lambda pid=pid: find_agent_socket(pid), 5), pid
+        # each answers as itself
+        for pid in (spawned, forked):
+            src = AgentSource(pid)
+            src.start()
+            assert wait_for(lambda src=src: bool(src.hello), 5)
+            assert src.hello["pid"] == pid
+            src.stop()
+        assert find_agent_socket(p.pid)  # the fork did not take the parent's socket away
+    finally:
+        out, err = p.communicate(timeout=30)
+    assert p.returncode == 0 and "done" in out, err
