@@ -318,10 +318,16 @@ class KdashApp(App[None]):
                 yield SourcePane(id="source")
         yield StatusBar(id="status")
 
+    def main_query(self, selector):
+        """Query the dashboard's own screen, also while the help screen is on top (`query`
+        searches the active screen only)."""
+        stack = self.screen_stack
+        return stack[0].query(selector) if stack else self.query(selector)
+
     @property
     def panes(self) -> list[Pane]:
         """The mounted panes in key order (none before compose or after shutdown)."""
-        found = {p.id: p for p in self.query(Pane)}
+        found = {p.id: p for p in self.main_query(Pane)}
         return [found[i] for i in self.PANE_IDS if i in found]
 
     def on_mount(self) -> None:
@@ -340,7 +346,7 @@ class KdashApp(App[None]):
         self.set_interval(1.0 / self.redraw_hz, self._tick, name="redraw")
         self._redraw(force=True)
         self._update_status()
-        for pane in self.query("#cpu").results(Pane):
+        for pane in self.main_query("#cpu").results(Pane):
             pane.focus_target().focus()
 
     def on_resize(self, event) -> None:
@@ -373,7 +379,7 @@ class KdashApp(App[None]):
         self.set_class(self.maximized is not None, "-maximized")
         for pane in self.panes:
             pane.set_class(pane.id == self.maximized, "-max")
-        for col in self.query(".column"):
+        for col in self.main_query(".column"):
             col.set_class(
                 any(p.id == self.maximized for p in col.query(Pane)),
                 "-has-max",
@@ -383,7 +389,7 @@ class KdashApp(App[None]):
     def _update_columns(self) -> None:
         """A column whose panes all have nothing to show collapses to their one-liners."""
         any_empty = False
-        for col in self.query(".column"):
+        for col in self.main_query(".column"):
             empty = all(p.has_class("-empty") for p in col.query(Pane))
             col.set_class(empty, "-all-empty")
             any_empty = any_empty or empty
@@ -518,7 +524,7 @@ class KdashApp(App[None]):
 
     def _update_status(self) -> None:
         # query(), not query_one(): during start-up and shutdown there may be no bar to update.
-        for bar in self.query(StatusBar):
+        for bar in self.main_query(StatusBar):
             bar.show(self.status_info())
 
     def status_info(self) -> StatusInfo:
@@ -655,7 +661,7 @@ class KdashApp(App[None]):
         if self.maximized is not None:
             self.action_maximize(nxt)
             return
-        pane = self.query_one(f"#{nxt}", Pane)
+        pane = self.main_query(f"#{nxt}").only_one(Pane)
         pane.focus_target().focus()
 
     def _focused_pane_id(self) -> str | None:
@@ -669,7 +675,7 @@ class KdashApp(App[None]):
     def action_maximize(self, pane_id: str) -> None:
         self.maximized = pane_id
         self._apply_layout(self.size.width, self.size.height)
-        self.query_one(f"#{pane_id}", Pane).focus_target().focus()
+        self.main_query(f"#{pane_id}").only_one(Pane).focus_target().focus()
         self._view_changed()
 
     def action_restore(self) -> None:
