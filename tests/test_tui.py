@@ -505,6 +505,16 @@ async def test_recorder_crash_is_shown_not_fatal(make_app, tmp_path):
     assert app.return_code == 0
 
 
+def test_replay_title_always_says_replay(make_app, capture_store, local_capture):
+    meta = dict(local_capture.meta)
+    meta["title"] = "replay of the kdash demo workload recorded on an H200"
+    title, sub = make_app(store=capture_store, meta=meta)._titles()
+    assert title == meta["title"]
+    assert "python busy.py on vm" in sub
+    title, _ = make_app(store=capture_store, meta=meta, title="attention demo")._titles()
+    assert title == "kdash replay — attention demo"
+
+
 def test_live_mode_needs_a_recorder(make_app):
     with pytest.raises(ValueError):
         make_app(store=Store(), meta={}, mode="live", recorder=None)
