@@ -171,6 +171,32 @@ async def test_replay_of_real_h200_capture_clock_pane(replay_of):
         assert "nvml ok" in status
 
 
+async def test_thread_table_cursor_follows_its_thread(replay_app):
+    async with replay_app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        table = replay_app.query_one("#cpu", Pane).query_one(DataTable)
+        table.move_cursor(row=table.row_count - 1)
+        tid = table.get_row_at(table.cursor_row)[1]
+        orders = set()
+        for key in ("plus", "plus", "left", "left", "left"):
+            await pilot.press(key)
+            await pilot.pause()
+            orders.add(tuple(table.get_row_at(i)[1] for i in range(table.row_count)))
+            assert table.get_row_at(table.cursor_row)[1] == tid
+        assert len(orders) > 1  # the rows did re-sort under the cursor
+
+
+async def test_help_screen_blocks_view_keys(replay_app):
+    async with replay_app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("plus", "question_mark")
+        before = replay_app.offset_s, replay_app.window_s
+        await pilot.press("left", "minus", "tab")
+        assert (replay_app.offset_s, replay_app.window_s) == before
+        await pilot.press("q")  # closes the help, does not quit
+        await pilot.pause()
+        assert not isinstance(replay_app.screen, HelpScreen) and replay_app.is_running
+
+
 async def test_replay_capture_key_says_replay(replay_app):
     async with replay_app.run_test(size=(100, 30)) as pilot:
         await pilot.press("c")

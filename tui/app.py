@@ -607,6 +607,12 @@ class KdashApp(App[None]):
         self._stop_recorder()
 
     # -- actions ------------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """While the help is open only help and quit act (tab, ← and → are priority keys)."""
+        if isinstance(self.screen, HelpScreen) and action not in ("help", "quit"):
+            return False
+        return True
+
     def action_capture(self) -> None:
         if self.recorder is None:
             self._capture_note = "replay: nothing to capture (captures are taken live)"

@@ -200,7 +200,11 @@ class CpuPane(Pane):
         return out
 
     def _fill_table(self, rows: pd.DataFrame) -> None:
-        keep = self.table.cursor_row
+        """Refill the table; the cursor stays on the same thread (pid/tid) as rows re-sort."""
+        keep_row = self.table.cursor_row
+        keep_key = None
+        if self.table.row_count:
+            keep_key = self.table.coordinate_to_cell_key((keep_row, 0)).row_key.value
         self.table.clear()
         for r in rows.itertuples(index=False):
             self.table.add_row(
@@ -213,6 +217,12 @@ class CpuPane(Pane):
                 fmt(r.runq_ms_per_s, ".1f"),
                 fmt(r.sw_s, ".0f"),
                 fmt(r.mig_s, ".1f"),
+                key=f"{r.pid}/{r.tid}",
             )
-        if self.table.row_count:
-            self.table.move_cursor(row=min(keep, self.table.row_count - 1), animate=False)
+        if not self.table.row_count:
+            return
+        if keep_key is not None and keep_key in self.table.rows:
+            row = self.table.get_row_index(keep_key)
+        else:
+            row = min(keep_row, self.table.row_count - 1)
+        self.table.move_cursor(row=row, animate=False)
