@@ -132,6 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--pid", type=_pid, required=True, help="the process to watch")
     live_options(a)
 
+    rn = sub.add_parser(
+        "run",
+        help="run a command with the kdash agent armed in it, and watch it",
+        usage="kdash run [options] -- CMD [ARGS...]",
+    )
+    live_options(rn)
+    rn.add_argument(
+        "cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command to run (after --)"
+    )
+
     o = sub.add_parser("open", help="replay a capture in the dashboard")
     o.add_argument("path", type=Path)
     o.add_argument("--theme", default=None, metavar="NAME")

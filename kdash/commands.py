@@ -16,13 +16,15 @@ DEMO_CAPTURE = "demo-h200.kdash"
 
 # -- shared pieces -------------------------------------------------------------------------
 def build_sources(target, gpus: list[int] | None, interval_s: float) -> list:
-    """The host sources that work against any pid: scheduler (/proc) and NVML."""
+    """Host sources that work against any pid (scheduler, NVML) and the tree's kdash agents."""
+    from kdash.collectors.agents import AgentTreeSource
     from kdash.collectors.nvml import NvmlSource
     from kdash.collectors.sched import SchedSource
 
     return [
         SchedSource(target, interval_s=interval_s),
         NvmlSource(target, gpus=gpus, interval_s=interval_s),
+        AgentTreeSource(target),
     ]
 
 
@@ -159,6 +161,73 @@ def _run_live(target, args, cfg, theme, cap_dir: Path, title: str | None = None)
     return 0
 
 
+# -- run ---------------------------------------------------------------------------------------
+def cmd_run(args, title: str | None = None, extra_meta: dict | None = None) -> int:
+    """Run CMD with the agent armed in it and its Python children, and watch (or record) it.
+
+    kdash owns the command it started: when the dashboard quits or the recording ends, the
+    command is stopped (SIGINT, then SIGTERM, then SIGKILL), so nothing is left running.
+    """
+    from kdash.collectors.agent.bootstrap import run_env
+    from kdash.target import Target
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UserError("give the command to run after `--`, e.g. kdash run -- python app.py")
+    if args.headless and (args.duration is None or args.output is None):
+        raise UserError("--headless needs --duration S and --output PATH")
+    if not args.headless and (args.duration is not None or args.output is not None):
+        raise UserError("--duration and --output go with --headless")
+    out_check = _check_output(args.output) if args.headless else None
+    cap_dir = None if args.headless else _check_capture_dir(args.capture_dir)
+    cfg = theme = None
+    if not args.headless:
+        cfg, theme = _theme(args.theme)
+    log_path = Path(os.environ.get("KDASH_RUN_LOG", f"kdash-run-{os.getpid()}.log"))
+    try:
+        log = open(log_path, "ab")  # noqa: SIM115 - closed in the finally below
+    except OSError as e:
+        raise UserError(f"cannot write the command's log {log_path}: {e.strerror or e}") from None
+    try:
+        proc = subprocess.Popen(cmd, env=run_env(os.environ), stdout=log, stderr=subprocess.STDOUT)
+    except OSError as e:
+        log.close()
+        raise UserError(f"cannot run {cmd[0]}: {e.strerror or e}") from None
+    try:
+        time.sleep(0.2)
+        if proc.poll() is not None:
+            raise UserError(
+                f"{cmd[0]} exited at once (status {proc.returncode}); its output is in {log_path}"
+            )
+        target = Target.from_pid(proc.pid)
+        if args.headless:
+            args.output = out_check
+            sources = build_sources(target, args.gpus, args.interval)
+            return _record_headless(target, args, sources, extra_meta=extra_meta)
+        return _run_live(target, args, cfg, theme, cap_dir, title=title)
+    finally:
+        _stop_child(proc)
+        log.close()
+
+
+def _stop_child(proc: subprocess.Popen) -> None:
+    import signal
+
+    for sig, wait in ((signal.SIGINT, 5), (signal.SIGTERM, 5)):
+        if proc.poll() is not None:
+            return
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+    proc.kill()
+    proc.wait()
+
+
 # -- open / report / export ------------------------------------------------------------------
 def _load(path: Path):
     from kdash.capture import load_capture
@@ -284,43 +353,27 @@ def cmd_demo(args) -> int:
 
 
 def _demo_live(args) -> int:
-    """Start the attention workload and watch it (headless: record it)."""
-    from kdash.target import Target
+    """`kdash run -- python -m kdash.kernels`: the attention workload under the agent."""
+    import argparse
 
-    env = dict(os.environ)
-    cmd = [sys.executable, "-m", "kdash.kernels"]
-    # The workload's own prints would tear the dashboard: send them to a file.
-    log = open(os.devnull, "wb")  # noqa: SIM115 - closed in the finally below
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        time.sleep(1.0)
-        if proc.poll() is not None:
-            raise UserError(
-                f"the demo workload exited at start (status {proc.returncode}); "
-                f"run `{' '.join(cmd)}` to see why"
-            )
-        target = Target.from_pid(proc.pid)
-        title = "kdash demo: attention workload (kdash.kernels)"
-        if args.headless:
-            args.interval = 0.25
-            return _record_headless(
-                target,
-                args,
-                build_sources(target, None, 0.25),
-                extra_meta={
-                    "title": "kdash demo workload (paged decode + prefill) on " + _gpu_name()
-                },
-            )
-        args.interval, args.pre, args.post, args.gpus = 0.25, 10.0, 5.0, None
-        cfg, theme = _theme(args.theme)
-        return _run_live(target, args, cfg, theme, _check_capture_dir(None), title=title)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    run_args = argparse.Namespace(
+        cmd=[sys.executable, "-m", "kdash.kernels"],
+        interval=0.25,
+        pre=10.0,
+        post=5.0,
+        capture_dir=None,
+        theme=args.theme,
+        gpus=None,
+        headless=args.headless,
+        duration=args.duration,
+        output=args.output,
+    )
+    gpu = _gpu_name()
+    return cmd_run(
+        run_args,
+        title=f"kdash demo: attention workload (kdash.kernels) on {gpu}",
+        extra_meta={"title": f"kdash demo workload (paged decode + prefill) on {gpu}"},
+    )
 
 
 def _gpu_name() -> str:

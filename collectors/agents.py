@@ -1,0 +1,83 @@
+"""Kernel activity from every kdash agent in the target's process tree, as one source.
+
+SGLang-like servers do their GPU work in spawned child processes, so the pid the user names is
+rarely the one that launches kernels. This source rescans the tree (once a second), connects an
+`AgentSource` to every process that has an agent socket, and merges their batches. Processes
+that have an agent but no CUDA context yet (a tokenizer, a detokenizer) stay "starting" and do
+not count against health.
+"""
+
+from __future__ import annotations
+
+import time
+
+from kdash.collectors.agent.client import AgentSource, agent_failure_note, find_agent_socket
+from kdash.collectors.base import OK, Health, safe_call, safe_poll
+
+from kdash import schema
+from kdash.schema import Batch
+from kdash.target import Target
+
+
+class AgentTreeSource:
+    name = "agent"
+
+    def __init__(self, target: Target, rescan_s: float = 1.0, interval_s: float = 0.25) -> None:
+        self.target = target
+        self.rescan_s = rescan_s
+        self.interval_s = interval_s
+        self.agents: dict[int, AgentSource] = {}
+        self.health: Health = Health("starting", "looking for kdash agents in the target")
+        self._next_scan = 0.0
+
+    def start(self) -> None:
+        self._scan()
+
+    def _scan(self) -> None:
+        self._next_scan = time.monotonic() + self.rescan_s
+        for pid in self.target.pids():
+            if pid in self.agents or find_agent_socket(pid) is None:
+                continue
+            src = AgentSource(pid)
+            safe_call(src, "start")
+            self.agents[pid] = src
+        self._update_health()
+
+    def poll(self, now_ns: int) -> dict[str, Batch]:
+        if time.monotonic() >= self._next_scan:
+            self._scan()
+        parts: dict[str, list[Batch]] = {}
+        for src in self.agents.values():
+            for table, batch in safe_poll(src, now_ns).items():
+                parts.setdefault(table, []).append(batch)
+        self._update_health()
+        return {t: schema.concat(t, bs) for t, bs in parts.items()}
+
+    def stop(self) -> None:
+        for src in self.agents.values():
+            safe_call(src, "stop")
+
+    def dropped(self) -> int:
+        return sum(src.dropped() for src in self.agents.values())
+
+    def _update_health(self) -> None:
+        pid = self.target.pid
+        if not self.agents:
+            note = agent_failure_note(pid)
+            why = f": {note}" if note else " (start the target with `kdash run -- CMD`)"
+            self.health = Health.unavailable(f"no kdash agent in pid {pid} or its children{why}")
+            return
+        states = {p: s.health for p, s in self.agents.items()}
+        active = [p for p, h in states.items() if h.ok]
+        bad = {p: h for p, h in states.items() if h.state in ("unavailable", "degraded")}
+        if active and not bad:
+            self.health = OK
+        elif active:
+            p, h = next(iter(bad.items()))
+            self.health = Health.degraded(f"{len(active)} process(es) ok; pid {p}: {h.reason}")
+        elif bad:
+            p, h = next(iter(bad.items()))
+            self.health = Health.unavailable(f"pid {p}: {h.reason}")
+        else:
+            p, h = next(iter(states.items()))
+            self.health = Health("starting", h.reason or f"waiting for CUDA in pid {p}")
