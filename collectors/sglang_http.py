@@ -42,6 +42,7 @@ import urllib.request
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kdash.errors import UserError
@@ -572,3 +573,56 @@ class SglangMetricsSource:
                         rows[k] = (v - old[k]) / dt
         self._last_counters = (now_ns, scrape.counters)
         return rows
+
+
+# -- a capture window through the server's own profiler ------------------------------------
+def new_prefix() -> str:
+    """A profile_prefix no other capture shares: kdash-<our pid>-<ms>, safe in a file name."""
+    import os
+
+    return f"kdash-{os.getpid()}-{int(time.time() * 1000)}"
+
+
+def take_profile(
+    client: SglangClient,
+    *,
+    ranks: int,
+    server_dir: str,
+    local_dir: str | None = None,
+    num_steps: int = 20,
+    activities: tuple[str, ...] = ("GPU",),
+    prefix: str | None = None,
+    profile_by_stage: bool = False,
+    timeout_s: float = 120.0,
+    stable_s: float = 1.0,
+) -> list[Path]:
+    """Profile `num_steps` forward steps in every scheduler and return their trace files.
+
+    `server_dir` is the folder as the server names it (it writes there); `local_dir` the same
+    folder as kdash reaches it (`path_in_process` for a server in a container; default the same
+    path). The server stops by itself after `num_steps` (SGLang's `num_steps`), so no
+    /stop_profile is sent unless the files do not come, in which case the profile is stopped
+    (its own error ignored) and the one-line reason raised. `ranks` is the number of scheduler
+    processes (one trace each; with `profile_by_stage` at least one each).
+    """
+    from kdash.kineto import wait_for_traces
+
+    prefix = prefix or new_prefix()
+    req = ProfileRequest(
+        output_dir=server_dir,
+        num_steps=num_steps,
+        activities=list(activities),
+        profile_prefix=prefix,
+        profile_by_stage=profile_by_stage,
+    )
+    client.start_profile(req)
+    folder = Path(local_dir or server_dir)
+    try:
+        files = wait_for_traces(folder, prefix, ranks, timeout_s=timeout_s, stable_s=stable_s)
+    except UserError:
+        try:
+            client.stop_profile(timeout_s=min(client.timeout_s, 5.0))
+        except SglangError as stop_err:
+            log.info("stop_profile after a failed capture: %s", stop_err)
+        raise
+    return files

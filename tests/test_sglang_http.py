@@ -55,6 +55,7 @@ class StandIn:
         enable_metrics: bool = True,
         tp_size: int = 1,
         dp_size: int = 1,
+        steps_happen: bool = True,
     ) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -62,6 +63,7 @@ class StandIn:
         self.enable_metrics = enable_metrics
         self.tp_size = tp_size
         self.dp_size = dp_size
+        self.steps_happen = steps_happen  # False: an idle server, no forward step, no file
         self.requests: list[tuple[str, str, dict | None, dict[str, str]]] = []
         self.profiling = False
         self.profile_thread: threading.Thread | None = None
@@ -202,7 +204,7 @@ class StandIn:
                 if owner.profiling:
                     return self._send(500, "Internal Server Error", "text/plain")
                 owner.profiling = True
-                if body.get("num_steps"):
+                if body.get("num_steps") and owner.steps_happen:
                     owner.profile_thread = threading.Thread(
                         target=owner._run_profile, args=(body,), daemon=True
                     )
@@ -483,3 +485,29 @@ def test_capture_through_start_profile_and_import(server, tmp_path):
     assert res.rows["markers"] == 6  # 3 steps x 2 ranks
     assert sorted(t.name.tp for t in res.traces) == [0, 1]
     assert {t.name.prefix for t in res.traces} == {"kdash"}
+
+
+def test_take_profile_returns_every_rank_file(server, tmp_path):
+    files = sh.take_profile(
+        sh.SglangClient(server.url),
+        ranks=2,
+        server_dir=str(tmp_path),
+        num_steps=2,
+        activities=("CPU",),
+        timeout_s=60,
+        stable_s=0.3,
+    )
+    assert len(files) == 2
+    start = [r for r in server.requests if r[1] == "/start_profile"][-1]
+    assert start[2]["num_steps"] == 2 and start[2]["profile_prefix"].startswith("kdash-")
+    assert not [r for r in server.requests if r[1] == "/stop_profile"]  # it stopped itself
+
+
+def test_take_profile_on_an_idle_server_stops_and_says_why(tmp_path):
+    with StandIn(steps_happen=False) as s:
+        with pytest.raises(UserError, match="0 of 1 trace files.*no requests"):
+            sh.take_profile(
+                sh.SglangClient(s.url), ranks=1, server_dir=str(tmp_path), timeout_s=0.5
+            )
+        assert [r for r in s.requests if r[1] == "/stop_profile"]
+        assert s.profiling is False  # stopped, so the next capture can start
