@@ -191,3 +191,47 @@ def test_never_overwrites(tmp_path, busy_pid, recorded):
 
 def test_export_bad_suffix(recorded, tmp_path):
     assert_one_line_error(kdash("export", recorded, "--perfetto", tmp_path / "t.txt"), ".json")
+
+
+# -- kdash run ------------------------------------------------------------------------------
+def test_run_bad_input(tmp_path):
+    assert_one_line_error(kdash("run"), "after `--`")
+    assert_one_line_error(kdash("run", "--", tmp_path / "no-such-program"), "cannot run")
+
+
+def test_run_headless_arms_the_agent(tmp_path):
+    """The child gets the agent through its environment; here (no GPU) it says why it is idle."""
+    out = tmp_path / "run.kdash"
+    env_log = tmp_path / "cmd.log"
+    import os
+
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kdash.cli",
+            "run",
+            "--headless",
+            "--duration",
+            "2",
+            "--output",
+            str(out),
+            "--",
+            sys.executable,
+            "-c",
+            "import os, time; print(os.environ.get('KDASH_AGENT')); time.sleep(30)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "KDASH_RUN_LOG": str(env_log)},
+    )
+    assert r.returncode == 0, r.stderr
+    import kdash as k
+    from kdash.capture import read_meta
+
+    agent = read_meta(out)["sources"]["agent"]
+    assert agent.startswith(("unavailable", "starting", "ok")), agent
+    assert "no kdash agent" not in agent  # the agent was found in the child
+    assert env_log.read_text().strip().splitlines()[0] == "1"
+    assert len(k.read_capture(out)["threads"]) > 0
