@@ -422,3 +422,23 @@ def test_a_late_poll_does_not_break_a_stretch_but_missing_data_does():
     assert len(out) == 1 and "for 5.0 s" in out[0]["evidence"]
     lost = h200_samples(2, reasons=0x4, start=T0 + 7_000_000_000)  # 5 s without samples
     assert F.gpu_throttle(pd.concat([first, lost], ignore_index=True), th) == []
+
+
+def test_gpu_of_pid_comes_from_gpu_procs_when_topo_lacks_it():
+    t = pd.concat(
+        [
+            thread_rows(3, tid=7, pid=100, cpu=40, allowed="40"),
+            thread_rows(3, tid=8, pid=200, cpu=40, allowed="40"),
+        ]
+    )
+    procs = schema.to_frame(
+        "gpu_procs",
+        schema.make_batch("gpu_procs", t_ns=[T0, T0], gpu=[0, 1], pid=[100, 200]),
+    )
+    topo = {"gpu_local_cpus": {0: "0-31", 1: "32-63"}, "cpu_count": 64}
+    assert F.gpu_of_pid_from(procs) == {100: [0], 200: [1]}
+    out = F.find_all({"threads": t, "gpu_procs": procs}, topo, TH)
+    off = out[out["kind"] == "off-local-cpu"]
+    assert list(off["subject"]) == ["worker (tid 7, pid 100)"]
+    # Without it, two GPUs and no map: CPU 40 is local to one of them, nothing to say.
+    assert "off-local-cpu" not in kinds(F.find_all({"threads": t}, topo, TH))

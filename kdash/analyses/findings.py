@@ -63,16 +63,23 @@ def find_all(
     """Every finding over the given window, most severe first (columns = schema "findings").
 
     `tables` maps table name -> DataFrame in the schema's columns; missing or empty tables just
-    give no findings of their kind. `topo` is a plain dict (see `collectors.topology.build_topo`):
-    `gpu_local_cpus` {gpu: cpulist}, optional `gpu_of_pid` {pid: [gpu, ...]}, `gpu_numa_node`
-    {gpu: node}, `core_of_cpu` {cpu: [package, core]}, `cpu_count`. `now_ns` is the window's
-    end (defaults to the newest sample).
+    give no findings of their kind. `gpu_procs`, when given, says which pids hold which GPU
+    (used when `topo` has no `gpu_of_pid`).
+
+    `topo` is a plain dict (see `collectors.topology.build_topo`): `gpu_local_cpus`
+    {gpu: cpulist}, optional `gpu_of_pid` {pid: [gpu, ...]}, `gpu_numa_node` {gpu: node},
+    `core_of_cpu` {cpu: [package, core]}, `online_cpus` (cpulist), `cpu_count`. `now_ns` is the
+    window's end (defaults to the newest sample).
     """
     rows: list[Finding] = []
     threads = _frame(tables, "threads")
     cpu_freq = _frame(tables, "cpu_freq")
     gpu = _frame(tables, "gpu_samples")
-    topo = topo or {}
+    topo = dict(topo or {})
+    if not topo.get("gpu_of_pid"):
+        derived = gpu_of_pid_from(tables.get("gpu_procs"))
+        if derived:
+            topo["gpu_of_pid"] = derived
     tv = ThreadView(threads, th) if len(threads) else None
     if tv is not None:
         rows += off_local_cpu(tv, topo, th, now_ns)
@@ -88,6 +95,21 @@ def find_all(
     if not rows:
         return schema.to_frame("findings", schema.empty("findings"))
     return schema.to_frame("findings", schema.make_batch("findings", rows=rows))
+
+
+def gpu_of_pid_from(gpu_procs: pd.DataFrame | None) -> dict[int, list[int]]:
+    """{pid: [gpu, ...]} from the NVML collector's `gpu_procs` table (the processes holding a
+    GPU context), for when the caller's topo has no `gpu_of_pid`."""
+    if gpu_procs is None or len(gpu_procs) == 0:
+        return {}
+    if "pid" not in gpu_procs.columns or "gpu" not in gpu_procs.columns:
+        return {}
+    pairs = gpu_procs[["pid", "gpu"]].drop_duplicates()
+    out: dict[int, list[int]] = {}
+    for pid, gpu in zip(pairs["pid"].to_numpy(), pairs["gpu"].to_numpy(), strict=True):
+        if int(pid) > 0 and int(gpu) >= 0:
+            out.setdefault(int(pid), []).append(int(gpu))
+    return {p: sorted(set(g)) for p, g in out.items()}
 
 
 def _frame(tables: Mapping[str, pd.DataFrame], name: str) -> pd.DataFrame:
