@@ -609,9 +609,7 @@ class KdashApp(App[None]):
     # -- actions ------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """While the help is open only help and quit act (tab, ← and → are priority keys)."""
-        if isinstance(self.screen, HelpScreen) and action not in ("help", "quit"):
-            return False
-        return True
+        return action in ("help", "quit") or not isinstance(self.screen, HelpScreen)
 
     def action_capture(self) -> None:
         if self.recorder is None:
