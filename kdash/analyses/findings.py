@@ -22,9 +22,13 @@ Rules shared by all findings:
   fields a machine cannot give (NaN, -1) never satisfy a condition: no data, no finding.
 - A finding's `t_ns` is the last sample of its longest stretch.
 
-Severity: `critical` when the thing cannot get better on its own (a thread whose allowed CPUs
-exclude every CPU local to its GPU; hardware or thermal GPU slowdown; run-queue delay at 10x
-the threshold), `warning` for a measured loss, `info` for a risk not yet seen costing anything.
+Kinds (the `kind` column): `off-local-cpu`, `run-queue-delay`, `migrations`, `shared-core`,
+`low-cpu-freq`, `gpu-throttle`, `low-sm-clock`; one function each, all called by `find_all`.
+
+Severity: `critical` when the thing cannot get better on its own or costs a lot (a thread whose
+allowed CPUs exclude every CPU local to its GPU; hardware or thermal GPU slowdown; run-queue
+delay at 10x the threshold), `warning` for a measured loss, `info` for a risk not yet seen
+costing anything.
 """
 
 from __future__ import annotations
