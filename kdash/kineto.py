@@ -232,6 +232,9 @@ class _Table:
         self.n = 0
 
     def flush(self, base_ns: int, wall_offset_ns: int, pid: int | None) -> None:
+        """Turn the row lists into one numpy batch. Values were appended raw (the reading loop
+        is the hot path); they are made integers here, column by column, with a per-value
+        fallback only for a column that holds something odd (a string pid, a missing field)."""
         if self.n == 0:
             return
         c = self.cols
@@ -240,12 +243,25 @@ class _Table:
         np.nan_to_num(dur, copy=False, nan=0.0)
         start = np.rint(ts * 1000.0).astype(np.int64) + (base_ns - wall_offset_ns)
         end = start + np.maximum(np.rint(dur * 1000.0), 0).astype(np.int64)
-        cols: dict[str, Any] = {k: v for k, v in c.items()}
-        if "pid" in cols and pid is not None:
-            cols["pid"] = [pid if p is None else p for p in cols["pid"]]
+        types = dict(schema.TABLES[self.table])
+        cols: dict[str, Any] = {}
+        for k, v in c.items():
+            cols[k] = v if types[k] == schema.STR else _ints(v, pid if k == "pid" else None)
+        if self.table == "kernels":
+            # Kineto gives static + dynamic shared memory as one figure (see module docstring)
+            cols["static_smem"] = np.where(cols["dynamic_smem"] >= 0, 0, -1)
         self.batches.append(schema.make_batch(self.table, start_ns=start, end_ns=end, **cols))
-        self.cols = {k: [] for k in ("ts", "dur", *cols)}
+        self.cols = {k: [] for k in ("ts", "dur", *c)}
         self.n = 0
+
+
+def _ints(values: list, fill: int | None) -> np.ndarray:
+    """A list of raw JSON values -> int64; None becomes `fill` (or -1), junk becomes -1."""
+    try:
+        return np.asarray(values, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        default = -1 if fill is None else fill
+        return np.asarray([default if v is None else _int(v) for v in values], dtype=np.int64)
 
 
 def _int(v: Any, default: int = -1) -> int:
@@ -305,7 +321,6 @@ def read_traces(
                 "block_y",
                 "block_z",
                 "registers",
-                "static_smem",
                 "dynamic_smem",
                 "correlation_id",
                 "graph_id",
@@ -364,14 +379,15 @@ def _read_one(path: Path, tables: dict[str, _Table], offset: int, chunk: int) ->
                     if kern.n >= chunk:
                         kern.flush(info.base_ns, offset, host_pid)
                         kc = kern.cols
-                    gx, gy, gz = _dim3(args.get("grid"))
-                    bx, by, bz = _dim3(args.get("block"))
-                    smem = _int(args.get("shared memory"))
-                    kc["ts"].append(ev.get("ts"))
+                    g = args.get("grid")
+                    b = args.get("block")
+                    gx, gy, gz = g if type(g) is list and len(g) == 3 else _dim3(g)
+                    bx, by, bz = b if type(b) is list and len(b) == 3 else _dim3(b)
+                    kc["ts"].append(ev["ts"])
                     kc["dur"].append(ev.get("dur", 0.0))
                     kc["name"].append(name)
-                    kc["device"].append(_int(args.get("device"), _int(ev.get("pid"))))
-                    kc["stream"].append(_int(args.get("stream"), _int(ev.get("tid"))))
+                    kc["device"].append(args.get("device", ev.get("pid")))
+                    kc["stream"].append(args.get("stream", ev.get("tid")))
                     kc["pid"].append(None)
                     kc["grid_x"].append(gx)
                     kc["grid_y"].append(gy)
@@ -379,39 +395,38 @@ def _read_one(path: Path, tables: dict[str, _Table], offset: int, chunk: int) ->
                     kc["block_x"].append(bx)
                     kc["block_y"].append(by)
                     kc["block_z"].append(bz)
-                    kc["registers"].append(_int(args.get("registers per thread")))
-                    kc["static_smem"].append(0 if smem >= 0 else -1)
-                    kc["dynamic_smem"].append(smem)
-                    kc["correlation_id"].append(_int(args.get("correlation")))
-                    kc["graph_id"].append(_int(args.get("graph id", args.get("graph_id"))))
+                    kc["registers"].append(args.get("registers per thread", -1))
+                    kc["dynamic_smem"].append(args.get("shared memory", -1))
+                    kc["correlation_id"].append(args.get("correlation", -1))
+                    kc["graph_id"].append(args.get("graph id", args.get("graph_id", -1)))
                     kern.n += 1
                 elif cat in ("cuda_runtime", "cuda_driver"):
                     if api.n >= chunk:
                         api.flush(info.base_ns, offset, host_pid)
                         ac = api.cols
-                    pid = _int(ev.get("pid"))
-                    if host_pid is None and pid >= 0:
-                        host_pid = pid
-                    ac["ts"].append(ev.get("ts"))
+                    pid = ev.get("pid")
+                    if host_pid is None and _int(pid) >= 0:
+                        host_pid = _int(pid)
+                    ac["ts"].append(ev["ts"])
                     ac["dur"].append(ev.get("dur", 0.0))
                     ac["name"].append(name)
                     ac["pid"].append(pid)
-                    ac["tid"].append(_int(ev.get("tid")))
-                    ac["correlation_id"].append(_int(args.get("correlation")))
+                    ac["tid"].append(ev.get("tid", -1))
+                    ac["correlation_id"].append(args.get("correlation", -1))
                     api.n += 1
                 elif cat in ("gpu_memcpy", "gpu_memset"):
                     if mem.n >= chunk:
                         mem.flush(info.base_ns, offset, host_pid)
                         mc = mem.cols
-                    mc["ts"].append(ev.get("ts"))
+                    mc["ts"].append(ev["ts"])
                     mc["dur"].append(ev.get("dur", 0.0))
                     kind = _memcpy_kind(name, cat)
                     mc["kind"].append(interned.setdefault(kind, kind))
-                    mc["bytes"].append(_int(args.get("bytes")))
-                    mc["device"].append(_int(args.get("device"), _int(ev.get("pid"))))
-                    mc["stream"].append(_int(args.get("stream"), _int(ev.get("tid"))))
+                    mc["bytes"].append(args.get("bytes", -1))
+                    mc["device"].append(args.get("device", ev.get("pid")))
+                    mc["stream"].append(args.get("stream", ev.get("tid")))
                     mc["pid"].append(None)
-                    mc["correlation_id"].append(_int(args.get("correlation")))
+                    mc["correlation_id"].append(args.get("correlation", -1))
                     mem.n += 1
                 elif cat in ("user_annotation", "gpu_user_annotation"):
                     if mark.n >= chunk:

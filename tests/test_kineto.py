@@ -415,3 +415,56 @@ def test_real_gpu_trace_has_kernels():
     # every kernel's correlation id has its launch in the runtime table
     assert set(k["correlation_id"]) <= set(tables["api"]["correlation_id"])
     assert all(i.name.tp == 0 for i in infos)
+
+
+def test_odd_values_fall_back_per_value(tmp_path):
+    """HAND-MADE odd values (strings, nulls, floats where ints belong) do not stop an import."""
+    events = [
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "pid": 99,
+            "tid": 5,
+            "ts": 1.0,
+            "dur": 1.0,
+            "args": {"correlation": 1},
+        },
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaMemcpyAsync",
+            "pid": "Spans",
+            "tid": None,
+            "ts": 2.0,
+            "dur": 1.0,
+            "args": {"correlation": "2"},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "k",
+            "pid": 0,
+            "tid": 7,
+            "ts": 3.0,
+            "dur": 1.0,
+            "args": {
+                "device": "0",
+                "stream": 7.0,
+                "grid": [2, 1],
+                "block": None,
+                "registers per thread": None,
+                "shared memory": 1024.0,
+                "correlation": 1,
+            },
+        },
+    ]
+    tables, _ = kineto.read_traces([_write(tmp_path / "odd.json", _kineto_doc(events))])
+    a = tables["api"]
+    assert list(a["pid"]) == [99, 99]  # the unreadable pid is the trace's process
+    assert list(a["tid"]) == [5, -1] and list(a["correlation_id"]) == [1, 2]
+    k = tables["kernels"]
+    assert (k["device"][0], k["stream"][0], k["pid"][0]) == (0, 7, 99)
+    assert (k["grid_x"][0], k["grid_y"][0], k["grid_z"][0]) == (2, 1, -1)
+    assert (k["block_x"][0], k["registers"][0]) == (-1, -1)
+    assert (k["static_smem"][0], k["dynamic_smem"][0]) == (0, 1024)
