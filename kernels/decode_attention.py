@@ -46,22 +46,38 @@ FP8_DTYPES = (torch.float8_e4m3fn,)
 class DecodeConfig:
     """Launch parameters of stage 1 (defaults picked on an H200, see bench/NOTES-kernels.md).
 
-    ``fp8_compute`` says what fp8 KV is converted to for the tensor cores: ``"fp16"`` (default:
-    e4m3 converts to fp16 exactly, in one instruction per pair on sm_89+, and Q and P are then
-    rounded to fp16, which is finer than bf16 for them) or ``"bf16"`` (a longer conversion chain).
+    ``fp8_compute`` says how fp8 KV reaches the tensor cores, all exact conversions to a 16-bit
+    type: ``"pairs_asm"``/``"pairs"`` (fp8 read as int16 pairs and turned into fp16 by integer
+    ops, in inline PTX on two pairs per register or in Triton ops; see :func:`_fp8_pairs_to_fp16`;
+    the CPU interpreter always takes the Triton ops), ``"fp16"`` (Triton's e4m3 -> fp16
+    conversion, one instruction per pair, but Triton then reads the transposed V operand byte by
+    byte from shared memory) or
+    ``"bf16"`` (a longer conversion chain). With fp16, Q and P are rounded to fp16, which is
+    finer than bf16 for them (|q| must stay below 65504, as for any fp16 attention).
     """
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
-    programs_per_sm: int = 8  # target number of stage-1 programs per SM when planning splits
+    # Target stage-1 programs per SM when planning splits: for a batch of (near) equal lengths,
+    # and for a batch whose lengths vary, where finer pieces keep the longest request off the
+    # critical path.
+    programs_per_sm: int = 4
+    programs_per_sm_varlen: int = 12
     min_tokens_per_split: int = 256
     max_splits: int = 256
-    fp8_compute: str = "fp16"
+    fp8_compute: str = "pairs_asm"
     evict_first: bool = False  # streaming hint on the K/V loads (they are read once)
 
 
 DEFAULT_CONFIG = DecodeConfig()
+# fp8 tiles carry half the bytes: twice the tokens per tile keeps the per-tile work the same.
+DEFAULT_FP8_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2, programs_per_sm=8)
+
+
+def default_config(kv_dtype: torch.dtype) -> DecodeConfig:
+    """The H200-picked config for a KV dtype (bench/NOTES-kernels.md has the sweeps)."""
+    return DEFAULT_FP8_CONFIG if kv_dtype in FP8_DTYPES else DEFAULT_CONFIG
 
 
 def plan_splits(
@@ -86,7 +102,9 @@ def plan_splits(
     sms = sms if sms is not None else sm_count()
     max_len = max(1, max_len)
     total = total_tokens if total_tokens is not None else batch * max_len
-    target = max(1, config.programs_per_sm * sms)
+    varlen = batch * max_len > 1.5 * max(1, total)
+    pps = config.programs_per_sm_varlen if varlen else config.programs_per_sm
+    target = max(1, pps * sms)
     split_len = max(config.min_tokens_per_split, cdiv(max(1, total) * kv_heads, target))
     split_len = cdiv(split_len, config.block_n) * config.block_n
     num_splits = max(1, min(cdiv(max_len, split_len), config.max_splits))
@@ -230,6 +248,160 @@ def _decode_stage1(
 
 
 @triton.jit
+def _fp8_pairs_to_fp16(w, ASM: tl.constexpr = False):
+    """Two e4m3 bytes packed in an int16 -> (even, odd) fp16 values times 2^-8, exactly.
+
+    e4m3's 4 exponent and 3 mantissa bits move into the low exponent bits and the top mantissa
+    bits of an fp16; the exponent bias differs by 8, so the fp16 equals the e4m3 value x 2^-8 for
+    normals and subnormals alike (the caller folds 2^8 into the scales). Plain integer ops on the
+    registers the tensor cores read, where a converted 8-bit load would go through byte-wide
+    shared-memory reads (see bench/NOTES-kernels.md). With ``ASM`` (GPU only) the same bit moves
+    run on two int16 words per 32-bit register, about 2 instructions per value instead of 4.
+    """
+    if ASM:
+        even, odd = tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 a, b;
+            shl.b32 a, $2, 7;
+            and.b32 a, a, 0x3F803F80;
+            shl.b32 b, $2, 8;
+            and.b32 b, b, 0x80008000;
+            or.b32 $0, a, b;
+            shr.b32 a, $2, 1;
+            and.b32 a, a, 0x3F803F80;
+            and.b32 b, $2, 0x80008000;
+            or.b32 $1, a, b;
+            }""",
+            constraints="=r,=r,r",
+            args=[w],
+            dtype=(tl.float16, tl.float16),
+            is_pure=True,
+            pack=2,
+        )
+    else:
+        u = w.to(tl.int32) & 0xFFFF
+        e = ((u & 0x7F) << 7) | ((u & 0x80) << 8)
+        o = ((u >> 1) & 0x3F80) | (u & 0x8000)
+        even = e.to(tl.int16).to(tl.float16, bitcast=True)
+        odd = o.to(tl.int16).to(tl.float16, bitcast=True)
+    return even, odd
+
+
+@triton.jit
+def _decode_stage1_fp8_pairs(
+    Q,
+    K,
+    V,
+    PT,
+    LENS,
+    KS,
+    VS,
+    OP,
+    LSEP,
+    qk_scale,
+    num_splits,
+    split_len_hint,
+    stride_qb,
+    stride_qh,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    stride_ptb,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE: tl.constexpr,
+    EVICT: tl.constexpr,
+    ASM: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """Stage 1 for fp8 KV read as int16 pairs (K, V strides in int16 units).
+
+    Each pair holds dims (2j, 2j+1) of one token, so the head dim is processed as its even and odd
+    halves: q.k = q_even.k_even + q_odd.k_odd, and P@V is computed for the even and the odd output
+    dims separately. Every operand is 16-bit, so shared-memory reads are ldmatrix, as for bf16.
+    """
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    q_heads = tl.num_programs(1) * GROUP
+    HALF: tl.constexpr = HEAD_DIM // 2
+
+    seq_len = tl.load(LENS + b)
+    n_here = tl.minimum(tl.maximum(tl.cdiv(seq_len, split_len_hint), 1), num_splits)
+    split_len = tl.cdiv(tl.cdiv(seq_len, n_here), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_j = tl.arange(0, HALF)
+    hmask = offs_h < GROUP
+    heads = kvh * GROUP + offs_h
+    q_ptr = Q + b * stride_qb + heads[:, None] * stride_qh + 2 * offs_j[None, :]
+    q_even = tl.load(q_ptr, mask=hmask[:, None], other=0.0).to(tl.float16)
+    q_odd = tl.load(q_ptr + 1, mask=hmask[:, None], other=0.0).to(tl.float16)
+    scale = qk_scale * tl.load(KS + kvh) * 256.0
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc_e = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
+    acc_o = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
+
+    pt_row = PT + b * stride_ptb
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        nmask = offs_n < end
+        page = tl.load(pt_row + offs_n // PAGE, mask=nmask, other=0).to(tl.int64)
+        slot = offs_n % PAGE
+        kw = tl.load(
+            K
+            + page[:, None] * stride_kp
+            + slot[:, None] * stride_ks
+            + kvh * stride_kh
+            + offs_j[None, :],
+            mask=nmask[:, None],
+            other=0,
+            eviction_policy=EVICT,
+        )
+        vw = tl.load(
+            V
+            + page[:, None] * stride_vp
+            + slot[:, None] * stride_vs
+            + kvh * stride_vh
+            + offs_j[None, :],
+            mask=nmask[:, None],
+            other=0,
+            eviction_policy=EVICT,
+        )
+        k_even, k_odd = _fp8_pairs_to_fp16(kw, ASM)
+        qk = mma(q_even, tl.trans(k_even), UPCAST) + mma(q_odd, tl.trans(k_odd), UPCAST)
+        qk = qk * scale
+        qk = tl.where(nmask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        p16 = p.to(tl.float16)
+        v_even, v_odd = _fp8_pairs_to_fp16(vw, ASM)
+        acc_e = acc_e * alpha[:, None] + mma(p16, v_even, UPCAST)
+        acc_o = acc_o * alpha[:, None] + mma(p16, v_odd, UPCAST)
+        m_i = m_new
+
+    vscale = tl.load(VS + kvh) * 256.0
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+    row = (b * q_heads + heads).to(tl.int64) * num_splits + split
+    o_ptr = OP + row[:, None] * HEAD_DIM + 2 * offs_j[None, :]
+    tl.store(o_ptr, acc_e * vscale / l_safe[:, None], mask=hmask[:, None])
+    tl.store(o_ptr + 1, acc_o * vscale / l_safe[:, None], mask=hmask[:, None])
+    tl.store(LSEP + row, lse, mask=hmask)
+
+
+@triton.jit
 def _decode_stage2(
     OP,
     LSEP,
@@ -313,7 +485,7 @@ def decode_attention(
     num_splits: int | None = None,
     max_seq_len: int | None = None,
     total_tokens: int | None = None,
-    config: DecodeConfig = DEFAULT_CONFIG,
+    config: DecodeConfig | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -343,6 +515,7 @@ def decode_attention(
     if is_fp8 != (v_cache.dtype in FP8_DTYPES):
         raise ValueError("K and V caches must both be fp8 or both not")
     dev = q.device
+    config = config or default_config(k_cache.dtype)
     if is_fp8:
         ks = _as_scale(k_scale, kv_heads, dev)
         vs = _as_scale(v_scale, kv_heads, dev)
@@ -366,40 +539,81 @@ def decode_attention(
     if batch == 0:
         return (out, lse) if return_lse else out
     upcast = interpreting(q)
-    _decode_stage1[(batch, kv_heads, splits)](
-        q,
-        k_cache,
-        v_cache,
-        page_table,
-        seq_lens,
-        ks,
-        vs,
-        o_part,
-        lse_part,
-        sm_scale * LOG2E,
-        splits,
-        split_len,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        page_table.stride(0),
-        GROUP=group,
-        BLOCK_H=max(16, next_pow2(group)),
-        HEAD_DIM=head_dim,
-        BLOCK_N=config.block_n,
-        PAGE=page_size,
-        IS_FP8=is_fp8,
-        FP8_FP16=config.fp8_compute == "fp16",
-        EVICT="evict_first" if config.evict_first else "",
-        UPCAST=upcast,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-    )
+    evict = "evict_first" if config.evict_first else ""
+    block_h = max(16, next_pow2(group))
+    if is_fp8 and config.fp8_compute in ("pairs", "pairs_asm"):
+        if head_dim % 32:
+            raise ValueError("fp8 pairs path needs head_dim a multiple of 32")
+        k16 = k_cache.view(torch.int16)
+        v16 = v_cache.view(torch.int16)
+        _decode_stage1_fp8_pairs[(batch, kv_heads, splits)](
+            q,
+            k16,
+            v16,
+            page_table,
+            seq_lens,
+            ks,
+            vs,
+            o_part,
+            lse_part,
+            sm_scale * LOG2E,
+            splits,
+            split_len,
+            q.stride(0),
+            q.stride(1),
+            k16.stride(0),
+            k16.stride(1),
+            k16.stride(2),
+            v16.stride(0),
+            v16.stride(1),
+            v16.stride(2),
+            page_table.stride(0),
+            GROUP=group,
+            BLOCK_H=block_h,
+            HEAD_DIM=head_dim,
+            BLOCK_N=config.block_n,
+            PAGE=page_size,
+            EVICT=evict,
+            ASM=config.fp8_compute == "pairs_asm" and not upcast,
+            UPCAST=upcast,
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
+    else:
+        _decode_stage1[(batch, kv_heads, splits)](
+            q,
+            k_cache,
+            v_cache,
+            page_table,
+            seq_lens,
+            ks,
+            vs,
+            o_part,
+            lse_part,
+            sm_scale * LOG2E,
+            splits,
+            split_len,
+            q.stride(0),
+            q.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            v_cache.stride(0),
+            v_cache.stride(1),
+            v_cache.stride(2),
+            page_table.stride(0),
+            GROUP=group,
+            BLOCK_H=block_h,
+            HEAD_DIM=head_dim,
+            BLOCK_N=config.block_n,
+            PAGE=page_size,
+            IS_FP8=is_fp8,
+            FP8_FP16=config.fp8_compute != "bf16",
+            EVICT=evict,
+            UPCAST=upcast,
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
     _decode_stage2[(batch, q_heads)](
         o_part,
         lse_part,

@@ -15,10 +15,12 @@ import math
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
 
 from kdash.kernels.decode_attention import (  # noqa: E402
     DecodeConfig,
+    _fp8_pairs_to_fp16,
     choose_num_splits,
     decode_attention,
     plan_splits,
@@ -32,6 +34,17 @@ from kdash.kernels.reference import (  # noqa: E402
 )
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def convert_pairs(W, Even, Odd, BLOCK: tl.constexpr):
+    """Test harness for the fp8-pair conversion helper, one block of words per program."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    e, o = _fp8_pairs_to_fp16(tl.load(W + offs))
+    tl.store(Even + offs, e)
+    tl.store(Odd + offs, o)
+
+
 DEV = "cpu" if INTERPRET else "cuda"
 needs_device = pytest.mark.skipif(
     not INTERPRET and not torch.cuda.is_available(), reason="no CUDA and not interpreting"
@@ -144,12 +157,26 @@ def test_fp8_per_tensor_scale_as_float() -> None:
 
 
 @needs_device
-def test_fp8_converted_to_bf16_instead_of_fp16() -> None:
-    """The other fp8 compute path (``fp8_compute="bf16"``) passes the same gate."""
-    q, kc, vc, pt, sl, scales = make_case([5, 300], 8, 2, 64, 16, True, seed=7)
-    cfg = DecodeConfig(block_n=64, fp8_compute="bf16")
+@pytest.mark.parametrize("mode", ["pairs_asm", "pairs", "fp16", "bf16"])
+def test_every_fp8_compute_path_passes_the_gate(mode: str) -> None:
+    q, kc, vc, pt, sl, scales = make_case([5, 300], 8, 2, 64, 16, True, seed=8)
+    cfg = DecodeConfig(block_n=64, fp8_compute=mode)
     out = decode_attention(q, kc, vc, pt, sl, num_splits=2, config=cfg, **scales)
     check(out, q, kc, vc, pt, sl, scales, True)
+
+
+@needs_device
+def test_fp8_pair_conversion_is_exact_for_every_code() -> None:
+    """All 65536 byte pairs: fp16 bits from integer ops == e4m3 value x 2^-8 (NaN codes aside)."""
+    words = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).to(DEV)
+    even = torch.empty(65536, dtype=torch.float16, device=DEV)
+    odd = torch.empty_like(even)
+    convert_pairs[(16,)](words, even, odd, BLOCK=4096)
+    pairs = words.view(FP8).view(65536, 2).float()  # little endian: byte 0 is dim 2j
+    want_e, want_o = pairs[:, 0] * 2.0**-8, pairs[:, 1] * 2.0**-8
+    fin_e, fin_o = torch.isfinite(want_e), torch.isfinite(want_o)
+    assert torch.equal(even.float()[fin_e], want_e[fin_e])
+    assert torch.equal(odd.float()[fin_o], want_o[fin_o])
 
 
 def test_fp8_without_scales_is_refused() -> None:
@@ -174,13 +201,14 @@ def test_split_count_fills_the_gpu_without_waste(batch: int, kv_heads: int, max_
 
 def test_split_plan_balances_unequal_requests() -> None:
     """Pieces of about equal work: a long request gets more splits, short ones one each."""
-    cfg = DecodeConfig(block_n=64, programs_per_sm=4, min_tokens_per_split=256)
+    cfg = DecodeConfig(block_n=64, programs_per_sm=4, programs_per_sm_varlen=8)
     lens = [32768] + [512] * 63
     splits, split_len = plan_splits(64, 8, max(lens), sum(lens), config=cfg, sms=132)
     assert split_len % 64 == 0 and split_len >= 256
     assert splits * split_len >= max(lens)
     pieces = sum(8 * -(-n // split_len) for n in lens)  # programs that do work
-    assert 132 <= pieces <= 4 * 132 * 2  # fills the GPU without a flood of tiny programs
+    # fills the GPU without a flood of tiny programs (the varlen target, give or take rounding)
+    assert 132 <= pieces <= 2 * cfg.programs_per_sm_varlen * 132
     # the longest piece is not much longer than the planned split length
     assert -(-max(lens) // min(splits, -(-max(lens) // split_len))) <= split_len
 
@@ -202,21 +230,24 @@ def _lognormal_lens(batch: int, mean: int, seed: int) -> list[int]:
 @needs_cuda
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize(
-    ("q_heads", "lens", "page_size"),
+    ("q_heads", "lens", "page_size", "head_dim"),
     [
-        (32, [131072], 16),
-        (64, [65536], 1),
-        (32, [16384] * 8, 16),
-        (64, [4096] * 32, 16),
-        (32, [1024] * 128, 1),
-        (32, "lognormal", 16),
+        (32, [131072], 16, 128),
+        (64, [65536], 1, 128),
+        (32, [16384] * 8, 16, 128),
+        (64, [4096] * 32, 16, 128),
+        (32, [1024] * 128, 1, 128),
+        (32, "lognormal", 16, 128),
+        (32, [16384] * 2, 16, 64),
     ],
-    ids=["1x128k", "1x64k-p1", "8x16k", "32x4k", "128x1k-p1", "64xlognormal4k"],
+    ids=["1x128k", "1x64k-p1", "8x16k", "32x4k", "128x1k-p1", "64xlognormal4k", "2x16k-d64"],
 )
-def test_gpu_decode_gates_at_benchmark_shapes(q_heads, lens, page_size, fp8) -> None:
+def test_gpu_decode_gates_at_benchmark_shapes(q_heads, lens, page_size, head_dim, fp8) -> None:
     if lens == "lognormal":
         lens = _lognormal_lens(64, 4096, seed=5)
-    q, kc, vc, pt, sl, scales = make_case(lens, q_heads, 8, 128, page_size, fp8, device="cuda")
+    q, kc, vc, pt, sl, scales = make_case(lens, q_heads, 8, head_dim, page_size, fp8, device="cuda")
     out = torch.full_like(q, float("nan"))
-    decode_attention(q, kc, vc, pt, sl, out=out, max_seq_len=max(lens), **scales)
+    decode_attention(
+        q, kc, vc, pt, sl, out=out, max_seq_len=max(lens), total_tokens=sum(lens), **scales
+    )
     check(out, q, kc, vc, pt, sl, scales, fp8)

@@ -28,15 +28,17 @@ needs_device = pytest.mark.skipif(
 
 def make_case(prefixes, news, q_heads, kv_heads, head_dim, page_size, *, device=DEV, seed=0):
     """Random packed new tokens plus a NaN-padded paged cache holding each request's prefix."""
-    g = torch.Generator().manual_seed(seed)
-    ks = [torch.randn(n, kv_heads, head_dim, generator=g).to(device) for n in prefixes]
-    vs = [torch.randn(n, kv_heads, head_dim, generator=g).to(device) for n in prefixes]
-    kc, vc, pt, pl = build_paged_cache(ks, vs, page_size, generator=g)
+    g = torch.Generator(device=device).manual_seed(seed)  # drawn where used: fast on the GPU
+    ks = [torch.randn(n, kv_heads, head_dim, generator=g, device=device) for n in prefixes]
+    vs = [torch.randn(n, kv_heads, head_dim, generator=g, device=device) for n in prefixes]
+    kc, vc, pt, pl = build_paged_cache(
+        ks, vs, page_size, generator=torch.Generator().manual_seed(seed)
+    )
     total = sum(news)
     cu = torch.tensor([0, *torch.tensor(news).cumsum(0).tolist()], dtype=torch.int32)
 
     def rnd(h):
-        return torch.randn(total, h, head_dim, generator=g).to(device, torch.bfloat16)
+        return torch.randn(total, h, head_dim, generator=g, device=device).bfloat16()
 
     return rnd(q_heads), rnd(kv_heads), rnd(kv_heads), kc, vc, pt, pl, cu.to(device)
 
