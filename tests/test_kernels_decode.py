@@ -37,10 +37,10 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def convert_pairs(W, Even, Odd, BLOCK: tl.constexpr):
+def convert_pairs(W, Even, Odd, BLOCK: tl.constexpr, ASM: tl.constexpr):
     """Test harness for the fp8-pair conversion helper, one block of words per program."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    e, o = _fp8_pairs_to_fp16(tl.load(W + offs))
+    e, o = _fp8_pairs_to_fp16(tl.load(W + offs), ASM)
     tl.store(Even + offs, e)
     tl.store(Odd + offs, o)
 
@@ -166,12 +166,15 @@ def test_every_fp8_compute_path_passes_the_gate(mode: str) -> None:
 
 
 @needs_device
-def test_fp8_pair_conversion_is_exact_for_every_code() -> None:
+@pytest.mark.parametrize("asm", [False, True], ids=["triton-ops", "inline-ptx"])
+def test_fp8_pair_conversion_is_exact_for_every_code(asm: bool) -> None:
     """All 65536 byte pairs: fp16 bits from integer ops == e4m3 value x 2^-8 (NaN codes aside)."""
     words = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).to(DEV)
     even = torch.empty(65536, dtype=torch.float16, device=DEV)
     odd = torch.empty_like(even)
-    convert_pairs[(16,)](words, even, odd, BLOCK=4096)
+    if asm and INTERPRET:
+        pytest.skip("inline PTX runs on the GPU only")
+    convert_pairs[(16,)](words, even, odd, BLOCK=4096, ASM=asm)
     pairs = words.view(FP8).view(65536, 2).float()  # little endian: byte 0 is dim 2j
     want_e, want_o = pairs[:, 0] * 2.0**-8, pairs[:, 1] * 2.0**-8
     fin_e, fin_o = torch.isfinite(want_e), torch.isfinite(want_o)
