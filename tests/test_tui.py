@@ -144,6 +144,12 @@ async def test_replay_of_real_capture(replay_app, local_capture):
         first = table.get_row_at(0)
         last = threads.sort_values("t_ns").groupby("tid").tail(1)
         assert int(first[1]) == int(last.sort_values("cpu_pct").iloc[-1]["tid"])
+        # The capture's findings cover its whole window: still listed after zoom and pan.
+        await pilot.press("plus", "plus", "left", "left")
+        await pilot.pause()
+        for kind in set(local_capture.tables["findings"]["kind"]):
+            assert kind in plain(cpu.findings)
+        await pilot.press("r")
         status = status_text(replay_app)
         assert "REPLAY" in status and "t 0.0–" in status
         assert "nvml unavailable" in status and "sched degraded" in status

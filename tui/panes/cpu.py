@@ -3,7 +3,8 @@
 Findings come first (severity, what, which thread, evidence, what to do), because they are the
 answer; the thread table below is the evidence, sorted by CPU %. Live, the findings are the
 recorder's (refreshed each second on the poll thread, read here); in a replay, the capture's
-findings table for the shown window, the latest of each (kind, subject).
+findings table (judged over the whole capture, so kept when the view pans), the latest of each
+(kind, subject).
 
 Thread columns: cpu% and runq ms/s are the latest sample (both are already rates); sw/s and
 mig/s are rates over the shown window (the table keeps cumulative counters).
@@ -41,7 +42,9 @@ def current_findings(view: View) -> list[dict]:
             return []
         rows = f.to_dict("records")
     else:
-        b = view.store.get("findings", view.since_ns, view.until_ns)
+        # A capture's findings were judged over its whole window (their evidence says so),
+        # so panning or zooming a replay keeps them all rather than hiding them by time stamp.
+        b = view.store.get("findings")
         n = len(b["t_ns"])
         rows = [{c: b[c][i] for c in ("t_ns", *FINDING_FIELDS)} for i in range(n)]
     if not rows:
