@@ -552,3 +552,37 @@ def test_live_mode_needs_a_recorder(make_app):
         make_app(store=Store(), meta={}, mode="live", recorder=None)
     with pytest.raises(ValueError):
         make_app(store=Store(), meta={}, mode="demo")
+
+
+# -- the shared time axis (sparklines, band, lanes) ---------------------------------------------
+def test_busy_fraction_matches_brute_force():
+    from kdash.tui.widgets.spark import busy_fraction
+
+    rng = np.random.default_rng(7)
+    starts = rng.integers(0, 1_000_000, 300)
+    ends = starts + rng.integers(0, 50_000, 300)
+    width, since, until = 40, 100_000, 900_000
+    got = busy_fraction(starts, ends, since, until, width)
+    edges = np.linspace(since, until, width + 1)
+    want = np.zeros(width)
+    for s, e in zip(starts, ends, strict=True):
+        for i in range(width):
+            want[i] += max(0.0, min(e, edges[i + 1]) - max(s, edges[i])) / (edges[1] - edges[0])
+    assert np.allclose(got, np.clip(want, 0, 1), atol=1e-6)
+
+
+def test_bins_hold_short_gaps_but_not_a_stalled_source():
+    from kdash.tui.widgets.spark import bin_mean, bin_or, fmt, spark
+
+    t = np.array([0, 1, 2, 3, 10, 11], dtype=np.int64) * 1_000_000_000  # a 6 s stall
+    v = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    bins = bin_mean(t, v, 0, 12_000_000_000, 48)  # 4 bins per second, samples at 1 Hz
+    assert np.isfinite(bins[:16]).all()  # held between 1 Hz samples
+    assert np.isnan(bins[24:36]).all()  # blank in the stall
+    assert bins[5] == 2.0
+    line = spark(bins, 0, 6)
+    assert len(line) == 48 and line[30] == " " and line[44] == "█"
+    bits = bin_or(t, np.array([0, 4, 4, -1, 1, 4]), 0, 12_000_000_000, 12)
+    assert list(bits[:4]) == [0, 4, 4, 4]  # -1 (n/a) holds the previous bits
+    assert bits[11] == 4 and bits[10] == 1
+    assert fmt(float("nan")) == "n/a" and fmt(-1) == "n/a" and fmt(3.14159, ".1f", " W") == "3.1 W"
