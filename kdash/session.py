@@ -84,6 +84,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._next_findings = 0
         self._target_gone_reported = False
+        self._topo: dict | None = None
 
     # -- life cycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -175,11 +176,25 @@ class Recorder:
 
     # -- analyses -------------------------------------------------------------------------
     def topology(self) -> dict:
-        gpus = self.gpus()
-        return {
-            "gpu_local_cpus": {g["index"]: g.get("local_cpus", "") for g in gpus},
-            "cpu_count": os.cpu_count() or 0,
-        }
+        """The `topo` dict findings take; cached, since GPUs and CPUs do not move under us."""
+        if self._topo is None:
+            from kdash.collectors.topology import build_topo
+
+            gpus = self.gpus()
+            try:
+                topo = build_topo(
+                    {g["index"]: g["pci_bus_id"] for g in gpus if g.get("pci_bus_id")}
+                )
+            except (OSError, ValueError) as e:
+                log.warning("topology: %s", e)
+                topo = {"gpu_local_cpus": {}, "cpu_count": os.cpu_count() or 0}
+            for g in gpus:  # NVML's view (affinity) where sysfs had nothing
+                if g.get("local_cpus") and not topo["gpu_local_cpus"].get(g["index"]):
+                    topo["gpu_local_cpus"][g["index"]] = g["local_cpus"]
+            if not gpus:
+                return topo  # NVML may come up later; do not cache an empty view
+            self._topo = topo
+        return self._topo
 
     def gpus(self) -> list[dict]:
         for s in self.sources:
@@ -198,7 +213,7 @@ class Recorder:
             return self.findings
         tables = {
             t: self.store.frame(t, since_ns, until_ns)
-            for t in ("threads", "cpu_freq", "gpu_samples")
+            for t in ("threads", "cpu_freq", "gpu_samples", "gpu_procs")
         }
         try:
             return find_all(tables, self.topology(), self.opt.thresholds, now_ns=until_ns)
@@ -274,7 +289,7 @@ class Recorder:
             trigger_ns=trigger_ns,
             wall_offset_ns=self.wall_offset_ns,
             overflowed=self.store.overflowed(),
-            extra={"interval_s": self.opt.interval_s},
+            extra={"interval_s": self.opt.interval_s, "topology": self.topology()},
         )
 
     def _emit(self, event: str, payload: object) -> None:
