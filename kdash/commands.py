@@ -180,6 +180,10 @@ def cmd_run(args, title: str | None = None, extra_meta: dict | None = None) -> i
         raise UserError("--headless needs --duration S and --output PATH")
     if not args.headless and (args.duration is not None or args.output is not None):
         raise UserError("--duration and --output go with --headless")
+    import shutil
+
+    if shutil.which(cmd[0]) is None:
+        raise UserError(f"cannot run {cmd[0]}: no such program (or not executable)")
     out_check = _check_output(args.output) if args.headless else None
     cap_dir = None if args.headless else _check_capture_dir(args.capture_dir)
     cfg = theme = None
