@@ -290,30 +290,14 @@ def decode_table(copy_gbs: float, best: dict[str, DecodeConfig]) -> list[dict[st
                 "tokens": sum(lens),
                 "long_context": ctx != "lognormal" and ctx >= LONG_CONTEXT,
             }
-            for fp8 in (False, True):
-                tag = "fp8" if fp8 else "bf16"
-                case = DecodeCase(lens, hq, hkv, d, fp8)
-                cfg = best[tag]
-                fn, splits = case.fn(cfg)
-                ms = bench_ms(fn)
-                ms_g = bench_graph_ms(fn)
-                ms_r = bench_readflush_ms(fn)
-                nbytes = case.bytes_needed()
-                row[tag] = {
-                    "splits": splits,
-                    "us": ms * 1e3,
-                    "us_graph": ms_g * 1e3,
-                    "us_readflush": ms_r * 1e3,
-                    "bw_ratio_readflush": nbytes / (ms_r * 1e-3) / 1e9 / copy_gbs,
-                    "bytes": nbytes,
-                    "GBps": nbytes / (ms * 1e-3) / 1e9,
-                    "GBps_graph": nbytes / (ms_g * 1e-3) / 1e9,
-                    "bw_ratio": nbytes / (ms * 1e-3) / 1e9 / copy_gbs,
-                    "bw_ratio_graph": nbytes / (ms_g * 1e-3) / 1e9 / copy_gbs,
-                }
-                del case
-            row["fp8_speedup"] = row["bf16"]["us"] / row["fp8"]["us"]
-            row["fp8_speedup_graph"] = row["bf16"]["us_graph"] / row["fp8"]["us_graph"]
+            try:
+                decode_row(row, lens, hq, hkv, d, copy_gbs, best)
+            except Exception as e:  # keep the rest of the table; the error goes into the JSON
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                log(f"decode {row['heads']} B={batch} ctx={ctx}: {row['error']}")
+                torch.cuda.empty_cache()
+                rows.append(row)
+                continue
             torch.cuda.empty_cache()
             rows.append(row)
             b, f = row["bf16"], row["fp8"]
@@ -322,10 +306,39 @@ def decode_table(copy_gbs: float, best: dict[str, DecodeConfig]) -> list[dict[st
                 f"bf16 {b['us']:8.1f}us {b['GBps']:7.0f}GB/s {b['bw_ratio']:.2f} "
                 f"(graph {b['us_graph']:7.1f}us {b['bw_ratio_graph']:.2f}, "
                 f"readflush {b['bw_ratio_readflush']:.2f}) | "
-                f"fp8 {f['us']:8.1f}us {f['bw_ratio']:.2f} (graph {f['us_graph']:7.1f}us) | "
-                f"fp8 x{row['fp8_speedup']:.2f}"
+                f"fp8 {f['us']:8.1f}us {f['bw_ratio']:.2f} (graph {f['us_graph']:7.1f}us, "
+                f"readflush {f['us_readflush']:7.1f}us) | fp8 x{row['fp8_speedup']:.2f} "
+                f"(graph x{row['fp8_speedup_graph']:.2f})"
             )
     return rows
+
+
+def decode_row(row: dict, lens, hq, hkv, d, copy_gbs: float, best: dict[str, DecodeConfig]):
+    """Time one decode shape with bf16 and fp8 KV; fills ``row`` in place."""
+    for fp8 in (False, True):
+        tag = "fp8" if fp8 else "bf16"
+        case = DecodeCase(lens, hq, hkv, d, fp8)
+        cfg = best[tag]
+        fn, splits = case.fn(cfg)
+        ms = bench_ms(fn)
+        ms_g = bench_graph_ms(fn)
+        ms_r = bench_readflush_ms(fn)
+        nbytes = case.bytes_needed()
+        row[tag] = {
+            "splits": splits,
+            "us": ms * 1e3,
+            "us_graph": ms_g * 1e3,
+            "us_readflush": ms_r * 1e3,
+            "bw_ratio_readflush": nbytes / (ms_r * 1e-3) / 1e9 / copy_gbs,
+            "bytes": nbytes,
+            "GBps": nbytes / (ms * 1e-3) / 1e9,
+            "GBps_graph": nbytes / (ms_g * 1e-3) / 1e9,
+            "bw_ratio": nbytes / (ms * 1e-3) / 1e9 / copy_gbs,
+            "bw_ratio_graph": nbytes / (ms_g * 1e-3) / 1e9 / copy_gbs,
+        }
+        del case
+    row["fp8_speedup"] = row["bf16"]["us"] / row["fp8"]["us"]
+    row["fp8_speedup_graph"] = row["bf16"]["us_graph"] / row["fp8"]["us_graph"]
 
 
 # ------------------------------------------------------------------------------------ prefill
@@ -419,8 +432,7 @@ def sweep_prefill() -> dict[str, Any]:
 
 
 def prefill_table(best: dict[str, PrefillConfig]) -> list[dict[str, Any]]:
-    from torch.nn.attention import SDPBackend
-
+    """The issue's prefill shapes: hidden 2048 at D=64 and 128, causal and not, S 512..16k, GQA."""
     shapes = []
     for d, hq in ((64, 32), (128, 16)):
         for causal in (True, False):
@@ -431,40 +443,52 @@ def prefill_table(best: dict[str, PrefillConfig]) -> list[dict[str, Any]]:
             shapes.append(("gqa 32/8/128", 32, 8, 128, causal, s))
     rows = []
     for name, hq, hkv, d, causal, s in shapes:
-        case = PrefillCase(s, hq, hkv, d, causal)
-        cfg = best[f"d{d}-{'causal' if causal else 'full'}"]
-        ms = bench_ms(case.ours(cfg))
-        row: dict[str, Any] = {
-            "shape": name,
-            "heads": f"{hq}/{hkv}/{d}",
-            "causal": causal,
-            "seq": s,
-            "batch": case.batch,
-            "us": ms * 1e3,
-            "TFLOPs": case.flops() / (ms * 1e-3) / 1e12,
-        }
-        for key, backend in (
-            ("sdpa_flash", SDPBackend.FLASH_ATTENTION),
-            ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
-        ):
-            try:
-                ms_b = bench_ms(case.sdpa(backend))
-                row[f"{key}_us"] = ms_b * 1e3
-                row[f"{key}_TFLOPs"] = case.flops() / (ms_b * 1e-3) / 1e12
-                row[f"vs_{key}"] = ms_b / ms
-            except Exception as e:
-                row[f"{key}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-        rows.append(row)
-        del case
-        nan = float("nan")
-        log(
-            f"prefill {name:>13} {'causal' if causal else 'full  '} S={s:<6} B={row['batch']:<3} "
-            f"{row['TFLOPs']:6.0f} TFLOP/s | flash {row.get('sdpa_flash_TFLOPs', nan):6.0f}"
-            f" x{row.get('vs_sdpa_flash', nan):.2f} | cudnn "
-            f"{row.get('sdpa_cudnn_TFLOPs', nan):6.0f} x{row.get('vs_sdpa_cudnn', nan):.2f}"
-        )
-    torch.cuda.empty_cache()
+        try:
+            rows.append(prefill_row(name, hq, hkv, d, causal, s, best))
+        except Exception as e:  # keep the rest of the table; the error goes into the JSON
+            err = f"{type(e).__name__}: {str(e)[:300]}"
+            log(f"prefill {name} causal={causal} S={s}: {err}")
+            rows.append({"shape": name, "causal": causal, "seq": s, "error": err})
+        torch.cuda.empty_cache()
     return rows
+
+
+def prefill_row(name, hq, hkv, d, causal, s, best: dict[str, PrefillConfig]) -> dict[str, Any]:
+    """Time one prefill shape against SDPA's FLASH_ATTENTION and CUDNN_ATTENTION backends."""
+    from torch.nn.attention import SDPBackend
+
+    case = PrefillCase(s, hq, hkv, d, causal)
+    cfg = best[f"d{d}-{'causal' if causal else 'full'}"]
+    ms = bench_ms(case.ours(cfg))
+    row: dict[str, Any] = {
+        "shape": name,
+        "heads": f"{hq}/{hkv}/{d}",
+        "causal": causal,
+        "seq": s,
+        "batch": case.batch,
+        "us": ms * 1e3,
+        "TFLOPs": case.flops() / (ms * 1e-3) / 1e12,
+    }
+    for key, backend in (
+        ("sdpa_flash", SDPBackend.FLASH_ATTENTION),
+        ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
+    ):
+        try:
+            ms_b = bench_ms(case.sdpa(backend))
+            row[f"{key}_us"] = ms_b * 1e3
+            row[f"{key}_TFLOPs"] = case.flops() / (ms_b * 1e-3) / 1e12
+            row[f"vs_{key}"] = ms_b / ms
+        except Exception as e:
+            row[f"{key}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    del case
+    nan = float("nan")
+    log(
+        f"prefill {name:>13} {'causal' if causal else 'full  '} S={s:<6} B={row['batch']:<3} "
+        f"{row['TFLOPs']:6.0f} TFLOP/s | flash {row.get('sdpa_flash_TFLOPs', nan):6.0f}"
+        f" x{row.get('vs_sdpa_flash', nan):.2f} | cudnn "
+        f"{row.get('sdpa_cudnn_TFLOPs', nan):6.0f} x{row.get('vs_sdpa_cudnn', nan):.2f}"
+    )
+    return row
 
 
 # --------------------------------------------------------------------------------------- main
@@ -485,6 +509,8 @@ def machine() -> dict[str, Any]:
 
 
 def summarize(decode: list[dict], prefill: list[dict]) -> dict[str, Any]:
+    decode = [r for r in decode if "error" not in r]
+    prefill = [r for r in prefill if "error" not in r]
     long_rows = [r for r in decode if r["long_context"]]
     bw = min(r["bf16"]["bw_ratio"] for r in long_rows)
     bw_graph = min(r["bf16"]["bw_ratio_graph"] for r in long_rows)
