@@ -792,10 +792,16 @@ def test_inject_into_a_sleeping_python_child():
 SPAWNER = textwrap.dedent(
     """
     import os, subprocess, sys, time
-    kid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(4)"])
+    flag = sys.argv[1]
+    wait = "import os, sys, time\\nend = time.monotonic() + 30\\n" + (
+        "while not os.path.exists(sys.argv[1]) and time.monotonic() < end: time.sleep(0.05)"
+    )
+    kid = subprocess.Popen([sys.executable, "-c", wait, flag])
     pid = os.fork()
     if pid == 0:
-        time.sleep(4)
+        end = time.monotonic() + 30
+        while not os.path.exists(flag) and time.monotonic() < end:
+            time.sleep(0.05)
         os._exit(0)
     print(kid.pid, pid, flush=True)
     kid.wait()
@@ -805,9 +811,10 @@ SPAWNER = textwrap.dedent(
 )
 
 
-def test_spawned_and_forked_python_children_get_their_own_agent():
+def test_spawned_and_forked_python_children_get_their_own_agent(tmp_path):
+    flag = tmp_path / "children may exit"
     p = subprocess.Popen(
-        [sys.executable, "-c", SPAWNER],
+        [sys.executable, "-c", SPAWNER, str(flag)],
         env=bootstrap.run_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -827,5 +834,6 @@ def test_spawned_and_forked_python_children_get_their_own_agent():
             src.stop()
         assert find_agent_socket(p.pid)  # the fork did not take the parent's socket away
     finally:
-        out, err = p.communicate(timeout=30)
+        flag.write_text("")
+        out, err = p.communicate(timeout=60)
     assert p.returncode == 0 and "done" in out, err
