@@ -288,6 +288,13 @@ async def test_every_key_of_the_help(replay_app):
         await pilot.pause()
         assert not app.paused and "PAUSED" not in status_text(app)
 
+        # g flips the clock pane between dense-when-many and full detail per GPU.
+        clocks = app.query_one(ClockPane)
+        await pilot.press("g")
+        assert clocks.full_detail
+        await pilot.press("g")
+        assert not clocks.full_detail
+
         # t: covered in test_theme_cycling_persists_to_config; c: in the capture tests.
         # q quits.
         await pilot.press("q")
@@ -311,13 +318,13 @@ async def test_compact_layout_at_80x24(replay_app):
 
 
 # -- hand-made data for the panes whose sources need hardware (marked as such) -----------------
-def _gpu_store(t0: int, seconds: float = 10.0, hz: float = 4.0) -> Store:
-    """Made-up GPU samples: two GPUs, a power cap on GPU 0 in the second half, NaN temperature
-    on GPU 1 (its sensor "n/a")."""
+def _gpu_store(t0: int, seconds: float = 10.0, hz: float = 4.0, gpus: int = 2) -> Store:
+    """Made-up GPU samples: `gpus` GPUs, a power cap on GPU 0 in the second half, NaN
+    temperature on GPU 1 (its sensor "n/a")."""
     n = int(seconds * hz)
     t = t0 + (np.arange(n) * 1e9 / hz).astype(np.int64)
     rows = []
-    for gpu in (0, 1):
+    for gpu in range(gpus):
         for i, ts in enumerate(t):
             capped = gpu == 0 and i >= n // 2
             rows.append(
@@ -370,6 +377,27 @@ async def test_clock_pane_draws_gpus_made_up_data(make_app, local_capture, captu
         assert not app.has_class("-stacked")
         cpu = app.query_one("#cpu", Pane)
         assert cpu.region.x > pane.region.x and cpu.region.y < pane.region.bottom
+
+
+async def test_clock_pane_eight_gpus_dense_and_g_for_detail_made_up_data(make_app):
+    """Made-up samples of an 8-GPU box: dense (3 lines a GPU) when they do not fit; `g` full."""
+    t0 = 10**12
+    gstore, t_end = _gpu_store(t0, seconds=8, gpus=8)
+    app = make_app(store=gstore, meta={"window": {"start_ns": t0, "end_ns": t_end}})
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        pane = app.query_one(ClockPane)
+        text = plain(pane.body)
+        assert pane.dense and "vram" not in text
+        assert sum(ln.startswith("GPU") for ln in text.splitlines()) == 8
+        assert text.count("SM clock") == 8 and text.count("thrtl") == 8
+        assert "1500/1980 MHz" in text and "P power cap" in text
+        await pilot.press("g")
+        await pilot.pause()
+        assert not pane.dense and plain(pane.body).count("vram") == 8
+        await pilot.press("g")
+        await pilot.pause()
+        assert pane.dense
 
 
 async def test_kernel_pane_draws_kernels_made_up_data(make_app):

@@ -243,6 +243,7 @@ class KdashApp(App[None]):
         Binding("plus,equals_sign", "zoom(0.5)", "zoom: in (halve the window)"),
         Binding("minus", "zoom(2)", "zoom: out (double the window)"),
         Binding("r", "reset_window", "reset the window (follow live / whole capture)"),
+        Binding("g", "gpu_detail", "clocks pane: all GPUs dense (when many) / full detail"),
         Binding("question_mark", "help", "this help"),
         Binding("q", "quit", "quit"),
         # Over SSH people press ctrl+c to leave a monitor (top, nvitop); Textual would copy.
@@ -704,6 +705,11 @@ class KdashApp(App[None]):
     def action_reset_window(self) -> None:
         self.offset_s = 0.0
         self.window_s = self._max_window_s() if self.mode == "replay" else LIVE_WINDOW_S
+        self._view_changed()
+
+    def action_gpu_detail(self) -> None:
+        for pane in self.main_query(ClockPane):
+            pane.full_detail = not pane.full_detail
         self._view_changed()
 
     def action_help(self) -> None:

@@ -45,6 +45,7 @@ LEGEND = {
     "·": "idle",
 }
 LABEL_W = 22  # "power  650/700 W    " etc.
+FULL_LINES = 11  # lines of one GPU in the full view; more GPUs than fit -> the dense view
 
 
 def band_char(bits: int) -> str:
@@ -54,6 +55,22 @@ def band_char(bits: int) -> str:
         if bits & bit:
             return ch
     return "─"  # sampled, no reason set: running free
+
+
+def throttle_band(view: View, g: pd.DataFrame, bins: int) -> tuple[str, str, bool]:
+    """One GPU's band over the window, its latest reasons in words, and whether they hold
+    the clocks back (a throttle, not just idle)."""
+    t = g["t_ns"].to_numpy()
+    bits = bin_or(t, g["throttle_reasons"].to_numpy(), view.since_ns, view.until_ns, bins)
+    band = "".join(band_char(int(b)) for b in bits)
+    now_bits = int(g["throttle_reasons"].iloc[-1])
+    held = now_bits >= 0 and bool(now_bits & THROTTLE_MASK)
+    if now_bits < 0:
+        reason_now = "n/a"
+    else:
+        names_now = [REASONS[b][0] for b in REASONS if now_bits & b and b != 0x1]
+        reason_now = ",".join(names_now) or ("idle" if now_bits & 0x1 else "none")
+    return band, reason_now, held
 
 
 def no_gpu_line(view: View) -> str:
@@ -85,11 +102,17 @@ class ClockPane(Pane):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.body = Static("", markup=False, classes="clock-body")
+        self.full_detail = False  # `g`: every GPU in full, even when they do not all fit
+        self.dense = False  # what the last redraw drew
 
     def compose(self) -> ComposeResult:
         yield self.empty_line
         with VerticalScroll(classes="clock-scroll"):
             yield self.body
+
+    def focus_target(self):
+        """The scroller, so ↑/↓ scroll through the GPUs when the pane has focus."""
+        return self if self.has_class("-empty") else self.query_one(".clock-scroll")
 
     def show(self, view: View) -> None:
         batch = view.store.get("gpu_samples", view.since_ns, view.until_ns)
@@ -101,7 +124,57 @@ class ClockPane(Pane):
         scroller = self.query_one(".clock-scroll")
         avail = scroller.scrollable_content_region.width or self.content_region.width or 80
         width = max(LABEL_W + 10, avail - 1)
-        self.body.update(self.render_gpus(view, df, width))
+        height = scroller.scrollable_content_region.height or self.content_region.height or 24
+        n_gpus = int(df["gpu"].nunique())
+        self.dense = not self.full_detail and n_gpus > 1 and n_gpus * FULL_LINES > height
+        if self.dense:
+            self.body.update(self.render_dense(view, df, width))
+        else:
+            self.body.update(self.render_gpus(view, df, width))
+
+    def render_dense(self, view: View, df: pd.DataFrame, width: int) -> Text:
+        """Many GPUs (an 8-GPU server) in little room: three lines each — the latest values,
+        the SM clock sparkline, the throttle band — on the same time axis as the full view."""
+        st = {c: self.get_component_rich_style(f"clock-pane--{c}") for c in (
+            "gpu", "label", "spark", "hot", "band", "throttle", "note")}  # fmt: skip
+        bins = width - LABEL_W
+        out = Text(no_wrap=True, overflow="ellipsis")
+        out.append("util = a kernel ran, not occupancy · g: full detail per GPU\n", st["note"])
+        seen: set[str] = set()
+        for gpu, g in df.groupby("gpu", sort=True):
+            g = g.sort_values("t_ns")
+            last = g.iloc[-1]
+            pstate = int(last["pstate"])
+            out.append(f"GPU{gpu}", st["gpu"])
+            out.append(
+                f" P{pstate if pstate >= 0 else ' n/a'}"
+                f"  SM {fmt(last['sm_clock_mhz'])}/{fmt(last['sm_clock_max_mhz'])} MHz"
+                f"  mem {fmt(last['mem_clock_mhz'])}/{fmt(last['mem_clock_max_mhz'])}"
+                f"  {fmt(last['temp_c'])} °C  {fmt(last['power_w'])}/{fmt(last['power_limit_w'])} W"
+                f"  util {fmt(last['util_gpu_pct'], '.0f', '%')}\n",
+                st["label"],
+            )
+            sm = bin_mean(
+                g["t_ns"].to_numpy(), g["sm_clock_mhz"].to_numpy(), view.since_ns, view.until_ns,
+                bins,
+            )  # fmt: skip
+            out.append(f"{'  SM clock':<{LABEL_W}}", st["label"])
+            out.append(
+                spark(sm, 0, _hi(g["sm_clock_max_mhz"], g["sm_clock_mhz"])) + "\n", st["spark"]
+            )
+            band, reason_now, held = throttle_band(view, g, bins)
+            seen |= set(band) - {" ", "─"}
+            out.append(
+                f"  {'thrtl':<6}{reason_now[:13]:>13} ", st["throttle"] if held else st["label"]
+            )
+            for ch in band:
+                out.append(ch, st["throttle"] if ch in "THBP" else st["band"])
+            out.append("\n")
+        out.append(" " * LABEL_W + view.axis(bins), st["note"])
+        if seen:
+            legend = "  ".join(f"{ch} {LEGEND[ch]}" for ch in LEGEND if ch in seen)
+            out.append("\n" + " " * LABEL_W + legend + "  ─ no reason", st["note"])
+        return out
 
     def render_gpus(self, view: View, df: pd.DataFrame, width: int) -> Text:
         st = {c: self.get_component_rich_style(f"clock-pane--{c}") for c in (
@@ -152,16 +225,8 @@ class ClockPane(Pane):
                 hot=_gt(pw, 0.97 * float(lim)) if np.isfinite(lim) and lim > 0 else False,
             )
             row("util", f"{util}", spark(series("util_gpu_pct"), 0, 100))
-            bits = bin_or(t, g["throttle_reasons"].to_numpy(), view.since_ns, view.until_ns, bins)
-            band = "".join(band_char(int(b)) for b in bits)
+            band, reason_now, held = throttle_band(view, g, bins)
             seen_letters |= set(band) - {" ", "─"}
-            now_bits = int(last["throttle_reasons"])
-            held = now_bits >= 0 and bool(now_bits & THROTTLE_MASK)
-            if now_bits < 0:
-                reason_now = "n/a"
-            else:
-                names_now = [REASONS[b][0] for b in REASONS if now_bits & b and b != 0x1]
-                reason_now = ",".join(names_now) or ("idle" if now_bits & 0x1 else "none")
             out.append(
                 f"{'thrtl':<6}{reason_now[:15]:>15} ", st["throttle"] if held else st["label"]
             )
