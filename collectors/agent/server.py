@@ -189,6 +189,16 @@ def driver_cuda_version() -> tuple[int | None, str]:
     return v.value, ""
 
 
+def driver_absent() -> str | None:
+    """Why there is no NVIDIA driver here, or None; without loading libcuda (see cuda_loaded)."""
+    if os.environ.get(ENV_FAKE_CUDA):
+        return None
+    marks = ("/dev/nvidiactl", "/proc/driver/nvidia/version", "/dev/dxg")  # dxg: WSL
+    if any(os.path.exists(m) for m in marks):
+        return None
+    return "no NVIDIA driver here (no /dev/nvidiactl, no /proc/driver/nvidia)"
+
+
 def cuda_loaded() -> bool:
     """Has this process loaded libcuda? Until it has, enabling CUPTI would pull CUDA into a
     process that may never use it, so the agent waits instead."""
@@ -789,8 +799,9 @@ def _batch_rows(batch: Batch) -> int:
 class CuptiActivity:
     """Owns everything the agent does with CUPTI: probe, enable, flush, disable, callbacks.
 
-    Callbacks are registered once per process (CUPTI keeps one registration); while no session
-    is active the buffer callback only counts what it throws away.
+    Buffer callbacks are (re-)registered at every START (CUPTI keeps only the last
+    registration); while no session is active the buffer callback only counts what it throws
+    away.
     """
 
     def __init__(self, pid: int) -> None:
@@ -817,6 +828,22 @@ class CuptiActivity:
         self.dropped_by_cupti = 0
 
     # probing
+    def precheck(self) -> None:
+        """Before the target has loaded CUDA: a driver must exist and cupti-python must be
+        installed, judged without importing or loading either (Unavailable otherwise)."""
+        import importlib.util
+
+        no_driver = driver_absent()
+        no_cupti = importlib.util.find_spec("cupti") is None
+        if no_driver:
+            also = f"; cupti-python is not installed in {sys.executable} either" if no_cupti else ""
+            raise Unavailable(f"{no_driver}; kernel activity needs an NVIDIA GPU and driver{also}")
+        if no_cupti:
+            raise Unavailable(
+                f"cupti-python is not installed in {sys.executable} (pid {self.pid}); "
+                f"{install_hint(None)}"
+            )
+
     def probe(self) -> None:
         """Import cupti-python and check driver and versions; raise Unavailable with the fix."""
         self.driver_cuda, why = driver_cuda_version()
@@ -1364,15 +1391,18 @@ class Agent:
         c = self._cupti
         try:
             if c.cupti is None:
+                # Nothing may load libcuda or cupti before the target has loaded CUDA itself:
+                # until then only what can be seen from outside is checked.
+                if not cuda_loaded():
+                    c.precheck()
+                    self._next_try = now + 0.5  # /proc/self/maps of a torch process is ~1 MB
+                    status("waiting", f"waiting: pid {self.pid} has not loaded CUDA yet")
+                    return "retry"
                 c.probe()
             else:
                 held = other_cupti_client()
                 if held:
                     raise Unavailable(f"{held}; kdash waits until it ends", retry=True)
-            if not cuda_loaded():
-                self._next_try = now + 0.5  # /proc/self/maps of a torch process is ~1 MB
-                status("waiting", f"waiting: pid {self.pid} has not loaded CUDA yet")
-                return "retry"
             c.enable(acts, self._sink)
         except Unavailable as e:
             status("unavailable", f"unavailable: {e}")
