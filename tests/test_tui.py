@@ -405,6 +405,7 @@ async def test_kernel_pane_draws_kernels_made_up_data(make_app):
     t0 = 10**12
     n = 200
     starts = t0 + np.arange(n, dtype=np.int64) * 50_000
+    starts[100:] += 2_000_000  # one 2 ms hole: an idle gap
     names = np.where(np.arange(n) % 4 == 0, "void attn<float>(int)", "gemm_kernel")
     batch = schema.make_batch(
         "kernels",
@@ -422,12 +423,16 @@ async def test_kernel_pane_draws_kernels_made_up_data(make_app):
         await pilot.pause()
         pane = app.query_one(KernelPane)
         assert not pane.has_class("-empty")
+        # The analyses run in a worker thread and post their result back.
+        assert await wait_for(pilot, lambda: pane.analyses_applied > 0)
+        await pilot.pause()
         table = pane.query_one(DataTable)
         assert table.row_count == 2
         assert table.get_row_at(0)[0] == "gemm_kernel"  # most total time first
         assert table.get_row_at(1)[0] == "attn<…>"
         lanes = plain(pane.lanes)
         assert "GPU0 s7" in lanes and "GPU0 s-1" in lanes
+        assert "GPU idle gaps ≥100 µs: 1, longest 2.02 ms" in lanes
 
 
 # -- live -----------------------------------------------------------------------------------------

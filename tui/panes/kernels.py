@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pandas as pd
 from rich.text import Text
+from textual import work
 from textual.app import ComposeResult
 from textual.widgets import DataTable, Static
 
@@ -31,6 +32,21 @@ MAX_LANES = 8
 ANALYSIS_EVERY_S = 1.0
 
 
+def analysis_notes(kernels: pd.DataFrame, api: pd.DataFrame) -> str:
+    """GPU idle gaps and launch-to-start latency, in one line ("" when neither applies)."""
+    gaps = idle_gaps(kernels)
+    lat = launch_latency(kernels, api)
+    notes = []
+    if not gaps.empty:
+        notes.append(
+            f"GPU idle gaps ≥100 µs: {len(gaps)}, longest {gaps['gap_us'].max() / 1e3:.2f} ms"
+        )
+    if not lat.empty:
+        p50, p99 = np.percentile(lat["latency_us"].to_numpy(dtype=float), [50, 99])
+        notes.append(f"launch→start p50 {p50:.1f} µs, p99 {p99:.1f} µs")
+    return " · ".join(notes)
+
+
 class KernelPane(Pane):
     key = "1"
     title = "Kernels"
@@ -42,6 +58,7 @@ class KernelPane(Pane):
         self._notes: str | None = None
         self._analysed_key: tuple = ()
         self._analysed_at = 0.0
+        self.analyses_applied = 0  # results of the analysis worker shown (tests wait on it)
         self.lanes = Static("", classes="lanes", markup=False)
         self.table = DataTable(cursor_type="row", zebra_stripes=False, classes="top-kernels")
         self.table.add_columns(
@@ -66,19 +83,35 @@ class KernelPane(Pane):
             )
             return
         self.set_empty(None)
-        # The analyses (pandas: ~50-100 ms at 100k kernels) run at most once a second live,
-        # and once per distinct window in a replay; the lanes (numpy) every redraw.
+        # The analyses (pandas: ~50-100 ms at 100k kernels) run in a thread worker, at most
+        # once a second live and once per distinct window in a replay; their result is posted
+        # back to the UI thread. The lanes (numpy, a few ms) are drawn on every redraw.
         key = (view.since_ns, view.until_ns, len(batch["start_ns"]))
         now = time.monotonic()
-        stale = self._analysed_key != key and (
-            view.mode == "replay" or now - self._analysed_at >= ANALYSIS_EVERY_S
-        )
-        if stale or self._notes is None:
-            kernels = schema.to_frame("kernels", batch)
-            self._notes = self._analyse(view, kernels)
-            self._fill_table(kernels)
+        due = view.mode == "replay" or now - self._analysed_at >= ANALYSIS_EVERY_S
+        if self._analysed_key != key and due:
             self._analysed_key, self._analysed_at = key, now
+            api = view.store.get("api", view.since_ns, view.until_ns)
+            self._analyse(key, batch, api)
         self.lanes.update(self._lanes(view, batch))
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="kernel-analysis")
+    def _analyse(self, key: tuple, batch: dict, api: dict) -> None:
+        """Top kernels, GPU idle gaps and launch-to-start latency, off the UI thread."""
+        kernels = schema.to_frame("kernels", batch)
+        top = top_kernels(kernels, limit=50)
+        notes = analysis_notes(kernels, schema.to_frame("api", api))
+        self.app.call_from_thread(self._apply_analysis, key, top, notes)
+
+    def _apply_analysis(self, key: tuple, top: pd.DataFrame, notes: str) -> None:
+        if key != self._analysed_key:
+            return  # a newer window's analysis is on its way
+        self._notes = notes
+        self._fill_table(top)
+        self.analyses_applied += 1
+        request = getattr(self.app, "request_redraw", None)
+        if request is not None:
+            request(now=True)  # the notes line sits under the lanes
 
     def _lanes(self, view: View, batch: dict[str, np.ndarray]) -> Text:
         width = max(10, self.content_region.width or 60)
@@ -111,24 +144,7 @@ class KernelPane(Pane):
             out.append("\n" + self._notes, note_style)
         return out
 
-    @staticmethod
-    def _analyse(view: View, kernels: pd.DataFrame) -> str:
-        """GPU idle gaps and launch-to-start latency, one line."""
-        gaps = idle_gaps(kernels)
-        api = view.store.frame("api", view.since_ns, view.until_ns)
-        lat = launch_latency(kernels, api)
-        notes = []
-        if not gaps.empty:
-            notes.append(
-                f"GPU idle gaps ≥100 µs: {len(gaps)}, longest {gaps['gap_us'].max() / 1e3:.2f} ms"
-            )
-        if not lat.empty:
-            p50, p99 = np.percentile(lat["latency_us"].to_numpy(dtype=float), [50, 99])
-            notes.append(f"launch→start p50 {p50:.1f} µs, p99 {p99:.1f} µs")
-        return " · ".join(notes)
-
-    def _fill_table(self, kernels: pd.DataFrame) -> None:
-        top = top_kernels(kernels, limit=50)
+    def _fill_table(self, top: pd.DataFrame) -> None:
         keep = self.table.cursor_row
         self.table.clear()
         for r in top.itertuples(index=False):
