@@ -37,9 +37,11 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 _SPECIALISATION = re.compile(r"_(?:\d+[cdei]+)+$")
 _SKIP_DIRS = {"__pycache__", ".git", "node_modules", ".tox", ".venv"}
@@ -170,6 +172,33 @@ class TritonIndex:
         if len(ranked) > 1 and ranked[0].score == ranked[1].score:
             return None
         return ranked[0].function
+
+
+def resolve_kernels(
+    index: TritonIndex, kernels: Mapping[str, Any], module_hint: str | None = None
+) -> dict[str, Candidate | None]:
+    """For each distinct kernel name of a `kernels` batch: its best `@triton.jit` source, judged
+    with that name's most frequent launch shape (block, grid); None for a tie or a kernel that
+    is not a Triton function (cuBLAS, FlashAttention, torch's own)."""
+    names = kernels["name"]
+    shapes: dict[str, Counter[tuple[int, ...]]] = {}
+    cols = ("block_x", "block_y", "block_z", "grid_x", "grid_y", "grid_z")
+    arrays = [kernels[c] for c in cols]
+    for i, name in enumerate(names):
+        if not index.lookup(name):
+            shapes.setdefault(name, Counter())
+            continue
+        shapes.setdefault(name, Counter())[tuple(int(a[i]) for a in arrays)] += 1
+    out: dict[str, Candidate | None] = {}
+    for name, counts in shapes.items():
+        if not counts:
+            out[name] = None
+            continue
+        shape = counts.most_common(1)[0][0]
+        ranked = index.resolve(name, module_hint=module_hint, block=shape[:3], grid=shape[3:])
+        tie = len(ranked) > 1 and ranked[0].score == ranked[1].score
+        out[name] = None if not ranked or tie else ranked[0]
+    return out
 
 
 # -- scanning ------------------------------------------------------------------------------

@@ -223,3 +223,44 @@ def test_demangle():
         assert ti.demangle(mangled) == out[mangled]
     else:
         assert out[mangled] in (mangled,) or out[mangled].startswith("void at::native")
+
+
+def test_resolve_kernels_of_a_batch(tree):
+    """A kernels batch as an import makes it: two `_fwd_kernel` launches with extend's shape."""
+    from kdash.schema import make_batch
+
+    idx = ti.scan(tree)
+    rows = [
+        {
+            "name": "_fwd_kernel",
+            "block_x": 256,
+            "block_y": 1,
+            "block_z": 1,
+            "grid_x": 4,
+            "grid_y": 32,
+            "grid_z": 8,
+        },
+        {
+            "name": "_fwd_kernel",
+            "block_x": 256,
+            "block_y": 1,
+            "block_z": 1,
+            "grid_x": 4,
+            "grid_y": 32,
+            "grid_z": 8,
+        },
+        {
+            "name": "_fwd_kernel_stage2",
+            "block_x": 128,
+            "block_y": 1,
+            "block_z": 1,
+            "grid_x": 2,
+            "grid_y": 8,
+            "grid_z": 1,
+        },
+        {"name": "ampere_bf16_s16816gemm", "block_x": 256, "block_y": 1, "block_z": 1},
+    ]
+    got = ti.resolve_kernels(idx, make_batch("kernels", rows))
+    assert "extend_attention" in got["_fwd_kernel"].function.module
+    assert got["_fwd_kernel_stage2"].function.name == "_fwd_kernel_stage2"
+    assert got["ampere_bf16_s16816gemm"] is None
