@@ -302,6 +302,9 @@ HISTOGRAMS: dict[str, str] = {
     "time_to_first_token_seconds": "ttft",
     "inter_token_latency_seconds": "itl",
     "e2e_request_latency_seconds": "e2e",
+    "queue_time_seconds": "queue",
+    # SGLang 0.4.x's name for the inter-token histogram; used as `itl` when that is absent
+    "time_per_output_token_seconds": "tpot",
 }
 # Counters -> per-second rates (prometheus_client's parser drops the `_total` suffix).
 COUNTERS: dict[str, str] = {
@@ -346,6 +349,8 @@ def parse_metrics(text: str) -> Scrape:
             if base in COUNTERS:
                 total = sum(float(s.value) for s in fam.samples if not s.name.endswith("_created"))
                 out.counters[COUNTERS[base]] = total
+    if "itl" not in out.hist and "tpot" in out.hist:
+        out.hist["itl"] = out.hist.pop("tpot")
     for name, series in gauge_series.items():
         vals = [v for _, v in series if not math.isnan(v)]
         if not vals:
@@ -431,7 +436,7 @@ class SglangMetricsSource:
     Row names (`server.metric`): the gauges by their SGLang name without the `sglang:` prefix
     (`num_running_reqs`, `num_queue_reqs`, `token_usage`, `gen_throughput`, `cache_hit_rate`),
     per-rank copies as `num_running_reqs[dp=1]` when the server exports one series per rank,
-    `ttft_p50_s`/`ttft_p99_s`/`ttft_n` (and `itl_`, `e2e_`) over the last `hist_window_s`
+    `ttft_p50_s`/`ttft_p99_s`/`ttft_n` (and `itl_`, `e2e_`, `queue_`) over the last `hist_window_s`
     (bucket deltas between scrapes; nothing emitted when no request finished in the window),
     and counter rates `prompt_tokens_per_s`, `generation_tokens_per_s`, `requests_per_s`.
     In /get_load mode: `num_running_reqs`, `num_queue_reqs`, `num_used_tokens` (+ `token_usage`

@@ -325,6 +325,23 @@ def test_metrics_parsed_with_per_rank_series(server):
     assert scrape.hist["ttft"][0.1] == 0.0 and scrape.hist["ttft"][0.2] == 1.0
 
 
+def test_old_tpot_histogram_stands_in_for_itl():
+    """SGLang 0.4.x exported the inter-token histogram as time_per_output_token_seconds."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    reg = CollectorRegistry()
+    h = Histogram(
+        "sglang:time_per_output_token_seconds",
+        "tpot",
+        ["model_name"],
+        buckets=[0.01, 0.1],
+        registry=reg,
+    )
+    h.labels("m").observe(0.05)
+    scrape = sh.parse_metrics(generate_latest(reg).decode())
+    assert scrape.hist["itl"][0.1] == 1.0 and "tpot" not in scrape.hist
+
+
 def test_bucket_quantile_is_prometheus_interpolation():
     b = {0.1: 0.0, 0.2: 10.0, 0.4: 10.0, math.inf: 10.0}
     assert sh.bucket_quantile(0.5, b) == pytest.approx(0.15)
