@@ -570,6 +570,24 @@ async def test_recorder_crash_is_shown_not_fatal(make_app, tmp_path):
     assert app.return_code == 0
 
 
+async def test_live_capture_failure_is_shown(make_app, tmp_path):
+    """A capture that cannot be written (the capture folder is a file) says why, in the status
+    bar and a notification; the dashboard goes on. A real Recorder, with no sources."""
+    from kdash.session import Recorder, RecorderOptions
+
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    opts = RecorderOptions(interval_s=0.05, pre_s=0.1, post_s=0.2, capture_dir=not_a_dir)
+    store = Store(retention_s=30)
+    rec = Recorder([], store, None, opts)
+    app = make_app(store=store, meta={"target": {"pid": 1}}, mode="live", recorder=rec)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("c")
+        assert await wait_for(pilot, lambda: "capture failed: " in status_text(app))
+        assert any(n.severity == "error" for n in app._notifications)
+        assert app.is_running
+
+
 def test_replay_title_always_says_replay(make_app, capture_store, local_capture):
     meta = dict(local_capture.meta)
     meta["title"] = "replay of the kdash demo workload recorded on an H200"
