@@ -610,14 +610,31 @@ def _check_output(path: Path) -> Path:
     return path
 
 
-def cmd_import(args: Any) -> int:
-    """`kdash import TRACE... [--output PATH]`: one capture from the traces; prints one line."""
-    traces = [Path(t) for t in args.traces]
-    if not traces:
+def expand_trace_args(paths: Sequence[Path]) -> list[Path]:
+    """Files as given; a folder stands for the traces in it (SGLang's rank files when it holds
+    any, else every *.json / *.json.gz). UserError for a missing path or an empty folder."""
+    out: list[Path] = []
+    for p in paths:
+        if not p.exists():
+            raise UserError(f"no such file: {p}")
+        if p.is_dir():
+            found = find_rank_traces(p) or sorted(
+                f for f in p.iterdir() if f.is_file() and f.name.endswith((".json", ".json.gz"))
+            )
+            if not found:
+                raise UserError(f"no trace files (*.json, *.json.gz) in {p}")
+            out.extend(found)
+        else:
+            out.append(p)
+    if not out:
         raise UserError("give at least one trace file")
-    for t in traces:
-        if not t.exists():
-            raise UserError(f"no such file: {t}")
+    return out
+
+
+def cmd_import(args: Any) -> int:
+    """`kdash import TRACE... [--output PATH]`: one capture from the traces (a folder stands
+    for the traces in it); prints one line, and a note when no kernel was in them."""
+    traces = expand_trace_args([Path(t) for t in args.traces])
     out = _check_output(Path(args.output) if args.output else default_output(traces))
     res = import_traces(traces, out)
     r = res.rows

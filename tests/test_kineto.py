@@ -468,3 +468,24 @@ def test_odd_values_fall_back_per_value(tmp_path):
     assert (k["grid_x"][0], k["grid_y"][0], k["grid_z"][0]) == (2, 1, -1)
     assert (k["block_x"][0], k["registers"][0]) == (-1, -1)
     assert (k["static_smem"][0], k["dynamic_smem"][0]) == (0, 1024)
+
+
+def test_cmd_import_of_a_folder_takes_its_rank_traces(tmp_path, capsys):
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    for tp in (1, 0):
+        _write(folder / f"kdash-77.5-TP-{tp}.trace.json.gz", _kineto_doc(_hand_made_events()), True)
+    (folder / "server.log").write_text("not a trace")
+    assert kineto.expand_trace_args([folder]) == [
+        folder / "kdash-77.5-TP-0.trace.json.gz",
+        folder / "kdash-77.5-TP-1.trace.json.gz",
+    ]
+    assert kineto.cmd_import(SimpleNamespace(traces=[folder], output=None)) == 0
+    assert (folder / "kdash-77.5.kdash").exists()
+    assert "4 kernels" in capsys.readouterr().out
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UserError, match="no trace files"):
+        kineto.cmd_import(SimpleNamespace(traces=[empty], output=None))
+    with pytest.raises(UserError, match="no such file"):
+        kineto.cmd_import(SimpleNamespace(traces=[tmp_path / "nope.json"], output=None))
