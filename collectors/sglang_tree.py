@@ -415,6 +415,11 @@ def tree_from_url(url: str, proc_root: Path = Path("/proc")) -> SglangTree:
         )
     pids = listening_pids(port, proc_root)
     if not pids:
+        if _listen_inodes(port, proc_root):
+            raise UserError(
+                f"port {port} is listened on by a process kdash cannot see (another user's): "
+                "run kdash as that user, or as root"
+            )
         raise UserError(
             f"no process here listens on port {port} (is the server up? if it runs in a "
             "container with its own network, give --pid of its root process)"

@@ -257,3 +257,23 @@ def test_path_in_process_same_root_and_fake_container(tmp_path):
     assert got == fake / "7" / "root" / "tmp" / "t.json"
     (other_root / "tmp" / "t.json").write_text("{}")
     assert got.read_text() == "{}"
+
+
+def test_listening_port_of_a_process_we_cannot_see(tmp_path, monkeypatch):
+    """A stand-in /proc whose tcp table has the port in LISTEN but no readable fd holds it
+    (what another user's server looks like to a non-root kdash)."""
+    fake = tmp_path / "proc"
+    (fake / "net").mkdir(parents=True)
+    header = (
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "
+        "timeout inode\n"
+    )
+    row = (
+        "   0: 0100007F:7530 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1001  "
+        "      0 424242 1\n"
+    )
+    (fake / "net" / "tcp").write_text(header + row)
+    monkeypatch.setattr(st.psutil, "net_connections", lambda kind: [])
+    assert st._listen_inodes(30000, fake) == {424242}
+    with pytest.raises(UserError, match="cannot see .another user's"):
+        st.tree_from_url("http://127.0.0.1:30000", proc_root=fake)
