@@ -478,6 +478,10 @@ class SglangMetricsSource:
         self.polls = 0
         self.failures = 0
         self.last_latency_s = math.nan
+        # /get_server_info, read once after the first answer (for the status bar, the capture
+        # metadata and GPU mapping); None until then or when the server would not give it.
+        self.server_info: dict[str, Any] | None = None
+        self._info_tried = False
 
     def start(self) -> None:
         self.health = Health("starting")
@@ -527,6 +531,12 @@ class SglangMetricsSource:
             return {}
         finally:
             self.last_latency_s = time.monotonic() - t0
+        if not self._info_tried:
+            self._info_tried = True
+            try:
+                self.server_info = self.client.get_server_info()
+            except SglangError as e:
+                log.info("no /get_server_info: %s", e)
         if not rows:
             return {}
         names = sorted(rows)
@@ -538,6 +548,24 @@ class SglangMetricsSource:
                 value=[rows[n] for n in names],
             )
         }
+
+    def server_summary(self) -> dict[str, Any]:
+        """The server facts a person checks first, from /get_server_info (empty until read)."""
+        info = self.server_info or {}
+        keys = (
+            "version",
+            "model_path",
+            "tp_size",
+            "dp_size",
+            "pp_size",
+            "ep_size",
+            "attention_backend",
+            "disable_cuda_graph",
+            "enable_dp_attention",
+            "enable_metrics",
+            "base_gpu_id",
+        )
+        return {k: info[k] for k in keys if k in info}
 
     def _from_metrics(self, now_ns: int, text: str) -> dict[str, float]:
         try:

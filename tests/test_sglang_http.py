@@ -367,6 +367,9 @@ def test_metrics_source_p50_p99_from_bucket_deltas(server):
     got = dict(zip(first["metric"], first["value"], strict=True))
     assert src.health.ok and src.mode == "metrics"
     assert got["num_running_reqs"] == 8.0 and got["num_queue_reqs"] == 1.0
+    summary = src.server_summary()
+    assert summary["tp_size"] == 2 and summary["attention_backend"] == "triton"
+    assert sum(1 for r in server.requests if r[1] == "/get_server_info") == 1
     assert "ttft_p50_s" not in got  # no window yet
     for v in (0.15,) * 98 + (0.5, 0.5):
         server.ttft.labels(server.model).observe(v)
@@ -385,6 +388,7 @@ def test_metrics_source_p50_p99_from_bucket_deltas(server):
     # a quiet interval: gauges only
     third = src.poll(t0 + 2_000_000_000)["server"]
     assert "ttft_p50_s" not in set(third["metric"])
+    assert sum(1 for r in server.requests if r[1] == "/get_server_info") == 1  # read once
     # a poll sooner than interval_s (the recorder's capture-window pace) asks nothing
     n = len(server.requests)
     assert src.poll(t0 + 2_100_000_000) == {} and len(server.requests) == n
