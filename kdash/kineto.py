@@ -239,7 +239,13 @@ class _Table:
             return
         c = self.cols
         ts = np.asarray(c.pop("ts"), dtype=np.float64)
-        dur = np.asarray(c.pop("dur"), dtype=np.float64)
+        durs = c.pop("dur")
+        try:
+            dur = np.asarray(durs, dtype=np.float64)
+        except (TypeError, ValueError):  # a string dur somewhere: 0 for what is not a number
+            dur = np.asarray(
+                [d if isinstance(d, int | float) else 0.0 for d in durs], dtype=np.float64
+            )
         np.nan_to_num(dur, copy=False, nan=0.0)
         start = np.rint(ts * 1000.0).astype(np.int64) + (base_ns - wall_offset_ns)
         end = start + np.maximum(np.rint(dur * 1000.0), 0).astype(np.int64)

@@ -468,6 +468,8 @@ def test_odd_values_fall_back_per_value(tmp_path):
     assert (k["grid_x"][0], k["grid_y"][0], k["grid_z"][0]) == (2, 1, -1)
     assert (k["block_x"][0], k["registers"][0]) == (-1, -1)
     assert (k["static_smem"][0], k["dynamic_smem"][0]) == (0, 1024)
+    m = tables["markers"]
+    assert m["end_ns"][0] == m["start_ns"][0]  # a dur that is not a number counts as 0
 
 
 def test_cmd_import_of_a_folder_takes_its_rank_traces(tmp_path, capsys):
