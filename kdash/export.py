@@ -5,9 +5,9 @@ watched pid with its API calls and NVTX ranges per thread, and counter tracks fo
 clocks, temperature, power and utilisation, and the busiest threads' CPU %. Timestamps are
 microseconds from the capture window's start, so the trace opens at zero.
 
-Slices on one track must nest in Perfetto; kernels on one stream and calls on one thread do, and
-NVTX ranges get their own track per thread, so overlapping but unnested ranges do not corrupt the
-API lane.
+Slices on one track must nest in Perfetto: calls on one thread do; kernels on one stream
+usually do, and those that overlap their predecessor (programmatic dependent launch, seen on the
+H200) go to an overflow lane; NVTX ranges get their own track per thread.
 """
 
 from __future__ import annotations
@@ -24,6 +24,27 @@ from kdash.capture import Capture
 from kdash.errors import UserError
 
 GPU_PID_BASE = 1_000_000  # synthetic pids for GPU tracks, away from real ones
+# Kernels on one stream can overlap on Hopper (programmatic dependent launch: cuBLAS starts the
+# next kernel's prologue before the previous one ends). Perfetto needs slices on one track to
+# nest, so a kernel that starts inside its predecessor goes to an overflow lane of that stream.
+OVERLAP_TID_STEP = 1 << 32
+
+
+def _lanes(starts, ends) -> list[int]:
+    """Greedy lane per slice (sorted by start) so that slices on one lane never overlap."""
+    lane_end: list[int] = []
+    out = []
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        for i, end in enumerate(lane_end):
+            if s >= end:
+                lane_end[i] = e
+                out.append(i)
+                break
+        else:
+            lane_end.append(e)
+            out.append(len(lane_end) - 1)
+    return out
+
 
 COUNTERS = [
     ("sm_clock_mhz", "SM clock (MHz)"),
@@ -54,30 +75,36 @@ def trace_events(cap: Capture, top_threads: int = 8) -> list[dict]:
         ev.append(_meta("process_name", GPU_PID_BASE + g, 0, f"GPU {g} {names.get(g, '')}".strip()))
         ev.append(_meta("process_sort_index", GPU_PID_BASE + g, 0, None, sort_index=g))
 
-    k = t["kernels"]
-    for row in k.itertuples(index=False):
-        ev.append(
-            {
-                "ph": "X",
-                "cat": "kernel",
-                "name": row.name,
-                "pid": GPU_PID_BASE + int(row.device),
-                "tid": int(row.stream),
-                "ts": us(row.start_ns),
-                "dur": max(0.0, (row.end_ns - row.start_ns) / 1e3),
-                "args": {
-                    "grid": [int(row.grid_x), int(row.grid_y), int(row.grid_z)],
-                    "block": [int(row.block_x), int(row.block_y), int(row.block_z)],
-                    "registers": int(row.registers),
-                    "shared_memory": int(row.static_smem) + int(row.dynamic_smem),
-                    "correlation": int(row.correlation_id),
-                    "graph_id": int(row.graph_id),
-                },
-            }
-        )
-    for stream in sorted(set(k["stream"].astype(int).tolist())):
-        for dev in sorted(set(k[k["stream"] == stream]["device"].astype(int).tolist())):
-            ev.append(_meta("thread_name", GPU_PID_BASE + dev, stream, f"stream {stream}"))
+    k = t["kernels"].sort_values(["device", "stream", "start_ns"], kind="stable")
+    lane_names: dict[tuple[int, int], str] = {}
+    for (dev, stream), g in k.groupby(["device", "stream"], sort=True):
+        lanes = _lanes(g["start_ns"].to_numpy(), g["end_ns"].to_numpy())
+        for row, lane in zip(g.itertuples(index=False), lanes, strict=True):
+            tid = int(stream) + OVERLAP_TID_STEP * int(lane)
+            lane_names[(int(dev), tid)] = (
+                f"stream {int(stream)}" if lane == 0 else f"stream {int(stream)} (overlap {lane})"
+            )
+            ev.append(
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": row.name,
+                    "pid": GPU_PID_BASE + int(dev),
+                    "tid": tid,
+                    "ts": us(row.start_ns),
+                    "dur": max(0.0, (row.end_ns - row.start_ns) / 1e3),
+                    "args": {
+                        "grid": [int(row.grid_x), int(row.grid_y), int(row.grid_z)],
+                        "block": [int(row.block_x), int(row.block_y), int(row.block_z)],
+                        "registers": int(row.registers),
+                        "shared_memory": int(row.static_smem) + int(row.dynamic_smem),
+                        "correlation": int(row.correlation_id),
+                        "graph_id": int(row.graph_id),
+                    },
+                }
+            )
+    for (dev, tid), name in lane_names.items():
+        ev.append(_meta("thread_name", GPU_PID_BASE + dev, tid, name))
 
     m = t["memcpy"]
     for row in m.itertuples(index=False):

@@ -1,0 +1,94 @@
+"""The bundled demo capture: `kdash demo --headless --duration 20` on an H200 under the agent.
+
+Real kernels from the project's own attention workload, so the kernel analyses, the report and
+the Perfetto export are checked on real CUPTI records here, without a GPU.
+"""
+
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kdash.analyses.kernels import idle_gaps, launch_latency, top_kernels
+from kdash.capture import load_capture
+from kdash.commands import bundled_demo
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return load_capture(bundled_demo())
+
+
+def test_bundled_and_titled(demo):
+    assert "H200" in demo.meta["title"]
+    assert demo.meta["sources"]["agent"] == "ok"
+    assert demo.meta["window"]["seconds"] > 15
+
+
+def test_top_kernels_are_ours(demo):
+    tk = top_kernels(demo.tables["kernels"])
+    names = list(tk["name"])
+    assert {"_decode_stage1", "_decode_stage2", "_extend_kernel"} <= set(names)
+    assert tk["pct"].sum() == pytest.approx(100.0)
+    assert (tk["p99_us"] >= tk["p50_us"]).all()
+    d1 = tk[tk["name"] == "_decode_stage1"].iloc[0]
+    assert d1["registers"] > 0 and d1["calls"] > 100
+
+
+def test_latency_and_gaps(demo):
+    k, a = demo.tables["kernels"], demo.tables["api"]
+    lat = launch_latency(k, a)
+    assert len(lat) > 0.5 * len(k)  # most kernels match their launch call
+    assert lat["latency_us"].median() > 0
+    gaps = idle_gaps(k)
+    assert len(gaps) > 0 and (gaps["gap_us"] >= 100).all()
+
+
+def test_report_and_export(tmp_path):
+    path = bundled_demo()
+    r = subprocess.run(
+        [sys.executable, "-m", "kdash.cli", "report", path, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["top_kernels"] and doc["tables"]["kernels"] > 10_000
+    out = tmp_path / "demo.json.gz"
+    r = subprocess.run(
+        [sys.executable, "-m", "kdash.cli", "export", path, "--perfetto", out],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stderr
+    ev = json.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
+    kernels = [e for e in ev if e.get("cat") == "kernel"]
+    assert len(kernels) == doc["tables"]["kernels"]
+    assert any(e["ph"] == "C" and e["name"].startswith("SM clock") for e in ev)
+    lanes = {(e["pid"], e["tid"]) for e in kernels}
+    assert lanes  # one lane per GPU/stream
+    # Slices on one lane must not overlap partially (Perfetto needs nesting).
+    by_lane = {}
+    for e in kernels:
+        by_lane.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in by_lane.values():
+        spans.sort()
+        for (_s0, e0), (s1, e1) in zip(spans, spans[1:], strict=False):
+            assert s1 >= e0 - 1e-3 or e1 <= e0 + 1e-3
+
+
+def test_demo_headless_without_gpu_is_refused():
+    r = subprocess.run(
+        [sys.executable, "-m", "kdash.cli", "demo", "--headless"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if r.returncode == 0:
+        pytest.skip("this machine has a GPU")
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("kdash: ")
