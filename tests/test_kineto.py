@@ -422,6 +422,15 @@ def test_odd_values_fall_back_per_value(tmp_path):
     events = [
         {
             "ph": "X",
+            "cat": "user_annotation",
+            "name": "m",
+            "pid": 99,
+            "tid": 5,
+            "ts": 0.5,
+            "dur": "n/a",
+        },
+        {
+            "ph": "X",
             "cat": "cuda_runtime",
             "name": "cudaLaunchKernel",
             "pid": 99,
