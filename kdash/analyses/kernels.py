@@ -24,12 +24,32 @@ TOP_COLUMNS = [
 ]
 
 
+_DEMANGLED: dict[str, str] = {}
+
+
+def demangle_all(names) -> None:
+    """Demangle the C++ names not seen before, in one batch (one c++filt run), into the cache.
+
+    Called where a table of kernels is summarised, so `short_name` never spawns a process per row.
+    """
+    from kdash.triton_index import demangle_many
+
+    todo = [n for n in dict.fromkeys(names) if n.startswith("_Z") and n not in _DEMANGLED]
+    if todo:
+        _DEMANGLED.update(demangle_many(todo))
+
+
+def demangled(name: str) -> str:
+    """The demangled name if known (see `demangle_all`), else the name as recorded."""
+    return _DEMANGLED.get(name, name)
+
+
 def short_name(name: str, width: int = 48) -> str:
-    """A readable kernel name: C++ templates and argument lists cut, middle elided if long.
+    """A readable kernel name: demangled, templates and argument lists cut, middle elided if long.
 
     The full name stays in the table; this is for narrow columns.
     """
-    s = name
+    s = demangled(name)
     if s.startswith("void "):
         s = s[5:]
     depth = 0
@@ -59,6 +79,7 @@ def top_kernels(kernels: pd.DataFrame, limit: int | None = None) -> pd.DataFrame
     if kernels.empty:
         return pd.DataFrame(columns=TOP_COLUMNS)
     k = kernels.assign(dur_ns=(kernels["end_ns"] - kernels["start_ns"]).clip(lower=0))
+    demangle_all(k["name"].unique().tolist())
     total = float(k["dur_ns"].sum()) or 1.0
     rows = []
     for name, g in k.groupby("name", sort=False):
