@@ -18,6 +18,8 @@ the run still leaves the earlier evidence):
 5. `inject`: the eager target started WITHOUT kdash; `inject.check_injectable` + `inject.inject`
    (ptrace on Python 3.10-3.13) put the agent in; seconds from injection to the first kernel,
    and the rate before / with / after, as in `eager`.
+6. `nvtx`: NVTX ranges around each step, target started with `run_env(nvtx=True)`: marker
+   rows must arrive (NVTX_INJECTION64_PATH pointed at the target's libcupti).
 
 Run on the GPU machine from the repository root (no install needed; see `_kdash_importable`):
 
@@ -92,6 +94,10 @@ def run_once():
     if graph is not None:
         graph.replay()
         torch.cuda.synchronize()
+    elif mode == "nvtx":
+        torch.cuda.nvtx.range_push("kdash_step")
+        step()
+        torch.cuda.nvtx.range_pop()
     else:
         step()
 
@@ -343,6 +349,14 @@ def watch(pid: int, seconds: float) -> dict:
         names, cnt = np.unique(a, return_counts=True)
         order = np.argsort(-cnt)[:10]
         res["api_top"] = {str(names[i]): int(cnt[i]) for i in order}
+    if tables.get("markers"):
+        m = {c: np.concatenate([b[c] for b in tables["markers"]]) for c in ("name", "domain")}
+        names, cnt = np.unique(m["name"].astype(str), return_counts=True)
+        res["markers_top"] = {str(n): int(c) for n, c in zip(names[:10], cnt[:10], strict=True)}
+    if tables.get("memcpy"):
+        kinds = np.concatenate([b["kind"] for b in tables["memcpy"]]).astype(str)
+        names, cnt = np.unique(kinds, return_counts=True)
+        res["memcpy_kinds"] = {str(n): int(c) for n, c in zip(names, cnt, strict=True)}
     st = res["stats"]
     seen = st.get("agent_records_seen") or 0
     res["agent_cost_per_record_ns"] = {
@@ -487,6 +501,8 @@ def main() -> int:
             ("profiler", "profiler", bootstrap.run_env(base), True),
             # started WITHOUT kdash; the agent is injected (ptrace on 3.10-3.13)
             ("inject", "inject", bootstrap.disarmed_env(base), True),
+            # NVTX ranges around each step, with the opt-in NVTX hook
+            ("nvtx", "nvtx", bootstrap.run_env(base, nvtx=True), True),
         ]
         for name, mode, env, armed in plan:
             t0 = time.monotonic()
@@ -514,6 +530,9 @@ def main() -> int:
                 k: report["phases"].get("inject", {}).get(k)
                 for k in ("inject_result", "seconds_inject_to_first_kernel", "rate_it_s")
             },
+            "nvtx_marker_rows": (
+                (report["phases"].get("nvtx", {}).get("watch") or {}).get("rows") or {}
+            ).get("markers"),
             "graph_kernels_with_graph_id": (
                 (report["phases"].get("graph", {}).get("watch") or {}).get("kernels") or {}
             ).get("with_graph_id"),

@@ -837,3 +837,19 @@ def test_spawned_and_forked_python_children_get_their_own_agent(tmp_path):
         flag.write_text("")
         out, err = p.communicate(timeout=60)
     assert p.returncode == 0 and "done" in out, err
+
+
+def test_nvtx_opt_in_points_nvtx_at_the_targets_libcupti(tmp_path):
+    lib = tmp_path / "site" / "nvidia" / "cuda_cupti" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libcupti.so.13").write_bytes(b"")
+    code = "import os; print(os.environ.get('NVTX_INJECTION64_PATH', 'unset'))"
+    base = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    base.pop("NVTX_INJECTION64_PATH", None)
+    for nvtx, want in ((False, "unset"), (True, str(lib / "libcupti.so.13"))):
+        env = bootstrap.run_env(base, nvtx=nvtx)
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == want

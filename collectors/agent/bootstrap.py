@@ -26,6 +26,7 @@ from pathlib import Path
 
 ENV_FLAG = "KDASH_AGENT"
 ENV_PKGS = "KDASH_AGENT_PKGS"
+ENV_NVTX = "KDASH_AGENT_NVTX"
 SITE_DIR = str(Path(__file__).resolve().parent / "_site")
 
 
@@ -42,13 +43,18 @@ def package_dirs() -> list[str]:
     ]
 
 
-def run_env(base_env: Mapping[str, str] | None = None) -> dict[str, str]:
+def run_env(base_env: Mapping[str, str] | None = None, nvtx: bool = False) -> dict[str, str]:
     """The environment for `kdash run`'s child: `base_env` (default: ours) plus the agent hook.
 
-    Idempotent: arming an already armed environment does not add the folder twice.
+    `nvtx=True` also makes the hook point NVTX at the target's libcupti (NVTX_INJECTION64_PATH)
+    so NVTX ranges reach the markers table; off by default because every NVTX call then enters
+    libcupti even while nobody watches. Idempotent: arming an already armed environment does
+    not add the folder twice.
     """
     env = dict(os.environ if base_env is None else base_env)
     env[ENV_FLAG] = "1"
+    if nvtx:
+        env[ENV_NVTX] = "1"
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIR]
     env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *parts])
     env[ENV_PKGS] = os.pathsep.join(package_dirs())
@@ -60,6 +66,7 @@ def disarmed_env(base_env: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base_env is None else base_env)
     env.pop(ENV_FLAG, None)
     env.pop(ENV_PKGS, None)
+    env.pop(ENV_NVTX, None)
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIR]
     if parts:
         env["PYTHONPATH"] = os.pathsep.join(parts)

@@ -964,7 +964,8 @@ class CuptiActivity:
             "NVTX_INJECTION64_PATH"
         ):
             self.notes.append(
-                "NVTX ranges need NVTX_INJECTION64_PATH=<libcupti.so> set when the target starts"
+                "NVTX ranges need `kdash run --nvtx` (NVTX_INJECTION64_PATH=<libcupti.so> "
+                "set when the target starts)"
             )
 
     def _narrow_api_records(self, enable: bool) -> None:

@@ -93,6 +93,24 @@ def _kdash_start():
         _kdash_note_failure(f"the kdash agent could not listen: {server.start_error()}")
 
 
+def _kdash_nvtx():
+    """With `kdash run --nvtx` (KDASH_AGENT_NVTX=1): point NVTX at libcupti so CUPTI sees NVTX
+    ranges. NVTX reads NVTX_INJECTION64_PATH at its first call, so it must be set before user
+    code runs; it is opt-in because it makes every NVTX call enter libcupti even while nobody
+    is watching. The library is looked for in the nvidia-cuda-cupti wheels on sys.path,
+    without importing anything."""
+    if os.environ.get("KDASH_AGENT_NVTX") != "1" or os.environ.get("NVTX_INJECTION64_PATH"):
+        return
+    import glob
+
+    for entry in sys.path:
+        for pattern in ("nvidia/cuda_cupti/lib/libcupti.so*", "nvidia/cu*/lib/libcupti.so*"):
+            hits = sorted(glob.glob(os.path.join(entry or ".", pattern)))
+            if hits:
+                os.environ["NVTX_INJECTION64_PATH"] = hits[0]
+                return
+
+
 def _kdash_chain():
     """Run the sitecustomize that Python would have imported without ours, if there is one."""
     import importlib.machinery
@@ -115,4 +133,9 @@ def _kdash_chain():
 
 
 _kdash_start()
+try:
+    _kdash_nvtx()
+except Exception as _kdash_e:  # noqa: BLE001 - NVTX ranges are optional; say why they are absent
+    _kdash_note_failure(f"NVTX hook: {type(_kdash_e).__name__}: {_kdash_e}")
+    del _kdash_e
 _kdash_chain()
