@@ -30,6 +30,8 @@ from kdash.collectors.agent import bootstrap, server
 from kdash.collectors.agent.client import AgentSource, find_agent_socket
 from kdash.collectors.base import Source
 
+from kdash.store import Store
+
 FAKE_CUPTI = """
 \"\"\"Stand-in for cupti-python's `cupti.cupti` (test fixture; see tests/test_agent.py).
 
@@ -448,6 +450,11 @@ def test_records_flow_from_activity_to_batches(fake_cupti):
         assert src.dropped() >= src.stats["agent_dropped_cupti"]
         assert src.stats["agent_callback_errors"] == 0
         assert src.stats["agent_record_reader"] == "buffer"
+        store = Store()
+        for table, parts in got.items():
+            for b in parts:
+                store.append(table, b)
+        assert store.stats()["kernels"]["total"] == len(k["name"])
         assert src.stats["dropped_client"] == 0
         assert abs(src.stats["agent_offset_ns"] + 10**9) < 10**7
         src.stop()

@@ -458,6 +458,14 @@ PTRACE_SEIZE = 0x4206
 PTRACE_INTERRUPT = 0x4207
 WALL = 0x40000000
 SIGSEGV = 11
+_PTRACE_NAMES = {
+    PTRACE_CONT: "PTRACE_CONT",
+    PTRACE_GETREGS: "PTRACE_GETREGS",
+    PTRACE_SETREGS: "PTRACE_SETREGS",
+    PTRACE_DETACH: "PTRACE_DETACH",
+    PTRACE_SEIZE: "PTRACE_SEIZE",
+    PTRACE_INTERRUPT: "PTRACE_INTERRUPT",
+}
 
 # struct user_regs_struct (x86_64), in order
 _REGS = [
@@ -492,7 +500,14 @@ class _Tracee:
         r = self.libc.ptrace(req, self.pid, ctypes.c_void_p(addr), ctypes.c_void_p(data))
         err = ctypes.get_errno()
         if r == -1 and err:
-            raise InjectError(f"ptrace({req}) on pid {self.pid}: {os.strerror(err)}")
+            what = _PTRACE_NAMES.get(req, str(req))
+            hint = ""
+            if req == PTRACE_SEIZE and err in (1, 13):  # EPERM, EACCES
+                hint = (
+                    " (another debugger such as py-spy or gdb may be attached, or a seccomp "
+                    "policy forbids ptrace: containers need --cap-add SYS_PTRACE)"
+                )
+            raise InjectError(f"{what} on pid {self.pid}: {os.strerror(err)}{hint}")
         return r
 
     def _wait_stop(self, timeout: float) -> int:
