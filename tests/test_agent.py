@@ -860,3 +860,27 @@ def test_nvtx_opt_in_points_nvtx_at_the_targets_libcupti(tmp_path):
         )
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == want
+
+
+def test_stale_sockets_are_swept_and_refused_ones_reported(tmp_path):
+    folder = server.socket_dirs()[0]
+    server.ensure_private_dir(folder)
+    dead = 4_194_305 + os.getpid() % 1000  # above PID_MAX_LIMIT (2**22): never a live pid
+    stale = os.path.join(folder, f"{dead}.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(stale)
+    s.close()  # a socket file nobody listens on, like one left by a SIGKILLed target
+    src = AgentSource(dead)
+    src.start()
+    assert "no kdash agent" in str(src.health) and "stale socket was removed" in str(src.health)
+    assert not os.path.exists(stale)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(stale)
+    s.close()
+    p = start_target(2.0)
+    try:
+        wait_socket(p.pid)
+        assert not os.path.exists(stale)  # the next agent to start swept it
+    finally:
+        rc, _out, err = finish(p)
+    assert rc == 0, err

@@ -116,6 +116,17 @@ class AgentSource:
         s.settimeout(self._connect_timeout)
         try:
             s.connect(path)
+        except ConnectionRefusedError:
+            s.close()
+            # nobody listens: the socket of an earlier process that had this pid, or of this
+            # one's agent that could not survive (e.g. a fork). Remove it; say there is none.
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            self.health = Health.unavailable(
+                f"no kdash agent in pid {self.pid} (start it with `kdash run -- CMD`; "
+                "a stale socket was removed)"
+            )
+            return
         except OSError as e:
             s.close()
             self.health = Health.unavailable(

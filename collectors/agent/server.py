@@ -133,6 +133,29 @@ def ensure_private_dir(path: str) -> None:
         os.chmod(path, 0o700)  # ours but loosened (e.g. by a umask game): tighten it back
 
 
+def sweep_stale(folder: str) -> int:
+    """Remove sockets and notes of processes that are gone; how many were removed.
+
+    A process killed with SIGKILL, or a forked child leaving by os._exit, cannot remove its
+    socket; left alone, a later process that gets the same pid would look watched.
+    """
+    removed = 0
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    for name in names:
+        stem, dot, ext = name.partition(".")
+        if not dot or ext not in ("sock", "unavailable") or not stem.isdigit():
+            continue
+        if os.path.exists(f"/proc/{stem}"):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(folder, name))
+            removed += 1
+    return removed
+
+
 def socket_path_for(pid: int, uid: int | None = None) -> str:
     return os.path.join(socket_dirs(uid)[0], f"{pid}.sock")
 
@@ -1128,7 +1151,9 @@ class Agent:
 
     # lifecycle
     def listen(self) -> None:
-        ensure_private_dir(os.path.dirname(self.path))
+        folder = os.path.dirname(self.path)
+        ensure_private_dir(folder)
+        sweep_stale(folder)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)  # a stale socket of an earlier process with our pid
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
