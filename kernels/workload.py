@@ -290,10 +290,25 @@ def threading_tid() -> int:
 
 
 def start_noisy_neighbour() -> tuple[subprocess.Popen, str]:
-    """A busy-looping child process pinned to the launch thread's CPU (which is pinned too)."""
+    """A busy-looping child process pinned to the launch thread's CPU (which is pinned too).
+
+    The child asks the kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``), so a
+    workload killed hard (SIGKILL, a crash) does not leave a core spinning behind it.
+    """
     cpu = min(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpu})
-    code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True:\n    pass\n"
+    code = (
+        "import ctypes, os, signal\n"
+        "try:\n"
+        "    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
+        "except Exception:\n"
+        "    pass\n"
+        f"if os.getppid() != {os.getpid()}:\n"
+        "    raise SystemExit(0)  # the parent died before the prctl took effect\n"
+        f"os.sched_setaffinity(0, {{{cpu}}})\n"
+        "while True:\n"
+        "    pass\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code])
     return proc, f"noisy neighbour pid {proc.pid} busy on CPU {cpu}, the launch thread's CPU"
 

@@ -227,3 +227,43 @@ def test_engine_steps_end_to_end_on_the_cpu() -> None:
         for slot in range(4):
             written = bool(kc[p, slot].abs().sum() > 0)
             assert written == ((p, slot) in used), (p, slot)
+
+
+def test_noisy_neighbour_dies_with_the_workload(tmp_path) -> None:
+    """Kill the process that started the busy child hard: the child must not outlive it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("needs Linux CPU affinity")
+    script = (
+        "import time\n"
+        "from kdash.kernels.workload import start_noisy_neighbour\n"
+        "proc, msg = start_noisy_neighbour()\n"
+        "print(proc.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    time.sleep(0.5)  # let the child run its prctl
+    os.kill(child, 0)  # alive while the parent is
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        # a dead but unreaped child (init reaps it) still answers kill 0: check its state
+        try:
+            with open(f"/proc/{child}/stat") as f:
+                if f.read().split(")")[-1].split()[0] == "Z":
+                    return
+        except OSError:
+            return
+        time.sleep(0.1)
+    os.kill(child, signal.SIGKILL)
+    pytest.fail("the busy child outlived its parent")
