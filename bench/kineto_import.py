@@ -13,7 +13,8 @@ mix of event kinds is therefore the source's, repeated.
 The import runs in a fresh interpreter, so the generator's memory does not count: the body
 of `kdash import` (`kdash.kineto.import_traces`) in its two steps, read then write, with the
 process's peak RSS (VmHWM) before reading, after reading and after writing (pandas and pyarrow
-for the Parquet write weigh ~80 MB by themselves). Writes the figures as JSON {command, machine, figures}.
+for the Parquet write weigh ~80 MB by themselves). Writes the figures as JSON
+{command, machine, figures}.
 """
 
 from __future__ import annotations
