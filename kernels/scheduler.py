@@ -7,9 +7,12 @@ are tested on the CPU (tests/test_workload.py). The GPU side (:mod:`kdash.kernel
 Policy (a simplified SGLang/vLLM scheduler, enough to look like a server in a profiler):
 
 - Requests arrive at random (:class:`ArrivalProcess`, Poisson, lognormal lengths).
-- Prefill first: while requests wait and their prompt plus one token fits in free pages and in
-  the step's token budget, they join one batched prefill (extend) step; but never two prefill
-  steps in a row while requests are decoding, so a steady stream of arrivals cannot starve them.
+- Prefill first: while requests wait and their prompt plus one token fits in free pages (the
+  prompt's pages are taken at admission), they join one batched prefill (extend) step, up to the
+  step's token budget. With ``chunked_prefill`` a prompt that does not fit the budget is cut into
+  chunks over several steps, each later chunk attending to the earlier ones through the cache
+  (the extend kernel's prefix); without it, such a prompt runs alone in one step. Never two
+  prefill steps in a row while requests are decoding, so arrivals cannot starve them.
 - Otherwise one decode step for every running request: each gets one more token; a request whose
   next token starts a new page is given one; when no page is free the most recently admitted
   request is preempted (its pages freed, it goes back to the head of the queue and is prefilled
@@ -84,6 +87,11 @@ class Request:
     finished_at: float | None = None
 
     @property
+    def in_prefill(self) -> bool:
+        """True until the whole prompt is in the cache (a chunked prompt takes several steps)."""
+        return self.cached < self.prompt_len
+
+    @property
     def context_len(self) -> int:
         """Tokens the next decode step attends to (the cache plus the token it writes)."""
         return self.cached + 1
@@ -95,11 +103,13 @@ class Step:
 
     kind: str  # "prefill" | "decode" | "idle"
     requests: list[Request] = field(default_factory=list)
+    chunks: list[int] = field(default_factory=list)  # prefill: new prompt tokens per request
+    prefix: list[int] = field(default_factory=list)  # prefill: tokens already cached per request
 
     @property
     def num_tokens(self) -> int:
         if self.kind == "prefill":
-            return sum(r.prompt_len for r in self.requests)
+            return sum(self.chunks)
         return len(self.requests)
 
 
@@ -118,8 +128,10 @@ class Scheduler:
         max_prefill_tokens: int = 8192,
         max_running: int = 64,
         max_context: int = 32768,
+        chunked_prefill: bool = False,
     ) -> None:
         self.page_size = page_size
+        self.chunked_prefill = chunked_prefill
         self.pages = PageAllocator(num_pages)
         self.max_prefill_tokens = max_prefill_tokens
         self.max_running = max_running
@@ -148,37 +160,49 @@ class Scheduler:
         return step
 
     def _schedule(self) -> Step:
-        batch: list[Request] = []
-        if self._last_kind == "prefill" and self.running:
+        decodable = any(not r.in_prefill for r in self.running)
+        if self._last_kind == "prefill" and decodable:
             return self._decode_step()
+        batch: list[Request] = []
+        chunks: list[int] = []
         budget = self.max_prefill_tokens
-        while self.waiting and len(self.running) + len(batch) < self.max_running:
+        # Chunked prompts already admitted go on first: their pages are already theirs.
+        for req in self.running:
+            if req.in_prefill and budget > 0:
+                n = min(req.prompt_len - req.cached, budget)
+                batch.append(req)
+                chunks.append(n)
+                budget -= n
+        admitted: list[Request] = []
+        while self.waiting and budget > 0 and len(self.running) + len(admitted) < self.max_running:
             req = self.waiting[0]
-            need = pages_for(req.prompt_len + 1, self.page_size)
-            # A prompt longer than the budget still runs, alone, so it cannot starve.
-            if req.prompt_len > budget and batch:
+            if pages_for(req.prompt_len + 1, self.page_size) > self.pages.num_free:
                 break
-            if need > self.pages.num_free:
+            if self.chunked_prefill:
+                n = min(req.prompt_len, budget)
+            elif req.prompt_len <= budget or not batch:
+                n = req.prompt_len  # an over-budget prompt runs alone, so it cannot starve
+            else:
                 break
             self.waiting.popleft()
             req.pages = self.pages.alloc(pages_for(req.prompt_len, self.page_size))
             req.state = State.RUNNING
+            admitted.append(req)
             batch.append(req)
-            budget -= req.prompt_len
-            if budget <= 0:
-                break
+            chunks.append(n)
+            budget -= n
         if batch:
-            self.running.extend(batch)
-            return Step("prefill", batch)
-        if not self.running:
+            self.running.extend(admitted)
+            return Step("prefill", batch, chunks, [r.cached for r in batch])
+        if not decodable:
             return Step("idle")
         return self._decode_step()
 
     def _decode_step(self) -> Step:
-        # Decode: every running request writes one token at position `cached`.
+        # Decode: every prefilled running request writes one token at position `cached`.
         for req in list(self.running):
-            if req.state is not State.RUNNING:
-                continue  # preempted below while making room for an earlier request
+            if req.state is not State.RUNNING or req.in_prefill:
+                continue  # preempted below while making room for an earlier one, or prefilling
             need = pages_for(req.cached + 1, self.page_size) - len(req.pages)
             while need > 0 and self.pages.num_free < need:
                 victim = self.running[-1]
@@ -187,7 +211,7 @@ class Scheduler:
                     break
             if req.state is State.RUNNING and need > 0:
                 req.pages.extend(self.pages.alloc(need))
-        batch = [r for r in self.running if r.state is State.RUNNING]
+        batch = [r for r in self.running if r.state is State.RUNNING and not r.in_prefill]
         return Step("decode", batch) if batch else Step("idle")
 
     def _preempt(self, req: Request) -> None:
@@ -204,9 +228,11 @@ class Scheduler:
     def complete(self, step: Step, now: float = 0.0) -> list[Request]:
         """Account a finished step; returns the requests that finished with it."""
         done: list[Request] = []
-        for req in step.requests:
+        for i, req in enumerate(step.requests):
             if step.kind == "prefill":
-                req.cached = req.prompt_len
+                req.cached += step.chunks[i]
+                if req.in_prefill:
+                    continue  # more chunks to come
                 req.generated = 1
                 req.first_token_at = now
             elif step.kind == "decode":

@@ -152,7 +152,8 @@ class Engine:
         from .prefill_attention import extend_attention
 
         t = self.torch
-        lens = [r.prompt_len for r in step.requests]
+        lens = step.chunks
+        prefixes = step.prefix
         total = sum(lens)
         with _nvtx("prefill", self.nvtx):
             cu_host = [0]
@@ -160,15 +161,26 @@ class Engine:
                 cu_host.append(cu_host[-1] + n)
             cu = t.tensor(cu_host, dtype=t.int32).to(self.device, non_blocking=True)
             req = t.repeat_interleave(t.arange(len(lens)), t.tensor(lens)).to(self.device)
-            pos = t.cat([t.arange(n) for n in lens]).to(self.device)
+            pos = t.cat([t.arange(p, p + n) for p, n in zip(prefixes, lens, strict=True)])
+            pos = pos.to(self.device)
             pt = self._page_table(step)
+            with_prefix = any(prefixes)
+            if with_prefix and self.fp8:
+                raise ValueError("chunked prefill reads a bf16 cache; run fp8 KV without chunking")
+            prefix_t = t.tensor(prefixes, dtype=t.int32).to(self.device, non_blocking=True)
             x = self.embed[self._tokens(total)]
             for i, lw in enumerate(self.layers):
                 q, k, v = self._qkv(x, lw)
                 scales = (self.kv_scale, self.kv_scale) if self.fp8 else (None, None)
                 write_kv(self.k_cache[i], self.v_cache[i], pt, req, pos, k, v, *scales)
-                # New tokens come straight from the projection; the (empty) prefix from the cache.
-                o = extend_attention(q, k, v, None, None, None, None, cu, max(lens))
+                # New tokens come straight from the projection; a chunk's earlier part of the
+                # prompt (its prefix) is read from the paged cache.
+                if with_prefix:
+                    o = extend_attention(
+                        q, k, v, self.k_cache[i], self.v_cache[i], pt, prefix_t, cu, max(lens)
+                    )
+                else:
+                    o = extend_attention(q, k, v, None, None, None, None, cu, max(lens))
                 x = x + o.view(total, -1) @ lw["wo"]
                 x = self._mlp(x, lw)
             last = x[t.tensor([c - 1 for c in cu_host[1:]], device=self.device)]
@@ -330,6 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--num-pages", type=int, default=16384)
     ap.add_argument("--kv-dtype", choices=["bf16", "fp8"], default="bf16")
+    ap.add_argument(
+        "--chunked-prefill",
+        action="store_true",
+        help="cut prompts over --max-prefill-tokens into chunks that read their prefix from the "
+        "paged cache (bf16 KV only; tested on the CPU, not yet run on a GPU)",
+    )
     ap.add_argument("--layers", type=int, default=ModelConfig.layers)
     ap.add_argument("--hidden", type=int, default=ModelConfig.hidden)
     ap.add_argument("--q-heads", type=int, default=ModelConfig.q_heads)
@@ -376,6 +394,8 @@ def run(args: argparse.Namespace) -> int:
         max_prefill_tokens=args.max_prefill_tokens,
         max_running=args.max_running,
         max_context=args.max_context,
+        # The extend kernel reads a bf16 cache; fp8 KV prefills whole prompts instead.
+        chunked_prefill=args.chunked_prefill and args.kv_dtype != "fp8",
     )
     if sched.max_pages_per_request > args.num_pages:
         print("--num-pages too small for one request of --max-context", file=sys.stderr)

@@ -61,6 +61,7 @@ def drive(s: Scheduler, arrivals: ArrivalProcess, horizon: float, dt: float = 0.
                 assert len(r.pages) == pages_for(r.prompt_len, s.page_size)
         if step.kind == "decode":
             for r in step.requests:  # room for the token this step writes at position `cached`
+                assert not r.in_prefill
                 assert len(r.pages) * s.page_size >= r.cached + 1
         kinds.append(step.kind)
         s.complete(step, t)
@@ -71,9 +72,15 @@ def drive(s: Scheduler, arrivals: ArrivalProcess, horizon: float, dt: float = 0.
     return kinds
 
 
-def test_every_request_finishes_with_its_tokens_and_frees_its_pages() -> None:
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
+def test_every_request_finishes_with_its_tokens_and_frees_its_pages(chunked: bool) -> None:
     s = Scheduler(
-        page_size=16, num_pages=4096, max_prefill_tokens=2048, max_running=32, max_context=4096
+        chunked_prefill=chunked,
+        page_size=16,
+        num_pages=4096,
+        max_prefill_tokens=2048,
+        max_running=32,
+        max_context=4096,
     )
     arr = ArrivalProcess(
         50.0, prompt_mean=300, output_mean=40, max_prompt=2000, max_output=1000, seed=1
@@ -120,6 +127,36 @@ def test_page_pool_exhaustion_preempts_the_newest_and_still_finishes() -> None:
     assert s.preemptions > 0
     assert all(r.generated == 40 for r in s.finished)
     assert s.pages.num_free == 40
+
+
+def test_long_prompts_are_prefilled_in_budget_sized_chunks() -> None:
+    s = Scheduler(
+        page_size=4, num_pages=64, max_prefill_tokens=10, max_context=64, chunked_prefill=True
+    )
+    r = Request(0, prompt_len=23, max_new_tokens=2)
+    s.add(r)
+    seen = []
+    for _ in range(3):
+        step = s.schedule()
+        assert step.kind == "prefill" and step.requests == [r]
+        seen.append((step.prefix[0], step.chunks[0]))
+        s.complete(step)
+    assert seen == [(0, 10), (10, 10), (20, 3)]  # each chunk attends to the earlier ones
+    assert not r.in_prefill and r.generated == 1
+    assert s.schedule().kind == "decode"
+
+
+def test_without_chunking_a_long_prompt_runs_alone_in_one_step() -> None:
+    s = Scheduler(
+        page_size=4, num_pages=64, max_prefill_tokens=10, max_context=64, chunked_prefill=False
+    )
+    s.add(Request(0, prompt_len=23, max_new_tokens=2))
+    s.add(Request(1, prompt_len=3, max_new_tokens=2))
+    step = s.schedule()
+    assert [r.rid for r in step.requests] == [0] and step.chunks == [23]
+    s.complete(step)
+    assert s.schedule().kind == "decode"  # no two prefills in a row while one can decode
+    assert s.schedule().chunks == [3]
 
 
 def test_decode_takes_a_new_page_exactly_at_a_page_boundary() -> None:
@@ -203,14 +240,28 @@ def test_engine_steps_end_to_end_on_the_cpu() -> None:
 
     cfg = ModelConfig(layers=1, hidden=128, q_heads=2, kv_heads=1, head_dim=64, mlp=256, vocab=64)
     eng = Engine(cfg, num_pages=16, page_size=4, max_running=4, max_context=32, device="cpu")
-    s = Scheduler(page_size=4, num_pages=16, max_running=4, max_context=32)
+    # A budget of 5 tokens: request 0 (6 tokens) is prefilled as 5 + 1, the second chunk reading
+    # the first through the cache (the extend kernel's paged prefix).
+    s = Scheduler(
+        page_size=4,
+        num_pages=16,
+        max_running=4,
+        max_context=32,
+        max_prefill_tokens=5,
+        chunked_prefill=True,
+    )
     s.add(Request(0, prompt_len=6, max_new_tokens=3))
     s.add(Request(1, prompt_len=3, max_new_tokens=3))
-    step = s.schedule()
-    toks = eng.prefill(step)
-    assert step.kind == "prefill" and toks.shape == (2,)
-    s.complete(step)
-    step = s.schedule()
+    prefixes = []
+    while True:
+        step = s.schedule()
+        if step.kind != "prefill":
+            break
+        prefixes += step.prefix
+        toks = eng.prefill(step)
+        assert toks.shape == (len(step.requests),)
+        s.complete(step)
+    assert 5 in prefixes  # the chunk with a cached prefix ran
     toks = eng.decode(step)
     assert step.kind == "decode" and toks.shape == (2,)
     assert int(toks.min()) >= 0 and int(toks.max()) < cfg.vocab
