@@ -659,3 +659,51 @@ def take_profile(
             log.info("stop_profile after a failed capture: %s", stop_err)
         raise
     return files
+
+
+@dataclass
+class ServerCapture:
+    """What a capture through the server brought back: rows on kdash's clock, the files."""
+
+    tables: dict[str, Batch]
+    traces: list[Any]  # kdash.kineto.TraceInfo, one per rank file
+    files: list[Path]
+    note: str = ""  # set when the traces hold no GPU kernel, saying the likely reason
+
+
+def capture_via_server(
+    client: SglangClient,
+    *,
+    ranks: int,
+    server_dir: str,
+    local_dir: str | None = None,
+    wall_offset_ns: int | None = None,
+    num_steps: int = 20,
+    activities: tuple[str, ...] = ("GPU",),
+    timeout_s: float = 120.0,
+    stable_s: float = 1.0,
+) -> ServerCapture:
+    """`take_profile`, then every rank's trace read onto the host monotonic clock
+    (`wall_offset_ns` from kdash.clock, as the session keeps it), ready to merge into a
+    capture window. When GPU activity was asked for and no kernel came, `note` says why that
+    usually is: another CUPTI client (kdash's own agent, Nsight) held CUPTI."""
+    from kdash.kineto import read_traces
+
+    files = take_profile(
+        client,
+        ranks=ranks,
+        server_dir=server_dir,
+        local_dir=local_dir,
+        num_steps=num_steps,
+        activities=activities,
+        timeout_s=timeout_s,
+        stable_s=stable_s,
+    )
+    tables, infos = read_traces(files, wall_offset_ns=wall_offset_ns)
+    note = ""
+    if "GPU" in activities and len(tables["kernels"]["start_ns"]) == 0:
+        note = (
+            "no GPU kernels in the server's traces: another CUPTI client (kdash's agent, "
+            "Nsight) held CUPTI while it profiled; switch it off and capture again"
+        )
+    return ServerCapture(tables=tables, traces=infos, files=files, note=note)

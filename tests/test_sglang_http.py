@@ -532,3 +532,27 @@ def test_take_profile_on_an_idle_server_stops_and_says_why(tmp_path):
             )
         assert [r for r in s.requests if r[1] == "/stop_profile"]
         assert s.profiling is False  # stopped, so the next capture can start
+
+
+def test_capture_via_server_lands_on_kdash_clock(server, tmp_path):
+    """Kineto's baseTimeNanoseconds + ts is wall time: with the session's wall offset the rows
+    land on the host monotonic clock, next to what kdash recorded at the same moment."""
+    from kdash import clock
+
+    before = clock.now_ns()
+    cap = sh.capture_via_server(
+        sh.SglangClient(server.url),
+        ranks=2,
+        server_dir=str(tmp_path),
+        wall_offset_ns=clock.wall_offset_ns(),
+        num_steps=2,
+        activities=("GPU",),  # the stand-in's profiler records CPU only: no kernels
+        timeout_s=60,
+        stable_s=0.3,
+    )
+    after = clock.now_ns()
+    m = cap.tables["markers"]
+    assert len(m["start_ns"]) == 4  # 2 steps x 2 ranks
+    assert (m["start_ns"] >= before - 50_000_000).all() and (m["end_ns"] <= after).all()
+    assert "another CUPTI client" in cap.note
+    assert len(cap.files) == 2 and len(cap.traces) == 2
