@@ -29,8 +29,10 @@ the capture's metadata says so; a live session that takes a capture through SGLa
 the host monotonic clock, next to its NVML and /proc rows.
 
 **SGLang file names** `{prefix-}{profile_id}-TP-{tp}[-DP-d][-PP-p][-EP-e][-EXTEND|-DECODE]
-.trace.json.gz` give each trace's ranks and stage (`parse_trace_name`); they are kept per trace
-in the metadata, and rows of a rank are told apart by `pid` (the scheduler's process).
+.trace.json.gz` give each trace's ranks and stage (`parse_trace_name`; checked against
+SGLang's profile_utils `_ProfilerTorch.stop`: DP/PP/EP appear only when that size is > 1, the
+stage is `-{stage.name}` with `profile_by_stage`); they are kept per trace in the metadata,
+and rows of a rank are told apart by `pid` (the scheduler's process).
 """
 
 from __future__ import annotations
@@ -95,12 +97,14 @@ def parse_trace_name(name: str) -> TraceName:
     m = _TRACE_NAME.match(base)
     if m:
         ranks = {k.lower(): int(v) for k, v in _RANK.findall(m.group("ranks"))}
-        return TraceName(
-            prefix=m.group("prefix") or None,
-            profile_id=m.group("id"),
-            stage=m.group("stage"),
-            **ranks,
-        )
+        prefix, pid = m.group("prefix") or None, m.group("id")
+        # Some SGLang entry points name a profile by time.strftime("%Y%m%d-%H%M%S"): the id
+        # itself holds a dash.
+        if prefix and re.fullmatch(r"\d{6}", pid):
+            head, _, last = prefix.rpartition("-")
+            if re.fullmatch(r"\d{8}", last):
+                prefix, pid = head or None, f"{last}-{pid}"
+        return TraceName(prefix=prefix, profile_id=pid, stage=m.group("stage"), **ranks)
     m = _MERGED.match(base)
     if m:
         return TraceName(profile_id=m.group("id"), merged=True)

@@ -226,6 +226,15 @@ def test_trace_names():
         "EXTEND",
     )
     assert p("merged-1732870000.1.trace.json.gz").merged
+    n = p("kdash-42-1764400000000-20261129-093000-TP-1-DECODE.trace.json.gz")
+    assert (n.prefix, n.profile_id, n.tp, n.stage) == (
+        "kdash-42-1764400000000",
+        "20261129-093000",
+        1,
+        "DECODE",
+    )
+    assert p("20261129-093000-TP-0.trace.json.gz").profile_id == "20261129-093000"
+    assert p("20261129-093000-TP-0.trace.json.gz").prefix is None
     assert p("trace.json").profile_id is None
 
 
