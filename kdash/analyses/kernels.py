@@ -70,6 +70,13 @@ def short_name(name: str, width: int = 48) -> str:
     return s
 
 
+def _smem(static: int, dynamic: int) -> int:
+    """Static + dynamic shared memory; -1 (n/a) only when neither is known."""
+    if static < 0 and dynamic < 0:
+        return -1
+    return max(static, 0) + max(dynamic, 0)
+
+
 def top_kernels(kernels: pd.DataFrame, limit: int | None = None) -> pd.DataFrame:
     """Per kernel name: calls, total GPU time and its share, mean/p50/p99, launch shape.
 
@@ -97,7 +104,7 @@ def top_kernels(kernels: pd.DataFrame, limit: int | None = None) -> pd.DataFrame
                 "grid": f"{last['grid_x']},{last['grid_y']},{last['grid_z']}",
                 "block": f"{last['block_x']},{last['block_y']},{last['block_z']}",
                 "registers": int(last["registers"]),
-                "smem": int(last["static_smem"]) + int(last["dynamic_smem"]),
+                "smem": _smem(int(last["static_smem"]), int(last["dynamic_smem"])),
             }
         )
     out = pd.DataFrame(rows, columns=TOP_COLUMNS).sort_values("total_ms", ascending=False)
