@@ -85,8 +85,11 @@ activity_memset4_dtype = _dt(88, kind=("<i4", 0), bytes=("<u8", 8), start=("<u8"
     graph_id=("<u4", 72))
 activity_synchronization2_dtype = _dt(56, kind=("<i4", 0), type=("<i4", 4), start=("<u8", 8),
     end=("<u8", 16), correlation_id=("<u4", 24), stream_id=("<u4", 32))
+_pt = np.dtype({"names": ["pt"], "formats": [np.dtype([("process_id", "<u4"),
+                ("thread_id", "<u4")])], "offsets": [0], "itemsize": 12})
 activity_marker2_dtype = _dt(56, kind=("<i4", 0), flags_=("<i4", 4), timestamp=("<u8", 8),
-    id=("<u4", 16), name=("<i8", 40))
+    id=("<u4", 16), object_kind=("<i4", 20), object_id=(_pt, 24), name=("<i8", 40),
+    domain=("<i8", 48))
 if os.environ.get("FAKE_CUPTI_NO_DTYPES"):
     del activity_kernel10_dtype
 
@@ -110,13 +113,20 @@ def materialize(specs):
     for r, d in zip(specs, dts):
         rec = np.ndarray((1,), dtype=d, buffer=buf, offset=off)
         for k, v in r.items():
-            if k in d.names:
-                rec[k] = _cstr(v) if k == "name" and isinstance(v, str) else v
+            if k == "object_id" and k in d.names:
+                rec["object_id"]["pt"]["thread_id"] = v.pt.thread_id
+            elif k in d.names:
+                rec[k] = _cstr(v) if k in ("name", "domain") and isinstance(v, str) else v
         objs.append(NS(ptr=buf.ctypes.data + off, **r))
         off += d.itemsize
     return buf, objs
 
 SKEW = 1_000_000_000  # this clock runs 1 s ahead of time.monotonic_ns
+_raw = None  # a compiled stand-in libcupti (FAKE_CUPTI_LIB) for the agent's raw-buffer path
+if os.environ.get("FAKE_CUPTI_LIB"):
+    _raw = ctypes.CDLL(os.environ["FAKE_CUPTI_LIB"])
+    _raw.fake_emit.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_uint32,
+                               ctypes.c_int]
 _enabled = set()
 _callbacks = None
 _corr = [0]
@@ -131,6 +141,8 @@ def get_timestamp():
 def activity_register_callbacks(requested, completed):
     global _callbacks
     _callbacks = (requested, completed)
+    if _raw is not None:
+        _raw.fake_clear()  # CUPTI keeps only the last registration
     _log("register")
 
 def activity_enable(kind):
@@ -188,7 +200,14 @@ def generated_specs(now, n=1000):
 
 def activity_flush_all(flag):
     _log(f"flush {flag}")
-    if _callbacks is None or ActivityKind.CONCURRENT_KERNEL not in _enabled:
+    if ActivityKind.CONCURRENT_KERNEL not in _enabled:
+        return
+    if _raw is not None and _raw.fake_registered():
+        _corr[0] += 1
+        bad = 1 if os.environ.get("FAKE_CUPTI_BAD_RAW") else 0
+        _raw.fake_emit(1000, get_timestamp(), 1, _corr[0], bad)
+        return
+    if _callbacks is None:
         return
     buf, objs = materialize(generated_specs(get_timestamp()))
     _callbacks[1](objs)
@@ -884,3 +903,135 @@ def test_stale_sockets_are_swept_and_refused_ones_reported(tmp_path):
     finally:
         rc, _out, err = finish(p)
     assert rc == 0, err
+
+
+FAKE_LIBCUPTI_C = r"""
+#include <stdint.h>
+#include <string.h>
+#include <stddef.h>
+typedef void (*req_t)(uint8_t **buffer, size_t *size, size_t *max_records);
+typedef void (*done_t)(void *ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid);
+static req_t g_req; static done_t g_done;
+static const char *names[3] = {"raw_gemm_0", "raw_gemm_1", "raw_gemm_2"};
+static const char *mname = "raw_range", *mdomain = "rawdomain";
+int cuptiActivityRegisterCallbacks(req_t r, done_t d) { g_req = r; g_done = d; return 0; }
+int fake_registered(void) { return g_req != 0; }
+void fake_clear(void) { g_req = 0; g_done = 0; }
+static void p16(uint8_t *p, size_t o, uint16_t v) { memcpy(p + o, &v, 2); }
+static void p32(uint8_t *p, size_t o, uint32_t v) { memcpy(p + o, &v, 4); }
+static void p64(uint8_t *p, size_t o, uint64_t v) { memcpy(p + o, &v, 8); }
+int fake_emit(int n, uint64_t now, int with_api, uint32_t marker_id, int bad) {
+    uint8_t *buf = 0; size_t size = 0, maxn = 0, off = 0;
+    g_req(&buf, &size, &maxn);
+    if (!buf || size < 1024) return -1;
+    for (int i = 0; i < n; i++) {
+        if (with_api && off + 40 + 216 + 112 <= size) {
+            uint8_t *a = buf + off; memset(a, 0, 40);
+            p32(a, 0, 5); p32(a, 4, 7); p64(a, 8, now - 5000); p64(a, 16, now - 4000);
+            p32(a, 24, 4242); p32(a, 28, 1234); p32(a, 32, i + 1); off += 40;
+        }
+        if (off + 216 + 112 > size) break;
+        uint8_t *k = buf + off; memset(k, 0, 216);
+        p32(k, 0, (bad && i == 0) ? 999 : 10); p16(k, 6, 64);
+        p64(k, 16, now - 3000 + i); p64(k, 24, now - 1000 + i); p32(k, 48, 7);
+        p32(k, 52, 128); p32(k, 56, 1); p32(k, 60, 1); p32(k, 64, 256); p32(k, 68, 1);
+        p32(k, 72, 1); p32(k, 76, 1024); p32(k, 80, 49152); p32(k, 92, i + 1);
+        p64(k, 104, (uint64_t)(uintptr_t)names[i % 3]); p32(k, 156, (i % 2) ? 5 : 0);
+        off += 216;
+    }
+    if (marker_id) {
+        uint8_t *m = buf + off; memset(m, 0, 112);
+        p32(m, 0, 12); p32(m, 4, 2); p64(m, 8, now - 950); p32(m, 16, marker_id);
+        p32(m, 20, 2); p32(m, 28, 99);
+        p64(m, 40, (uint64_t)(uintptr_t)mname); p64(m, 48, (uint64_t)(uintptr_t)mdomain);
+        m += 56; p32(m, 0, 12); p32(m, 4, 4); p64(m, 8, now - 50); p32(m, 16, marker_id);
+        off += 112;
+    }
+    g_done(0, 0, buf, size, off);
+    return (int)off;
+}
+"""
+
+
+@pytest.fixture
+def fake_libcupti(tmp_path: Path, fake_cupti: dict[str, str]) -> dict[str, str]:
+    """The stand-in cupti plus a compiled stand-in libcupti.so.13 (test fixture) that calls
+    the agent's own ctypes buffer callbacks with CUPTI-layout buffers; skipped without gcc."""
+    import shutil
+
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler to build the stand-in libcupti")
+    src = tmp_path / "fake_libcupti.c"
+    src.write_text(FAKE_LIBCUPTI_C)
+    lib = tmp_path / "libcupti.so.13"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(src)], check=True)
+    return {**fake_cupti, "FAKE_CUPTI_LIB": str(lib)}
+
+
+def test_raw_buffers_flow_without_per_record_objects(fake_libcupti):
+    p = start_target(8.0, fake_libcupti)
+    try:
+        wait_socket(p.pid)
+        src = AgentSource(p.pid)
+        src.start()
+        assert wait_for(lambda: src.health.ok, 5), str(src.health)
+        got = drain(src, 1.5)
+        assert wait_for(lambda: src.stats.get("agent_record_reader"), 3)
+        assert src.stats["agent_record_reader"] == "raw buffers", src.stats.get("agent_notes")
+        k = {c: np.concatenate([b[c] for b in got["kernels"]]) for c in got["kernels"][0]}
+        assert len(k["name"]) >= 2000
+        assert set(k["name"]) == {"raw_gemm_0", "raw_gemm_1", "raw_gemm_2"}
+        assert np.all(k["end_ns"] - k["start_ns"] == 2000)
+        assert set(k["registers"]) == {64} and set(k["graph_id"]) == {-1, 5}
+        api = {c: np.concatenate([b[c] for b in got["api"]]) for c in ("name", "pid", "tid")}
+        assert set(api["name"]) == {"cudaLaunchKernel"} and set(api["pid"]) == {4242}
+        m = {c: np.concatenate([b[c] for b in got["markers"]]) for c in got["markers"][0]}
+        assert set(m["name"]) == {"raw_range"} and set(m["domain"]) == {"rawdomain"}
+        assert set(m["tid"]) == {99} and set(m["end_ns"] - m["start_ns"]) == {900}
+        assert src.stats["agent_raw_errors"] == 0 and src.stats["agent_callback_errors"] == 0
+        src.stop()
+    finally:
+        rc, out, err = finish(p)
+    assert rc == 0 and out.startswith("done"), err
+
+
+def test_unreadable_raw_buffer_switches_to_cupti_python_objects(fake_libcupti):
+    p = start_target(8.0, {**fake_libcupti, "FAKE_CUPTI_BAD_RAW": "1"})
+    try:
+        wait_socket(p.pid)
+        src = AgentSource(p.pid)
+        src.start()
+        assert wait_for(lambda: src.health.ok, 5), str(src.health)
+        got = drain(src, 1.5)
+        assert wait_for(lambda: src.stats.get("agent_record_reader") == "buffer", 3)
+        assert any("raw CUPTI buffer unreadable" in n for n in src.stats["agent_notes"])
+        assert src.stats["agent_discarded_bytes"] > 0  # the unreadable buffer, counted
+        names = set(np.concatenate([b["name"] for b in got["kernels"]]))
+        assert names == {"fake_gemm_0", "fake_gemm_1", "fake_gemm_2"}  # the objects path
+        src.stop()
+    finally:
+        rc, out, err = finish(p)
+    assert rc == 0 and out.startswith("done"), err
+
+
+def test_walk_with_periodic_stretches_matches_a_record_by_record_walk():
+    fake = _fake_module()
+    rng = np.random.default_rng(7)
+    specs = []
+    base = fake.generated_specs(10**12, n=3)
+    api, kern = base[0], base[1]
+    pattern = [api, kern] * 30 + [kern] * 40 + [base[-5]] + [api, api, kern] * 20
+    pattern += [kern] * 13 + [base[-4], base[-3]] + [api, kern] * 7
+    for _ in range(3):
+        specs += pattern
+        specs += [dict(s) for s in rng.choice(np.array(base, dtype=object), 25)]
+    buf, objs = fake.materialize(specs)
+    conv = server.RecordConverter(fake, pid=1)
+    r = conv.reader
+    first = objs[0].ptr
+    span = objs[-1].ptr + r.sizes[objs[-1].kind] - first
+    _views, kinds, offs, _ = r.walk_span(first, span)
+    assert offs.tolist() == [o.ptr - first for o in objs]
+    assert kinds.tolist() == [o.kind for o in objs]
+    del buf

@@ -496,14 +496,50 @@ class RecordConverter:
     def _fast(self, activities: list[Any]) -> dict[str, dict[str, Any]]:
         r = self.reader
         assert r is not None
-        np = r.np
         views, kinds, offs, _span = r.walk(activities)
+        return self._columns(views, kinds, offs, activities)
+
+    def batches_raw(self, addr: int, valid: int) -> dict[str, dict[str, Any]]:
+        """Per-table batches from a raw CUPTI buffer (our own buffer callback, see RawBuffers).
+        On the first buffer the kernels' times are checked to be near CUPTI's clock now."""
+        r = self.reader
+        if r is None:
+            raise LayoutMismatch(self.fast_note or "no record layouts")
+        views, kinds, offs, _span = r.walk_span(addr, valid)
+        out = self._columns(views, kinds, offs, None)
+        if not self._verified and "kernels" in out:
+            k = out["kernels"]
+            now = int(self.cupti.get_timestamp())
+            hour = 3600 * 10**9
+            sane = (k["end_ns"] >= k["start_ns"]) & (abs(k["start_ns"] - now) < hour)
+            if not bool(sane.all()):
+                raise LayoutMismatch(
+                    f"{int((~sane).sum())} of {len(sane)} kernel records have impossible times"
+                )
+            self._verified = True
+        return out
+
+    def _columns(
+        self, views: dict, kinds: Any, offs: Any, activities: list[Any] | None
+    ) -> dict[str, dict[str, Any]]:
+        r = self.reader
+        assert r is not None
+        np = r.np
         out: dict[str, dict[str, Any]] = {}
         pid = self.pid
         kin = self._kind_ints
 
+        counts = np.bincount(kinds[(kinds >= 0) & (kinds < 256)], minlength=256)
+
         def pick(*names: str) -> Any:
-            mask = np.isin(kinds, [kin[n] for n in names if n in kin])
+            mask = None
+            for n in names:
+                k = kin.get(n)
+                if k is None or not 0 <= k < 256 or not counts[k]:
+                    continue
+                mask = (kinds == k) if mask is None else (mask | (kinds == k))
+            if mask is None:
+                return None, offs[:0]
             return mask, offs[mask]
 
         mask, o = pick("CONCURRENT_KERNEL", "KERNEL")
@@ -606,13 +642,44 @@ class RecordConverter:
             out["memcpy"] = {c: np.concatenate([p[c] for p in copy_parts]) for c in copy_parts[0]}
         if "MARKER" in kin:
             idx = np.flatnonzero(kinds == kin["MARKER"])
-            if idx.size:  # rare; paired START/END by id: the attribute path
+            if idx.size:  # rare; START/END paired by id, one record at a time
                 rows: list[tuple] = []
-                for i in idx.tolist():
-                    self._marker(activities[i], rows)
+                if activities is not None:
+                    for i in idx.tolist():
+                        self._marker(activities[i], rows)
+                else:
+                    for rec in self._marker_records(views, offs[idx]):
+                        self._marker(rec, rows)
                 if rows:
                     out["markers"] = rows_to_batch("markers", rows, 0, pid)
         return out
+
+    def _marker_records(self, views: dict, offs: Any) -> list[Any]:
+        """Marker records read from a raw buffer, shaped like cupti-python's objects."""
+        from types import SimpleNamespace
+
+        r = self.reader
+        assert r is not None
+        dt = r.dtypes[self._kind_ints["MARKER"]]
+        flags = r.field(views, offs, dt, "flags_").tolist()
+        ts = r.field(views, offs, dt, "timestamp").tolist()
+        ids = r.field(views, offs, dt, "id").tolist()
+        names = _c_strings(r.field(views, offs, dt, "name")).tolist()
+        if "domain" in (dt.names or ()):
+            domains = _c_strings(r.field(views, offs, dt, "domain")).tolist()
+        else:
+            domains = [""] * len(names)
+        tids = [-1] * len(ids)
+        try:  # object_id is a union; .pt.thread_id sits 4 bytes in
+            odt, ooff = dt.fields["object_id"][:2]
+            toff = ooff + odt.fields["pt"][0].fields["thread_id"][1]
+            tids = views[4][(offs + toff) // 4].tolist()
+        except (KeyError, TypeError, AttributeError):
+            pass  # this layout has no thread id: rows keep -1 (n/a)
+        return [
+            SimpleNamespace(flags_=f, timestamp=t, id=i, name=n, domain=d, object_id=_Tid(tid))
+            for f, t, i, n, d, tid in zip(flags, ts, ids, names, domains, tids, strict=True)
+        ]
 
     def _marker(self, a: Any, out: list[tuple]) -> None:
         flags = a.flags_
@@ -691,6 +758,17 @@ def rows_to_batch(table: str, rows: list[tuple], offset_ns: int, pid: int) -> di
     return out
 
 
+class _Tid:
+    """`object_id.pt.thread_id` for marker records read from a raw buffer."""
+
+    __slots__ = ("pt",)
+
+    def __init__(self, tid: int) -> None:
+        from types import SimpleNamespace
+
+        self.pt = SimpleNamespace(thread_id=tid)
+
+
 class LayoutMismatch(Exception):
     """The CUPTI buffer does not look the way cupti-python's dtypes say: use the slow path."""
 
@@ -738,43 +816,99 @@ class BufferReader:
         self.sizes = {k: dt.itemsize for k, dt in self.dtypes.items()}
 
     def walk(self, activities: list[Any]) -> tuple[Any, Any, Any, Any]:
-        """(views by item size, record kinds, byte offsets, span) of one buffer's records."""
-        import ctypes
-
-        np = self.np
+        """(views by item size, record kinds, byte offsets, span) of the buffer that
+        cupti-python's record objects point into; checked against their count."""
         first = int(activities[0].ptr)
         last_obj = activities[-1]
         last = int(last_obj.ptr)
         last_size = self.sizes.get(int(last_obj.kind))
         if last_size is None:
             raise LayoutMismatch(f"record kind {int(last_obj.kind)} has no known layout")
-        span = last + last_size - first
-        # One callback = one buffer that we sized (BUFFER_BYTES): a span beyond it would mean
-        # the records are not where we think, and reading there could fault in the target.
+        out = self.walk_span(first, last + last_size - first)
+        if len(out[2]) != len(activities):
+            raise LayoutMismatch(
+                f"walked {len(out[2])} records, cupti-python gave {len(activities)}"
+            )
+        return out
+
+    def walk_span(self, first: int, span: int) -> tuple[Any, Any, Any, Any]:
+        """Walk the records in [first, first + span): they must end exactly at the end.
+
+        A Python step per record (about 0.1 us), except where the kinds repeat with a short
+        period (a CUDA graph's kernels; an eager loop's launch call + kernel): then numpy
+        checks every later repetition at once (`_periodic_stretch`).
+        """
+        import ctypes
+
+        np = self.np
+        # One buffer that we sized (BUFFER_BYTES): a span beyond it would mean the records
+        # are not where we think, and reading there could fault in the target.
         if first % 8 or span <= 0 or span % 8 or span > BUFFER_BYTES:
-            raise LayoutMismatch(f"records at {first:#x}..{last:#x} are not one aligned buffer")
+            raise LayoutMismatch(f"records at {first:#x}+{span} are not one aligned buffer")
         mem = (ctypes.c_char * span).from_address(first)
         u8 = np.frombuffer(mem, dtype=np.uint8)
+        i32np = u8.view("<i4")
         i32 = memoryview(mem).cast("B").cast("i")
         get = self.sizes.get
+        chunks: list[Any] = []  # arrays of offsets: periodic stretches, and the steps between
         offs: list[int] = []
+        seq: list[int] = []  # kinds walked one by one since the last numpy stretch
         append = offs.append
+        remember = seq.append
         off = 0
         while off < span:  # every step advances >= 8 bytes, so this ends
-            sz = get(i32[off >> 2])
+            k = i32[off >> 2]
+            sz = get(k)
             if sz is None:
-                raise LayoutMismatch(f"unknown record kind {i32[off >> 2]} at byte {off}")
+                raise LayoutMismatch(f"unknown record kind {k} at byte {off}")
             append(off)
+            remember(k)
             off += sz
-        n = len(activities)
-        if len(offs) != n or off != span:
-            raise LayoutMismatch(
-                f"walked {len(offs)} records over {off} bytes, cupti-python gave {n} over {span}"
-            )
-        offsets = np.asarray(offs, dtype=np.int64)
-        kinds = u8.view("<i4")[offsets >> 2]
+            if len(seq) % 12 == 0:
+                taken = self._periodic_stretch(seq, i32np, off, span)
+                if taken is not None:
+                    chunks.append(np.asarray(offs, dtype=np.int64))
+                    chunks.append(taken[0])
+                    off = taken[1]
+                    offs, seq = [], []
+                    append, remember = offs.append, seq.append
+        if off != span:
+            raise LayoutMismatch(f"records end at byte {off}, the buffer at {span}")
+        chunks.append(np.asarray(offs, dtype=np.int64))
+        offsets = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+        kinds = i32np[offsets >> 2]
         views = {1: u8, 2: u8.view("<u2"), 4: u8.view("<u4"), 8: u8.view("<u8")}
         return views, kinds, offsets, span
+
+    def _periodic_stretch(
+        self, seq: list[int], i32np: Any, off: int, span: int
+    ) -> tuple[Any, int] | None:
+        """If the last 12 kinds repeat with a period of 1-4 records (a graph's kernels; an
+        eager loop's API call + kernel), take every following repetition of that period with
+        one numpy pass: (their offsets, the offset after them), or None."""
+        np = self.np
+        tail = seq[-12:]
+        for p in (1, 2, 3, 4):
+            if tail[:-p] != tail[p:]:
+                continue
+            kinds = tail[-p:]
+            sizes = [self.sizes[k] for k in kinds]
+            stride = sum(sizes)
+            n_max = (span - off) // stride
+            if n_max < 2:
+                return None
+            phases = np.cumsum([0, *sizes[:-1]])
+            base = off + stride * np.arange(n_max, dtype=np.int64)
+            ok = np.ones(n_max, dtype=bool)
+            for ph, k in zip(phases.tolist(), kinds, strict=True):
+                ok &= i32np[(base + ph) >> 2] == k
+            bad = np.flatnonzero(~ok)
+            n = int(bad[0]) if bad.size else n_max
+            if n == 0:
+                return None
+            taken = (base[:n, None] + phases[None, :]).ravel()
+            return taken, off + stride * n
+        return None
 
     def field(self, views: dict, offs: Any, dt: Any, name: str) -> Any:
         """Column `name` of the records at byte offsets `offs`, all of record dtype `dt`."""
@@ -796,6 +930,115 @@ def _c_strings(ptrs: Any) -> Any:
     for i, p in enumerate(uniq.tolist()):
         names[i] = ctypes.string_at(p).decode("utf-8", "replace") if p else ""
     return names[inv]
+
+
+def find_libcupti() -> tuple[str | None, str]:
+    """The one libcupti mapped into this process (cupti-python loaded it), or None and why."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {
+                line.split(None, 5)[5].strip()
+                for line in f
+                if "libcupti.so" in line and len(line.split(None, 5)) == 6
+            }
+    except OSError as e:
+        return None, f"cannot read /proc/self/maps ({e})"
+    if len(paths) != 1:
+        return None, f"{len(paths)} libcupti copies are mapped ({', '.join(sorted(paths))})"
+    return paths.pop(), ""
+
+
+class RawBuffers:
+    """Our own CUPTI buffer callbacks, registered with libcupti through ctypes.
+
+    Why not cupti-python's `activity_register_callbacks`: it hands the callback one Python
+    object per record, each built around a one-row numpy record array; measured on the H200
+    (bench/results/agent-h200.json, first run) that cost the target 73% of its iterations/s on
+    an eager loop and 98% on CUDA-graph replays, because that work holds the GIL. Here CUPTI
+    gets plain 8-byte-aligned buffers from us and hands them back as (address, valid bytes);
+    `on_buffer` reads them with numpy (BufferReader.walk_span). Still the Activity API only
+    (cuptiActivityRegisterCallbacks); enabling, flushing and disabling stay in cupti-python.
+
+    Both callbacks catch everything: an error is counted, the buffer is given back, and the
+    records in it are counted as lost (`bytes_lost`).
+    """
+
+    def __init__(self, lib_path: str, on_buffer: Callable[[int, int], None]) -> None:
+        import ctypes
+
+        self.ctypes = ctypes
+        self.lib = ctypes.CDLL(lib_path)
+        self.on_buffer = on_buffer
+        u8p = ctypes.POINTER(ctypes.c_uint8)
+        req_t = ctypes.CFUNCTYPE(
+            None,
+            ctypes.POINTER(u8p),
+            ctypes.POINTER(ctypes.c_size_t),
+            ctypes.POINTER(ctypes.c_size_t),
+        )
+        done_t = ctypes.CFUNCTYPE(
+            None, ctypes.c_void_p, ctypes.c_uint32, u8p, ctypes.c_size_t, ctypes.c_size_t
+        )
+        # kept referenced for the life of the process: CUPTI may call them at any time
+        self._req = req_t(self._requested)
+        self._done = done_t(self._completed)
+        self._u8p = u8p
+        self._live: dict[int, Any] = {}
+        self._free: list[Any] = []
+        self._lock = threading.Lock()
+        self.errors = 0
+        self.last_error = ""
+        self.bytes_lost = 0
+        self.buffers = 0
+
+    def register(self) -> int:
+        """cuptiActivityRegisterCallbacks(ours); the CUptiResult (0 = success)."""
+        fn = self.lib.cuptiActivityRegisterCallbacks
+        fn.restype = self.ctypes.c_int
+        fn.argtypes = [self.ctypes.c_void_p, self.ctypes.c_void_p]
+        return int(
+            fn(
+                self.ctypes.cast(self._req, self.ctypes.c_void_p),
+                self.ctypes.cast(self._done, self.ctypes.c_void_p),
+            )
+        )
+
+    def _requested(self, pbuf: Any, psize: Any, pmax: Any) -> None:
+        ct = self.ctypes
+        try:
+            with self._lock:
+                arr = self._free.pop() if self._free else None
+            if arr is None:
+                arr = (ct.c_uint8 * (BUFFER_BYTES + 8))()
+            addr = (ct.addressof(arr) + 7) & ~7
+            with self._lock:
+                self._live[addr] = arr
+            pbuf[0] = ct.cast(addr, self._u8p)
+            psize[0] = BUFFER_BYTES
+            pmax[0] = 0
+        except BaseException as e:  # noqa: BLE001 - CUPTI then drops records and counts them
+            self.errors += 1
+            self.last_error = f"buffer request: {type(e).__name__}: {e}"
+            with contextlib.suppress(BaseException):
+                pbuf[0] = ct.cast(None, self._u8p)
+                psize[0] = 0
+
+    def _completed(self, ctx: Any, stream: int, buf: Any, size: int, valid: int) -> None:
+        addr = 0
+        try:
+            addr = self.ctypes.cast(buf, self.ctypes.c_void_p).value or 0
+            self.buffers += 1
+            if addr and valid:
+                self.on_buffer(addr, int(valid))
+        except BaseException as e:  # noqa: BLE001 - nothing may raise into CUPTI
+            self.errors += 1
+            self.bytes_lost += int(valid or 0)
+            self.last_error = f"buffer completion: {type(e).__name__}: {e}"
+        finally:
+            with self._lock:
+                arr = self._live.pop(addr, None)
+                if arr is not None and len(self._free) < 4:
+                    self._free.append(arr)
 
 
 # ---- the CUPTI controller -----------------------------------------------------------------------
@@ -849,6 +1092,13 @@ class CuptiActivity:
         self.callback_cpu_ns = 0  # CPU time of the calling thread in our buffer callback
         self.flush_cpu_ns = 0  # CPU time of our periodic flushes: cupti-python's + ours
         self.dropped_by_cupti = 0
+        # how records reach us: "raw" (RawBuffers, the default) or "objects" (cupti-python's)
+        self.use_raw = os.environ.get("KDASH_AGENT_RECORDS", "raw") != "objects"
+        self.mode = ""
+        self.raw: RawBuffers | None = None
+        self.raw_note = ""
+        self.raw_failed = ""
+        self.discarded_bytes = 0
 
     # probing
     def precheck(self) -> None:
@@ -953,15 +1203,32 @@ class CuptiActivity:
             self._sink = sink
         # (Re-)register on every START: a profiler that ran in between (torch.profiler) has
         # registered its own buffer callbacks and CUPTI keeps only the last registration.
-        try:
-            cu.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
-            self._registered = True
-        except Exception as e:  # noqa: BLE001
-            if not self._registered:
-                with self._lock:
-                    self._sink = None
-                raise Unavailable(self._with_hint(self._describe_error(e))) from None
-            self.notes.append(f"re-registering buffer callbacks: {self._describe_error(e)}")
+        self.mode = "objects"
+        if self.use_raw and self.converter is not None and self.converter.reader is not None:
+            try:
+                if self.raw is None:
+                    path, why = find_libcupti()
+                    if path is None:
+                        raise RuntimeError(why)
+                    self.raw = RawBuffers(path, self._raw_buffer)
+                rc = self.raw.register()
+                if rc != 0:
+                    raise RuntimeError(f"cuptiActivityRegisterCallbacks returned {rc}")
+                self.mode = "raw"
+                self._registered = True
+            except Exception as e:  # noqa: BLE001 - cupti-python's callbacks still work
+                self.use_raw = False
+                self.raw_note = f"raw CUPTI buffers not used ({type(e).__name__}: {e})"
+        if self.mode != "raw":
+            try:
+                cu.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+                self._registered = True
+            except Exception as e:  # noqa: BLE001
+                if not self._registered:
+                    with self._lock:
+                        self._sink = None
+                    raise Unavailable(self._with_hint(self._describe_error(e))) from None
+                self.notes.append(f"re-registering buffer callbacks: {self._describe_error(e)}")
         self.enabled = []
         for act in activities:
             kind_name = ACTIVITY_KINDS.get(act)
@@ -1099,6 +1366,31 @@ class CuptiActivity:
         return self.dropped_by_cupti
 
     # the callbacks CUPTI calls (on its own thread or the flushing one): never raise
+    def _raw_buffer(self, addr: int, valid: int) -> None:
+        """RawBuffers' completion: read one CUPTI buffer with numpy (never raises)."""
+        try:
+            t0 = time.perf_counter_ns()
+            c0 = time.thread_time_ns()
+            with self._lock:
+                sink = self._sink
+            if sink is None or self.converter is None or self.raw_failed:
+                self.discarded_bytes += valid
+                return
+            try:
+                batches = self.converter.batches_raw(addr, valid)
+            except LayoutMismatch as e:
+                # cannot read this buffer; the session switches to cupti-python's objects
+                self.raw_failed = f"raw CUPTI buffer unreadable: {e}"
+                self.discarded_bytes += valid
+                return
+            self.records_seen += sum(_batch_rows(b) for b in batches.values())
+            sink(batches)
+            self.callback_cpu_ns += time.thread_time_ns() - c0
+            self.callback_ns += time.perf_counter_ns() - t0
+        except BaseException as e:  # noqa: BLE001 - nothing may raise into CUPTI or the target
+            self.callback_errors += 1
+            self.last_error = f"raw buffer callback: {type(e).__name__}: {e}"
+
     def _buffer_requested(self) -> tuple[int, int]:
         return BUFFER_BYTES, 0
 
@@ -1230,6 +1522,9 @@ class Agent:
         notes = list(c.notes)
         if c.converter is not None and c.converter.fast_note:
             notes.append(c.converter.fast_note)
+        for extra in (c.raw_note, c.raw_failed):
+            if extra:
+                notes.append(extra)
         return notes
 
     def _status(self, state: str, line: str) -> dict:
@@ -1260,9 +1555,11 @@ class Agent:
             "offset_gap_ns": c.offset_gap_ns if c else 0,
             "enabled": [a for a, _ in c.enabled] if c else [],
             "notes": self._notes(),
-            "record_reader": (
-                "buffer" if c and c.converter and c.converter.reader else "attributes"
-            ),
+            "record_reader": _reader_name(c),
+            "discarded_bytes": c.discarded_bytes if c else 0,
+            "raw_buffers": c.raw.buffers if c and c.raw else 0,
+            "raw_errors": c.raw.errors if c and c.raw else 0,
+            "raw_bytes_lost": c.raw.bytes_lost if c and c.raw else 0,
             "markers_overflowed": c.converter.markers_overflowed if c and c.converter else 0,
         }
 
@@ -1373,6 +1670,18 @@ class Agent:
                             waiting = [a for a, _ in self._cupti.last_enabled]
                             self._next_try = now + 1.0
                             continue
+                    if self._cupti.raw_failed and self._cupti.mode == "raw":
+                        # a buffer we could not read: go on with cupti-python's record objects
+                        acts_now = [a for a, _ in self._cupti.enabled]
+                        self._cupti.use_raw = False
+                        self._cupti.disable(flush=False)
+                        try:
+                            self._cupti.enable(acts_now, self._sink)
+                            status("active", f"ok: CUPTI activity on ({', '.join(acts_now)})")
+                        except Exception as e:  # noqa: BLE001 - say so, stay idle
+                            active = False
+                            status("unavailable", f"unavailable: re-enabling CUPTI failed: {e}")
+                            continue
                     if now - last_flush >= FLUSH_EVERY_S:
                         self._cupti.flush()
                         last_flush = now
@@ -1466,6 +1775,16 @@ class Agent:
                 part = {c: v[i : i + 200_000] for c, v in cols.items()}
                 send(wire.encode_batch(table, part, strings))
             self.sent_rows[table] = self.sent_rows.get(table, 0) + n
+
+
+def _reader_name(c: CuptiActivity | None) -> str:
+    """How records are read: "raw buffers", "buffer" (cupti-python objects' memory, numpy),
+    or "attributes" (one attribute at a time)."""
+    if c is None or c.converter is None:
+        return ""
+    if c.mode == "raw":
+        return "raw buffers"
+    return "buffer" if c.converter.reader is not None else "attributes"
 
 
 def _schema_version() -> int:
