@@ -406,8 +406,16 @@ def run_phase(name: str, mode: str, env: dict, script: Path, armed: bool) -> dic
         w2 = watch(pid, 2.0)
         res["after_profiler"] = {
             k: w2.get(k)
-            for k in ("health", "status_line", "rows", "seconds_to_ok", "seconds_to_first_kernel")
+            for k in (
+                "health",
+                "status_line",
+                "rows",
+                "seconds_to_ok",
+                "seconds_to_first_kernel",
+                "stats",
+            )
         }
+        res["target_TEARDOWN_CUPTI"] = env.get("TEARDOWN_CUPTI")
         res["exit_code"] = tgt.finish()
         res["stdout_tail"] = tgt.lines[-3:]
         if res["exit_code"] != 0:
@@ -519,7 +527,10 @@ def main() -> int:
         eager = report["phases"].get("eager", {})
         k = (eager.get("watch") or {}).get("kernels") or {}
         base_rate = report["phases"].get("baseline", {}).get("rate_it_s")
+        ew = eager.get("watch") or {}
         report["verdict"] = {
+            "record_reader": (ew.get("stats") or {}).get("agent_record_reader"),
+            "agent_cost_per_record_ns": ew.get("agent_cost_per_record_ns"),
             "kernels_arrived": bool(k.get("count")),
             "names_and_positive_durations": bool(k.get("distinct_names"))
             and bool(k.get("all_durations_positive")),
@@ -533,6 +544,11 @@ def main() -> int:
             "nvtx_marker_rows": (
                 (report["phases"].get("nvtx", {}).get("watch") or {}).get("rows") or {}
             ).get("markers"),
+            "graph_rates": report["phases"].get("graph", {}).get("rate_it_s"),
+            "profiler": {
+                k: report["phases"].get("profiler", {}).get(k)
+                for k in ("while_profiler", "profiler_kernels_recorded_by_torch")
+            },
             "graph_kernels_with_graph_id": (
                 (report["phases"].get("graph", {}).get("watch") or {}).get("kernels") or {}
             ).get("with_graph_id"),

@@ -774,6 +774,11 @@ def test_injectability_says_what_the_target_cannot_import():
         if not has_cupti and v.checks[-1].name == "imports":
             assert not v.ok and "cannot import cupti-python" in v.reason
             assert "pip install 'cupti-python" in v.reason
+        # the probe re-ran the target's interpreter as started (this venv's python, with
+        # numpy), not the base interpreter /proc/<pid>/exe resolves to
+        assert "numpy" not in v.reason
+        env = inject._target_env(p.pid)
+        assert inject.target_interpreter(p.pid, env, os.getcwd()) == sys.executable
     finally:
         p.kill()
         p.wait()

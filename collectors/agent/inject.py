@@ -206,6 +206,34 @@ print(json.dumps(out))
 """
 
 
+def target_interpreter(pid: int, env: dict[str, str], cwd: str) -> str:
+    """The interpreter path to re-run for the target, as the target itself was started.
+
+    Not /proc/<pid>/exe: that resolves a virtual environment's `bin/python` symlink to the
+    base interpreter, which then no longer finds the venv's site-packages (seen on the H200:
+    "cannot import numpy" for a target that had it). argv[0] as started, resolved against
+    the target's PATH and folder, keeps the venv; /proc/<pid>/exe is the fallback.
+    """
+    import shutil
+
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    except (OSError, UnicodeDecodeError, IndexError):
+        argv0 = ""
+    if argv0:
+        if "/" in argv0:
+            cand = argv0 if os.path.isabs(argv0) else os.path.join(cwd, argv0)
+        else:
+            cand = shutil.which(argv0, path=env.get("PATH")) or ""
+        if cand and os.access(cand, os.X_OK):
+            try:
+                if os.path.samefile(os.path.realpath(cand), f"/proc/{pid}/exe"):
+                    return cand
+            except OSError:
+                pass  # not comparable: use the executable itself below
+    return f"/proc/{pid}/exe"
+
+
 def probe_interpreter(pid: int, exe: str) -> tuple[dict | None, str]:
     """Run the target's interpreter with the target's environment and folder: its version and
     which of numpy / cupti-python it cannot find."""
@@ -214,10 +242,11 @@ def probe_interpreter(pid: int, exe: str) -> tuple[dict | None, str]:
         cwd = os.readlink(f"/proc/{pid}/cwd")
     except OSError as e:
         return None, f"cannot read pid {pid}'s environment ({e})"
+    interp = target_interpreter(pid, env, cwd)
     env = bootstrap.disarmed_env(env)  # the probe itself must not start an agent
     try:
         r = subprocess.run(
-            [f"/proc/{pid}/exe", "-c", _PROBE],
+            [interp, "-c", _PROBE],
             env=env,
             cwd=cwd if os.path.isdir(cwd) else None,
             capture_output=True,
