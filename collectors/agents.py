@@ -9,6 +9,7 @@ not count against health.
 
 from __future__ import annotations
 
+import threading
 import time
 
 from kdash.collectors.agent.client import AgentSource, agent_failure_note, find_agent_socket
@@ -29,12 +30,43 @@ class AgentTreeSource:
         self.agents: dict[int, AgentSource] = {}
         self.health: Health = Health("starting", "looking for kdash agents in the target")
         self._next_scan = 0.0
+        self.paused = False
+        # pause() comes from a capture worker thread while poll() runs on the poll thread.
+        self._lock = threading.RLock()
 
     def start(self) -> None:
-        self._scan()
+        with self._lock:
+            self._scan()
+
+    def active_pids(self) -> list[int]:
+        """Pids whose agent has CUPTI activity on (their health is ok)."""
+        with self._lock:
+            return sorted(p for p, s in self.agents.items() if s.health.ok)
+
+    def pause(self) -> list[int]:
+        """Disconnect every agent (each turns its CUPTI activity off when its client goes)
+        and stop rescanning, so another CUPTI client — the server's own torch.profiler — can
+        record kernels. Returns the pids that were connected. `resume()` undoes it."""
+        with self._lock:
+            self.paused = True
+            old, self.agents = self.agents, {}
+            self.health = Health("starting", "agents paused while the server profiles")
+        # Stopped outside the lock: a stop joins its reader thread (up to 2 s), and the poll
+        # loop must not wait on that.
+        for src in old.values():
+            safe_call(src, "stop")
+        return sorted(old)
+
+    def resume(self) -> None:
+        """Reconnect on the next poll (fresh clients: a stopped one is not restarted)."""
+        with self._lock:
+            self.paused = False
+            self._next_scan = 0.0
 
     def _scan(self) -> None:
         self._next_scan = time.monotonic() + self.rescan_s
+        if self.paused:
+            return
         for pid in self.target.pids():
             if pid in self.agents or find_agent_socket(pid) is None:
                 continue
@@ -44,18 +76,21 @@ class AgentTreeSource:
         self._update_health()
 
     def poll(self, now_ns: int) -> dict[str, Batch]:
-        if time.monotonic() >= self._next_scan:
-            self._scan()
-        parts: dict[str, list[Batch]] = {}
-        for src in self.agents.values():
-            for table, batch in safe_poll(src, now_ns).items():
-                parts.setdefault(table, []).append(batch)
-        self._update_health()
+        with self._lock:
+            if time.monotonic() >= self._next_scan:
+                self._scan()
+            parts: dict[str, list[Batch]] = {}
+            for src in self.agents.values():
+                for table, batch in safe_poll(src, now_ns).items():
+                    parts.setdefault(table, []).append(batch)
+            if not self.paused:
+                self._update_health()
         return {t: schema.concat(t, bs) for t, bs in parts.items()}
 
     def stop(self) -> None:
-        for src in self.agents.values():
-            safe_call(src, "stop")
+        with self._lock:
+            for src in self.agents.values():
+                safe_call(src, "stop")
 
     def dropped(self) -> int:
         return sum(src.dropped() for src in self.agents.values())

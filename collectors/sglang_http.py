@@ -313,6 +313,26 @@ COUNTERS: dict[str, str] = {
     "num_requests": "requests_per_s",
 }
 QUANTILES = ((0.5, "p50"), (0.99, "p99"))
+BUCKET_TAG = "_le:"  # `ttft_le:0.1` rows: bucket counts between two scrapes
+
+
+def _le_text(le: float) -> str:
+    return "+Inf" if math.isinf(le) else f"{le:g}"
+
+
+def window_buckets(metrics: Iterable[str], values: Iterable[float], short: str) -> dict:
+    """Sum the `<short>_le:<bound>` rows of a span into one cumulative histogram
+    (bound -> count) that `bucket_quantile` reads; empty when no request finished."""
+    tag = short + BUCKET_TAG
+    out: dict[float, float] = {}
+    for m, v in zip(metrics, values, strict=True):
+        if m.startswith(tag):
+            text = m[len(tag) :]
+            le = math.inf if text == "+Inf" else float(text)
+            out[le] = out.get(le, 0.0) + float(v)
+    return out
+
+
 _RANK_LABELS = ("dp_rank", "tp_rank", "pp_rank")
 
 
@@ -439,6 +459,8 @@ class SglangMetricsSource:
     `ttft_p50_s`/`ttft_p99_s`/`ttft_n` (and `itl_`, `e2e_`, `queue_`) over the last `hist_window_s`
     (bucket deltas between scrapes; nothing emitted when no request finished in the window),
     and counter rates `prompt_tokens_per_s`, `generation_tokens_per_s`, `requests_per_s`.
+    With each histogram row set come its bucket deltas since the previous scrape,
+    `ttft_le:0.1` ... `ttft_le:+Inf` (see `window_buckets`), for quantiles over any window.
     In /get_load mode: `num_running_reqs`, `num_queue_reqs`, `num_used_tokens` (+ `token_usage`
     and `gen_throughput` where the server gives them).
 
@@ -471,6 +493,7 @@ class SglangMetricsSource:
         self.mode: str | None = None  # "metrics" | "load" | None until the first answer
         self._hist_hist: deque[tuple[int, dict[str, dict[float, float]]]] = deque()
         self._last_counters: tuple[int, dict[str, float]] | None = None
+        self._prev_hist: dict[str, dict[float, float]] | None = None
         self._next_try_ns = 0
         self._last_poll_ns: int | None = None
         self._min_gap_ns = int(interval_s * 0.9e9)
@@ -593,6 +616,17 @@ class SglangMetricsSource:
                     rows[f"{short}_n"] = n
                     for q, tag in QUANTILES:
                         rows[f"{short}_{tag}_s"] = bucket_quantile(q, delta)
+        # Bucket counts observed since the previous scrape, one row per bound
+        # (`ttft_le:0.1`, ..., `ttft_le:+Inf`; cumulative within the delta, as Prometheus
+        # buckets are): summing them over any span of rows gives that span's histogram, so a
+        # pane can take p50/p99 over its whole window, not only per scrape.
+        if self._prev_hist is not None:
+            for short, buckets in scrape.hist.items():
+                delta = bucket_delta(buckets, self._prev_hist.get(short, {}))
+                if delta.get(math.inf, 0.0) > 0:
+                    for le, c in delta.items():
+                        rows[f"{short}{BUCKET_TAG}{_le_text(le)}"] = c
+        self._prev_hist = scrape.hist
         self._hist_hist.append((now_ns, scrape.hist))
         while len(self._hist_hist) > 1 and now_ns - self._hist_hist[1][0] >= min_age:
             self._hist_hist.popleft()
@@ -682,6 +716,7 @@ def capture_via_server(
     activities: tuple[str, ...] = ("GPU",),
     timeout_s: float = 120.0,
     stable_s: float = 1.0,
+    prefix: str | None = None,
 ) -> ServerCapture:
     """`take_profile`, then every rank's trace read onto the host monotonic clock
     (`wall_offset_ns` from kdash.clock, as the session keeps it), ready to merge into a
@@ -698,6 +733,7 @@ def capture_via_server(
         activities=activities,
         timeout_s=timeout_s,
         stable_s=stable_s,
+        prefix=prefix,
     )
     tables, infos = read_traces(files, wall_offset_ns=wall_offset_ns)
     note = ""

@@ -128,8 +128,29 @@ def build_parser() -> argparse.ArgumentParser:
             help="capture file to write in --headless mode (.kdash)",
         )
 
-    a = sub.add_parser("attach", help="watch a running process and its children")
-    a.add_argument("--pid", type=_pid, required=True, help="the process to watch")
+    a = sub.add_parser(
+        "attach",
+        help="watch a running process and its children, or a live SGLang server",
+        usage="kdash attach (--pid PID | --sglang URL) [--api-key KEY] [options]",
+    )
+    who = a.add_mutually_exclusive_group(required=True)
+    who.add_argument(
+        "--pid",
+        type=_pid,
+        help="the process to watch (an SGLang server's process is recognised by its titles)",
+    )
+    who.add_argument(
+        "--sglang",
+        metavar="URL",
+        default=None,
+        help="an SGLang server on this machine, e.g. http://127.0.0.1:30000",
+    )
+    a.add_argument(
+        "--api-key",
+        default=os.environ.get("KDASH_SGLANG_API_KEY"),
+        metavar="KEY",
+        help="the server's --api-key/--admin-api-key (default: $KDASH_SGLANG_API_KEY)",
+    )
     live_options(a)
 
     rn = sub.add_parser(

@@ -84,15 +84,41 @@ def _progress(total: float):
     return show
 
 
-def _record_headless(target, args, sources: list, extra_meta: dict | None = None) -> int:
+def _make_recorder(sources: list, store, target, opts, server=None):
+    """A plain Recorder, or the SGLang one (meta["sglang"], `c` through the server)."""
+    from kdash.session import Recorder
+
+    if server is None:
+        return Recorder(sources, store, target, opts)
+    from kdash.sglang import SglangRecorder
+
+    return SglangRecorder(sources, store, target, opts, server)
+
+
+def _sglang_sources(server, args) -> list:
+    """The server's metrics source, at most once a second: each scrape costs the server."""
+    from kdash.collectors.sglang_http import SglangMetricsSource
+
+    if server is None or server.url is None:
+        return []
+    return [
+        SglangMetricsSource(
+            server.url, interval_s=max(1.0, getattr(args, "interval", 0.25)), api_key=server.api_key
+        )
+    ]
+
+
+def _record_headless(
+    target, args, sources: list, extra_meta: dict | None = None, server=None
+) -> int:
     from kdash import clock
-    from kdash.session import Recorder, RecorderOptions
+    from kdash.session import RecorderOptions
     from kdash.store import Store
 
     out = _check_output(args.output)
     store = Store(retention_s=args.duration + 60, max_rows=20_000_000)
     opts = RecorderOptions(interval_s=getattr(args, "interval", 0.25))
-    rec = Recorder(sources, store, target, opts)
+    rec = _make_recorder(sources, store, target, opts, server)
     start = clock.now_ns()
     rec.run_for(args.duration, progress=_progress(args.duration))
     end = clock.now_ns()
@@ -127,22 +153,54 @@ def _patch_meta(path: Path, extra: dict) -> None:
 
 # -- attach ----------------------------------------------------------------------------------
 def cmd_attach(args) -> int:
+    """`attach --pid` (an SGLang server's pid is recognised) or `attach --sglang URL`.
+
+    An SGLang server is watched from its root, so the schedulers (where the GPU work runs)
+    are in the tree every source reads; the server's /metrics is one more source.
+    """
     from kdash.target import Target
 
     if args.headless and (args.duration is None or args.output is None):
         raise UserError("--headless needs --duration S and --output PATH")
     if not args.headless and (args.duration is not None or args.output is not None):
         raise UserError("--duration and --output go with --headless")
-    target = Target.from_pid(args.pid)
+    server = None
+    sglang_url = getattr(args, "sglang", None)
+    api_key = getattr(args, "api_key", None)
+    if sglang_url is not None:
+        from kdash.sglang import discover_from_url
+
+        server = discover_from_url(sglang_url, api_key)
+    else:
+        Target.from_pid(args.pid)  # a dead or bad pid is refused first, in its own words
+        from kdash.sglang import discover_from_pid
+
+        server = discover_from_pid(args.pid, api_key)
+    root = server.tree.root.pid if server is not None and server.tree.root else args.pid
+    target = Target.from_pid(root)
+    sources = build_sources(target, args.gpus, args.interval) + _sglang_sources(server, args)
     if args.headless:
-        return _record_headless(target, args, build_sources(target, args.gpus, args.interval))
+        return _record_headless(target, args, sources, server=server)
     cap_dir = _check_capture_dir(args.capture_dir)
     cfg, theme = _theme(args.theme)
-    return _run_live(target, args, cfg, theme, cap_dir)
+    title = None
+    if server is not None:
+        tp = server.server_info.get("tp_size") or server.tree.tp_size() or "?"
+        title = f"SGLang server {server.url or f'pid {root}'} (TP {tp})"
+    return _run_live(target, args, cfg, theme, cap_dir, title=title, server=server, sources=sources)
 
 
-def _run_live(target, args, cfg, theme, cap_dir: Path, title: str | None = None) -> int:
-    from kdash.session import Recorder, RecorderOptions
+def _run_live(
+    target,
+    args,
+    cfg,
+    theme,
+    cap_dir: Path,
+    title: str | None = None,
+    server=None,
+    sources: list | None = None,
+) -> int:
+    from kdash.session import RecorderOptions
     from kdash.store import Store
     from kdash.tui.app import KdashApp
 
@@ -154,8 +212,12 @@ def _run_live(target, args, cfg, theme, cap_dir: Path, title: str | None = None)
         capture_dir=cap_dir,
         thresholds=cfg.thresholds,
     )
-    rec = Recorder(build_sources(target, args.gpus, args.interval), store, target, opts)
+    if sources is None:
+        sources = build_sources(target, args.gpus, args.interval)
+    rec = _make_recorder(sources, store, target, opts, server)
     meta = {"target": target.describe(), "title": title}
+    if server is not None:
+        meta["sglang"] = rec.sglang_meta()
     app = KdashApp(store=store, recorder=rec, meta=meta, mode="live", config=cfg, theme=theme)
     app.run()
     return 0

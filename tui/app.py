@@ -58,6 +58,7 @@ from .panes.base import Pane, View
 from .panes.clocks import ClockPane
 from .panes.cpu import CpuPane
 from .panes.kernels import KernelPane
+from .panes.server import ServerPane
 from .panes.source import SourcePane
 from .widgets.help import HelpScreen
 from .widgets.status import StatusBar, StatusInfo
@@ -250,6 +251,11 @@ class KdashApp(App[None]):
         Binding("ctrl+c", "quit", "quit", priority=True),
     ]
     PANE_IDS = ("kernels", "clocks", "cpu", "source")
+    # Only for an SGLang target (meta has "sglang"): a fifth pane, its key, and `C`.
+    SGLANG_BINDINGS = [
+        Binding("5", "maximize('server')", "maximise a pane: SGLang server"),
+        Binding("C", "capture_via_server", "capture through the server's profiler (agents off)"),
+    ]
 
     def __init__(
         self,
@@ -282,6 +288,13 @@ class KdashApp(App[None]):
         self.theme = PALETTES[self.kd_theme].name
         self.add_class(f"theme-{self.kd_theme}")
         self._title_arg = title
+        # An SGLang server gets the server pane (a fifth pane, key 5); any other target keeps
+        # the four-pane layout exactly as it was.
+        self.sglang = "sglang" in self.meta
+        if self.sglang:
+            self.PANE_IDS = (*type(self).PANE_IDS, "server")
+            for b in self.SGLANG_BINDINGS:
+                self.bind(b.key, b.action, description=b.description)
         self.paused = False
         self._frozen_ns: int | None = None  # "now" of the view while paused (live)
         self.maximized: str | None = None
@@ -315,6 +328,8 @@ class KdashApp(App[None]):
                 yield KernelPane(id="kernels")
                 yield ClockPane(id="clocks")
             with Vertical(id="right", classes="column"):
+                if self.sglang:
+                    yield ServerPane(id="server")
                 yield CpuPane(id="cpu")
                 yield SourcePane(id="source")
         yield StatusBar(id="status")
@@ -468,6 +483,10 @@ class KdashApp(App[None]):
             health = {str(k): str(v) for k, v in (self.meta.get("sources") or {}).items()}
             findings = None
             gpus = list(self.meta.get("gpus") or [])
+        sglang = self.meta.get("sglang") if self.sglang else None
+        describe = getattr(self.recorder, "sglang_meta", None)
+        if self.sglang and describe is not None:
+            sglang = describe()  # live: GPU mapping refreshed from NVML's process list
         return View(
             store=self.store,
             since_ns=since,
@@ -477,6 +496,7 @@ class KdashApp(App[None]):
             health=health,
             findings=findings,
             gpus=gpus,
+            sglang=sglang,
         )
 
     def window_label(self) -> str:
@@ -550,6 +570,10 @@ class KdashApp(App[None]):
                 info.capture = f"capturing… {cap.remaining_s(clock.now_ns()):.1f} s"
             elif cap.phase == "writing":
                 info.capture = "writing capture…"
+            detail = getattr(rec, "capture_detail", None)
+            extra = detail() if detail is not None else ""
+            if extra:
+                info.capture = f"{info.capture} ({extra})"
             elif cap.phase == "saved":
                 info.capture = f"saved: {cap.path}"
             elif cap.phase == "failed":
@@ -620,7 +644,32 @@ class KdashApp(App[None]):
             return
         if not self.recorder.trigger_capture():
             self.notify("a capture is already being recorded or written", severity="warning")
+        self._start_server_job()
         self._update_status()
+
+    def action_capture_via_server(self) -> None:
+        """`C`: capture through the server's own profiler even when kdash's agents are in
+        the schedulers (they are switched off for it and back on after)."""
+        if self.recorder is None or not hasattr(self.recorder, "run_server_job"):
+            self.action_capture()
+            return
+        if not self.recorder.trigger_capture(via_server=True):
+            self.notify("a capture is already being recorded or written", severity="warning")
+        self._start_server_job()
+        self._update_status()
+
+    def _start_server_job(self) -> None:
+        job = getattr(self.recorder, "server_job", None)
+        if job is not None and self.recorder is not None and job.seq == self.recorder.capture.seq:
+            self._run_server_job(job)
+
+    @work(thread=True, exit_on_error=False, name="server-capture", group="server-capture")
+    def _run_server_job(self, job) -> None:
+        """/start_profile and the wait for every rank's trace: seconds to a minute of
+        blocking HTTP and file polling, so a thread worker (the recorder's writer waits for it)."""
+        run = getattr(self.recorder, "run_server_job", None)
+        if run is not None:
+            run(job)
 
     def action_pause(self) -> None:
         self.paused = not self.paused
@@ -716,7 +765,12 @@ class KdashApp(App[None]):
         if isinstance(self.screen, HelpScreen):
             self.pop_screen()
             return
-        self.push_screen(HelpScreen(list(self.BINDINGS), self.mode, self.status_info().sources))
+        keys = list(self.BINDINGS)
+        if self.sglang:  # beside 1-4, so the help shows "1 2 3 4 5" on one row
+            at = next(i for i, b in enumerate(keys) if b.key == "4") + 1
+            keys[at:at] = self.SGLANG_BINDINGS[:1]
+            keys.insert(1, self.SGLANG_BINDINGS[1])
+        self.push_screen(HelpScreen(keys, self.mode, self.status_info().sources))
 
     async def action_quit(self) -> None:
         self._stop_recorder()

@@ -32,6 +32,7 @@ class View:
     health: dict[str, str] = field(default_factory=dict)  # source name -> "ok" / "unavailable: …"
     findings: pd.DataFrame | None = None
     gpus: list[dict] = field(default_factory=list)  # describe() of the GPUs, may be empty
+    sglang: dict | None = None  # meta["sglang"]: the server's tree and args (SGLang targets)
 
     @property
     def seconds(self) -> float:
