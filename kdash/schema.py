@@ -126,6 +126,23 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("stall_reason", STR),
         ("count", "i8"),
     ],
+    # One row per SASS instruction of a cubin whose kernels were sampled: the cubin's line table
+    # (kdash.cubin), so a capture shows source lines offline without the cubin or nvdisasm.
+    # t_ns is when the table was made (module load); the table is descriptive, not a time
+    # series: see STATIC_TABLES.
+    "source_lines": [
+        ("t_ns", "i8"),
+        ("kernel", STR),
+        ("cubin_crc", "i8"),  # cuptiGetCubinCrc; -1 = n/a (then matched by kernel name)
+        ("cubin_sha256", STR),
+        ("pc_offset", "i8"),  # from the function's start, as CUPTI's pcOffset
+        ("function", STR),
+        ("file", STR),  # "" when the cubin has no line info
+        ("line", "i4"),
+        ("inlined", STR),  # inlined frames, innermost first: "standard.py:216 <- k.py:429"
+        ("sass", STR),
+        ("file_sha256", STR),  # the source file's hash when the table was made
+    ],
     "findings": [
         ("t_ns", "i8"),
         ("severity", STR),  # "critical" | "warning" | "info"
@@ -140,6 +157,11 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("value", "f8"),
     ],
 }
+
+# Tables that describe things rather than record events: the store never ages them out by
+# time, and a capture keeps them whole (a line table made before the window still maps the
+# window's samples).
+STATIC_TABLES: frozenset[str] = frozenset({"source_lines"})
 
 TIME_COLUMN: dict[str, str] = {
     name: ("start_ns" if cols[0][0] == "start_ns" else "t_ns") for name, cols in TABLES.items()

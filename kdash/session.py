@@ -273,7 +273,13 @@ class Recorder:
     def write_window(
         self, start_ns: int, end_ns: int, path: Path, trigger_ns: int | None = None
     ) -> Path:
-        tables = {t: self.store.get(t, start_ns, end_ns) for t in schema.TABLES if t != "findings"}
+        tables = {
+            t: self.store.get(t)
+            if t in schema.STATIC_TABLES
+            else self.store.get(t, start_ns, end_ns)
+            for t in schema.TABLES
+            if t != "findings"
+        }
         findings = self.compute_findings(start_ns, end_ns)
         tables["findings"] = schema.from_frame("findings", findings)
         meta = self.build_meta(start_ns, end_ns, trigger_ns)

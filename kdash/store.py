@@ -63,8 +63,14 @@ class Store:
     def _trim(self, table: str, ring: _Ring) -> None:
         tcol = schema.TIME_COLUMN[table]
         cutoff = self.latest_ns - self.retention_ns
-        # Age out whole chunks whose newest row is older than the cutoff.
-        while ring.chunks and ring.chunks[0][tcol].size and ring.chunks[0][tcol].max() < cutoff:
+        # Age out whole chunks whose newest row is older than the cutoff (not descriptive
+        # tables such as line tables: they stay valid; the row bound still applies).
+        while (
+            table not in schema.STATIC_TABLES
+            and ring.chunks
+            and ring.chunks[0][tcol].size
+            and ring.chunks[0][tcol].max() < cutoff
+        ):
             ring.rows -= len(ring.chunks[0][tcol])
             ring.chunks.pop(0)
         limit = self.max_rows(table)
