@@ -31,6 +31,7 @@ class AgentTreeSource:
         self.health: Health = Health("starting", "looking for kdash agents in the target")
         self._next_scan = 0.0
         self.paused = False
+        self.continuous = False  # every agent samples (duty cycle) unless the user asks
         # pause() comes from a capture worker thread while poll() runs on the poll thread.
         self._lock = threading.RLock()
 
@@ -57,6 +58,14 @@ class AgentTreeSource:
             safe_call(src, "stop")
         return sorted(old)
 
+    def set_continuous(self, on: bool) -> None:
+        """Continuous activity (True) or the agents' duty cycle (False), for every agent of
+        the tree, including those found later."""
+        with self._lock:
+            self.continuous = on
+            for src in self.agents.values():
+                src.set_continuous(on)
+
     def resume(self) -> None:
         """Reconnect on the next poll (fresh clients: a stopped one is not restarted)."""
         with self._lock:
@@ -70,7 +79,7 @@ class AgentTreeSource:
         for pid in self.target.pids():
             if pid in self.agents or find_agent_socket(pid) is None:
                 continue
-            src = AgentSource(pid)
+            src = AgentSource(pid, continuous=self.continuous)
             safe_call(src, "start")
             self.agents[pid] = src
         self._update_health()
@@ -106,7 +115,8 @@ class AgentTreeSource:
         active = [p for p, h in states.items() if h.ok]
         bad = {p: h for p, h in states.items() if h.state in ("unavailable", "degraded")}
         if active and not bad:
-            self.health = OK
+            sampling = self.agents[active[0]].sampling()
+            self.health = Health("ok", sampling) if sampling else OK
         elif active:
             p, h = next(iter(bad.items()))
             self.health = Health.degraded(f"{len(active)} process(es) ok; pid {p}: {h.reason}")

@@ -128,6 +128,7 @@ if os.environ.get("FAKE_CUPTI_LIB"):
     _raw.fake_emit.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_uint32,
                                ctypes.c_int]
 _enabled = set()
+_owed = [False]  # kernels ran while CONCURRENT_KERNEL was on and no flush has delivered them
 _callbacks = None
 _corr = [0]
 
@@ -149,6 +150,8 @@ def activity_enable(kind):
     if os.environ.get("FAKE_CUPTI_HELD"):
         raise cuptiError(Result.ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
     _enabled.add(int(kind))
+    if int(kind) == ActivityKind.CONCURRENT_KERNEL:
+        _owed[0] = True
     _log(f"enable {int(kind)}")
 
 def activity_disable(kind):
@@ -198,10 +201,16 @@ def generated_specs(now, n=1000):
                      object_id=pt))
     return recs
 
+def finalize():
+    _enabled.clear()
+    _log("finalize")
+
 def activity_flush_all(flag):
     _log(f"flush {flag}")
     if ActivityKind.CONCURRENT_KERNEL not in _enabled:
-        return
+        if not _owed[0]:
+            return
+        _owed[0] = False  # records of a window that has just ended: delivered once
     if _raw is not None and _raw.fake_registered():
         _corr[0] += 1
         bad = 1 if os.environ.get("FAKE_CUPTI_BAD_RAW") else 0
@@ -439,12 +448,35 @@ def drain(src: AgentSource, seconds: float) -> dict[str, list]:
     return got
 
 
+def columns(got: dict[str, list], table: str) -> dict[str, np.ndarray]:
+    parts = got.get(table) or []
+    if not parts:
+        return {}
+    return {c: np.concatenate([b[c] for b in parts]) for c in parts[0]}
+
+
+def nvtx_rows(got: dict[str, list]) -> dict[str, np.ndarray]:
+    """The markers rows that came from NVTX, without the agent's "activity on" windows."""
+    m = columns(got, "markers")
+    keep = m["domain"] != server.WINDOW_DOMAIN
+    return {c: v[keep] for c, v in m.items()}
+
+
+def window_rows(got: dict[str, list]) -> list[tuple[int, int]]:
+    """The agent's on-windows, (start_ns, end_ns) in time order."""
+    m = columns(got, "markers")
+    if not m:
+        return []
+    sel = (m["domain"] == server.WINDOW_DOMAIN) & (m["name"] == server.WINDOW_NAME)
+    return sorted(zip(m["start_ns"][sel].tolist(), m["end_ns"][sel].tolist(), strict=True))
+
+
 def test_records_flow_from_activity_to_batches(fake_cupti):
     p = start_target(8.0, fake_cupti)
     try:
         wait_socket(p.pid)
         t_before = time.monotonic_ns()
-        src = AgentSource(p.pid)
+        src = AgentSource(p.pid, continuous=True)  # the records path; duty cycle tested below
         src.start()
         assert wait_for(lambda: src.health.ok, 5), str(src.health)
         got = drain(src, 1.5)
@@ -462,7 +494,7 @@ def test_records_flow_from_activity_to_batches(fake_cupti):
         assert {"cudaLaunchKernel", "sync:stream_synchronize"} <= set(api)
         kinds = set(np.concatenate([b["kind"] for b in got["memcpy"]]))
         assert kinds == {"HtoD", "memset"}
-        m = got["markers"][0]
+        m = nvtx_rows(got)
         assert m["name"][0] == "decode_step" and m["domain"][0] == "sglang"
         assert m["end_ns"][0] - m["start_ns"][0] == 900 and m["tid"][0] == 99
         assert wait_for(lambda: src.stats.get("agent_dropped_cupti", 0) > 0, 3)
@@ -496,7 +528,7 @@ CLIENT = textwrap.dedent(
     """
     import sys, time
     from kdash.collectors.agent.client import AgentSource
-    src = AgentSource(int(sys.argv[1]))
+    src = AgentSource(int(sys.argv[1]), continuous=sys.argv[2] == "continuous")
     src.start()
     end = time.monotonic() + 10
     while not src.health.ok and time.monotonic() < end:
@@ -508,35 +540,61 @@ CLIENT = textwrap.dedent(
 )
 
 
-def test_sigkilled_client_detaches_within_a_second(fake_cupti):
+def kinds_left_on(events: list[str]) -> dict[int, int]:
+    """Replays the stand-in's enable/disable log: kind -> enables minus disables, for every
+    kind that is not back at zero (so {} means balanced: everything switched on went off)."""
+    ledger: dict[int, int] = {}
+    for w in events:
+        verb, _, arg = w.partition(" ")
+        if verb in ("enable", "disable"):
+            ledger[int(arg)] = ledger.get(int(arg), 0) + (1 if verb == "enable" else -1)
+            assert ledger[int(arg)] in (0, 1), f"kind {arg} switched {verb} twice in a row"
+    return {k: n for k, n in ledger.items() if n}
+
+
+@pytest.mark.parametrize("mode", ["duty", "continuous"])
+def test_sigkilled_client_detaches_within_a_second(fake_cupti, mode):
     p = start_target(10.0, fake_cupti)
     client = None
     try:
         wait_socket(p.pid)
         client = subprocess.Popen(
-            [sys.executable, "-c", CLIENT, str(p.pid)], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", CLIENT, str(p.pid), mode], stdout=subprocess.PIPE, text=True
         )
         assert client.stdout is not None
-        assert client.stdout.readline().strip() == "ok"
-        enabled_at = max(t for t, w in log_lines(fake_cupti) if w == "enable 10")
+        line = client.stdout.readline().strip()
+        assert line == ("ok: continuous" if mode == "continuous" else "ok: sampling 10% (100 ms/s)")
+        time.sleep(0.3)
         os.kill(client.pid, signal.SIGKILL)
         killed_at = time.monotonic()
         client.wait()
-        disabled = wait_for(
-            lambda: [t for t, w in log_lines(fake_cupti) if w == "disable 10" and t > enabled_at],
-            2.0,
-        )
-        assert disabled, "the agent did not disable activity after its client died"
-        assert disabled[0] - killed_at < 1.0
         flushed = wait_for(
-            lambda: [t for t, w in log_lines(fake_cupti) if w == "flush 1" and t > enabled_at],
+            lambda: [t for t, w in log_lines(fake_cupti) if w == "flush 1" and t > killed_at],
             2.0,
         )
         assert flushed and flushed[0] - killed_at < 1.0  # the final forced flush, in time
-        # ready for the next client at once: not "busy", records flow again
-        src = AgentSource(p.pid)
-        src.start()
-        assert wait_for(lambda: src.health.ok, 3), str(src.health)
+        if mode == "continuous":  # on when the client died: switched off after it
+            off = [t for t, w in log_lines(fake_cupti) if w == "disable 10" and t > killed_at]
+            assert off and off[0] - killed_at < 1.0
+        # ready for the next client within the second: not "busy" (the detach may still be
+        # finishing when the first try connects)
+        src = None
+        tries = []
+        while time.monotonic() - killed_at < 2.0:
+            src = AgentSource(p.pid)
+            src.start()
+            wait_for(lambda src=src: src.health.state != "starting", 1)
+            tries.append((round(time.monotonic() - killed_at, 3), str(src.health)))
+            if "another kdash client" not in str(src.health):
+                break
+            src.stop()
+            time.sleep(0.05)
+        assert src is not None and wait_for(lambda: src.health.ok, 3), tries
+        assert tries[-1][0] < 1.0, tries
+        # and nothing of the first session was left on (the new one is on now: 1 each)
+        events = [w for _, w in log_lines(fake_cupti)]
+        before_second = events[: len(events) - events[::-1].index("register") - 1]
+        assert kinds_left_on(before_second) == {}
         assert wait_for(lambda: drain(src, 0.3).get("kernels"), 3)
         assert wait_for(lambda: src.stats.get("agent_sessions") == 2, 3)
         src.stop()
@@ -546,6 +604,7 @@ def test_sigkilled_client_detaches_within_a_second(fake_cupti):
             client.kill()
         rc, out, err = finish(p)
     assert rc == 0 and out.startswith("done"), err
+    assert kinds_left_on([w for _, w in log_lines(fake_cupti)]) == {}
 
 
 def test_second_client_is_told_busy(fake_cupti):
@@ -978,7 +1037,7 @@ def test_raw_buffers_flow_without_per_record_objects(fake_libcupti):
     p = start_target(8.0, fake_libcupti)
     try:
         wait_socket(p.pid)
-        src = AgentSource(p.pid)
+        src = AgentSource(p.pid, continuous=True)
         src.start()
         assert wait_for(lambda: src.health.ok, 5), str(src.health)
         got = drain(src, 1.5)
@@ -991,7 +1050,7 @@ def test_raw_buffers_flow_without_per_record_objects(fake_libcupti):
         assert set(k["registers"]) == {64} and set(k["graph_id"]) == {-1, 5}
         api = {c: np.concatenate([b[c] for b in got["api"]]) for c in ("name", "pid", "tid")}
         assert set(api["name"]) == {"cudaLaunchKernel"} and set(api["pid"]) == {4242}
-        m = {c: np.concatenate([b[c] for b in got["markers"]]) for c in got["markers"][0]}
+        m = nvtx_rows(got)
         assert set(m["name"]) == {"raw_range"} and set(m["domain"]) == {"rawdomain"}
         assert set(m["tid"]) == {99} and set(m["end_ns"] - m["start_ns"]) == {900}
         assert src.stats["agent_raw_errors"] == 0 and src.stats["agent_callback_errors"] == 0
@@ -1005,7 +1064,7 @@ def test_unreadable_raw_buffer_switches_to_cupti_python_objects(fake_libcupti):
     p = start_target(8.0, {**fake_libcupti, "FAKE_CUPTI_BAD_RAW": "1"})
     try:
         wait_socket(p.pid)
-        src = AgentSource(p.pid)
+        src = AgentSource(p.pid, continuous=True)
         src.start()
         assert wait_for(lambda: src.health.ok, 5), str(src.health)
         got = drain(src, 1.5)

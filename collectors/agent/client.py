@@ -6,7 +6,9 @@ and counts their rows (`stats["dropped_client"]`), never silently. The agent's o
 (CUPTI's dropped records, rows the agent could not queue, callback errors, the clock offset)
 arrive in STATS replies, requested once a second from `poll()`, and are merged into `stats`.
 
-Health follows the agent's STATUS lines: "ok" while activity is on; "unavailable: ..." with the
+Health follows the agent's STATUS lines: "ok: sampling 10% (100 ms/s)" while activity is on
+with the default duty cycle (see `server.DutyCycle`), "ok: continuous" after
+`set_continuous(True)`; "unavailable: ..." with the
 agent's reason (no cupti-python, no driver, CUPTI held by torch.profiler, ...), or "no kdash
 agent in pid N (start it with `kdash run -- CMD`)" when there is no socket; "starting:
 waiting ..." until the target has loaded CUDA.
@@ -61,7 +63,8 @@ def _health_from_status(body: dict[str, Any]) -> Health:
     line = str(body.get("line", ""))
     why = line.split(": ", 1)[1] if ": " in line else line
     if state == "active":
-        return OK
+        sampling = server.sampling_text(body.get("sampling"))
+        return Health("ok", sampling) if sampling else OK
     if state in ("unavailable", "busy"):
         return Health.unavailable(why)
     if state == "waiting":
@@ -83,10 +86,21 @@ class AgentSource:
         activities: list[str] | None = None,
         max_queued_batches: int = 1024,
         connect_timeout_s: float = 2.0,
+        continuous: bool = False,
+        period_ms: int = server.DUTY_PERIOD_MS,
+        on_ms: int = server.DUTY_ON_MS,
+        finalize_on_detach: bool = False,
     ) -> None:
         self.pid = pid
         self.socket_path = socket_path
         self.activities = list(activities or server.DEFAULT_ACTIVITIES)
+        # duty cycle asked of the agent (see server.DutyCycle): the default samples, because
+        # continuous activity costs graph-replayed decode far more than the 2% floor
+        self.continuous = continuous
+        self.period_ms = period_ms
+        self.on_ms = on_ms
+        self.finalize_on_detach = finalize_on_detach
+        self._gone = False  # the reader saw the agent close: later send errors say nothing new
         self.health: Health = Health("starting", f"connecting to the agent in pid {pid}")
         self.hello: dict[str, Any] = {}
         self.stats: dict[str, Any] = {"dropped_client": 0, "received_rows": 0}
@@ -168,6 +182,31 @@ class AgentSource:
                 self._sock.close()
             self._sock = None
 
+    def set_continuous(self, on: bool) -> None:
+        """Ask the agent for continuous activity (True) or its duty cycle (False).
+
+        Before the connection is up this only changes what START will ask for; an agent older
+        than version 2 cannot switch, which its health then says (it keeps its own mode).
+        """
+        self.continuous = on
+        if self._sock is None or not self.hello:
+            return
+        if int(self.hello.get("agent_version", 1)) < 2:
+            self.health = Health.degraded(
+                f"the agent in pid {self.pid} is too old to switch between sampling and "
+                "continuous; restart the target with this kdash"
+            )
+            return
+        self._send(wire.encode_control(wire.MsgType.SET, self._duty_fields()))
+
+    def sampling(self) -> str:
+        """ "sampling 10% (100 ms/s)", "continuous", or "" before the agent has said."""
+        with self._lock:
+            return server.sampling_text(self.stats.get("sampling"))
+
+    def _duty_fields(self) -> dict[str, Any]:
+        return {"continuous": self.continuous, "period_ms": self.period_ms, "on_ms": self.on_ms}
+
     # internals
     def _send(self, frame: bytes) -> bool:
         sock = self._sock
@@ -178,8 +217,14 @@ class AgentSource:
                 sock.sendall(frame, socket.MSG_NOSIGNAL)
             return True
         except OSError as e:
-            if not self._stopping:
-                self.health = Health.unavailable(f"lost the agent of pid {self.pid}: {e}")
+            if not self._stopping and not self._gone:
+                if os.path.exists(f"/proc/{self.pid}"):
+                    self.health = Health.unavailable(f"lost the agent of pid {self.pid}: {e}")
+                else:  # the write raced the reader's EOF: say what happened, not the errno
+                    self._gone = True
+                    self.health = Health.unavailable(
+                        f"the agent of pid {self.pid} went away (process exited)"
+                    )
             return False
 
     def _reader(self) -> None:
@@ -205,10 +250,16 @@ class AgentSource:
                     "run the same kdash version in both"
                 )
                 return
-            self._send(wire.encode_control(wire.MsgType.START, {"activities": self.activities}))
+            start = {"activities": self.activities, **self._duty_fields()}
+            if self.finalize_on_detach:
+                start["finalize_on_detach"] = True
+            if int(hello.body.get("agent_version", 1)) < 2:
+                start = {"activities": self.activities}  # an old agent: always continuous
+            self._send(wire.encode_control(wire.MsgType.START, start))
             while True:
                 msg = wire.recv_message(sock, decoder)
                 if msg is None:
+                    self._gone = True
                     if not self._stopping:
                         self.health = Health.unavailable(
                             f"the agent of pid {self.pid} went away (process exited?)"
@@ -245,6 +296,8 @@ class AgentSource:
         notes = body.get("notes") or []
         with self._lock:
             self.stats["notes"] = list(notes)
+            if "sampling" in body:
+                self.stats["sampling"] = body["sampling"]
         self.health = _health_from_status(body)
 
     def dropped(self) -> int:

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
     Batch = dict[str, Any]  # column name -> numpy array (see kdash.schema)
 
-AGENT_VERSION = 1
+AGENT_VERSION = 2  # 2: duty cycle (START period_ms/on_ms/continuous, SET), "activity on" rows
 ENV_FLAG = "KDASH_AGENT"
 ENV_FAKE_CUDA = "KDASH_AGENT_FAKE_CUDA"
 
@@ -65,6 +65,16 @@ OFFSET_EVERY_S = 10.0
 MAX_PENDING_ROWS = 2_000_000  # agent-side queue bound; rows beyond it are counted as dropped
 BUFFER_BYTES = 4 * 1024 * 1024
 SEND_TIMEOUT_S = 5.0  # a client that reads nothing for this long is treated as gone
+
+# Duty cycle (issue 3 item 4): CUPTI activity on for ON_MS of every PERIOD_MS by default, because
+# continuous activity cost the H200 target 12.7% (eager) and 59% (CUDA-graph replays of tiny
+# kernels), far above the 2% floor. A client asks for other values, or continuous, in START or SET.
+DUTY_PERIOD_MS = 1000
+DUTY_ON_MS = 100
+MIN_ON_MS = 10  # below this the enable/flush/disable work of a window outweighs what it records
+MAX_PERIOD_MS = 60_000
+WINDOW_NAME = "activity on"  # markers rows (domain WINDOW_DOMAIN) that bound every on-window
+WINDOW_DOMAIN = "kdash"
 
 # CUPTI's CUpti_ActivityFlag marker bits (cupti-python 13.0 lists START but not END by name).
 MARKER_INSTANT = 1 << 0
@@ -990,6 +1000,7 @@ class RawBuffers:
         self.last_error = ""
         self.bytes_lost = 0
         self.buffers = 0
+        self.requested = 0  # buffers CUPTI asked for: after a detach this must stop growing
 
     def register(self) -> int:
         """cuptiActivityRegisterCallbacks(ours); the CUptiResult (0 = success)."""
@@ -1006,6 +1017,7 @@ class RawBuffers:
     def _requested(self, pbuf: Any, psize: Any, pmax: Any) -> None:
         ct = self.ctypes
         try:
+            self.requested += 1
             with self._lock:
                 arr = self._free.pop() if self._free else None
             if arr is None:
@@ -1099,6 +1111,30 @@ class CuptiActivity:
         self.raw_note = ""
         self.raw_failed = ""
         self.discarded_bytes = 0
+        # duty cycle: the kinds switched off between windows, to switch on again in resume()
+        self.paused: list[tuple[str, int]] = []
+        # kind -> our enables minus our disables: every kind must be back at 0 after detach
+        self.ledger: dict[int, int] = {}
+        self.enabled_at_ns = 0  # monotonic ns just before the kinds were (re-)enabled
+        self.finalized = 0
+
+    def note(self, text: str) -> None:
+        """Add a STATUS note once: the duty cycle repeats enable/narrow every window, and the
+        same complaint must not grow the list (and every STATUS frame) without bound."""
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def _kind_on(self, kind: Any) -> None:
+        self.cupti.activity_enable(kind)
+        self.ledger[int(kind)] = self.ledger.get(int(kind), 0) + 1
+
+    def _kind_off(self, kind: int) -> None:
+        self.cupti.activity_disable(kind)
+        self.ledger[int(kind)] = self.ledger.get(int(kind), 0) - 1
+
+    def kinds_on(self) -> list[int]:
+        """Kinds this agent has switched on and not off again (empty after every detach)."""
+        return sorted(k for k, n in self.ledger.items() if n > 0)
 
     # probing
     def precheck(self) -> None:
@@ -1143,7 +1179,7 @@ class CuptiActivity:
             _dist_version("nvidia-cuda-cupti") or _dist_version("nvidia-cuda-cupti-cu12"),
         )
         if mismatch:
-            self.notes.append("warning: " + mismatch)
+            self.note("warning: " + mismatch)
         self.mismatch = mismatch
         held = other_cupti_client()
         if held:
@@ -1228,24 +1264,26 @@ class CuptiActivity:
                     with self._lock:
                         self._sink = None
                     raise Unavailable(self._with_hint(self._describe_error(e))) from None
-                self.notes.append(f"re-registering buffer callbacks: {self._describe_error(e)}")
+                self.note(f"re-registering buffer callbacks: {self._describe_error(e)}")
         self.enabled = []
+        self.paused = []
+        self.enabled_at_ns = time.monotonic_ns()
         for act in activities:
             kind_name = ACTIVITY_KINDS.get(act)
             if kind_name is None:
-                self.notes.append(f"unknown activity {act!r} ignored")
+                self.note(f"unknown activity {act!r} ignored")
                 continue
             kind = getattr(cu.ActivityKind, kind_name, None)
             if kind is None:
-                self.notes.append(f"{act}: this cupti-python has no {kind_name}")
+                self.note(f"{act}: this cupti-python has no {kind_name}")
                 continue
             try:
-                cu.activity_enable(kind)
+                self._kind_on(kind)
             except Exception as e:  # noqa: BLE001
                 if act == REQUIRED_ACTIVITY:
                     self.disable(flush=False)
                     raise Unavailable(self._with_hint(self._describe_error(e))) from None
-                self.notes.append(f"{act} not available: {self._describe_error(e)}")
+                self.note(f"{act} not available: {self._describe_error(e)}")
                 continue
             self.enabled.append((act, int(kind)))
         self._narrow_api_records(enable=True)
@@ -1253,7 +1291,7 @@ class CuptiActivity:
         if "markers" in [a for a, _ in self.enabled] and not os.environ.get(
             "NVTX_INJECTION64_PATH"
         ):
-            self.notes.append(
+            self.note(
                 "NVTX ranges need `kdash run --nvtx` (NVTX_INJECTION64_PATH=<libcupti.so> "
                 "set when the target starts)"
             )
@@ -1283,7 +1321,7 @@ class CuptiActivity:
             fn = getattr(cu, fn_name, None)
             if not members or fn is None:
                 if enable:
-                    self.notes.append(f"{act} API records not narrowed: no {fn_name}")
+                    self.note(f"{act} API records not narrowed: no {fn_name}")
                 continue
             skipped = 0
             for name, cbid in members.items():
@@ -1294,14 +1332,60 @@ class CuptiActivity:
                 except Exception as e:  # noqa: BLE001 - some cbids are not switchable
                     skipped += 1
                     if skipped == 1 and enable:
-                        self.notes.append(
-                            f"{act} API records partly narrowed: {self._describe_error(e)}"
-                        )
+                        self.note(f"{act} API records partly narrowed: {self._describe_error(e)}")
+
+    def pause(self) -> str:
+        """End a duty-cycle window: switch every enabled kind off and force-flush, keeping the
+        sink (the flushed records still arrive) and the kinds for `resume`; "" or what failed.
+
+        The per-API narrowing is left as it is: switching a kind on again resets CUPTI's
+        per-function choices anyway (so `resume` narrows again), and with the kind off they
+        record nothing (both seen on a card with CUDA 13.0's CUPTI).
+        """
+        errors = []
+        kinds = list(self.enabled)
+        for act, kind in kinds:
+            try:
+                self._kind_off(kind)
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"disable {act}: {self._describe_error(e)}")
+        self.paused, self.enabled = kinds, []
+        try:
+            self.cupti.activity_flush_all(1)  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"flush: {self._describe_error(e)}")
+        if errors:
+            self.last_error = "; ".join(errors)
+        return "; ".join(errors)
+
+    def resume(self) -> str:
+        """Start a duty-cycle window: the kinds `pause` switched off go on again, narrowed."""
+        errors = []
+        kinds, self.paused = self.paused, []
+        self.enabled_at_ns = time.monotonic_ns()
+        for act, kind in kinds:
+            try:
+                self._kind_on(kind)
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"enable {act}: {self._describe_error(e)}")
+                continue
+            self.enabled.append((act, kind))
+        self._narrow_api_records(enable=True)
+        if errors:
+            self.last_error = "; ".join(errors)
+        return "; ".join(errors)
 
     def disable(self, flush: bool = True) -> str:
-        """Disable every enabled kind, then force-flush; "" or what went wrong."""
+        """Disable every enabled kind, then force-flush; "" or what went wrong.
+
+        Between duty-cycle windows nothing is enabled (`pause` did it); the flush and the
+        sink's release still happen, and `last_enabled` remembers what a resume after another
+        CUPTI client should switch on again.
+        """
         errors = []
         cu = self.cupti
+        if self.paused and not self.enabled:
+            self.last_enabled, self.paused = list(self.paused), []
         if self.enabled:
             self.last_enabled = list(self.enabled)
             try:
@@ -1310,7 +1394,7 @@ class CuptiActivity:
                 errors.append(f"restoring API record defaults: {self._describe_error(e)}")
         for act, kind in self.enabled:
             try:
-                cu.activity_disable(kind)
+                self._kind_off(kind)
             except Exception as e:  # noqa: BLE001
                 errors.append(f"disable {act}: {self._describe_error(e)}")
         self.enabled = []
@@ -1334,6 +1418,8 @@ class CuptiActivity:
         off its collection too. Its run may still miss records (CUPTI serves one client at a
         time); the STATUS line says so. We re-register and re-enable when it has ended.
         """
+        if self.paused and not self.enabled:
+            self.last_enabled, self.paused = list(self.paused), []
         if self.enabled:
             self.last_enabled = list(self.enabled)
             try:  # give the other client CUPTI's default of every API record back
@@ -1343,6 +1429,51 @@ class CuptiActivity:
         self.enabled = []
         with self._lock:
             self._sink = None
+
+    def release_left_behind(self) -> str:
+        """Switch off the kinds `step_aside` left on, once the other client has gone.
+
+        While it ran they were its kinds as well; once it has ended, a kind it did not use
+        itself (synchronization, markers) would otherwise stay on for the life of the process
+        and cost the target on every launch. "" or what failed.
+        """
+        errors = []
+        for kind in self.kinds_on():
+            for _ in range(self.ledger.get(kind, 0)):
+                try:
+                    self._kind_off(kind)
+                except Exception as e:  # noqa: BLE001
+                    errors.append(f"disable kind {kind}: {self._describe_error(e)}")
+                    break
+        return "; ".join(errors)
+
+    def finalize(self) -> str:
+        """cuptiFinalize after a detach (opt-in, START "finalize_on_detach"); "" or why not.
+
+        Why: on the H200 a CUDA-graph loop stayed 25% slower after every kind was disabled
+        (0.42 us per replayed kernel, the cost of activity itself), and eager 3.6% slower;
+        PyTorch saw the same after torch.profiler and calls cuptiFinalize (TEARDOWN_CUPTI) to
+        make CUPTI let go of the process. CUPTI's docs ask for it to be called where no other
+        thread is inside CUPTI, which an agent without a callback subscriber cannot ensure,
+        so it stays opt-in until the GPU check shows it safe (bench/gpu_agent_check.py, duty).
+        """
+        if self.cupti is None or self.enabled or self.kinds_on():
+            return "not finalized: activity kinds still on"
+        fn = getattr(self.cupti, "finalize", None)
+        try:
+            if fn is not None:
+                fn()
+            elif self.raw is not None:
+                rc = int(self.raw.lib.cuptiFinalize())
+                if rc != 0:
+                    return f"cuptiFinalize returned {rc}"
+            else:
+                return "no cuptiFinalize in this cupti-python"
+        except Exception as e:  # noqa: BLE001
+            return f"cuptiFinalize: {self._describe_error(e)}"
+        self.finalized += 1
+        self._registered = False  # CUPTI forgot our buffer callbacks: register at next START
+        return ""
 
     def flush(self) -> None:
         c0 = time.thread_time_ns()
@@ -1440,6 +1571,11 @@ class Agent:
         self.discarded_rows = 0
         self._next_try = 0.0
         self.sent_rows: dict[str, int] = {}
+        self._windows: list[tuple[int, int]] = []  # on-windows not yet sent (monotonic ns)
+        self._duty = DutyCycle()
+        self.on_ns = 0  # total time CUPTI activity was on, over all sessions
+        self.windows_sent = 0
+        self.last_disconnect = ""
 
     # lifecycle
     def listen(self) -> None:
@@ -1529,7 +1665,12 @@ class Agent:
 
     def _status(self, state: str, line: str) -> dict:
         self.state, self.line = state, line
-        return {"state": state, "line": line, "notes": self._notes()}
+        return {
+            "state": state,
+            "line": line,
+            "notes": self._notes(),
+            "sampling": self._duty.describe(),
+        }
 
     def _stats(self) -> dict:
         c = self._cupti
@@ -1561,6 +1702,13 @@ class Agent:
             "raw_errors": c.raw.errors if c and c.raw else 0,
             "raw_bytes_lost": c.raw.bytes_lost if c and c.raw else 0,
             "markers_overflowed": c.converter.markers_overflowed if c and c.converter else 0,
+            "sampling": self._duty.describe(),
+            "windows_sent": self.windows_sent,
+            "on_ns": self.on_ns,
+            "kinds_on": c.kinds_on() if c else [],
+            "buffers_requested": c.raw.requested if c and c.raw else 0,
+            "finalized": c.finalized if c else 0,
+            "last_disconnect": self.last_disconnect,
         }
 
     def _sink(self, rows: dict[str, Batch]) -> None:
@@ -1577,6 +1725,14 @@ class Agent:
             out, self._pending, self._pending_rows = self._pending, [], 0
         return out
 
+    def _add_window(self, start_ns: int, end_ns: int) -> None:
+        """Queue one on-window [start_ns, end_ns] (monotonic) for the client as a markers row."""
+        if end_ns <= start_ns:
+            return
+        with self._pending_lock:
+            self._windows.append((start_ns, end_ns))
+        self.on_ns += end_ns - start_ns
+
     def _session(self, conn: socket.socket) -> None:
         wire = _wire()
 
@@ -1585,6 +1741,12 @@ class Agent:
         active = False
         waiting: list[str] | None = None  # START received, CUPTI not on yet (or paused)
         last_sent: tuple[str, str] | None = None
+        finalize_on_detach = False
+        self._duty = DutyCycle()
+        # the duty cycle while active: is the current window on, since when, and the next edge
+        phase_on = False
+        win_start_ns = 0
+        period_start = next_edge = 0.0
         try:
             conn.settimeout(SEND_TIMEOUT_S)
             strings = wire.StringEncoder()
@@ -1600,6 +1762,49 @@ class Agent:
                     last_sent = (state, line)
                     send(wire.encode_control(wire.MsgType.STATUS, self._status(state, line)))
 
+            def begin_windows(now: float) -> None:
+                """CUPTI has just been switched on: the first window starts."""
+                nonlocal phase_on, win_start_ns, period_start, next_edge
+                phase_on = True
+                win_start_ns = self._cupti.enabled_at_ns if self._cupti else time.monotonic_ns()
+                period_start = now
+                d = self._duty
+                next_edge = now + (d.period_s if d.continuous else d.on_s)
+
+            def end_window() -> None:
+                """Activity is being switched off for good (STOP, another client, detach)."""
+                nonlocal phase_on
+                if phase_on:
+                    self._add_window(win_start_ns, time.monotonic_ns())
+                phase_on = False
+
+            def edge(now: float) -> None:
+                """The duty cycle's clock: close or open a window when its time has come."""
+                nonlocal phase_on, win_start_ns, period_start, next_edge
+                c = self._cupti
+                d = self._duty
+                if c is None:
+                    return
+                if d.continuous:
+                    if not phase_on:  # SET continuous arrived between windows
+                        c.resume()
+                        begin_windows(now)
+                        return
+                    # one row per period, so the timeline sees activity while it lasts
+                    t = time.monotonic_ns()
+                    self._add_window(win_start_ns, t)
+                    win_start_ns, next_edge = t, now + d.period_s
+                elif phase_on:
+                    c.pause()
+                    self._add_window(win_start_ns, time.monotonic_ns())
+                    phase_on = False
+                    next_edge = period_start + d.period_s
+                    if next_edge <= now:  # this thread was held up: no catching up in bursts
+                        next_edge = now + d.period_s - d.on_s
+                else:
+                    c.resume()
+                    begin_windows(now)
+
             send(
                 wire.encode_control(
                     wire.MsgType.HELLO,
@@ -1611,12 +1816,16 @@ class Agent:
                         "python": sys.version.split()[0],
                         "capabilities": list(DEFAULT_ACTIVITIES),
                         "cupti_python": _dist_version("cupti-python"),
+                        "duty_cycle": True,
                     },
                 )
             )
             last_flush = last_offset = last_held_check = time.monotonic()
             while not self._closing:
-                readable, _, _ = select.select([conn], [], [], POLL_S)
+                timeout = POLL_S
+                if active:
+                    timeout = max(0.0, min(POLL_S, next_edge - time.monotonic()))
+                readable, _, _ = select.select([conn], [], [], timeout)
                 if readable:
                     msg = wire.recv_message(conn, decoder)
                     if msg is None:
@@ -1629,15 +1838,43 @@ class Agent:
                         if not isinstance(acts, list) or not all(isinstance(a, str) for a in acts):
                             status("error", "error: START activities must be a list of names")
                             continue
+                        duty, why = DutyCycle.parse(msg.body, DutyCycle())
+                        if duty is None:
+                            status("error", f"error: START {why}")
+                            continue
+                        self._duty = duty
+                        finalize_on_detach = msg.body.get("finalize_on_detach") is True
                         waiting = acts
                         self._next_try = 0.0
                         if self._cupti is not None:
                             self._cupti.notes = []
+                    elif msg.type == wire.MsgType.SET:
+                        duty, why = DutyCycle.parse(msg.body, self._duty)
+                        if duty is None:
+                            status("error", f"error: SET {why}")
+                            continue
+                        self._duty = duty
+                        if active:
+                            now = time.monotonic()
+                            if duty.continuous and phase_on:
+                                next_edge = now + duty.period_s
+                            elif duty.continuous or not phase_on:
+                                next_edge = now  # switch on at once
+                            else:  # this window becomes the first of the new cycle
+                                period_start, next_edge = now, now + duty.on_s
+                            names = ", ".join(a for a, _ in (self._cupti.enabled or []))
+                            names = names or ", ".join(a for a, _ in self._cupti.paused)
+                            status("active", self._active_line(names), force=True)
+                        else:
+                            status(self.state, self.line, force=True)
                     elif msg.type == wire.MsgType.STOP:
                         waiting = None
                         if active:
                             active = False
+                            end_window()
                             err = self._cupti.disable() if self._cupti else ""
+                            if finalize_on_detach and self._cupti is not None and not err:
+                                err = self._cupti.finalize()
                             self._send_pending(send, strings)
                             status("idle", "idle: stopped" + (f" ({err})" if err else ""))
                         else:
@@ -1650,15 +1887,17 @@ class Agent:
                     outcome = self._try_start(waiting, status)
                     if outcome == "active":
                         active, waiting = True, None
+                        begin_windows(time.monotonic())
                     elif outcome == "gave_up":
                         waiting = None
                 now = time.monotonic()
                 if active and self._cupti is not None:
-                    if now - last_held_check >= 1.0:
+                    if now - last_held_check >= 1.0 or (not phase_on and now >= next_edge):
                         last_held_check = now
                         held = other_cupti_client()
                         if held:  # e.g. the user started torch.profiler: step aside at once
                             active = False
+                            end_window()
                             self._cupti.step_aside()
                             self._send_pending(send, strings)
                             status(
@@ -1670,19 +1909,22 @@ class Agent:
                             waiting = [a for a, _ in self._cupti.last_enabled]
                             self._next_try = now + 1.0
                             continue
-                    if self._cupti.raw_failed and self._cupti.mode == "raw":
+                    if self._cupti.raw_failed and self._cupti.mode == "raw" and phase_on:
                         # a buffer we could not read: go on with cupti-python's record objects
                         acts_now = [a for a, _ in self._cupti.enabled]
                         self._cupti.use_raw = False
                         self._cupti.disable(flush=False)
                         try:
                             self._cupti.enable(acts_now, self._sink)
-                            status("active", f"ok: CUPTI activity on ({', '.join(acts_now)})")
+                            status("active", self._active_line(", ".join(acts_now)))
                         except Exception as e:  # noqa: BLE001 - say so, stay idle
                             active = False
+                            end_window()
                             status("unavailable", f"unavailable: re-enabling CUPTI failed: {e}")
                             continue
-                    if now - last_flush >= FLUSH_EVERY_S:
+                    if now >= next_edge:
+                        edge(now)
+                    if phase_on and now - last_flush >= FLUSH_EVERY_S:
                         self._cupti.flush()
                         last_flush = now
                     if now - last_offset >= OFFSET_EVERY_S:
@@ -1692,24 +1934,51 @@ class Agent:
                             self._cupti.last_error = f"offset: {type(e).__name__}: {e}"
                         last_offset = now
                 self._send_pending(send, strings)
+        except (BrokenPipeError, ConnectionResetError) as e:
+            # the client went away (closed after STOP, or was killed): a normal end, not an error
+            self.last_disconnect = f"client left ({type(e).__name__})"
         except (OSError, wire.WireError) as e:
             self.last_error = f"client connection: {type(e).__name__}: {e}"
         except BaseException as e:  # noqa: BLE001 - never into the target
             self.last_error = f"session: {type(e).__name__}: {e}"
         finally:
-            if active and self._cupti is not None:
-                err = self._cupti.disable()
-                if err:
-                    self.last_error = err
-            # rows that were on their way to a client that has gone: counted for the next one
-            self.discarded_rows += sum(
-                _batch_rows(b) for ch in self._take_pending() for b in ch.values()
-            )
-            self.state, self.line = "idle", "idle: no client"
+            self._end_session(active, phase_on, win_start_ns, finalize_on_detach)
             self._conn = None
             with contextlib.suppress(OSError):
                 conn.close()
             self._session_lock.release()
+
+    def _end_session(
+        self, active: bool, phase_on: bool, win_start_ns: int, finalize_on_detach: bool
+    ) -> None:
+        """Whatever way the session ended, leave CUPTI as if it had never been touched."""
+        try:
+            c = self._cupti
+            if active and c is not None:
+                err = c.disable()
+                if phase_on:
+                    self._add_window(win_start_ns, time.monotonic_ns())
+                if not err and finalize_on_detach:
+                    err = c.finalize()
+                if err:
+                    self.last_error = err
+            elif c is not None and c.kinds_on() and other_cupti_client() is None:
+                # left on by step_aside for a client (torch.profiler) that has ended since
+                err = c.release_left_behind()
+                if err:
+                    self.last_error = err
+        except BaseException as e:  # noqa: BLE001 - never into the target
+            self.last_error = f"detach: {type(e).__name__}: {e}"
+        # rows that were on their way to a client that has gone: counted for the next one
+        self.discarded_rows += sum(
+            _batch_rows(b) for ch in self._take_pending() for b in ch.values()
+        )
+        with self._pending_lock:
+            self._windows = []
+        self.state, self.line = "idle", "idle: no client"
+
+    def _active_line(self, names: str) -> str:
+        return f"ok: CUPTI activity on, {sampling_text(self._duty.describe())} ({names})"
 
     def _try_start(self, acts: list[str], status: Callable[..., None]) -> str:
         """One step of START: probe CUPTI, wait for CUDA, enable.
@@ -1751,13 +2020,17 @@ class Agent:
             status("unavailable", f"unavailable: enabling CUPTI failed: {type(e).__name__}: {e}")
             return "gave_up"
         names = ", ".join(a for a, _ in c.enabled)
-        status("active", f"ok: CUPTI activity on ({names})")
+        status("active", self._active_line(names))
         return "active"
 
     def _send_pending(self, send: Callable[[bytes], None], strings: Any) -> None:
         wire = _wire()
 
         chunks = self._take_pending()
+        with self._pending_lock:
+            windows, self._windows = self._windows, []
+        if windows:
+            self._send_windows(send, strings, windows)
         if not chunks:
             return
         import numpy as np
@@ -1775,6 +2048,90 @@ class Agent:
                 part = {c: v[i : i + 200_000] for c, v in cols.items()}
                 send(wire.encode_batch(table, part, strings))
             self.sent_rows[table] = self.sent_rows.get(table, 0) + n
+
+    def _send_windows(
+        self, send: Callable[[bytes], None], strings: Any, windows: list[tuple[int, int]]
+    ) -> None:
+        """On-windows as markers rows (domain "kdash", name "activity on", tid -1): the
+        timeline marks the gaps between them as "not recorded", not as "GPU idle"."""
+        import numpy as np
+
+        wire = _wire()
+        n = len(windows)
+        starts = np.array([w[0] for w in windows], dtype=np.int64)
+        ends = np.array([w[1] for w in windows], dtype=np.int64)
+        batch = {
+            "start_ns": starts,
+            "end_ns": ends,
+            "name": np.full(n, WINDOW_NAME, dtype=object),
+            "domain": np.full(n, WINDOW_DOMAIN, dtype=object),
+            "pid": np.full(n, self.pid, dtype=np.int64),
+            "tid": np.full(n, -1, dtype=np.int64),
+        }
+        send(wire.encode_batch("markers", batch, strings))
+        self.windows_sent += n
+        self.sent_rows["markers"] = self.sent_rows.get("markers", 0) + n
+
+
+def sampling_text(sampling: dict | None) -> str:
+    """ "sampling 10% (100 ms/s)" or "continuous" for a STATUS/STATS "sampling" field."""
+    if not sampling:
+        return ""
+    if sampling.get("continuous"):
+        return "continuous"
+    period, on = int(sampling.get("period_ms", 0)), int(sampling.get("on_ms", 0))
+    if period <= 0:
+        return ""
+    per = "s" if period == 1000 else f"{period / 1000:g} s"
+    return f"sampling {100 * on / period:.0f}% ({on} ms/{per})"
+
+
+class DutyCycle:
+    """How much of the time CUPTI activity is on: `on_ms` of every `period_ms`, or always.
+
+    Continuous activity cost the H200 targets far more than the 2% floor (see the module
+    docstring's numbers in DUTY_PERIOD_MS), so the default is 100 ms of every second; kernels
+    that run between windows are not recorded, and the windows are sent so that the timeline
+    can tell "not recorded" from "GPU idle". In continuous mode a window row is still sent
+    every period, so a live timeline sees the recorded span grow.
+    """
+
+    def __init__(
+        self, continuous: bool = False, period_ms: int = DUTY_PERIOD_MS, on_ms: int = DUTY_ON_MS
+    ) -> None:
+        self.continuous = continuous or on_ms >= period_ms
+        self.period_ms = period_ms
+        self.on_ms = min(on_ms, period_ms)
+
+    @property
+    def period_s(self) -> float:
+        return self.period_ms / 1000
+
+    @property
+    def on_s(self) -> float:
+        return self.on_ms / 1000
+
+    def describe(self) -> dict:
+        return {"continuous": self.continuous, "period_ms": self.period_ms, "on_ms": self.on_ms}
+
+    @classmethod
+    def parse(cls, body: dict, base: DutyCycle) -> tuple[DutyCycle | None, str]:
+        """The cycle a START or SET body asks for (fields it leaves out keep `base`'s), or
+        None and what is wrong with it. Only plain JSON values are read."""
+        cont = body.get("continuous", base.continuous)
+        period = body.get("period_ms", base.period_ms)
+        on = body.get("on_ms", base.on_ms)
+        if not isinstance(cont, bool):
+            return None, "continuous must be true or false"
+        for name, v in (("period_ms", period), ("on_ms", on)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                return None, f"{name} must be an integer"
+        if not MIN_ON_MS <= on <= period <= MAX_PERIOD_MS:
+            return None, (
+                f"duty cycle must satisfy {MIN_ON_MS} <= on_ms <= period_ms <= {MAX_PERIOD_MS} "
+                f"(got on_ms={on}, period_ms={period})"
+            )
+        return cls(cont, period, on), ""
 
 
 def _reader_name(c: CuptiActivity | None) -> str:

@@ -17,7 +17,14 @@ Frame layout (all integers little-endian)::
     payload  BATCH:    per column (in `kdash.schema.TABLES` order) a descriptor
                        (dtype code u1, byte length u4), then the column buffers back to back
              NAMES:    first id u4, count u4, count end offsets u4, then the UTF-8 blob
-             control:  one UTF-8 JSON object (HELLO, START, STOP, STATS, STATUS); never pickle
+             control:  one UTF-8 JSON object (HELLO, START, STOP, STATS, STATUS, SET); never
+                       pickle
+
+The duty cycle (agent version 2) needed no new frame layout: START carries `period_ms`,
+`on_ms`, `continuous` (and `finalize_on_detach`), SET changes them while attached, STATUS and
+STATS carry `sampling`, and each window in which CUPTI activity was on travels as an ordinary
+`markers` row (domain "kdash", name "activity on"). An agent of version 1 does not know SET
+(it closes the connection on it), so the client sends SET only to agents whose HELLO says 2+.
 
 A frame that does not match (bad magic, unknown type or table, wrong column count or dtype, a
 length that disagrees with the row count, an unknown string id, an oversized payload) raises
@@ -57,16 +64,17 @@ class WireError(ValueError):
 
 class MsgType(IntEnum):
     HELLO = 1  # agent -> client: version, pid, capabilities
-    START = 2  # client -> agent: {"activities": [...]}
+    START = 2  # client -> agent: {"activities": [...], "period_ms", "on_ms", "continuous"}
     STOP = 3  # client -> agent: disable all activity
     STATS = 4  # client -> agent: request ({}); agent -> client: counters
     BATCH = 5  # agent -> client: one table's columnar rows
     STATUS = 6  # agent -> client: {"state": ..., "line": ...}
     NAMES = 7  # agent -> client: new dictionary strings
+    SET = 8  # client -> agent: {"continuous": bool, "period_ms": int, "on_ms": int} (agent 2+)
 
 
 CONTROL_TYPES = frozenset(
-    {MsgType.HELLO, MsgType.START, MsgType.STOP, MsgType.STATS, MsgType.STATUS}
+    {MsgType.HELLO, MsgType.START, MsgType.STOP, MsgType.STATS, MsgType.STATUS, MsgType.SET}
 )
 
 # The tables the agent sends; ids are part of the wire format, never reuse one.
