@@ -1099,3 +1099,163 @@ def test_walk_with_periodic_stretches_matches_a_record_by_record_walk():
     assert offs.tolist() == [o.ptr - first for o in objs]
     assert kinds.tolist() == [o.kind for o in objs]
     del buf
+
+
+# ---- the duty cycle ---------------------------------------------------------------------------
+
+
+def enable_intervals(events: list[tuple[float, str]], kind: int = 10) -> list[tuple[int, int]]:
+    """(on, off) monotonic-ns intervals of one kind from the stand-in's log."""
+    out, on = [], None
+    for t, w in events:
+        if w == f"enable {kind}":
+            on = t
+        elif w == f"disable {kind}" and on is not None:
+            out.append((int(on * 1e9), int(t * 1e9)))
+            on = None
+    return out
+
+
+def test_duty_cycle_windows_bound_every_enable(fake_cupti):
+    p = start_target(8.0, fake_cupti)
+    try:
+        wait_socket(p.pid)
+        src = AgentSource(p.pid, period_ms=300, on_ms=60)
+        src.start()
+        assert wait_for(lambda: src.health.ok, 5), str(src.health)
+        assert str(src.health) == "ok: sampling 20% (60 ms/0.3 s)"
+        got = drain(src, 1.7)
+        wins = window_rows(got)
+        assert len(wins) >= 4, wins
+        lengths = [(b - a) / 1e6 for a, b in wins]
+        assert all(55 <= x <= 160 for x in lengths), lengths  # ~60 ms each
+        gaps = [(b[0] - a[0]) / 1e6 for a, b in zip(wins, wins[1:], strict=False)]
+        assert all(250 <= g <= 450 for g in gaps), gaps  # one per 300 ms period
+        m = columns(got, "markers")
+        win = m["domain"] == server.WINDOW_DOMAIN
+        assert set(m["pid"][win]) == {p.pid} and set(m["tid"][win]) == {-1}
+        # CUPTI activity was on only inside the windows the client was told about
+        intervals = [iv for iv in enable_intervals(log_lines(fake_cupti)) if iv[1] <= wins[-1][1]]
+        assert len(intervals) >= len(wins) - 1
+        for on, off in intervals:
+            assert any(a <= on and off <= b for a, b in wins), (on, off, wins)
+        # and off for most of the time: about 60 of every 300 ms
+        span = wins[-1][1] - wins[0][0]
+        assert 0.12 <= sum(b - a for a, b in wins) / span <= 0.35
+        assert got.get("kernels"), "records of the windows arrive too"
+        src._last_stats_req = 0.0
+        src.poll(0)
+        assert wait_for(lambda: src.stats.get("agent_windows_sent", 0) >= len(wins), 3)
+        assert src.stats["agent_sampling"] == {"continuous": False, "period_ms": 300, "on_ms": 60}
+        src.stop()
+        assert wait_for(lambda: any(w == "flush 1" for _, w in log_lines(fake_cupti)[-3:]), 2)
+        events = [w for _, w in log_lines(fake_cupti)]
+        assert kinds_left_on(events) == {}
+        assert "finalize" not in events  # opt-in only
+        # every window re-narrows the API records (enabling a kind resets CUPTI's choices)
+        assert events.count("rtapi 17 0") == events.count("enable 5")
+    finally:
+        rc, out, err = finish(p)
+    assert rc == 0 and out.startswith("done"), err
+
+
+def test_switching_to_continuous_and_back(fake_cupti):
+    p = start_target(9.0, fake_cupti)
+    try:
+        wait_socket(p.pid)
+        src = AgentSource(p.pid, period_ms=1000, on_ms=100)
+        src.start()
+        assert wait_for(lambda: src.health.ok, 5), str(src.health)
+        # wait for the first window to close: now between windows, activity is off
+        assert wait_for(lambda: any(w == "disable 10" for _, w in log_lines(fake_cupti)), 2)
+        t_switch = time.monotonic()
+        src.set_continuous(True)
+        assert wait_for(lambda: str(src.health) == "ok: continuous", 2), str(src.health)
+        on = wait_for(
+            lambda: [t for t, w in log_lines(fake_cupti) if w == "enable 10" and t > t_switch], 1
+        )
+        assert on and on[0] - t_switch < 0.3  # on at once, not at the next period
+        got = drain(src, 1.5)  # longer than a period: continuous means no disable meanwhile
+        assert not [t for t, w in log_lines(fake_cupti) if w == "disable 10" and t > t_switch]
+        cont_wins = [w for w in window_rows(got) if w[0] >= int(on[0] * 1e9) - 10**6]
+        assert cont_wins, "continuous mode still sends a window row per period"
+        assert sum(b - a for a, b in cont_wins) >= 0.8e9
+        assert len(columns(got, "kernels").get("name", [])) >= 3000  # flushed every 200 ms
+        t_back = time.monotonic()
+        src.set_continuous(False)
+        assert wait_for(lambda: str(src.health) == "ok: sampling 10% (100 ms/s)", 2)
+        off = wait_for(
+            lambda: [t for t, w in log_lines(fake_cupti) if w == "disable 10" and t > t_back], 1
+        )
+        assert off and off[0] - t_back < 0.4  # the running window ends after its 100 ms
+        src.stop()
+        assert wait_for(lambda: kinds_left_on([w for _, w in log_lines(fake_cupti)]) == {}, 2)
+    finally:
+        rc, out, err = finish(p)
+    assert rc == 0 and out.startswith("done"), err
+
+
+def test_finalize_on_detach_is_opt_in_and_comes_last(fake_cupti):
+    p = start_target(6.0, fake_cupti)
+    try:
+        wait_socket(p.pid)
+        src = AgentSource(p.pid, finalize_on_detach=True)
+        src.start()
+        assert wait_for(lambda: src.health.ok, 5), str(src.health)
+        drain(src, 0.5)
+        src.stop()
+        assert wait_for(lambda: any(w == "finalize" for _, w in log_lines(fake_cupti)), 2)
+        events = [w for _, w in log_lines(fake_cupti)]
+        assert kinds_left_on(events) == {}
+        assert events[-1] == "finalize"  # after every disable and the forced flush
+        # the next client re-registers CUPTI's buffer callbacks and records again
+        again = AgentSource(p.pid, continuous=True)
+        again.start()
+        assert wait_for(lambda: again.health.ok, 3), str(again.health)
+        assert wait_for(lambda: drain(again, 0.3).get("kernels"), 3)
+        assert [w for _, w in log_lines(fake_cupti)].count("register") == 2
+        again.stop()
+    finally:
+        rc, out, err = finish(p)
+    assert rc == 0 and out.startswith("done"), err
+
+
+def test_duty_cycle_parsing_and_wording():
+    base = server.DutyCycle()
+    assert base.describe() == {"continuous": False, "period_ms": 1000, "on_ms": 100}
+    d, why = server.DutyCycle.parse({"on_ms": 250}, base)
+    assert d is not None and why == "" and (d.period_ms, d.on_ms) == (1000, 250)
+    d, _ = server.DutyCycle.parse({"continuous": True}, base)
+    assert d is not None and d.continuous and d.on_ms == 100  # kept for a switch back
+    d, _ = server.DutyCycle.parse({"period_ms": 200, "on_ms": 200}, base)
+    assert d is not None and d.continuous  # on for the whole period is continuous
+    for bad, word in (
+        ({"on_ms": 5}, "10 <= on_ms"),
+        ({"on_ms": 2000}, "on_ms <= period_ms"),
+        ({"period_ms": "1000"}, "period_ms must be an integer"),
+        ({"on_ms": True}, "on_ms must be an integer"),
+        ({"continuous": 1}, "true or false"),
+        ({"period_ms": 10**6}, "60000"),
+    ):
+        d, why = server.DutyCycle.parse(bad, base)
+        assert d is None and word in why, (bad, why)
+    assert server.sampling_text(base.describe()) == "sampling 10% (100 ms/s)"
+    assert server.sampling_text({"continuous": True}) == "continuous"
+    assert server.sampling_text({"period_ms": 500, "on_ms": 50}) == "sampling 10% (50 ms/0.5 s)"
+    assert server.sampling_text(None) == ""
+
+
+def test_bad_duty_cycle_in_start_is_an_error_not_a_crash(fake_cupti):
+    p = start_target(5.0, fake_cupti)
+    try:
+        wait_socket(p.pid)
+        src = AgentSource(p.pid, period_ms=100, on_ms=500)
+        src.start()
+        assert wait_for(lambda: src.health.state == "degraded", 3), str(src.health)
+        assert "on_ms <= period_ms" in str(src.health)
+        assert not any(w.startswith("enable") for _, w in log_lines(fake_cupti))
+        src.stop()
+        assert p.poll() is None
+    finally:
+        rc, out, err = finish(p)
+    assert rc == 0, err

@@ -216,3 +216,13 @@ def test_recv_message_reports_a_cut_connection():
     with pytest.raises(wire.WireError, match="closed inside"):
         wire.recv_message(b, wire.Decoder())
     b.close()
+
+
+def test_set_is_a_control_message_and_round_trips():
+    frame = wire.encode_control(
+        wire.MsgType.SET, {"continuous": True, "period_ms": 1000, "on_ms": 100}
+    )
+    msg = wire.Decoder().decode(frame)
+    assert msg.type == wire.MsgType.SET
+    assert msg.body == {"continuous": True, "period_ms": 1000, "on_ms": 100}
+    assert wire.MsgType.SET in wire.CONTROL_TYPES and int(wire.MsgType.SET) == 8

@@ -1116,6 +1116,7 @@ class CuptiActivity:
         # kind -> our enables minus our disables: every kind must be back at 0 after detach
         self.ledger: dict[int, int] = {}
         self.enabled_at_ns = 0  # monotonic ns just before the kinds were (re-)enabled
+        self.disabled_at_ns = 0  # monotonic ns just after they were all disabled
         self.finalized = 0
 
     def note(self, text: str) -> None:
@@ -1350,6 +1351,7 @@ class CuptiActivity:
             except Exception as e:  # noqa: BLE001
                 errors.append(f"disable {act}: {self._describe_error(e)}")
         self.paused, self.enabled = kinds, []
+        self.disabled_at_ns = time.monotonic_ns()  # the window's end: before the flush's work
         try:
             self.cupti.activity_flush_all(1)  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
         except Exception as e:  # noqa: BLE001
@@ -1392,12 +1394,15 @@ class CuptiActivity:
                 self._narrow_api_records(enable=False)
             except Exception as e:  # noqa: BLE001
                 errors.append(f"restoring API record defaults: {self._describe_error(e)}")
+        was_on = bool(self.enabled)
         for act, kind in self.enabled:
             try:
                 self._kind_off(kind)
             except Exception as e:  # noqa: BLE001
                 errors.append(f"disable {act}: {self._describe_error(e)}")
         self.enabled = []
+        if was_on:
+            self.disabled_at_ns = time.monotonic_ns()
         if flush and cu is not None:
             try:
                 cu.activity_flush_all(1)  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
@@ -1771,11 +1776,11 @@ class Agent:
                 d = self._duty
                 next_edge = now + (d.period_s if d.continuous else d.on_s)
 
-            def end_window() -> None:
-                """Activity is being switched off for good (STOP, another client, detach)."""
+            def end_window(off_ns: int) -> None:
+                """Activity was switched off for good at `off_ns` (STOP, another client)."""
                 nonlocal phase_on
                 if phase_on:
-                    self._add_window(win_start_ns, time.monotonic_ns())
+                    self._add_window(win_start_ns, off_ns)
                 phase_on = False
 
             def edge(now: float) -> None:
@@ -1796,7 +1801,7 @@ class Agent:
                     win_start_ns, next_edge = t, now + d.period_s
                 elif phase_on:
                     c.pause()
-                    self._add_window(win_start_ns, time.monotonic_ns())
+                    self._add_window(win_start_ns, c.disabled_at_ns)
                     phase_on = False
                     next_edge = period_start + d.period_s
                     if next_edge <= now:  # this thread was held up: no catching up in bursts
@@ -1871,8 +1876,8 @@ class Agent:
                         waiting = None
                         if active:
                             active = False
-                            end_window()
                             err = self._cupti.disable() if self._cupti else ""
+                            end_window(self._cupti.disabled_at_ns if self._cupti else 0)
                             if finalize_on_detach and self._cupti is not None and not err:
                                 err = self._cupti.finalize()
                             self._send_pending(send, strings)
@@ -1897,7 +1902,7 @@ class Agent:
                         held = other_cupti_client()
                         if held:  # e.g. the user started torch.profiler: step aside at once
                             active = False
-                            end_window()
+                            end_window(time.monotonic_ns())  # its kinds stay on for it
                             self._cupti.step_aside()
                             self._send_pending(send, strings)
                             status(
@@ -1919,7 +1924,7 @@ class Agent:
                             status("active", self._active_line(", ".join(acts_now)))
                         except Exception as e:  # noqa: BLE001 - say so, stay idle
                             active = False
-                            end_window()
+                            end_window(self._cupti.disabled_at_ns)
                             status("unavailable", f"unavailable: re-enabling CUPTI failed: {e}")
                             continue
                     if now >= next_edge:
@@ -1957,7 +1962,7 @@ class Agent:
             if active and c is not None:
                 err = c.disable()
                 if phase_on:
-                    self._add_window(win_start_ns, time.monotonic_ns())
+                    self._add_window(win_start_ns, c.disabled_at_ns)
                 if not err and finalize_on_detach:
                     err = c.finalize()
                 if err:
