@@ -50,6 +50,7 @@ from kdash.collectors.sglang_http import (
 from kdash.collectors.sglang_tree import (
     SglangTree,
     assign_gpus,
+    classify_tree,
     path_in_process,
     tree_from_pid,
     tree_from_url,
@@ -84,6 +85,7 @@ SERVER_KEYS = (
     "port",
 )
 IMPORTED_TABLES = ("kernels", "api", "memcpy", "markers")
+TREE_EVERY_S = 10.0  # how often the server's process tree is re-read
 
 
 @dataclass
@@ -275,6 +277,8 @@ class SglangRecorder(Recorder):
         self.agents = next((s for s in sources if s.name == "agent"), None)
         self.server_job: ServerJob | None = None
         self._meta_cache: tuple[float, dict[str, Any]] | None = None
+        self._tree_at = time.monotonic()
+        self.tree_every_s = TREE_EVERY_S
         self._meta_lock = threading.Lock()
 
     # -- the server's description -----------------------------------------------------------
@@ -288,12 +292,29 @@ class SglangRecorder(Recorder):
             info = dict(self.server.server_info)
             if self.metrics is not None and self.metrics.server_info:
                 info.update(self.metrics.server_info)
+            self._refresh_tree(now)
             tree = assign_gpus(self.server.tree, info, self._nvml_pids())
             meta = describe(self.server, tree, info)
             if self.metrics is not None:
                 meta["metrics"] = self.metrics.mode or "not read yet"
             self._meta_cache = (now, meta)
             return meta
+
+    def _refresh_tree(self, now: float) -> None:
+        """Re-read the tree every `tree_every_s`: schedulers come up after the root on a
+        starting server, and a crashed one is replaced with a new pid."""
+        root = self.server.tree.root
+        if root is None or now - self._tree_at < self.tree_every_s:
+            return
+        self._tree_at = now
+        try:
+            fresh = classify_tree(root.pid)
+        except UserError as e:  # the root is gone: keep the last tree, the status bar says so
+            log.info("server tree not re-read: %s", e)
+            return
+        if fresh.schedulers or not self.server.tree.schedulers:
+            fresh.root_recognized = self.server.tree.root_recognized
+            self.server.tree = fresh
 
     def _nvml_pids(self) -> dict[int, list[int]]:
         """GPU -> pids holding a context there, from the newest gpu_procs rows."""
@@ -355,7 +376,7 @@ class SglangRecorder(Recorder):
         job = self._job_for(self.capture.seq)
         if job is None or self.capture.phase not in ("recording", "writing"):
             return ""
-        if job.phase == "profiling":
+        if job.phase in ("pending", "profiling"):
             n = len(self.server.tree.schedulers) or 1
             return f"server profiling {self.capture_opts.num_steps} steps, {n} rank(s)"
         if job.phase == "pausing agents":

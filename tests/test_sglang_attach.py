@@ -121,6 +121,19 @@ def test_attach_pid_of_a_scheduler_finds_the_server(tree, tmp_path):
         plain.wait()
 
 
+def test_tree_is_re_read_while_watching(tree, tmp_path):
+    """A server seen while starting (root only) gets its schedulers once they are up."""
+    root, info = tree
+    server = discover_from_url(info["url"])
+    server.tree.schedulers = []
+    rec = SglangRecorder([], Store(), Target.from_pid(root.pid), None, server)
+    assert rec.sglang_meta()["schedulers"] == []
+    rec.tree_every_s = 0.0
+    meta = rec.sglang_meta(max_age_s=0.0)
+    assert [s["pid"] for s in meta["schedulers"]] == info["kids"]
+    assert [s["gpu"] for s in meta["schedulers"]] == [0, 1]
+
+
 def test_attach_sglang_errors_are_one_line(tree):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -187,7 +200,7 @@ def _recorder(
 ) -> SglangRecorder:
     defaults = dict(num_steps=2, server_dir=str(tmp_path / "traces"), timeout_s=30.0, stable_s=0.3)
     defaults.update(opts)
-    return SglangRecorder(
+    rec = SglangRecorder(
         sources or [],
         Store(retention_s=60),
         Target.from_pid(os.getpid()),
@@ -195,6 +208,8 @@ def _recorder(
         server,
         ServerCaptureOptions(**defaults),
     )
+    rec.tree_every_s = math.inf  # the made-up tree's root is pytest: never re-read it
+    return rec
 
 
 def _capture_now(rec: SglangRecorder, via_server: bool | None = None) -> None:

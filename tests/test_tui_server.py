@@ -65,6 +65,9 @@ async def test_server_pane_only_for_sglang_targets(tp8_app, replay_app):
         await pilot.pause()
         assert tp8_app.maximized == "server"
         assert [p.id for p in tp8_app.panes if p.region.height > 0] == ["server"]
+        await pilot.press("C")  # capture through the server: a replay says it cannot
+        await pilot.pause()
+        assert any("replay" in n.message for n in tp8_app._notifications)
         await pilot.press("question_mark")
         await pilot.pause()
         assert isinstance(tp8_app.screen, HelpScreen)
@@ -125,7 +128,7 @@ async def test_live_c_captures_through_the_server(make_app, tmp_path):
             # the countdown or, once the window closed, the wait for the server's traces
             shown = plain(bar)
             assert "capturing…" in shown or "writing capture…" in shown
-            assert "(server profiling 3 steps, 2 rank(s))" in shown
+            assert "(server profiling 3 steps, 2 rank(s))" in shown, shown
             assert await wait_for(pilot, lambda: rec.capture.phase in ("saved", "failed"), 60)
             assert await wait_for(pilot, lambda: "capture failed:" in plain(bar), 5)
             status = plain(bar).replace("\n", "")
