@@ -20,10 +20,19 @@ the run still leaves the earlier evidence):
    and the rate before / with / after, as in `eager`.
 6. `nvtx`: NVTX ranges around each step, target started with `run_env(nvtx=True)`: marker
    rows must arrive (NVTX_INJECTION64_PATH pointed at the target's libcupti).
+7. `duty`: for the eager and the graph loop (one target each): iterations/s before attaching,
+   with kdash's default duty cycle (100 ms of every 1 s), after `set_continuous(True)`, and
+   after detaching; then the agent's counters after the detach without starting anything
+   (`probe_stats`: does CUPTI still request or hand over buffers? which kinds does the agent's
+   ledger hold on?), then a second attach that detaches with cuptiFinalize (opt-in) and the rate
+   after that.
+
+Phases 2-6 keep activity continuous (as in the first runs); only `duty` uses the default.
 
 Run on the GPU machine from the repository root (no install needed; see `_kdash_importable`):
 
     python bench/gpu_agent_check.py            # writes $OUT/agent-h200.json
+    python bench/gpu_agent_check.py --phases eager,graph,duty,profiler   # a subset
 
 cupti-python must be importable (PYTHONPATH); if it is not and `.whl/cupti_python-*.whl` is
 present, the wheel is unpacked into a temporary folder and put on the targets' PYTHONPATH.
@@ -110,7 +119,19 @@ if mode == "profiler":
     from torch.profiler import ProfilerActivity, profile
     prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
     prof.__enter__()
-    prof_until = time.monotonic() + 4.0
+    prof_until = time.monotonic() + 3.0
+
+
+def count_profiler_kernels(prof):
+    # CUDA kernel events torch.profiler recorded, from Kineto's raw events: building
+    # prof.events() (FunctionEvent objects) took ~12 s for 88,740 kernels on the H200 and ran
+    # the target past its end while kdash was attached (the "Broken pipe" of the first run).
+    try:
+        evs = prof.profiler.kineto_results.events()
+        cuda = torch.autograd.DeviceType.CUDA
+        return sum(1 for e in evs if e.device_type() == cuda)
+    except Exception:
+        return len([e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA])
 
 print("ready", os.getpid(), flush=True)
 iters = 0
@@ -121,10 +142,14 @@ while True:
     iters += 1
     now = time.monotonic()
     if prof is not None and now >= prof_until:
+        t_exit = time.monotonic()
         prof.__exit__(None, None, None)
-        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        print("profiler_kernels", len(kernels), flush=True)
+        n_kernels = count_profiler_kernels(prof)
+        took = time.monotonic() - t_exit
+        print("profiler_kernels", n_kernels, "seconds", round(took, 2), flush=True)
         prof = None
+        end = max(end, time.monotonic() + 8.0)  # time for kdash to attach after it
+        now = time.monotonic()
     if now >= next_tick:
         print("tick", time.monotonic_ns(), iters, flush=True)
         next_tick = now + 0.1
@@ -257,13 +282,16 @@ def pct(a: float | None, b: float | None) -> float | None:
 # ---- phases -------------------------------------------------------------------------------------
 
 
-def watch(pid: int, seconds: float) -> dict:
-    """Attach an AgentSource, poll for `seconds` once ok, stop; what arrived and what it said."""
+def watch(pid: int, seconds: float, continuous: bool = True) -> dict:
+    """Attach an AgentSource, poll for `seconds` once ok, stop; what arrived and what it said.
+
+    Continuous by default, so the eager/graph/inject/nvtx phases measure what they measured in
+    the first runs (activity always on); the duty phase measures the default duty cycle."""
     import numpy as np
     from kdash.collectors.agent.client import AgentSource, find_agent_socket
 
     res: dict = {"socket": find_agent_socket(pid)}
-    src = AgentSource(pid)
+    src = AgentSource(pid, continuous=continuous)
     t_attach = now_ns()
     src.start()
     tables: dict[str, list] = {}
@@ -383,7 +411,7 @@ def run_phase(name: str, mode: str, env: dict, script: Path, armed: bool) -> dic
             return res
     pid = tgt.proc.pid
     res["pid"] = pid
-    time.sleep(3.0)
+    time.sleep(0.5 if mode == "profiler" else 3.0)  # profiler: while it still holds CUPTI
     t_before = now_ns()
     if not armed:
         time.sleep(1.0)
@@ -398,8 +426,10 @@ def run_phase(name: str, mode: str, env: dict, script: Path, armed: bool) -> dic
         res["while_profiler"] = {
             k: w.get(k) for k in ("health", "status_line", "rows", "seconds_to_ok")
         }
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 40
         while time.monotonic() < deadline and tgt.line("profiler_kernels") is None:
+            if tgt.proc.poll() is not None:
+                break
             time.sleep(0.1)
         res["profiler_kernels_recorded_by_torch"] = tgt.line("profiler_kernels")
         time.sleep(0.5)
@@ -457,10 +487,189 @@ def run_phase(name: str, mode: str, env: dict, script: Path, armed: bool) -> dic
     return res
 
 
+def probe_stats(pid: int) -> dict:
+    """The agent's counters without starting anything: connect, read HELLO, ask STATS, leave.
+
+    Used after a detach to see whether CUPTI still works for us in the target: buffers it still
+    requests or completes, bytes it still hands over (we discard them), kinds our ledger says
+    are on. A session that never STARTs touches no CUPTI call."""
+    import socket
+
+    from kdash.collectors.agent import wire
+    from kdash.collectors.agent.client import find_agent_socket
+
+    path = find_agent_socket(pid)
+    if path is None:
+        return {"error": "no agent socket"}
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5.0)
+    try:
+        s.connect(path)
+        dec = wire.Decoder()
+        wire.recv_message(s, dec)  # HELLO (or STATUS busy)
+        s.sendall(wire.encode_control(wire.MsgType.STATS, {}))
+        while True:
+            msg = wire.recv_message(s, dec)
+            if msg is None:
+                return {"error": "agent closed the connection"}
+            if msg.type == wire.MsgType.STATS:
+                keep = (
+                    "state",
+                    "kinds_on",
+                    "enabled",
+                    "buffers_requested",
+                    "raw_buffers",
+                    "discarded_bytes",
+                    "discarded_records",
+                    "records_seen",
+                    "finalized",
+                    "windows_sent",
+                    "on_ns",
+                    "last_error",
+                    "last_disconnect",
+                )
+                return {k: msg.body.get(k) for k in keep} | {"t_ns": now_ns()}
+    except (OSError, ValueError) as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    finally:
+        s.close()
+
+
+def _drain(src: object, seconds: float, rows: dict) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for t, b in src.poll(now_ns()).items():  # type: ignore[attr-defined]
+            if t == "markers":
+                win = b["domain"] == "kdash"
+                rows["windows"] = rows.get("windows", 0) + int(win.sum())
+                rows["window_on_ms"] = rows.get("window_on_ms", 0.0) + float(
+                    (b["end_ns"][win] - b["start_ns"][win]).sum() / 1e6
+                )
+            rows[t] = rows.get(t, 0) + len(b["start_ns"])
+        time.sleep(0.1)
+
+
+def attach(pid: int, **kw: object) -> object:
+    """An AgentSource that is ok (or has said why not), retrying while the agent is still
+    ending the previous session (a probe's): it serves one client at a time."""
+    from kdash.collectors.agent.client import AgentSource
+
+    end = time.monotonic() + 10
+    while True:
+        src = AgentSource(pid, **kw)  # type: ignore[arg-type]
+        src.start()
+        while time.monotonic() < end and src.health.state == "starting":
+            time.sleep(0.02)
+        if "another kdash client" not in str(src.health) or time.monotonic() >= end:
+            return src
+        src.stop()
+        time.sleep(0.1)
+
+
+def duty_phase(mode: str, env: dict, script: Path) -> dict:
+    """One target: rate before / with kdash's default duty cycle / continuous / after detach,
+    then CUPTI's state after the detach (probe_stats), then once more with cuptiFinalize on
+    detach (START finalize_on_detach) and the rate after that."""
+    res: dict = {"mode": mode}
+    tgt = Target(mode, 30.0, env, script)
+    deadline = time.monotonic() + 180
+    while not tgt.ready.wait(0.2):
+        if tgt.proc.poll() is not None or time.monotonic() > deadline:
+            time.sleep(0.3)
+            res["error"] = "target never became ready: " + tgt.stderr_tail()
+            tgt.proc.kill()
+            return res
+    pid = tgt.proc.pid
+    res["pid"] = pid
+    time.sleep(2.0)
+    t_b0 = now_ns()
+    time.sleep(3.0)
+    t_b1 = now_ns()
+    src = attach(pid)  # kdash's default: the duty cycle
+    res["duty_health"] = str(src.health)
+    if not src.health.ok:
+        src.stop()
+        res["exit_code"] = tgt.finish()
+        res["stderr_tail"] = tgt.stderr_tail()
+        return res
+    duty_rows: dict = {}
+    t_d0 = now_ns()
+    _drain(src, 4.0, duty_rows)
+    t_d1 = now_ns()
+    src.set_continuous(True)
+    end = time.monotonic() + 3
+    while time.monotonic() < end and str(src.health) != "ok: continuous":
+        _drain(src, 0.05, duty_rows)
+    res["continuous_health"] = str(src.health)
+    cont_rows: dict = {}
+    t_c0 = now_ns()
+    _drain(src, 3.0, cont_rows)
+    t_c1 = now_ns()
+    src._last_stats_req = 0.0
+    _drain(src, 0.5, cont_rows)
+    res["stats"] = {k: v for k, v in src.stats.items() if k.startswith("agent_")}
+    src.stop()
+    t_det = now_ns()
+    time.sleep(0.5)
+    probe_a = probe_stats(pid)
+    t_a0 = now_ns()
+    time.sleep(3.0)
+    t_a1 = now_ns()
+    probe_b = probe_stats(pid)
+    res["duty_rows"], res["continuous_rows"] = duty_rows, cont_rows
+    res["after_detach_probes"] = [probe_a, probe_b]
+    # again, continuous for 1 s, detaching with cuptiFinalize (opt-in; may be unsafe: watch
+    # the exit code)
+    src2 = attach(pid, continuous=True, finalize_on_detach=True)
+    fin_rows: dict = {}
+    _drain(src2, 1.0, fin_rows)
+    src2.stop()
+    res["finalize"] = {"health": str(src2.health), "rows": fin_rows, "status": src2.status_line}
+    time.sleep(0.5)
+    t_f0 = now_ns()
+    time.sleep(3.0)
+    t_f1 = now_ns()
+    res["finalize"]["probe"] = probe_stats(pid)
+    before = tgt.rate(t_b0, t_b1)
+    rates = {
+        "before": before,
+        "duty": tgt.rate(t_d0, t_d1),
+        "continuous": tgt.rate(t_c0, t_c1),
+        "after_detach": tgt.rate(t_a0, t_a1),
+        "after_finalize": tgt.rate(t_f0, t_f1),
+    }
+    res["rate_it_s"] = rates | {
+        f"{k}_vs_before_pct": pct(before, v) for k, v in rates.items() if k != "before"
+    }
+    res["t_detach"] = t_det
+    res["exit_code"] = tgt.finish()
+    res["stdout_tail"] = tgt.lines[-3:]
+    if res["exit_code"] != 0:
+        res["stderr_tail"] = tgt.stderr_tail()
+    return res
+
+
+PHASES = ("baseline", "eager", "graph", "profiler", "inject", "nvtx", "duty")
+
+
 def main() -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--phases",
+        default=",".join(PHASES),
+        help=f"comma-separated subset of {','.join(PHASES)} (default: all)",
+    )
+    args = ap.parse_args()
+    wanted = [p.strip() for p in args.phases.split(",") if p.strip()]
+    unknown = [p for p in wanted if p not in PHASES]
+    if unknown:
+        ap.error(f"unknown phase(s) {unknown}; choose from {PHASES}")
     OUT.mkdir(parents=True, exist_ok=True)
     report: dict = {
-        "command": "python bench/gpu_agent_check.py",
+        "command": " ".join(["python bench/gpu_agent_check.py", *sys.argv[1:]]),
+        "phases_run": wanted,
         "machine": {"python": platform.python_version(), "host": platform.node()},
         "phases": {},
     }
@@ -511,11 +720,20 @@ def main() -> int:
             ("inject", "inject", bootstrap.disarmed_env(base), True),
             # NVTX ranges around each step, with the opt-in NVTX hook
             ("nvtx", "nvtx", bootstrap.run_env(base, nvtx=True), True),
+            # kdash's default duty cycle vs continuous vs after detach, eager and graph
+            ("duty", "duty", bootstrap.run_env(base), True),
         ]
         for name, mode, env, armed in plan:
+            if name not in wanted:
+                continue
             t0 = time.monotonic()
             try:
-                report["phases"][name] = run_phase(name, mode, env, script, armed)
+                if name == "duty":
+                    report["phases"][name] = {
+                        m: duty_phase(m, env, script) for m in ("eager", "graph")
+                    }
+                else:
+                    report["phases"][name] = run_phase(name, mode, env, script, armed)
             except Exception as e:  # noqa: BLE001 - keep going; record what broke
                 report["phases"][name] = {
                     "error": f"{type(e).__name__}: {e}",
@@ -552,6 +770,17 @@ def main() -> int:
             "graph_kernels_with_graph_id": (
                 (report["phases"].get("graph", {}).get("watch") or {}).get("kernels") or {}
             ).get("with_graph_id"),
+            "duty": {
+                m: {
+                    "rate_it_s": d.get("rate_it_s"),
+                    "health": [d.get("duty_health"), d.get("continuous_health")],
+                    "after_detach_probes": d.get("after_detach_probes"),
+                    "finalize": d.get("finalize"),
+                    "exit_code": d.get("exit_code"),
+                }
+                for m, d in (report["phases"].get("duty") or {}).items()
+                if isinstance(d, dict)
+            },
         }
     except Exception as e:  # noqa: BLE001
         report["error"] = f"{type(e).__name__}: {e}"
