@@ -96,14 +96,23 @@ def _make_recorder(sources: list, store, target, opts, server=None):
 
 
 def _sglang_sources(server, args) -> list:
-    """The server's metrics source, at most once a second: each scrape costs the server."""
+    """The server's metrics source, at most once a second: each scrape costs the server.
+
+    A server kdash itself just started is still loading its model and refuses connections
+    (an instant answer), so it is retried every 2 s instead of every 5 s: its first rows come
+    soon after it is up.
+    """
     from kdash.collectors.sglang_http import SglangMetricsSource
 
     if server is None or server.url is None:
         return []
+    starting = not server.server_info and not server.tree.schedulers
     return [
         SglangMetricsSource(
-            server.url, interval_s=max(1.0, getattr(args, "interval", 0.25)), api_key=server.api_key
+            server.url,
+            interval_s=max(1.0, getattr(args, "interval", 0.25)),
+            api_key=server.api_key,
+            retry_s=2.0 if starting else 5.0,
         )
     ]
 
@@ -268,11 +277,18 @@ def cmd_run(args, title: str | None = None, extra_meta: dict | None = None) -> i
                 f"{cmd[0]} exited at once (status {proc.returncode}); its output is in {log_path}"
             )
         target = Target.from_pid(proc.pid)
+        from kdash.sglang import starting_server
+
+        server = starting_server(proc.pid, cmd)  # `kdash run -- python -m sglang.launch_server`
+        sources = build_sources(target, args.gpus, args.interval) + _sglang_sources(server, args)
+        if server is not None and title is None:
+            title = f"SGLang server {server.url} (started by kdash run)"
         if args.headless:
             args.output = out_check
-            sources = build_sources(target, args.gpus, args.interval)
-            return _record_headless(target, args, sources, extra_meta=extra_meta)
-        return _run_live(target, args, cfg, theme, cap_dir, title=title)
+            return _record_headless(target, args, sources, extra_meta=extra_meta, server=server)
+        return _run_live(
+            target, args, cfg, theme, cap_dir, title=title, server=server, sources=sources
+        )
     finally:
         _stop_child(proc)
         log.close()

@@ -192,6 +192,37 @@ def discover_from_pid(pid: int, api_key: str | None = None) -> SglangServer | No
     return server
 
 
+def starting_server(pid: int, cmd: list[str]) -> SglangServer | None:
+    """The server `kdash run` just started, when `cmd` is an SGLang launch; None otherwise.
+
+    Nothing is asked yet (the server needs seconds to minutes to load its model): the URL is
+    taken from `--host`/`--port` (SGLang's defaults 127.0.0.1:30000), the metrics source
+    retries until the server answers and then reads `/get_server_info`, and the recorder's
+    tree re-read finds the schedulers once they are spawned.
+    """
+    from kdash.collectors.sglang_tree import (
+        DEFAULT_PORT,
+        ROLE_ROOT,
+        SglangProcess,
+        is_root_cmdline,
+    )
+
+    if not is_root_cmdline(cmd):
+        return None
+    port, host = DEFAULT_PORT, "127.0.0.1"
+    for i, a in enumerate(cmd[:-1]):
+        if a == "--port" and cmd[i + 1].isdigit():
+            port = int(cmd[i + 1])
+        elif a == "--host" and cmd[i + 1] not in ("0.0.0.0", "::", ""):
+            host = cmd[i + 1]
+    for a in cmd:
+        if a.startswith("--port=") and a[7:].isdigit():
+            port = int(a[7:])
+    tree = SglangTree(root=SglangProcess(pid, os.getpid(), ROLE_ROOT, " ".join(cmd)))
+    host = f"[{host}]" if ":" in host else host
+    return SglangServer(tree=tree, url=f"http://{host}:{port}")
+
+
 @dataclass
 class ServerCaptureOptions:
     """How `c` profiles through the server. `server_dir` is the folder as the server names it
@@ -304,7 +335,8 @@ class SglangRecorder(Recorder):
         """Re-read the tree every `tree_every_s`: schedulers come up after the root on a
         starting server, and a crashed one is replaced with a new pid."""
         root = self.server.tree.root
-        if root is None or now - self._tree_at < self.tree_every_s:
+        every = self.tree_every_s if self.server.tree.schedulers else min(2.0, self.tree_every_s)
+        if root is None or now - self._tree_at < every:
             return
         self._tree_at = now
         try:

@@ -131,8 +131,13 @@ _ROOT = textwrap.dedent(
     """
     import json, os, subprocess, sys, time
     sys.path.insert(0, os.environ["KDASH_TESTS_DIR"])
+    import test_sglang_http
     from test_sglang_http import StandIn
     spec = json.loads(os.environ["KDASH_STANDIN_SPEC"])
+    if "--port" in sys.argv:  # listen where SGLang's --port says (the stand-in binds port 0)
+        port = int(sys.argv[sys.argv.index("--port") + 1])
+        base = test_sglang_http.ThreadingHTTPServer
+        test_sglang_http.ThreadingHTTPServer = lambda addr, h: base((addr[0], port), h)
     kids = [
         subprocess.Popen([sys.executable, "-c", os.environ["KDASH_CHILD"], t])
         for t in spec["titles"]
@@ -148,8 +153,13 @@ _ROOT = textwrap.dedent(
             s.ttft.labels(s.model).observe(0.12)
         print(json.dumps({"url": s.url, "kids": [k.pid for k in kids]}), flush=True)
         t0 = time.time()
-        while time.time() - t0 < 120 and sys.stdin.readline() != "":
-            pass
+        if spec.get("stdin", True):  # started by the test: until it closes our stdin
+            while time.time() - t0 < 120 and sys.stdin.readline() != "":
+                pass
+        else:  # started by `kdash run`: until it stops us (SIGINT) or goes away
+            parent = os.getppid()
+            while time.time() - t0 < 120 and os.getppid() == parent:
+                time.sleep(0.1)
     for k in kids:
         k.terminate()
     """

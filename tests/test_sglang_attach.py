@@ -134,6 +134,50 @@ def test_tree_is_re_read_while_watching(tree, tmp_path):
     assert [s["gpu"] for s in meta["schedulers"]] == [0, 1]
 
 
+def test_run_of_an_sglang_launch_is_watched_as_a_server(tmp_path):
+    """`kdash run -- python -m sglang.launch_server --port P`: the server pane's rows and
+    meta["sglang"] come without a second command; the tree is found once it is spawned."""
+    import json
+    import textwrap
+
+    from sglang_fixtures import _CHILD, _ROOT, TESTS
+
+    pkg = tmp_path / "sglang"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "launch_server.py").write_text(_ROOT)
+    port = _free_port()
+    out = tmp_path / "run.kdash"
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(tmp_path),
+        KDASH_TESTS_DIR=str(TESTS),
+        KDASH_STANDIN_SPEC=json.dumps({"titles": ["sglang::scheduler"], "tp": 1, "stdin": False}),
+        KDASH_CHILD=_CHILD,
+        KDASH_RUN_LOG=str(tmp_path / "run.log"),
+    )
+    cmd = [sys.executable, "-m", "kdash.cli", "run", "--headless", "--duration", "4"]
+    cmd += ["--output", str(out), "--", sys.executable, "-m", "sglang.launch_server"]
+    cmd += ["--port", str(port)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, (r.stderr, textwrap.shorten((tmp_path / "run.log").read_text(), 500))
+    cap = load_capture(out)
+    sg = cap.meta["sglang"]
+    assert sg["url"] == f"http://127.0.0.1:{port}"
+    assert [s["title"] for s in sg["schedulers"]] == ["sglang::scheduler"]
+    assert sg["server"]["tp_size"] == 1  # read by the metrics source once the server answered
+    got = dict(zip(cap.tables["server"]["metric"], cap.tables["server"]["value"], strict=True))
+    assert got["num_running_reqs"] == 4.0
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
 def test_attach_sglang_errors_are_one_line(tree):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
