@@ -551,3 +551,49 @@ def table_for_kernel(tables: list[LineTable], kernel: str) -> LineTable | None:
         if kernel in lt.functions:
             hit = lt
     return hit
+
+
+def hot_lines_by_kernel(
+    samples: pd.DataFrame, source_lines: pd.DataFrame | None, per_kernel: int = 10
+) -> list[dict]:
+    """`kdash report`'s hot lines: per sampled kernel (most samples first), its top lines.
+
+    A kernel with samples but no line table in the capture is listed with file "" and a note,
+    so the report says what is missing instead of dropping the kernel.
+    """
+    if samples is None or samples.empty:
+        return []
+    real = samples[~samples["stall_reason"].astype(str).str.endswith("_not_issued")]
+    tables = from_frame(source_lines) if source_lines is not None else []
+    out: list[dict] = []
+    per = real.groupby("kernel")["count"].sum().sort_values(ascending=False)
+    for kernel, n in per.items():
+        lt = table_for_kernel(tables, str(kernel))
+        if lt is None:
+            out.append(
+                {
+                    "kernel": str(kernel),
+                    "file": "",
+                    "line": -1,
+                    "samples": int(n),
+                    "share": 1.0,
+                    "top_stalls": "",
+                    "note": "no line table for this kernel in the capture",
+                }
+            )
+            continue
+        hot = hot_lines(real[real["kernel"] == kernel], lt).head(per_kernel)
+        note = lt.no_lines_hint or lt.match_note
+        for r in hot.itertuples(index=False):
+            out.append(
+                {
+                    "kernel": str(kernel),
+                    "file": str(r.file),
+                    "line": int(r.line),
+                    "samples": int(r.samples),
+                    "share": round(float(r.share), 4),
+                    "top_stalls": str(r.top_stalls),
+                    "note": note,
+                }
+            )
+    return out

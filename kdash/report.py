@@ -6,6 +6,7 @@ Built from the same analyses the panes use, so the report and the dashboard neve
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -13,6 +14,7 @@ import pandas as pd
 from kdash import gpu_reasons
 from kdash.analyses.kernels import top_kernels
 from kdash.capture import Capture
+from kdash.cubin import hot_lines_by_kernel
 
 
 def _num(v, nd: int = 1):
@@ -117,6 +119,7 @@ def summarize(cap: Capture) -> dict:
             {k: (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()}
             for row in tk.to_dict("records")
         ],
+        "hot_lines": hot_lines_by_kernel(t["pc_samples"], t.get("source_lines")),
     }
 
 
@@ -238,6 +241,25 @@ def render(summary: dict, console) -> None:
         console.print(kt)
     else:
         console.print("Top kernels: no kernel records in this capture (needs the in-process agent)")
+
+    if summary.get("hot_lines"):
+        ht = Table(title="Hot source lines (PC sampling)")
+        for c in ("kernel", "file:line", "samples", "%", "top stalls"):
+            ht.add_column(c, overflow="fold")
+        from kdash.analyses.kernels import short_name
+
+        for h in summary["hot_lines"]:
+            where = f"{Path(h['file']).name}:{h['line']}" if h["file"] else h["note"] or "no line"
+            ht.add_row(
+                short_name(h["kernel"], 32),
+                where,
+                str(h["samples"]),
+                _fmt(h["share"] * 100, 1),
+                h["top_stalls"],
+            )
+        console.print(ht)
+    else:
+        console.print("Hot source lines: no PC samples in this capture (PC sampling was off)")
 
 
 def _fmt(v, nd: int = 0) -> str:

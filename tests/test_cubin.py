@@ -231,3 +231,17 @@ def test_line_table_survives_a_capture(stage1, tmp_path):
     assert lt.file_sha256 == stage1.file_sha256
     assert cubin.table_for_kernel(back, "_decode_stage1") is lt
     assert cubin.table_for_kernel(back, "nope") is None
+
+
+def test_store_never_ages_out_line_tables():
+    """source_lines is descriptive (STATIC_TABLES): a table made long before the window still
+    maps its samples, so time trimming skips it while event tables age out."""
+    from kdash.store import Store
+
+    st = Store(retention_s=1.0)
+    st.append("source_lines", schema.make_batch("source_lines", t_ns=[0], kernel=["k"]))
+    st.append("pc_samples", schema.make_batch("pc_samples", t_ns=[0], kernel=["k"]))
+    st.append("kernels", schema.make_batch("kernels", start_ns=[10**12], end_ns=[10**12 + 5]))
+    st.append("pc_samples", schema.make_batch("pc_samples", t_ns=[10**12], kernel=["k"]))
+    assert len(st.get("source_lines")["t_ns"]) == 1
+    assert list(st.get("pc_samples")["t_ns"]) == [10**12]

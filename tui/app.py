@@ -245,6 +245,7 @@ class KdashApp(App[None]):
         Binding("minus", "zoom(2)", "zoom: out (double the window)"),
         Binding("r", "reset_window", "reset the window (follow live / whole capture)"),
         Binding("g", "gpu_detail", "clocks pane: all GPUs dense (when many) / full detail"),
+        Binding("f", "pin_kernel", "source pane: pin the table's kernel / follow"),
         Binding("question_mark", "help", "this help"),
         Binding("q", "quit", "quit"),
         # Over SSH people press ctrl+c to leave a monitor (top, nvitop); Textual would copy.
@@ -760,6 +761,17 @@ class KdashApp(App[None]):
         for pane in self.main_query(ClockPane):
             pane.full_detail = not pane.full_detail
         self._view_changed()
+
+    def action_pin_kernel(self) -> None:
+        """`f`: the source pane shows the kernel under the kernel table's cursor (again: the
+        hottest). The logic is the source pane's (`SourcePane.toggle_pin`)."""
+        table = self.main_query(KernelPane).first().table
+        cell = None
+        if table.row_count and table.cursor_row >= 0:
+            cell = str(table.get_row_at(table.cursor_row)[0])
+        for pane in self.main_query(SourcePane):
+            kernel = pane.kernel_for_table_row(cell) if cell else None
+            self.notify(pane.toggle_pin(kernel), timeout=3)
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):

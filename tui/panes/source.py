@@ -1,54 +1,569 @@
-"""Source pane: the hottest kernel's source with its hot lines (PC sampling, a later issue).
+"""Source pane: the hottest kernel's source, its hot lines and their stall reasons.
 
-Until the agent's PC sampling delivers `pc_samples`, the pane is one line saying so; once rows
-exist it lists the hottest (kernel, pc offset) pairs, a placeholder for the syntax-highlighted
-source view the source-pane issue builds.
+What it shows, for the kernel with the most GPU time in the window (or the one pinned from the
+kernel table with `f`):
+
+- a header: the kernel, its share of GPU time, the file and line, "following" or "pinned";
+- the source around the selected line, syntax-highlighted (rich `Syntax`, the file read from
+  disk once and cached by mtime), with a heat gutter (the line's share of the kernel's PC
+  samples and a shade relative to the hottest line) and `▶` on the selected line, centred;
+- the selected line's stall reasons as a ranked bar list with their meanings in plain words
+  (`_not_issued` forms are subsets and never added in: see kdash.cubin).
+
+`up`/`down` move the selection line by line, `n`/`N` jump to the next/previous hot line, `s`
+toggles the SASS view (every instruction with the same heat), `f` (an app key, so it also works
+from the kernel table) pins the kernel selected in the table, or unpins.
+
+Where the lines come from: the capture's / the store's `source_lines` table (line tables made
+from the cubins, kdash.cubin) joined with `pc_samples`. Without samples the pane still shows the
+kernel's source with its definition line marked, from a line table if there is one, else from
+the `@triton.jit` functions found by name (kdash.triton_index): the project's own kernels always,
+folders in $KDASH_SOURCE_PATH, and, live, the target's site-packages (scanned once in a thread
+worker: seconds for a large environment). One line then says why there are no line samples,
+from the sources' health (no agent, PC sampling off, ERR_NVGPUCTRPERM, another profiler).
+A source file that changed since the line table was made is flagged in the header.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from rich.syntax import Syntax
 from rich.text import Text
+from textual import work
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.widgets import Static
 
-from kdash import schema
+from kdash import cubin, schema
+from kdash import triton_index as ti
+from kdash.analyses.kernels import short_name
 
 from .base import Pane, View
 
 NO_SAMPLES = (
-    "Source: the hottest kernel's source and hot lines appear here once the agent's PC "
-    "sampling is on (a later issue)"
+    "Source: no kernel data — the hottest kernel's source shows here once the agent records "
+    "kernels (`kdash run -- CMD`)"
 )
+STALL_ROWS = 4  # bars under the code, when the pane has the room
+SHADES = " ░▒▓█"
 
 
+# -- reading and highlighting source files, cached ---------------------------------------------
+@dataclass
+class _SourceFile:
+    mtime_ns: int
+    plain: list[str]
+    styled: dict[str, list[Text]] = field(default_factory=dict)  # syntax theme -> lines
+
+
+_FILES: dict[str, _SourceFile] = {}
+
+
+def read_source(path: str) -> _SourceFile | None:
+    """A source file's lines, cached until its mtime changes; None when unreadable."""
+    try:
+        st = os.stat(path)
+        hit = _FILES.get(path)
+        if hit is not None and hit.mtime_ns == st.st_mtime_ns:
+            return hit
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    sf = _SourceFile(st.st_mtime_ns, text.splitlines())
+    _FILES[path] = sf
+    return sf
+
+
+def styled_lines(sf: _SourceFile, path: str, theme: str | None) -> list[Text]:
+    """The file's lines highlighted once per theme (`None`: plain, for the mono theme)."""
+    key = theme or ""
+    if key not in sf.styled:
+        code = "\n".join(sf.plain)
+        if theme is None:
+            lines = [Text(s) for s in sf.plain]
+        else:
+            lexer = Syntax.guess_lexer(path, code)
+            hl = Syntax(code, lexer, theme=theme).highlight(code)
+            lines = list(hl.split("\n", allow_blank=True))
+        sf.styled[key] = lines[: len(sf.plain)] + [Text("")] * max(0, len(sf.plain) - len(lines))
+    return sf.styled[key]
+
+
+# -- where a kernel's source is ------------------------------------------------------------------
+_INDEXES: dict[str, ti.TritonIndex] = {}
+
+
+def project_index() -> ti.TritonIndex:
+    """The `@triton.jit` functions of the project's own kernels (and $KDASH_SOURCE_PATH)."""
+    key = "project:" + os.environ.get("KDASH_SOURCE_PATH", "")
+    if key not in _INDEXES:
+        import kdash.kernels
+
+        idx = ti.scan(Path(kdash.kernels.__file__).parent)
+        for root in filter(None, os.environ.get("KDASH_SOURCE_PATH", "").split(os.pathsep)):
+            if os.path.exists(root):
+                idx.functions.extend(ti.scan(root).functions)
+        idx.__dict__.pop("by_name", None)
+        _INDEXES[key] = idx
+    return _INDEXES[key]
+
+
+def why_no_samples(health: dict[str, str]) -> str:
+    """One line: why this window has no PC samples, from the sources' health."""
+    pcs = next((v for k, v in health.items() if "pc" in k.lower() and "sampl" in k.lower()), None)
+    agent = health.get("agent")
+    if pcs is not None:
+        low = pcs.lower()
+        if "nvgpuctrperm" in low or "insufficient_privileges" in low:
+            return (
+                "no line samples: profiling counters are restricted to admins (ERR_NVGPUCTRPERM)"
+                " — run the target as root, or set NVreg_RestrictProfilingToAdminUsers=0"
+            )
+        if "another" in low or "in use" in low or "not_compatible" in low:
+            return f"no line samples: another profiler holds the counters ({pcs})"
+        if low.startswith("ok"):
+            return "no line samples for this kernel in the window yet (PC sampling is on)"
+        return f"no line samples: PC sampling {pcs}"
+    if agent is None or not str(agent).startswith("ok"):
+        why = f" ({agent})" if agent else ""
+        return (
+            f"no line samples: no in-process agent{why} — start the target with `kdash run -- CMD`"
+        )
+    return (
+        "no line samples: PC sampling was off (the agent's PC sampling source is not in this "
+        "kdash yet)"
+    )
+
+
+@dataclass
+class Located:
+    """A kernel's source: the file, the definition line, and how it was found."""
+
+    file: str
+    def_line: int
+    end_line: int
+    how: str  # "line table" | "found by name in …"
+
+
+# -- the pane ------------------------------------------------------------------------------------
 class SourcePane(Pane):
     key = "4"
     title = "Source"
     waiting = NO_SAMPLES
+    COMPONENT_CLASSES = {
+        "source-pane--heat",
+        "source-pane--selected",
+        "source-pane--note",
+        "source-pane--bar",
+        "source-pane--header",
+        "source-pane--flag",
+    }
+    DEFAULT_CSS = """
+    SourcePane > .source-pane--heat { color: $warning; }
+    SourcePane > .source-pane--selected { background: $accent 20%; text-style: bold; }
+    SourcePane > .source-pane--note { color: $text-muted; text-style: italic; }
+    SourcePane > .source-pane--bar { color: $error; }
+    SourcePane > .source-pane--header { text-style: bold; }
+    SourcePane > .source-pane--flag { color: $error; text-style: bold; }
+    SourcePane > .source-body { height: auto; text-wrap: nowrap; text-overflow: ellipsis; }
+    """
+    BINDINGS = [
+        Binding("up", "move(-1)", "source: previous line", show=False),
+        Binding("down", "move(1)", "source: next line", show=False),
+        Binding("n", "next_hot(1)", "source: next hot line", show=False),
+        Binding("N", "next_hot(-1)", "source: previous hot line", show=False),
+        Binding("s", "toggle_sass", "source: SASS view / source view", show=False),
+    ]
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.body = Static("", markup=False)
+        self.body = Static("", classes="source-body", markup=False)
+        self.pinned: str | None = None
+        self.sass_mode = False
+        self.kernel: str | None = None  # the kernel shown
+        self.window_names: list[str] = []  # kernels in the window, hottest first
+        self._selected: dict[tuple[str, bool], int] = {}  # (kernel, sass) -> line / row
+        self._hot_key: tuple = ()
+        self._hot: pd.DataFrame | None = None
+        self._tables_rows = -1
+        self._tables: list[cubin.LineTable] = []
+        self._live_index: ti.TritonIndex | None = None
+        self._live_index_pid: int | None = None
+        self._last_view: View | None = None
+        # what the last redraw drew, for the keys
+        self._hot_rows: list[int] = []  # hot lines (or SASS rows), hottest first
+        self._n_rows = 0
 
     def compose(self) -> ComposeResult:
         yield self.empty_line
         yield self.body
 
+    # -- data -------------------------------------------------------------------------------
+    def _hottest(self, view: View, batch: dict[str, np.ndarray]) -> pd.DataFrame:
+        """GPU time per kernel name in the window, hottest first (cached per window)."""
+        key = (view.since_ns, view.until_ns, len(batch["start_ns"]))
+        if key != self._hot_key or self._hot is None:
+            dur = np.clip(batch["end_ns"] - batch["start_ns"], 0, None).astype(np.float64)
+            s = pd.Series(dur).groupby(pd.Series(batch["name"])).sum().sort_values(ascending=False)
+            self._hot = pd.DataFrame({"name": s.index, "ns": s.to_numpy()})
+            self._hot["pct"] = 100.0 * self._hot["ns"] / (float(self._hot["ns"].sum()) or 1.0)
+            self._hot_key = key
+        return self._hot
+
+    def _line_tables(self, view: View) -> list[cubin.LineTable]:
+        n = view.store.stats()["source_lines"]["total"]
+        if n != self._tables_rows:
+            frame = schema.to_frame("source_lines", view.store.get("source_lines"))
+            self._tables = cubin.from_frame(frame)
+            self._tables_rows = n
+        return self._tables
+
+    def _locate(self, kernel: str, lt: cubin.LineTable | None, view: View) -> Located | None:
+        if lt is not None and lt.has_lines:
+            d = lt.definition_line(kernel)
+            if d is not None:
+                lines = [i.line for i in lt.instrs if i.function == kernel and i.file == d[0]]
+                return Located(d[0], min(lines), max(lines), "line table")
+        shape = self._launch_shape(view, kernel)
+        for idx in (self._live_index, project_index()):
+            if idx is None:
+                continue
+            ranked = idx.resolve(kernel, block=shape[:3], grid=shape[3:]) if shape else []
+            ranked = ranked or idx.resolve(kernel)
+            if ranked:
+                f = ranked[0].function
+                how = f"found by name in {f.module}"
+                if len(ranked) > 1 and ranked[0].score == ranked[1].score:
+                    how += f" (1 of {len(ranked)} same-named)"
+                return Located(f.file, f.line, f.end_line, how)
+        return None
+
+    @staticmethod
+    def _launch_shape(view: View, kernel: str) -> tuple[int, ...] | None:
+        b = view.store.get("kernels", view.since_ns, view.until_ns)
+        idx = np.nonzero(b["name"] == kernel)[0]
+        if not len(idx):
+            return None
+        i = idx[-1]
+        cols = ("block_x", "block_y", "block_z", "grid_x", "grid_y", "grid_z")
+        return tuple(int(b[c][i]) for c in cols)
+
+    def _maybe_scan_live(self, view: View) -> None:
+        """Live: index the target's site-packages once, off the UI thread."""
+        if view.mode != "live":
+            return
+        rec = getattr(self.app, "recorder", None)
+        target = getattr(rec, "target", None)
+        pid = getattr(target, "pid", None)
+        if isinstance(pid, int) and pid != self._live_index_pid:
+            self._live_index_pid = pid
+            self._scan_live(pid)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="source-index")
+    def _scan_live(self, pid: int) -> None:
+        idx = ti.TritonIndex(root=f"pid {pid}")
+        for root in ti.site_packages_of_pid(pid):
+            idx.functions.extend(ti.scan(root).functions)
+        self.app.call_from_thread(self._apply_live_index, idx)
+
+    def _apply_live_index(self, idx: ti.TritonIndex) -> None:
+        self._live_index = idx
+        request = getattr(self.app, "request_redraw", None)
+        if request is not None:
+            request(now=True)
+
+    # -- drawing ----------------------------------------------------------------------------
     def show(self, view: View) -> None:
-        batch = view.store.get("pc_samples", view.since_ns, view.until_ns)
-        pcs = schema.to_frame("pc_samples", batch) if len(batch["t_ns"]) else None
-        if pcs is None:
+        self._last_view = view
+        batch = view.store.get("kernels", view.since_ns, view.until_ns)
+        pcs = view.store.get("pc_samples", view.since_ns, view.until_ns)
+        if len(batch["start_ns"]) == 0 and len(pcs["t_ns"]) == 0:
             self.set_empty(NO_SAMPLES)
             return
+        self._maybe_scan_live(view)
+        hot = self._hottest(view, batch)
+        self.window_names = [str(n) for n in hot["name"]]
+        samples = schema.to_frame("pc_samples", pcs)
+        if hot.empty:  # samples but no kernel records: the most-sampled kernel
+            real = samples[~samples["stall_reason"].str.endswith("_not_issued")]
+            hot = real.groupby("kernel")["count"].sum().sort_values(ascending=False)
+            hot = pd.DataFrame({"name": hot.index, "ns": 0.0, "pct": float("nan")})
+        kernel = self.pinned or str(hot["name"].iloc[0])
+        self.kernel = kernel
+        pct_row = hot.loc[hot["name"] == kernel, "pct"]
+        pct = float(pct_row.iloc[0]) if len(pct_row) else float("nan")
+        lt = cubin.table_for_kernel(self._line_tables(view), kernel)
+        ks = samples[samples["kernel"] == kernel]
+        loc = self._locate(kernel, lt, view)
+        if loc is None and (lt is None or not lt.instrs):
+            self.set_empty(
+                f"Source: {short_name(kernel, 40)} ({_pct(pct)} of GPU time) — no source here: "
+                "not a Triton kernel found on this machine and no line table in the data"
+                f" · {why_no_samples(view.health) if ks.empty else 'samples without lines'}"
+            )
+            return
         self.set_empty(None)
-        hot = (
-            pcs.groupby(["kernel", "pc_offset"], sort=False)["count"]
-            .sum()
-            .sort_values(ascending=False)
-            .head(20)
-        )
-        total = float(pcs["count"].sum()) or 1.0
-        out = Text("hottest PCs (source lines arrive with the source-pane issue)\n")
-        for (kernel, pc), n in hot.items():
-            out.append(f"{100 * n / total:5.1f}%  {kernel}  +0x{int(pc):x}\n")
+        height = max(4, (self.content_region.height or 16))
+        width = max(20, (self.content_region.width or 80))
+        if self.sass_mode and lt is not None and lt.instrs:
+            out = self._draw_sass(view, kernel, pct, lt, ks, height, width)
+        else:
+            out = self._draw_source(view, kernel, pct, lt, loc, ks, height, width)
         self.body.update(out)
+
+    def _header(self, kernel: str, pct: float, where: str, flag: str) -> Text:
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append(short_name(kernel, 36), self.get_component_rich_style("source-pane--header"))
+        t.append(f" · {_pct(pct)} GPU · {where} · ")
+        t.append("pinned (f: follow)" if self.pinned else "hottest (f: pin)")
+        if flag:
+            t.append(" · " + flag, self.get_component_rich_style("source-pane--flag"))
+        return t
+
+    def _theme(self) -> str | None:
+        kd = getattr(self.app, "kd_theme", "dark")
+        if kd == "mono":
+            return None
+        return "ansi_light" if kd == "light" else "ansi_dark"
+
+    def _draw_source(
+        self,
+        view: View,
+        kernel: str,
+        pct: float,
+        lt: cubin.LineTable | None,
+        loc: Located | None,
+        ks: pd.DataFrame,
+        height: int,
+        width: int,
+    ) -> Text:
+        note_style = self.get_component_rich_style("source-pane--note")
+        heat = cubin.hot_lines(ks, lt) if lt is not None and not ks.empty else pd.DataFrame()
+        file = loc.file if loc is not None else ""
+        if not heat.empty:
+            heat = heat[heat["file"] == file] if file else heat
+        shares = dict(zip(heat.get("line", []), heat.get("share", []), strict=False))
+        counts = dict(zip(heat.get("line", []), heat.get("samples", []), strict=False))
+        self._hot_rows = [int(x) for x in heat.get("line", []) if int(x) > 0]
+        sf = read_source(file) if file else None
+        flag = ""
+        if lt is not None and file:
+            st = cubin.source_status(lt).get(file, "ok")
+            flag = "" if st == "ok" else f"source {st}: lines may not match"
+        if sf is None and file:
+            flag = "source file not readable here"
+        n_lines = len(sf.plain) if sf is not None else 0
+        self._n_rows = n_lines
+        default = self._hot_rows[0] if self._hot_rows else (loc.def_line if loc else 1)
+        sel = self._selected.setdefault((kernel, False), default)
+        sel = min(max(1, sel), max(1, n_lines))
+        self._selected[(kernel, False)] = sel
+        where = f"{Path(file).name}:{sel}" if file else "no file"
+        out = Text(no_wrap=True, overflow="ellipsis")
+        out.append_text(self._header(kernel, pct, where, flag))
+        # the bottom block: stall bars for the selected line, or why there are none
+        bottom: list[Text] = []
+        if heat.empty:
+            why = why_no_samples(view.health) if ks.empty else (lt.no_lines_hint if lt else "")
+            if ks.empty and loc is not None:
+                why += f" · definition line {loc.def_line} marked ({loc.how})"
+            bottom.append(Text(why, style=note_style, no_wrap=True, overflow="ellipsis"))
+        else:
+            bottom.extend(self._stall_block(ks, lt, file, sel, counts, shares, height))
+        code_h = max(1, height - 1 - len(bottom))
+        if sf is not None:
+            lines = styled_lines(sf, file, self._theme())
+            # Hot line centred; without heat the definition near the top (the body below it).
+            first = sel - code_h // 2 if not heat.empty else sel - min(2, code_h // 4)
+            top = min(max(1, first), max(1, n_lines - code_h + 1))
+            vmax = max(shares.values()) if shares else 0.0
+            for ln in range(top, min(n_lines, top + code_h - 1) + 1):
+                out.append("\n")
+                out.append_text(
+                    self._code_row(
+                        ln, lines[ln - 1], shares.get(ln, 0.0), vmax, ln == sel, loc, heat.empty
+                    )
+                )
+        else:
+            out.append("\n")
+            out.append("(source not available on this machine)", note_style)
+        for b in bottom:
+            out.append("\n")
+            out.append_text(b)
+        return out
+
+    def _code_row(
+        self,
+        ln: int,
+        code: Text,
+        share: float,
+        vmax: float,
+        selected: bool,
+        loc: Located | None,
+        no_heat: bool,
+    ) -> Text:
+        heat_style = self.get_component_rich_style("source-pane--heat")
+        row = Text(no_wrap=True, overflow="ellipsis")
+        if share > 0:
+            shade = SHADES[min(4, max(1, round(4 * share / vmax)))] if vmax else " "
+            row.append(f"{_share(share):>6}{shade}", heat_style)
+        else:
+            row.append(" " * 7)
+        mark = "▶" if selected else ("·" if no_heat and loc and ln == loc.def_line else " ")
+        row.append(f"{ln:5d} {mark} ")
+        row.append_text(code)
+        if selected:
+            row.stylize(self.get_component_rich_style("source-pane--selected"))
+        return row
+
+    def _stall_block(
+        self,
+        ks: pd.DataFrame,
+        lt: cubin.LineTable | None,
+        file: str,
+        line: int,
+        counts: dict,
+        shares: dict,
+        height: int,
+    ) -> list[Text]:
+        note_style = self.get_component_rich_style("source-pane--note")
+        bar_style = self.get_component_rich_style("source-pane--bar")
+        n = int(counts.get(line, 0))
+        head = Text(no_wrap=True, overflow="ellipsis")
+        if n == 0:
+            head.append(f"line {line}: no samples (n/N: hot lines)", note_style)
+            return [head]
+        share = float(shares.get(line, 0.0))
+        head.append(f"line {line}: {n} samples, {_share(share)} of the kernel's", note_style)
+        rows = [head]
+        st = cubin.line_stalls(ks, lt, file, line) if lt is not None else pd.DataFrame()
+        room = max(0, min(STALL_ROWS, (height - 6) // 3))
+        for r in st.head(room).itertuples(index=False):
+            t = Text(no_wrap=True, overflow="ellipsis")
+            filled = round(10 * float(r.share))
+            t.append(f"  {str(r.reason)[:18]:<18} ")
+            t.append("█" * filled + "░" * (10 - filled), bar_style)
+            t.append(f" {100 * float(r.share):3.0f}%  ")
+            t.append(str(r.meaning), note_style)
+            rows.append(t)
+        return rows
+
+    def _draw_sass(
+        self,
+        view: View,
+        kernel: str,
+        pct: float,
+        lt: cubin.LineTable,
+        ks: pd.DataFrame,
+        height: int,
+        width: int,
+    ) -> Text:
+        heat_style = self.get_component_rich_style("source-pane--heat")
+        note_style = self.get_component_rich_style("source-pane--note")
+        sel_style = self.get_component_rich_style("source-pane--selected")
+        h = cubin.sass_heat(ks, lt)
+        h = h[h["kernel"] == kernel].reset_index(drop=True)
+        self._n_rows = len(h)
+        order = h.sort_values("samples", ascending=False, kind="stable")
+        self._hot_rows = [int(i) + 1 for i in order.index[order["samples"] > 0]]
+        default = self._hot_rows[0] if self._hot_rows else 1
+        sel = self._selected.setdefault((kernel, True), default)
+        sel = min(max(1, sel), max(1, len(h)))
+        self._selected[(kernel, True)] = sel
+        cur = h.iloc[sel - 1] if len(h) else None
+        where = f"SASS +0x{int(cur['pc_offset']):x}" if cur is not None else "SASS"
+        out = Text(no_wrap=True, overflow="ellipsis")
+        out.append_text(self._header(kernel, pct, where, lt.no_lines_hint and "no line info"))
+        foot = Text(no_wrap=True, overflow="ellipsis")
+        if ks.empty:
+            foot.append(why_no_samples(view.health), note_style)
+        elif cur is not None and cur["samples"] > 0:
+            foot.append(
+                f"+0x{int(cur['pc_offset']):x}: {int(cur['samples'])} samples, "
+                f"{_share(float(cur['share']))} · {cur['top_stalls']}",
+                note_style,
+            )
+        else:
+            foot.append("no samples on this instruction (n/N: hot instructions)", note_style)
+        code_h = max(1, height - 2)
+        top = min(max(1, sel - code_h // 2), max(1, len(h) - code_h + 1))
+        vmax = float(h["share"].max()) if len(h) else 0.0
+        for i in range(top, min(len(h), top + code_h - 1) + 1):
+            r = h.iloc[i - 1]
+            row = Text(no_wrap=True, overflow="ellipsis")
+            share = float(r["share"])
+            if share > 0:
+                shade = SHADES[min(4, max(1, round(4 * share / vmax)))] if vmax else " "
+                row.append(f"{_share(share):>6}{shade} ", heat_style)
+            else:
+                row.append(" " * 8)
+            row.append(f"{int(r['pc_offset']):05x} {'▶' if i == sel else ' '} ")
+            src = f"{Path(str(r['file'])).name}:{int(r['line'])}" if r["file"] else ""
+            row.append(f"{str(r['sass']):<44} ")
+            row.append(src, note_style)
+            if i == sel:
+                row.stylize(sel_style)
+            out.append("\n")
+            out.append_text(row)
+        out.append("\n")
+        out.append_text(foot)
+        return out
+
+    # -- keys -------------------------------------------------------------------------------
+    def _redraw(self) -> None:
+        if self._last_view is not None:
+            self.show(self._last_view)
+
+    def action_move(self, delta: int) -> None:
+        if self.kernel is None:
+            return
+        key = (self.kernel, self.sass_mode)
+        cur = self._selected.get(key, 1)
+        self._selected[key] = min(max(1, cur + delta), max(1, self._n_rows))
+        self._redraw()
+
+    def action_next_hot(self, delta: int) -> None:
+        if self.kernel is None or not self._hot_rows:
+            return
+        key = (self.kernel, self.sass_mode)
+        cur = self._selected.get(key, self._hot_rows[0])
+        i = self._hot_rows.index(cur) + delta if cur in self._hot_rows else 0
+        self._selected[key] = self._hot_rows[i % len(self._hot_rows)]
+        self._redraw()
+
+    def action_toggle_sass(self) -> None:
+        self.sass_mode = not self.sass_mode
+        self._redraw()
+
+    def toggle_pin(self, kernel: str | None) -> str:
+        """Pin `kernel` (unpin when it is already pinned or None); returns what happened."""
+        if kernel is None or kernel == self.pinned:
+            self.pinned = None
+            msg = "source pane: following the hottest kernel"
+        else:
+            self.pinned = kernel
+            msg = f"source pane: pinned {short_name(kernel, 40)}"
+        self._redraw()
+        return msg
+
+    def kernel_for_table_row(self, cell: str) -> str | None:
+        """The full kernel name behind a kernel-table row (the table shows `short_name(.., 40)`),
+        the hottest when several names shorten alike."""
+        for name in self.window_names:
+            if short_name(name, 40) == cell:
+                return name
+        return None
+
+
+def _pct(p: float) -> str:
+    return "n/a" if p != p else f"{p:.1f}%"
+
+
+def _share(f: float) -> str:
+    """A share of samples as a percentage; "<0.1%" rather than a misleading "0.0%"."""
+    return "<0.1%" if 0 < f < 0.0005 else f"{100 * f:.1f}%"
