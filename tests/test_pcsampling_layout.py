@@ -123,3 +123,158 @@ def test_union_members_at_offset_of_attribute_data(c_layout):
         == base + 8
     )
     assert pcs._StallReasonData.pStallReasonIndex.offset == 8
+
+
+# -- the sampler's plumbing against a stand-in libcupti (compiled against the real header) -----
+STANDIN = r"""
+#include <string.h>
+#include "cupti_pcsampling.h"
+static int enabled, configured, started, stopped, getdata_calls, period, mode, startstop;
+static size_t nreasons_cfg; static uint32_t reason0;
+static CUpti_PCSamplingData *cfg;
+static const char *names[3] = {"smsp__pcsamp_warps_issue_stalled_long_scoreboard",
+    "smsp__pcsamp_warps_issue_stalled_wait",
+    "smsp__pcsamp_warps_issue_stalled_long_scoreboard_not_issued"};
+static char fname[] = "_decode_stage1";
+int standin(const char *w) {
+    if (!strcmp(w, "period")) return period;
+    if (!strcmp(w, "mode")) return mode;
+    if (!strcmp(w, "startstop")) return startstop;
+    if (!strcmp(w, "nreasons")) return (int)nreasons_cfg;
+    if (!strcmp(w, "reason0")) return (int)reason0;
+    if (!strcmp(w, "getdata")) return getdata_calls;
+    if (!strcmp(w, "started")) return started;
+    return -1;
+}
+CUptiResult cuptiPCSamplingGetNumStallReasons(CUpti_PCSamplingGetNumStallReasonsParams *p) {
+    if (p->size != CUpti_PCSamplingGetNumStallReasonsParamsSize) return 1;
+    *p->numStallReasons = 3; return 0;
+}
+CUptiResult cuptiPCSamplingGetStallReasons(CUpti_PCSamplingGetStallReasonsParams *p) {
+    if (p->size != CUpti_PCSamplingGetStallReasonsParamsSize || p->numStallReasons != 3) return 1;
+    for (int i = 0; i < 3; i++) {
+        p->stallReasonIndex[i] = 10 + i;
+        strcpy(p->stallReasons[i], names[i]);
+    }
+    return 0;
+}
+CUptiResult cuptiPCSamplingEnable(CUpti_PCSamplingEnableParams *p) {
+    if (p->size != CUpti_PCSamplingEnableParamsSize || p->ctx != (CUcontext)0x1234) return 1;
+    enabled = 1; return 0;
+}
+CUptiResult cuptiPCSamplingDisable(CUpti_PCSamplingDisableParams *p) { enabled = 0; return 0; }
+CUptiResult cuptiPCSamplingSetConfigurationAttribute(CUpti_PCSamplingConfigurationInfoParams *p) {
+    if (!enabled) return 7;
+    if (p->size != CUpti_PCSamplingConfigurationInfoParamsSize) return 1;
+    for (size_t i = 0; i < p->numAttributes; i++) {
+        CUpti_PCSamplingConfigurationInfo *c = &p->pPCSamplingConfigurationInfo[i];
+        switch (c->attributeType) {
+        case CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_SAMPLING_PERIOD:
+            period = c->attributeData.samplingPeriodData.samplingPeriod; break;
+        case CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_COLLECTION_MODE:
+            mode = c->attributeData.collectionModeData.collectionMode; break;
+        case CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_ENABLE_START_STOP_CONTROL:
+            startstop = c->attributeData.enableStartStopControlData.enableStartStopControl; break;
+        case CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_STALL_REASON:
+            nreasons_cfg = c->attributeData.stallReasonData.stallReasonCount;
+            reason0 = c->attributeData.stallReasonData.pStallReasonIndex[0]; break;
+        case CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_SAMPLING_DATA_BUFFER:
+            cfg = c->attributeData.samplingDataBufferData.samplingDataBuffer;
+            if (cfg->size != sizeof(CUpti_PCSamplingData)) return 1;
+            configured = 1; break;
+        default: break;
+        }
+    }
+    return 0;
+}
+CUptiResult cuptiPCSamplingStart(CUpti_PCSamplingStartParams *p) {
+    if (!configured) return 7; started++; stopped = 0; getdata_calls = 0; return 0;
+}
+static void put(CUpti_PCSamplingPCData *pc, uint64_t off, uint32_t reason, uint32_t n) {
+    pc->cubinCrc = 0x9a72d27bULL; pc->pcOffset = off; pc->functionName = fname;
+    pc->stallReasonCount = 2;
+    pc->stallReason[0].pcSamplingStallReasonIndex = reason; pc->stallReason[0].samples = n;
+    pc->stallReason[1].pcSamplingStallReasonIndex = 11; pc->stallReason[1].samples = 0;
+}
+CUptiResult cuptiPCSamplingStop(CUpti_PCSamplingStopParams *p) {
+    if (!started) return 7;
+    stopped = 1;
+    if (cfg->collectNumPcs < 1) return 1;
+    put(&cfg->pPcData[0], 0x40, 10, 5);
+    cfg->totalNumPcs = 1; cfg->remainingNumPcs = 3; cfg->totalSamples = 100;
+    cfg->droppedSamples = 1; cfg->hardwareBufferFull = 0; cfg->rangeId = 7;
+    return 0;
+}
+CUptiResult cuptiPCSamplingGetData(CUpti_PCSamplingGetDataParams *p) {
+    if (!stopped) return 7;
+    if (p->size != CUpti_PCSamplingGetDataParamsSize) return 1;
+    CUpti_PCSamplingData *d = (CUpti_PCSamplingData *)p->pcSamplingData;
+    if (d->size != sizeof(CUpti_PCSamplingData) || d == cfg) return 1;
+    getdata_calls++;
+    if (getdata_calls == 1) {
+        put(&d->pPcData[0], 0x50, 12, 7); put(&d->pPcData[1], 0x60, 10, 3);
+        d->totalNumPcs = 2; d->remainingNumPcs = 1;
+    } else if (getdata_calls == 2) {
+        put(&d->pPcData[0], 0x70, 11, 2); d->totalNumPcs = 1; d->remainingNumPcs = 0;
+    } else { d->totalNumPcs = 0; d->remainingNumPcs = 0; }
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory) -> ctypes.CDLL:
+    d = tmp_path_factory.mktemp("cupti_standin")
+    (d / "cuda.h").write_text("typedef struct CUctx_st *CUcontext;\n")
+    (d / "standin.c").write_text(STANDIN)
+    so = d / "libcupti_standin.so"
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-I", str(d), "-I", str(HEADER_DIR), str(d / "standin.c"),
+         "-o", str(so)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return ctypes.CDLL(str(so))
+
+
+def test_sampler_plumbing_against_the_standin(standin):
+    """Configure, start, stop, read the configured buffer then GetData until empty: every
+    row the stand-in wrote comes back with its reason name; zero-sample reasons are skipped."""
+    standin.standin.argtypes = [ctypes.c_char_p]
+    s = pcs.PCSampler(standin, 0x1234, period=11, max_pcs=4)
+    s.enable()
+    assert s.reason_names == {
+        10: "smsp__pcsamp_warps_issue_stalled_long_scoreboard",
+        11: "smsp__pcsamp_warps_issue_stalled_wait",
+        12: "smsp__pcsamp_warps_issue_stalled_long_scoreboard_not_issued",
+    }
+    assert standin.standin(b"period") == 11
+    assert standin.standin(b"mode") == pcs.COLLECTION_MODE_CONTINUOUS
+    assert standin.standin(b"startstop") == 1
+    assert standin.standin(b"nreasons") == 3 and standin.standin(b"reason0") == 10
+    s.start()
+    rows, stats = s.stop()
+    got = [(r["pc_offset"], r["stall_reason"].rsplit("stalled_", 1)[1], r["count"]) for r in rows]
+    assert got == [
+        (0x40, "long_scoreboard", 5),
+        (0x50, "long_scoreboard_not_issued", 7),
+        (0x60, "long_scoreboard", 3),
+        (0x70, "wait", 2),
+    ]
+    assert {r["kernel"] for r in rows} == {"_decode_stage1"}
+    assert {r["cubin_crc"] for r in rows} == {0x9A72D27B}
+    assert stats["total_samples"] == 100 and stats["dropped_samples"] == 1
+    assert stats["get_data_calls"] == 2 == standin.standin(b"getdata")
+    # a second range reuses the buffers
+    s.start()
+    rows2, _ = s.stop()
+    assert len(rows2) == 4 and standin.standin(b"started") == 2
+    s.disable()
+
+
+def test_sampler_errors_name_the_call(standin):
+    s = pcs.PCSampler(standin, 0x9999)  # the stand-in refuses this context
+    with pytest.raises(
+        pcs.CuptiError, match="cuptiPCSamplingEnable: CUPTI_ERROR_INVALID_PARAMETER"
+    ):
+        s.enable()

@@ -13,10 +13,12 @@ below use `_pack_ = 1` plus an explicit tail pad to the 8-byte multiple (`_tail`
 `PCData` arrays (which CUPTI strides by sizeof) then have the C stride. The `*Params` structs
 and `CUpti_PCSamplingConfigurationInfo` are not packed in the header: natural C layout.
 
-Only the layouts and the constants are here and tested (on the CPU). The sampling loop that the
-issue describes (ranges on a duty cycle, CONTINUOUS mode with start/stop control, reading the
-configured buffer after Stop, then GetData until no PCs remain) is NOT written yet: it cannot be
-tested without a GPU.
+`PCSampler` (below) drives one sampling range: enable and configure, Start, Stop, read. Its
+plumbing is tested on the CPU against a stand-in libcupti compiled from C against the real
+header; it has NOT run against the real libcupti on a GPU. Nothing calls it yet: the agent's
+duty cycle (a range of ~200 ms every ~2 s, device synchronised around Start and Stop, rows
+shipped with their window) and its switch from the dashboard are still to be written, in the
+agent's server module.
 """
 
 from __future__ import annotations
@@ -243,3 +245,227 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "CUpti_GetSassToSourceCorrelationParams": CUpti_GetSassToSourceCorrelationParams,
     "CUpti_GetCubinCrcParams": CUpti_GetCubinCrcParams,
 }
+
+
+# -- the sampler (NOT RUN ON A GPU YET) ------------------------------------------------------------
+# What it does follows what worked on the H200 (issue 5): CONTINUOUS mode with start/stop
+# control, all stall reasons, a large hardware buffer, one Start/Stop around a stretch of
+# launches; after Stop, the records already in the configured buffer are read first (GetData
+# would overwrite them), then GetData until no PCs remain. The plumbing (struct filling, record
+# parsing, the order of calls) is tested on the CPU against a stand-in libcupti compiled from C
+# against the real header (tests/test_pcsampling_layout.py); the real library on a GPU is not.
+# Open questions for the GPU run: whether CUPTI allocates `functionName` per record (so it must be
+# freed) or shares it across ranges (so freeing would be a double free): nothing is freed here;
+# and whether sampling can be on while the activity API is (the issue's "not yet seen").
+CUPTI_ERRORS: dict[int, str] = {
+    1: "CUPTI_ERROR_INVALID_PARAMETER",
+    7: "CUPTI_ERROR_INVALID_OPERATION",
+    8: "CUPTI_ERROR_OUT_OF_MEMORY (hardware buffer full)",
+    14: "CUPTI_ERROR_NOT_COMPATIBLE (another profiler holds the counters)",
+    15: "CUPTI_ERROR_NOT_INITIALIZED",
+    27: "CUPTI_ERROR_NOT_SUPPORTED",
+    35: "CUPTI_ERROR_INSUFFICIENT_PRIVILEGES (ERR_NVGPUCTRPERM: counters restricted to admins)",
+    39: "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED (another profiler)",
+}
+
+
+class CuptiError(RuntimeError):
+    """A CUPTI call failed; `str()` is one line naming the call and the error."""
+
+    def __init__(self, call: str, code: int) -> None:
+        self.call, self.code = call, code
+        super().__init__(f"{call}: {CUPTI_ERRORS.get(code, f'CUPTI error {code}')}")
+
+
+def _ctx_params(cls: type[ctypes.Structure], ctx: int) -> ctypes.Structure:
+    p = cls()
+    p.size = params_size(cls, "ctx")
+    p.ctx = ctx
+    return p
+
+
+class PCBuffer:
+    """A CUpti_PCSamplingData with room for `max_pcs` records of `num_reasons` reasons each,
+    every pointer owned by this object (CUPTI writes into it; Python must keep it alive)."""
+
+    def __init__(self, max_pcs: int, num_reasons: int) -> None:
+        self.pcs = (CUpti_PCSamplingPCData * max_pcs)()
+        self.reasons = [(CUpti_PCSamplingStallReason * num_reasons)() for _ in range(max_pcs)]
+        for i in range(max_pcs):
+            self.pcs[i].size = ctypes.sizeof(CUpti_PCSamplingPCData)
+            self.pcs[i].stallReason = ctypes.cast(
+                self.reasons[i], ctypes.POINTER(CUpti_PCSamplingStallReason)
+            )
+        self.data = CUpti_PCSamplingData()
+        self.data.size = ctypes.sizeof(CUpti_PCSamplingData)
+        self.data.collectNumPcs = max_pcs
+        self.data.pPcData = ctypes.cast(self.pcs, ctypes.POINTER(CUpti_PCSamplingPCData))
+
+    def rows(self, names: dict[int, str]) -> list[dict]:
+        """The records CUPTI wrote: one row per (PC, stall reason) with samples > 0."""
+        out = []
+        for i in range(int(self.data.totalNumPcs)):
+            pc = self.pcs[i]
+            fn = pc.functionName.decode("utf-8", "replace") if pc.functionName else ""
+            for j in range(int(pc.stallReasonCount)):
+                r = pc.stallReason[j]
+                if r.samples:
+                    idx = int(r.pcSamplingStallReasonIndex)
+                    out.append(
+                        {
+                            "kernel": fn,
+                            "cubin_crc": int(pc.cubinCrc),
+                            "pc_offset": int(pc.pcOffset),
+                            "stall_reason": names.get(idx, f"reason_{idx}"),
+                            "count": int(r.samples),
+                        }
+                    )
+        return out
+
+    def stats(self) -> dict[str, int]:
+        d = self.data
+        return {
+            "total_samples": int(d.totalSamples),
+            "dropped_samples": int(d.droppedSamples),
+            "non_user_samples": int(d.nonUsrKernelsTotalSamples),
+            "hardware_buffer_full": int(d.hardwareBufferFull),
+            "range_id": int(d.rangeId),
+        }
+
+    def reset(self) -> None:
+        self.data.totalNumPcs = 0
+        self.data.remainingNumPcs = 0
+
+
+class PCSampler:
+    """PC sampling on one CUDA context through libcupti's C API (see the block comment above).
+
+    Use: `s = PCSampler(lib, ctx); s.enable(); s.start(); ...launches...; rows, stats =
+    s.stop(); s.disable()`. The caller synchronises the device before `start` and `stop` (the
+    H200 run did, and CUPTI's Stop decodes what the hardware buffer holds at that moment).
+    """
+
+    def __init__(
+        self,
+        lib: ctypes.CDLL,
+        ctx: int,
+        *,
+        period: int = 11,
+        hardware_buffer: int = 256 << 20,
+        scratch_buffer: int = 32 << 20,
+        max_pcs: int = 8192,
+    ) -> None:
+        self.lib, self.ctx = lib, ctx
+        self.period, self.hw, self.scratch, self.max_pcs = (
+            period,
+            hardware_buffer,
+            scratch_buffer,
+            max_pcs,
+        )
+        self.reason_names: dict[int, str] = {}
+        self.config_buf: PCBuffer | None = None
+        self.read_buf: PCBuffer | None = None
+        self.enabled = False
+
+    def _call(self, name: str, params: ctypes.Structure) -> None:
+        rc = getattr(self.lib, name)(ctypes.byref(params))
+        if rc != 0:
+            raise CuptiError(name, int(rc))
+
+    def stall_reasons(self) -> dict[int, str]:
+        """CUPTI's stall-reason index -> name (e.g. "smsp__pcsamp_warps_issue_stalled_wait")."""
+        n = c_size_t(0)
+        p = CUpti_PCSamplingGetNumStallReasonsParams()
+        p.size = params_size(CUpti_PCSamplingGetNumStallReasonsParams, "numStallReasons")
+        p.ctx = self.ctx
+        p.numStallReasons = ctypes.pointer(n)
+        self._call("cuptiPCSamplingGetNumStallReasons", p)
+        count = int(n.value)
+        idx = (c_uint32 * count)()
+        bufs = [ctypes.create_string_buffer(CUPTI_STALL_REASON_STRING_SIZE) for _ in range(count)]
+        ptrs = (ctypes.c_char_p * count)(*[ctypes.cast(b, ctypes.c_char_p) for b in bufs])
+        q = CUpti_PCSamplingGetStallReasonsParams()
+        q.size = params_size(CUpti_PCSamplingGetStallReasonsParams, "stallReasons")
+        q.ctx = self.ctx
+        q.numStallReasons = count
+        q.stallReasonIndex = idx
+        q.stallReasons = ptrs
+        self._call("cuptiPCSamplingGetStallReasons", q)
+        return {int(idx[i]): bufs[i].value.decode("utf-8", "replace") for i in range(count)}
+
+    def enable(self) -> None:
+        """Enable on the context and configure: all reasons, CONTINUOUS, start/stop control."""
+        self._call("cuptiPCSamplingEnable", _ctx_params(CUpti_PCSamplingEnableParams, self.ctx))
+        self.enabled = True
+        self.reason_names = self.stall_reasons()
+        n = len(self.reason_names)
+        self.config_buf = PCBuffer(self.max_pcs, n)
+        self.read_buf = PCBuffer(self.max_pcs, n)
+        self._reason_idx = (c_uint32 * n)(*sorted(self.reason_names))
+        infos = (CUpti_PCSamplingConfigurationInfo * 7)()
+        settings = [
+            (ATTR_SAMPLING_PERIOD, "samplingPeriod", self.period),
+            (ATTR_SCRATCH_BUFFER_SIZE, "scratchBufferSize", self.scratch),
+            (ATTR_HARDWARE_BUFFER_SIZE, "hardwareBufferSize", self.hw),
+            (ATTR_COLLECTION_MODE, "collectionMode", COLLECTION_MODE_CONTINUOUS),
+            (ATTR_ENABLE_START_STOP_CONTROL, "enableStartStopControl", 1),
+            (ATTR_OUTPUT_DATA_FORMAT, "outputDataFormat", OUTPUT_DATA_FORMAT_PARSED),
+        ]
+        for i, (attr, field_name, value) in enumerate(settings):
+            infos[i].attributeType = attr
+            setattr(infos[i].attributeData, field_name, value)
+        infos[6].attributeType = ATTR_STALL_REASON
+        infos[6].attributeData.stallReasonData.stallReasonCount = n
+        infos[6].attributeData.stallReasonData.pStallReasonIndex = self._reason_idx
+        self._infos = infos
+        # The sampling data buffer separately: CUPTI wants a pointer to our CUpti_PCSamplingData.
+        buf_info = (CUpti_PCSamplingConfigurationInfo * 1)()
+        buf_info[0].attributeType = ATTR_SAMPLING_DATA_BUFFER
+        buf_info[0].attributeData.samplingDataBuffer = ctypes.cast(
+            ctypes.pointer(self.config_buf.data), c_void_p
+        )
+        self._buf_info = buf_info
+        for arr, count in ((infos, 7), (buf_info, 1)):
+            p = CUpti_PCSamplingConfigurationInfoParams()
+            p.size = params_size(
+                CUpti_PCSamplingConfigurationInfoParams, "pPCSamplingConfigurationInfo"
+            )
+            p.ctx = self.ctx
+            p.numAttributes = count
+            p.pPCSamplingConfigurationInfo = arr
+            self._call("cuptiPCSamplingSetConfigurationAttribute", p)
+
+    def start(self) -> None:
+        assert self.config_buf is not None
+        self.config_buf.reset()
+        self._call("cuptiPCSamplingStart", _ctx_params(CUpti_PCSamplingStartParams, self.ctx))
+
+    def stop(self) -> tuple[list[dict], dict[str, int]]:
+        """Stop the range; its rows (configured buffer first, then GetData until empty) and
+        the range's totals (samples, dropped, hardware buffer full)."""
+        assert self.config_buf is not None and self.read_buf is not None
+        self._call("cuptiPCSamplingStop", _ctx_params(CUpti_PCSamplingStopParams, self.ctx))
+        rows = self.config_buf.rows(self.reason_names)
+        stats = self.config_buf.stats()
+        for _ in range(1_000_000):
+            self.read_buf.reset()
+            p = CUpti_PCSamplingGetDataParams()
+            p.size = params_size(CUpti_PCSamplingGetDataParams, "pcSamplingData")
+            p.ctx = self.ctx
+            p.pcSamplingData = ctypes.cast(ctypes.pointer(self.read_buf.data), c_void_p)
+            self._call("cuptiPCSamplingGetData", p)
+            rows.extend(self.read_buf.rows(self.reason_names))
+            # The range's totals are taken from the configured buffer only: whether GetData's
+            # totals repeat them or add to them is to be checked on the GPU.
+            stats["get_data_calls"] = stats.get("get_data_calls", 0) + 1
+            stats["hardware_buffer_full"] |= int(self.read_buf.data.hardwareBufferFull)
+            if self.read_buf.data.remainingNumPcs == 0 or self.read_buf.data.totalNumPcs == 0:
+                break
+        return rows, stats
+
+    def disable(self) -> None:
+        if self.enabled:
+            self.enabled = False
+            self._call(
+                "cuptiPCSamplingDisable", _ctx_params(CUpti_PCSamplingDisableParams, self.ctx)
+            )
