@@ -226,11 +226,13 @@ def starting_server(pid: int, cmd: list[str]) -> SglangServer | None:
 @dataclass
 class ServerCaptureOptions:
     """How `c` profiles through the server. `server_dir` is the folder as the server names it
-    (inside its container, if any); the default is per user so two users never share it."""
+    (inside its container, if any); by default `/tmp/kdash-sglang-UID` with the uid the
+    server's scheduler runs as: the server creates it (SGLang's profiler makes its output
+    folder), so it is the server's own and two users never share one."""
 
     num_steps: int = 20
     activities: tuple[str, ...] = ("GPU",)
-    server_dir: str = field(default_factory=lambda: f"/tmp/kdash-sglang-{os.getuid()}")
+    server_dir: str | None = None
     timeout_s: float = 60.0
     stable_s: float = 1.0
     keep_traces: bool = False  # the capture holds their rows; the .gz files are removed
@@ -246,6 +248,7 @@ class ServerJob:
     result: ServerCapture | None = None
     error: str = ""
     paused_agents: list[int] = field(default_factory=list)
+    server_dir: str = ""
     done: threading.Event = field(default_factory=threading.Event)
     _claim: threading.Lock = field(default_factory=threading.Lock)
     _claimed: bool = False
@@ -274,6 +277,7 @@ class ServerJob:
             "prefix": self.prefix,
             "phase": self.phase,
             "agents_paused": self.paused_agents,
+            "server_dir": self.server_dir,
         }
         if self.error:
             out["error"] = self.error
@@ -436,15 +440,15 @@ class SglangRecorder(Recorder):
             scheds = self.server.tree.schedulers
             where = scheds[0].pid if scheds else (self.target.pid if self.target else 0)
             opts = self.capture_opts
-            local = path_in_process(where, opts.server_dir) if where else Path(opts.server_dir)
-            try:
-                local.mkdir(parents=True, exist_ok=True)  # the server makes it too; no harm
-            except OSError as e:
-                log.info("cannot create %s here (the server may): %s", local, e)
+            server_dir = opts.server_dir or f"/tmp/kdash-sglang-{_uid_of(where)}"
+            # Not created here: made by kdash it could belong to another user than the
+            # server's (kdash as root), and the server could not write its traces into it.
+            local = path_in_process(where, server_dir) if where else Path(server_dir)
+            job.server_dir = server_dir
             job.result = capture_via_server(
                 client,
                 ranks=max(1, len(scheds)),
-                server_dir=opts.server_dir,
+                server_dir=server_dir,
                 local_dir=str(local),
                 wall_offset_ns=self.wall_offset_ns,
                 num_steps=opts.num_steps,
@@ -523,6 +527,14 @@ class SglangRecorder(Recorder):
             else:
                 cap.phase = "saved"
         self._emit("capture-failed" if failure else "capture-saved", cap)
+
+
+def _uid_of(pid: int) -> int:
+    """The real uid `pid` runs as (ours when it cannot be read)."""
+    try:
+        return psutil.Process(pid).uids().real
+    except (psutil.Error, ValueError):
+        return os.getuid()
 
 
 def describe(server: SglangServer, tree: SglangTree, info: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ retitled `sglang::scheduler_TP{n}` with setproctitle (tests/sglang_fixtures.py).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -269,13 +270,15 @@ def test_capture_cpu_activities_merges_the_ranks_traces(tmp_path):
     """Asked for CPU activity (what the stand-in's profiler records), the capture is saved
     with both ranks' step markers on kdash's clock and no kernel (honest: no GPU here)."""
     with StandIn(tp_size=2) as srv:
-        rec = _recorder(tmp_path, _server(srv.url), activities=("CPU",))
+        # the default folder: the server's (here: this process's) uid, made by the server
+        rec = _recorder(tmp_path, _server(srv.url), activities=("CPU",), server_dir=None)
         before = time.monotonic_ns()
         _capture_now(rec)
         start = [r for r in srv.requests if r[1] == "/start_profile"][-1][2]
     assert rec.capture.phase == "saved", rec.capture.error
     assert start["activities"] == ["CPU"] and start["num_steps"] == 2
-    assert start["output_dir"] == str(tmp_path / "traces")
+    folder = Path(f"/tmp/kdash-sglang-{os.getuid()}")
+    assert start["output_dir"] == str(folder)
     assert start["profile_prefix"] == rec.server_job.prefix
     cap = load_capture(rec.capture.path)
     m = cap.tables["markers"]
@@ -286,6 +289,9 @@ def test_capture_cpu_activities_merges_the_ranks_traces(tmp_path):
     assert sgc["via"] == "server /start_profile" and sgc["kernels"] == 0
     assert len(sgc["files"]) == 2 and len(cap.meta["traces"]) == 2
     assert not any(Path(f).exists() for f in sgc["files"])  # kdash's own traces cleaned up
+    assert all(Path(f).parent == folder for f in sgc["files"])
+    with contextlib.suppress(OSError):  # left empty by kdash; another run may be using it
+        folder.rmdir()
 
 
 @pytest.mark.parametrize(
