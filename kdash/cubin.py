@@ -597,3 +597,68 @@ def hot_lines_by_kernel(
                 }
             )
     return out
+
+
+# -- cubins from Triton's cache ------------------------------------------------------------------
+@dataclass(frozen=True)
+class CachedCubin:
+    """One compiled kernel in Triton's on-disk cache (`<cache>/<hash>/<name>.cubin` + `.json`)."""
+
+    name: str
+    path: str
+    arch: int | None
+    mtime_ns: int  # when Triton wrote it: the compile time `source_status` checks against
+
+
+def triton_cache_dir() -> Path:
+    """Where Triton caches compiled kernels: $TRITON_CACHE_DIR, else ~/.triton/cache."""
+    env = os.environ.get("TRITON_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".triton" / "cache"
+
+
+def triton_cached_cubins(
+    names: set[str] | None = None, cache_dir: str | os.PathLike | None = None
+) -> list[CachedCubin]:
+    """The cubins in Triton's cache, newest first, optionally only for kernel `names`.
+
+    Read from the metadata JSON Triton writes beside each cubin (its `name` and `target`), not
+    by importing Triton. Several entries per name are normal (one per specialisation); the
+    CRC in the samples says which one ran, so callers make a line table for each.
+    """
+    import json
+
+    root = Path(cache_dir) if cache_dir is not None else triton_cache_dir()
+    out: list[CachedCubin] = []
+    if not root.is_dir():
+        return out
+    for cub in root.glob("*/*.cubin"):
+        name = cub.stem
+        if names is not None and name not in names:
+            continue
+        arch = None
+        try:
+            meta = json.loads(cub.with_suffix(".json").read_text())
+            name = str(meta.get("name") or name)
+            arch = (meta.get("target") or {}).get("arch")
+            mtime = cub.stat().st_mtime_ns
+        except (OSError, ValueError):
+            continue
+        if names is not None and name not in names:
+            continue
+        out.append(CachedCubin(name, str(cub), arch if isinstance(arch, int) else None, mtime))
+    out.sort(key=lambda c: -c.mtime_ns)
+    return out
+
+
+def line_tables_from_triton_cache(
+    names: set[str], cache_dir: str | os.PathLike | None = None, nvdisasm: str | None = None
+) -> list[LineTable]:
+    """Line tables for the named kernels' cached cubins (compile time from the file's mtime)."""
+    out = []
+    for c in triton_cached_cubins(names, cache_dir):
+        try:
+            data = Path(c.path).read_bytes()
+        except OSError:
+            continue
+        out.append(line_table(data, nvdisasm, compiled_ns=c.mtime_ns))
+    return out

@@ -101,14 +101,15 @@ REASONS = [
 
 def compile_kernel(name: str, cache_dir: Path, *, line_info: bool = True) -> bytes:
     """The sm_90 cubin of `_decode_stage1` or `_decode_stage2`, compiled on the CPU."""
-    os.environ["TRITON_CACHE_DIR"] = str(cache_dir)
     import triton
     from kdash.kernels import decode_attention as da
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     old = triton.knobs.compilation.disable_line_info
+    old_cache = os.environ.get("TRITON_CACHE_DIR")
     triton.knobs.compilation.disable_line_info = not line_info
+    os.environ["TRITON_CACHE_DIR"] = str(cache_dir)  # restored below: no leak into other tests
     try:
         if name == "_decode_stage2":
             src = ASTSource(da._decode_stage2, STAGE2_SIG, STAGE2_CONST)
@@ -117,6 +118,10 @@ def compile_kernel(name: str, cache_dir: Path, *, line_info: bool = True) -> byt
         k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     finally:
         triton.knobs.compilation.disable_line_info = old
+        if old_cache is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = old_cache
     return bytes(k.asm["cubin"])
 
 

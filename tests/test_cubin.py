@@ -46,8 +46,13 @@ pytestmark = pytest.mark.skipif(not _triton_ok(), reason="triton not installed")
 
 
 @pytest.fixture(scope="session")
-def cubins(tmp_path_factory) -> dict[str, bytes]:
-    cache = tmp_path_factory.mktemp("triton-cache")
+def triton_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("triton-cache")
+
+
+@pytest.fixture(scope="session")
+def cubins(triton_cache) -> dict[str, bytes]:
+    cache = triton_cache
     return {
         "stage1": compile_kernel("_decode_stage1", cache),
         "stage2": compile_kernel("_decode_stage2", cache),
@@ -245,3 +250,18 @@ def test_store_never_ages_out_line_tables():
     st.append("pc_samples", schema.make_batch("pc_samples", t_ns=[10**12], kernel=["k"]))
     assert len(st.get("source_lines")["t_ns"]) == 1
     assert list(st.get("pc_samples")["t_ns"]) == [10**12]
+
+
+@needs_nvdisasm
+def test_line_tables_from_triton_cache(cubins, triton_cache, tmp_path_factory):
+    """The session's compile wrote Triton's cache into a private folder: the cubins found
+    there are the very bytes `triton.compile` returned, with a compile time to check against."""
+    cache = triton_cache
+    found = cubin.triton_cached_cubins({"_decode_stage1"}, cache)
+    assert found and {c.name for c in found} == {"_decode_stage1"} and found[0].arch == 90
+    assert cubins["stage1"] in {Path(c.path).read_bytes() for c in found}
+    tables = cubin.line_tables_from_triton_cache({"_decode_stage1"}, cache)
+    assert tables and all(t.compiled_ns and t.has_lines for t in tables)
+    assert cubin.source_status(tables[0]) == {str(DECODE): "ok"}
+    assert cubin.triton_cached_cubins({"nope"}, cache) == []
+    assert cubin.triton_cached_cubins(None, tmp_path_factory.mktemp("empty")) == []
