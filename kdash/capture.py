@@ -46,6 +46,27 @@ class Capture:
         return schema.from_frame(table, df)
 
 
+def check_new_path(path: str | os.PathLike) -> Path:
+    """The path a new capture will be written to (`.kdash` added), or a one-line UserError.
+
+    kdash never overwrites a capture: an existing file is an error, not a replacement.
+    """
+    from kdash.errors import UserError
+
+    path = Path(path)
+    if path.suffix != SUFFIX:
+        path = path.with_name(path.name + SUFFIX)
+    if path.is_dir():
+        raise UserError(f"{path} is a folder; give a file name for the capture")
+    if not path.parent.exists():
+        raise UserError(f"no such folder: {path.parent}")
+    if not os.access(path.parent, os.W_OK):
+        raise UserError(f"cannot write in {path.parent}: permission denied")
+    if path.exists():
+        raise UserError(f"{path} exists; remove it or choose another name (kdash never overwrites)")
+    return path
+
+
 def write_capture(path: str | os.PathLike, meta: dict, tables: dict[str, schema.Batch]) -> Path:
     """Write atomically; returns the final path. `tables` maps table name -> batch."""
     import pyarrow as pa

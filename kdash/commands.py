@@ -29,17 +29,9 @@ def build_sources(target, gpus: list[int] | None, interval_s: float) -> list:
 
 
 def _check_output(path: Path) -> Path:
-    if path.suffix != ".kdash":
-        path = path.with_name(path.name + ".kdash")
-    if path.is_dir():
-        raise UserError(f"{path} is a folder; give a file name for the capture")
-    if not path.parent.exists():
-        raise UserError(f"no such folder: {path.parent}")
-    if not os.access(path.parent, os.W_OK):
-        raise UserError(f"cannot write in {path.parent}: permission denied")
-    if path.exists():
-        raise UserError(f"{path} exists; remove it or choose another name (kdash never overwrites)")
-    return path
+    from kdash.capture import check_new_path
+
+    return check_new_path(path)
 
 
 def _check_capture_dir(d: Path | None) -> Path:
