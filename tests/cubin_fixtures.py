@@ -14,6 +14,8 @@ should move to it.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -99,30 +101,50 @@ REASONS = [
 ]
 
 
-def compile_kernel(name: str, cache_dir: Path, *, line_info: bool = True) -> bytes:
-    """The sm_90 cubin of `_decode_stage1` or `_decode_stage2`, compiled on the CPU."""
+def _compile_here(name: str, line_info: bool) -> bytes:
+    """In a process where triton was imported without TRITON_INTERPRET (see compile_kernels)."""
     import triton
     from kdash.kernels import decode_attention as da
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    old = triton.knobs.compilation.disable_line_info
-    old_cache = os.environ.get("TRITON_CACHE_DIR")
     triton.knobs.compilation.disable_line_info = not line_info
-    os.environ["TRITON_CACHE_DIR"] = str(cache_dir)  # restored below: no leak into other tests
-    try:
-        if name == "_decode_stage2":
-            src = ASTSource(da._decode_stage2, STAGE2_SIG, STAGE2_CONST)
-        else:
-            src = ASTSource(da._decode_stage1, STAGE1_SIG, STAGE1_CONST)
-        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    finally:
-        triton.knobs.compilation.disable_line_info = old
-        if old_cache is None:
-            os.environ.pop("TRITON_CACHE_DIR", None)
-        else:
-            os.environ["TRITON_CACHE_DIR"] = old_cache
+    if name == "_decode_stage2":
+        src = ASTSource(da._decode_stage2, STAGE2_SIG, STAGE2_CONST)
+    else:
+        src = ASTSource(da._decode_stage1, STAGE1_SIG, STAGE1_CONST)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     return bytes(k.asm["cubin"])
+
+
+def compile_kernels(specs: list[tuple[str, bool]], cache_dir: Path) -> list[bytes]:
+    """sm_90 cubins of `(kernel name, line info?)` pairs, compiled on the CPU.
+
+    In a child process: the kernel tests set TRITON_INTERPRET=1 before triton is first imported,
+    which turns every `@triton.jit` function of this pytest process into an interpreted one
+    (not compilable), and compiling here could leave state behind for them. The child gets the
+    environment without TRITON_INTERPRET and a private TRITON_CACHE_DIR.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(cache_dir)
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    outs = [Path(cache_dir) / f"out-{i}.cubin" for i in range(len(specs))]
+    args = [x for (n, li), o in zip(specs, outs, strict=True) for x in (n, str(int(li)), str(o))]
+    subprocess.run(
+        [sys.executable, __file__, *args], env=env, check=True, capture_output=True, timeout=600
+    )
+    return [o.read_bytes() for o in outs]
+
+
+def compile_kernel(name: str, cache_dir: Path, *, line_info: bool = True) -> bytes:
+    """The sm_90 cubin of `_decode_stage1` or `_decode_stage2` (see `compile_kernels`)."""
+    return compile_kernels([(name, line_info)], cache_dir)[0]
+
+
+if __name__ == "__main__":
+    argv = sys.argv[1:]
+    for i in range(0, len(argv), 3):
+        Path(argv[i + 2]).write_bytes(_compile_here(argv[i], argv[i + 1] == "1"))
 
 
 def fixture_samples(
