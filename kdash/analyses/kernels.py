@@ -112,8 +112,30 @@ def top_kernels(kernels: pd.DataFrame, limit: int | None = None) -> pd.DataFrame
     return out.head(limit) if limit else out
 
 
-def idle_gaps(kernels: pd.DataFrame, min_gap_us: float = 100.0) -> pd.DataFrame:
-    """Intervals on each device where no kernel ran for at least `min_gap_us`."""
+ACTIVITY_DOMAIN = "kdash"  # markers rows the agent writes for its recording windows
+ACTIVITY_NAME = "activity on"
+
+
+def recorded_windows(markers: pd.DataFrame) -> pd.DataFrame | None:
+    """The agent's sampling windows (start_ns, end_ns), or None when activity was continuous
+    or the capture predates the duty cycle (then everything between kernels was recorded)."""
+    if markers is None or markers.empty or "domain" not in markers:
+        return None
+    w = markers[(markers["domain"] == ACTIVITY_DOMAIN) & (markers["name"] == ACTIVITY_NAME)]
+    if w.empty:
+        return None
+    return w[["start_ns", "end_ns"]].sort_values("start_ns").reset_index(drop=True)
+
+
+def idle_gaps(
+    kernels: pd.DataFrame, min_gap_us: float = 100.0, windows: pd.DataFrame | None = None
+) -> pd.DataFrame:
+    """Intervals on each device where no kernel ran for at least `min_gap_us`.
+
+    With the agent's sampling `windows` (see `recorded_windows`), only the part of a gap that
+    lies inside a window counts: time between windows was not recorded, so calling it idle
+    would be a false finding.
+    """
     cols = ["device", "start_ns", "end_ns", "gap_us"]
     if kernels.empty:
         return pd.DataFrame(columns=cols)
@@ -125,7 +147,14 @@ def idle_gaps(kernels: pd.DataFrame, min_gap_us: float = 100.0) -> pd.DataFrame:
         gap = starts[1:] - ends[:-1]
         idx = np.nonzero(gap >= min_gap_us * 1e3)[0]
         for i in idx:
-            rows.append((int(dev), int(ends[i]), int(starts[i + 1]), gap[i] / 1e3))
+            a, b = int(ends[i]), int(starts[i + 1])
+            if windows is None:
+                rows.append((int(dev), a, b, (b - a) / 1e3))
+                continue
+            for ws, we in windows.itertuples(index=False):
+                lo, hi = max(a, int(ws)), min(b, int(we))
+                if hi - lo >= min_gap_us * 1e3:
+                    rows.append((int(dev), lo, hi, (hi - lo) / 1e3))
     return pd.DataFrame(rows, columns=cols)
 
 
