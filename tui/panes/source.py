@@ -4,7 +4,9 @@ What it shows, for the kernel with the most GPU time in the window (or the one p
 kernel table with `f`):
 
 - a header: the kernel, its share of GPU time, the file and line, "following" or "pinned";
-- the source around the selected line, syntax-highlighted (rich `Syntax`, the file read from
+- the source around the selected line (centred, because a stall is charged to the instruction
+  that waits, the consumer of a load or the one after a barrier, so the cause is often a
+  neighbour), syntax-highlighted (rich `Syntax`, the file read from
   disk once and cached by mtime), with a heat gutter (the line's share of the kernel's PC
   samples and a shade relative to the hottest line) and `▶` on the selected line, centred;
 - the selected line's stall reasons as a ranked bar list with their meanings in plain words
@@ -27,6 +29,7 @@ A source file that changed since the line table was made is flagged in the heade
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +52,7 @@ NO_SAMPLES = (
     "Source: no kernel data — the hottest kernel's source shows here once the agent records "
     "kernels (`kdash run -- CMD`)"
 )
+HOTTEST_EVERY_S = 1.0
 STALL_ROWS = 4  # bars under the code, when the pane has the room
 SHADES = " ░▒▓█"
 
@@ -190,6 +194,7 @@ class SourcePane(Pane):
         self._selected: dict[tuple[str, bool], int] = {}  # (kernel, sass) -> line / row
         self._hot_key: tuple = ()
         self._hot: pd.DataFrame | None = None
+        self._hot_at = 0.0
         self._tables_rows = -1
         self._tables: list[cubin.LineTable] = []
         self._live_index: ti.TritonIndex | None = None
@@ -205,14 +210,22 @@ class SourcePane(Pane):
 
     # -- data -------------------------------------------------------------------------------
     def _hottest(self, view: View, batch: dict[str, np.ndarray]) -> pd.DataFrame:
-        """GPU time per kernel name in the window, hottest first (cached per window)."""
+        """GPU time per kernel name in the window, hottest first.
+
+        Cached per window in a replay; live, recomputed at most once a second (factorize +
+        bincount: tens of ms at 100k kernels, too much for every 2 Hz redraw on the UI thread).
+        """
         key = (view.since_ns, view.until_ns, len(batch["start_ns"]))
-        if key != self._hot_key or self._hot is None:
+        now = time.monotonic()
+        fresh = view.mode == "live" and now - self._hot_at < HOTTEST_EVERY_S
+        if self._hot is None or (key != self._hot_key and not fresh):
             dur = np.clip(batch["end_ns"] - batch["start_ns"], 0, None).astype(np.float64)
-            s = pd.Series(dur).groupby(pd.Series(batch["name"])).sum().sort_values(ascending=False)
-            self._hot = pd.DataFrame({"name": s.index, "ns": s.to_numpy()})
+            codes, names = pd.factorize(batch["name"])
+            tot = np.bincount(codes, weights=dur, minlength=len(names)) if len(codes) else dur
+            order = np.argsort(-tot, kind="stable")
+            self._hot = pd.DataFrame({"name": np.asarray(names)[order], "ns": tot[order]})
             self._hot["pct"] = 100.0 * self._hot["ns"] / (float(self._hot["ns"].sum()) or 1.0)
-            self._hot_key = key
+            self._hot_key, self._hot_at = key, now
         return self._hot
 
     def _line_tables(self, view: View) -> list[cubin.LineTable]:
