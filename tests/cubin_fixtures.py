@@ -108,7 +108,10 @@ def _compile_here(name: str, line_info: bool) -> bytes:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    triton.knobs.compilation.disable_line_info = not line_info
+    if hasattr(triton, "knobs"):  # Triton >= 3.4
+        triton.knobs.compilation.disable_line_info = not line_info
+    else:  # older Triton reads the environment at compile time
+        os.environ["TRITON_DISABLE_LINE_INFO"] = "0" if line_info else "1"
     if name == "_decode_stage2":
         src = ASTSource(da._decode_stage2, STAGE2_SIG, STAGE2_CONST)
     else:
