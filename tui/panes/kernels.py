@@ -19,22 +19,34 @@ from textual.app import ComposeResult
 from textual.widgets import DataTable, Static
 
 from kdash import schema
-from kdash.analyses.kernels import idle_gaps, launch_latency, short_name, top_kernels
+from kdash.analyses.kernels import (
+    idle_gaps,
+    launch_latency,
+    recorded_windows,
+    short_name,
+    top_kernels,
+)
 
 from ..widgets.spark import busy_fraction, shade
 from .base import Pane, View
 
 NO_KERNELS = (
-    "Kernel timeline: no kernel data — needs the in-process agent: start the target with "
-    "`kdash run -- CMD` (coming with the agent)"
+    "Kernel timeline: no kernel data — needs the kdash agent in the target: start it with "
+    "`kdash run -- CMD` (the agent source's health in the status bar and `?` says why)"
 )
 MAX_LANES = 8
 ANALYSIS_EVERY_S = 1.0
 
 
-def analysis_notes(kernels: pd.DataFrame, api: pd.DataFrame) -> str:
-    """GPU idle gaps and launch-to-start latency, in one line ("" when neither applies)."""
-    gaps = idle_gaps(kernels)
+def analysis_notes(
+    kernels: pd.DataFrame, api: pd.DataFrame, markers: pd.DataFrame | None = None
+) -> str:
+    """GPU idle gaps and launch-to-start latency, in one line ("" when neither applies).
+
+    With a duty-cycled agent only gaps inside its recording windows count as idle.
+    """
+    windows = recorded_windows(markers) if markers is not None else None
+    gaps = idle_gaps(kernels, windows=windows)
     lat = launch_latency(kernels, api)
     notes = []
     if not gaps.empty:
@@ -92,15 +104,18 @@ class KernelPane(Pane):
         if self._analysed_key != key and due:
             self._analysed_key, self._analysed_at = key, now
             api = view.store.get("api", view.since_ns, view.until_ns)
-            self._analyse(key, batch, api)
+            markers = view.store.get("markers", view.since_ns, view.until_ns)
+            self._analyse(key, batch, api, markers)
         self.lanes.update(self._lanes(view, batch))
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="kernel-analysis")
-    def _analyse(self, key: tuple, batch: dict, api: dict) -> None:
+    def _analyse(self, key: tuple, batch: dict, api: dict, markers: dict) -> None:
         """Top kernels, GPU idle gaps and launch-to-start latency, off the UI thread."""
         kernels = schema.to_frame("kernels", batch)
         top = top_kernels(kernels, limit=50)
-        notes = analysis_notes(kernels, schema.to_frame("api", api))
+        notes = analysis_notes(
+            kernels, schema.to_frame("api", api), schema.to_frame("markers", markers)
+        )
         self.app.call_from_thread(self._apply_analysis, key, top, notes)
 
     def _apply_analysis(self, key: tuple, top: pd.DataFrame, notes: str) -> None:
