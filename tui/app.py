@@ -782,6 +782,8 @@ class KdashApp(App[None]):
             at = next(i for i, b in enumerate(keys) if b.key == "4") + 1
             keys[at:at] = self.SGLANG_BINDINGS[:1]
             keys.insert(1, self.SGLANG_BINDINGS[1])
+        # The source pane's own keys (active while it has focus) belong in the list too.
+        keys += [b for b in SourcePane.BINDINGS if isinstance(b, Binding) and b.key in "nNs"]
         self.push_screen(HelpScreen(keys, self.mode, self.status_info().sources))
 
     async def action_quit(self) -> None:
