@@ -131,6 +131,12 @@ def compile_kernels(specs: list[tuple[str, bool]], cache_dir: Path) -> list[byte
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(cache_dir)
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    # The child must compile the same copy of the kernels this process imports: the checkout
+    # (`python -m pytest` from its root puts it first) or the installed package.
+    import kdash
+
+    here = str(Path(kdash.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [env.get("PYTHONPATH")])])
     outs = [Path(cache_dir) / f"out-{i}.cubin" for i in range(len(specs))]
     args = [x for (n, li), o in zip(specs, outs, strict=True) for x in (n, str(int(li)), str(o))]
     subprocess.run(

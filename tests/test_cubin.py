@@ -27,7 +27,9 @@ from kdash import triton_index as ti
 from kdash.capture import load_capture, write_capture
 
 REPO = Path(__file__).resolve().parents[1]
-DECODE = REPO / "kernels" / "decode_attention.py"
+# Where the kernels are imported from (the checkout, or site-packages when installed); found
+# without importing the module, which would import triton at collection time.
+DECODE = Path(importlib.util.find_spec("kdash.kernels.decode_attention").origin).resolve()
 
 NVDISASM, WHY_NO_NVDISASM = cubin.find_nvdisasm()
 needs_nvdisasm = pytest.mark.skipif(NVDISASM is None, reason=WHY_NO_NVDISASM)

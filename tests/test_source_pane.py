@@ -13,6 +13,7 @@ installed Triton: an edit to that file (or a Triton upgrade) is an intended chan
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import time
 from pathlib import Path
@@ -30,7 +31,8 @@ from kdash import cubin, schema
 from kdash.capture import load_capture
 
 DEMO = Path(__file__).resolve().parents[1] / "kdash" / "data" / "demo-h200.kdash"
-DECODE = Path(__file__).resolve().parents[1] / "kernels" / "decode_attention.py"
+# The installed or checked-out copy, found without importing it (that would import triton).
+DECODE = Path(importlib.util.find_spec("kdash.kernels.decode_attention").origin).resolve()
 NVDISASM, WHY = cubin.find_nvdisasm()
 
 

@@ -32,7 +32,7 @@ from .base import Pane, View
 
 NO_KERNELS = (
     "Kernel timeline: no kernel data — needs the kdash agent in the target: start it with "
-    "`kdash run -- CMD` (the agent source's health in the status bar and `?` says why)"
+    "`kdash run -- CMD` (`?` shows why)"
 )
 MAX_LANES = 8
 ANALYSIS_EVERY_S = 1.0
