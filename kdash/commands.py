@@ -406,9 +406,27 @@ def bundled_demo() -> Path:
     return path
 
 
+def workload_missing() -> str:
+    """Why the live demo workload cannot run in this interpreter ("" when it can).
+
+    torch and triton are not kdash's runtime dependencies (they are large and the user's GPU
+    stack picks their builds), so a plain `pip install kdash` on a GPU machine may lack them.
+    """
+    import importlib.util
+
+    missing = [m for m in ("torch", "triton") if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"the live demo needs {' and '.join(missing)} with CUDA in this Python"
+    return ""
+
+
 def cmd_demo(args) -> int:
-    live = has_gpu() and not args.replay
+    gpu = has_gpu()
+    why_not_live = workload_missing() if gpu else ""
+    live = gpu and not args.replay and not why_not_live
     if args.headless:
+        if gpu and why_not_live:
+            raise UserError(f"`kdash demo --headless` records the live workload: {why_not_live}")
         if not live:
             raise UserError(
                 "`kdash demo --headless` records the live workload: needs an "
@@ -422,7 +440,13 @@ def cmd_demo(args) -> int:
 
         meta = read_meta(path)
         title = meta.get("title") or "replay of the kdash demo workload recorded on an H200"
-        return open_capture(path, args.theme, title=f"{title} (no GPU here: replay)")
+        if why_not_live:
+            reason = f"replay: {why_not_live}"
+        elif args.replay:
+            reason = "replay"
+        else:
+            reason = "no GPU here: replay"
+        return open_capture(path, args.theme, title=f"{title} ({reason})")
     return _demo_live(args)
 
 
