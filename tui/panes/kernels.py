@@ -73,9 +73,12 @@ class KernelPane(Pane):
         self.analyses_applied = 0  # results of the analysis worker shown (tests wait on it)
         self.lanes = Static("", classes="lanes", markup=False)
         self.table = DataTable(cursor_type="row", zebra_stripes=False, classes="top-kernels")
+        # A fixed name column (short names are cut to 40): auto-width would depend on whether
+        # the first fill landed before or after the first layout, and the table would jump.
+        self.table.add_column("kernel", width=40)
         self.table.add_columns(
-            "kernel", "calls", "total ms", "%", "mean µs", "p50 µs", "p99 µs", "grid", "block",
-            "regs", "smem",
+            "calls", "total ms", "%", "mean µs", "p50 µs", "p99 µs", "grid", "block", "regs",
+            "smem",
         )  # fmt: skip
 
     def compose(self) -> ComposeResult:
