@@ -435,16 +435,12 @@ def tree_from_url(url: str, proc_root: Path = Path("/proc")) -> SglangTree:
 # -- GPUs ----------------------------------------------------------------------------------
 def read_environ(pid: int, proc_root: Path = Path("/proc")) -> dict[str, str] | None:
     """A process's environment, or None when /proc/PID/environ cannot be read."""
+    from kdash.target import read_environ as _read
+
     try:
-        raw = (proc_root / str(pid) / "environ").read_bytes()
+        return _read(pid, proc_root)
     except OSError:
         return None
-    env = {}
-    for item in raw.split(b"\0"):
-        k, sep, v = item.partition(b"=")
-        if sep:
-            env[k.decode(errors="replace")] = v.decode(errors="replace")
-    return env
 
 
 def local_gpu_id(ranks: Ranks, info: Mapping[str, object]) -> int:

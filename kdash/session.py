@@ -26,6 +26,7 @@ from kdash import clock, schema
 from kdash.capture import write_capture
 from kdash.collectors.base import Source, safe_call, safe_poll
 from kdash.config import Thresholds
+from kdash.errors import UserError
 from kdash.store import Store
 from kdash.target import Target
 
@@ -252,8 +253,16 @@ class Recorder:
             path = base.with_name(f"{base.stem}-{n}.kdash")
         return path
 
+    def _before_write(self, cap: CaptureState) -> None:
+        """Hook: work that must finish before the window is cut (e.g. a server's profile)."""
+
+    def _extra_failure(self, cap: CaptureState) -> str:
+        """Hook: a one-line failure of that extra work ("" when none); the window is kept."""
+        return ""
+
     def _write_capture(self) -> None:
         cap = self.capture
+        self._before_write(cap)
         try:
             path = self.write_window(
                 cap.start_ns, cap.end_ns, self.capture_path(cap.trigger_ns), cap.trigger_ns
@@ -262,13 +271,20 @@ class Recorder:
             log.exception("capture failed")
             with self._lock:
                 cap.phase = "failed"
-                cap.error = f"{type(e).__name__}: {e}" if not isinstance(e, OSError) else str(e)
+                cap.error = (
+                    str(e) if isinstance(e, OSError | UserError) else f"{type(e).__name__}: {e}"
+                )
             self._emit("capture-failed", cap)
             return
+        failure = self._extra_failure(cap)
         with self._lock:
-            cap.phase = "saved"
             cap.path = path
-        self._emit("capture-saved", cap)
+            if failure:
+                cap.phase = "failed"
+                cap.error = f"{failure} (host-only window saved: {path})"
+            else:
+                cap.phase = "saved"
+        self._emit("capture-failed" if failure else "capture-saved", cap)
 
     def write_window(
         self, start_ns: int, end_ns: int, path: Path, trigger_ns: int | None = None

@@ -56,7 +56,7 @@ from kdash.collectors.sglang_tree import (
     tree_from_url,
 )
 from kdash.errors import UserError
-from kdash.session import Recorder, RecorderOptions
+from kdash.session import CaptureState, Recorder, RecorderOptions
 from kdash.store import Store
 from kdash.target import Target
 
@@ -498,35 +498,18 @@ class SglangRecorder(Recorder):
                     log.info("could not remove %s: %s", f, e)
         return written
 
-    def _write_capture(self) -> None:
-        """The window as the base class writes it, after the server's traces (if any) came;
-        a server-side failure makes the capture "failed" with its one line, the host window
-        still saved."""
-        cap = self.capture
+    def _before_write(self, cap: CaptureState) -> None:
+        """Wait for the server's traces (if this capture asked for them) before the window
+        is cut; a server-side failure then makes the capture "failed" with its one line,
+        the host window still saved (see `_extra_failure`)."""
         job = self._job_for(cap.seq)
         if job is not None:
             self.run_server_job(job)  # a no-op wait when the app's worker has it already
             job.done.wait(self.capture_opts.timeout_s + 30)
-        try:
-            path = self.write_window(
-                cap.start_ns, cap.end_ns, self.capture_path(cap.trigger_ns), cap.trigger_ns
-            )
-        except Exception as e:  # noqa: BLE001 - reported in the status bar, never raised
-            log.exception("capture failed")
-            with self._lock:
-                cap.phase = "failed"
-                cap.error = str(e) if isinstance(e, OSError | UserError) else f"{e!r}"
-            self._emit("capture-failed", cap)
-            return
-        failure = job.failure() if job is not None else ""
-        with self._lock:
-            cap.path = path
-            if failure:
-                cap.phase = "failed"
-                cap.error = f"{failure} (host-only window saved: {path})"
-            else:
-                cap.phase = "saved"
-        self._emit("capture-failed" if failure else "capture-saved", cap)
+
+    def _extra_failure(self, cap: CaptureState) -> str:
+        job = self._job_for(cap.seq)
+        return job.failure() if job is not None else ""
 
 
 def _uid_of(pid: int) -> int:

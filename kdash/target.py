@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 
@@ -56,3 +57,17 @@ class Target:
             "host": self.host,
             "uid": os.getuid(),
         }
+
+
+def read_environ(pid: int, proc_root: Path = Path("/proc")) -> dict[str, str]:
+    """The environment a process was started with (/proc/PID/environ); raises OSError.
+
+    Undecodable bytes are replaced, not fatal: an odd variable must not hide the others.
+    """
+    raw = (proc_root / str(pid) / "environ").read_bytes()
+    env = {}
+    for item in raw.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep:
+            env[k.decode(errors="replace")] = v.decode(errors="replace")
+    return env

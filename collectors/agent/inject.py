@@ -184,13 +184,9 @@ def python_version_of(pid: int, exe: str) -> tuple[str | None, str | None]:
 
 
 def _target_env(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes()
-    env = {}
-    for item in raw.split(b"\0"):
-        k, sep, v = item.partition(b"=")
-        if sep:
-            env[k.decode(errors="replace")] = v.decode(errors="replace")
-    return env
+    from kdash.target import read_environ
+
+    return read_environ(pid)
 
 
 _PROBE = """
