@@ -1106,6 +1106,25 @@ def test_walk_with_periodic_stretches_matches_a_record_by_record_walk():
     del buf
 
 
+def test_walk_finds_graph_length_periods_and_short_runs_inside_them():
+    """A CUDA graph's replays: one launch call, then a run of kernels, repeated. The walk must
+    take the whole period (19, 41 records), including when runs of one kind inside it also look
+    periodic, and must agree with a record-by-record walk where the pattern breaks."""
+    fake = _fake_module()
+    base = fake.generated_specs(10**12, n=3)
+    api, kern, other = base[0], base[1], base[-5]
+    pattern = ([api] + [kern] * 18) * 60 + [other] + ([api] + [kern] * 40) * 12
+    pattern += [kern] * 7 + ([api, api] + [kern] * 5) * 30 + [api]
+    buf, objs = fake.materialize(pattern)
+    r = server.RecordConverter(fake, pid=1).reader
+    first = objs[0].ptr
+    span = objs[-1].ptr + r.sizes[objs[-1].kind] - first
+    _views, kinds, offs, _ = r.walk_span(first, span)
+    assert offs.tolist() == [o.ptr - first for o in objs]
+    assert kinds.tolist() == [o.kind for o in objs]
+    del buf
+
+
 # ---- the duty cycle ---------------------------------------------------------------------------
 
 
