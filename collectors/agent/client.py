@@ -90,6 +90,7 @@ class AgentSource:
         period_ms: int = server.DUTY_PERIOD_MS,
         on_ms: int = server.DUTY_ON_MS,
         finalize_on_detach: bool = False,
+        finalize_windows: bool = False,
     ) -> None:
         self.pid = pid
         self.socket_path = socket_path
@@ -100,6 +101,7 @@ class AgentSource:
         self.period_ms = period_ms
         self.on_ms = on_ms
         self.finalize_on_detach = finalize_on_detach
+        self.finalize_windows = finalize_windows
         self._gone = False  # the reader saw the agent close: later send errors say nothing new
         self.health: Health = Health("starting", f"connecting to the agent in pid {pid}")
         self.hello: dict[str, Any] = {}
@@ -253,6 +255,8 @@ class AgentSource:
             start = {"activities": self.activities, **self._duty_fields()}
             if self.finalize_on_detach:
                 start["finalize_on_detach"] = True
+            if self.finalize_windows:
+                start["finalize_windows"] = True
             if int(hello.body.get("agent_version", 1)) < 2:
                 start = {"activities": self.activities}  # an old agent: always continuous
             self._send(wire.encode_control(wire.MsgType.START, start))

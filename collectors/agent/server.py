@@ -1172,6 +1172,7 @@ class CuptiActivity:
         self.enabled_at_ns = 0  # monotonic ns just before the kinds were (re-)enabled
         self.disabled_at_ns = 0  # monotonic ns just after they were all disabled
         self.finalized = 0
+        self.register_ns = 0  # time spent re-registering buffer callbacks after a finalize
         self.narrow_ns = 0  # agent-thread time re-narrowing API records at window starts
         self.resumes = 0
 
@@ -1294,34 +1295,7 @@ class CuptiActivity:
             ) from None
         with self._lock:
             self._sink = sink
-        # (Re-)register on every START: a profiler that ran in between (torch.profiler) has
-        # registered its own buffer callbacks and CUPTI keeps only the last registration.
-        self.mode = "objects"
-        if self.use_raw and self.converter is not None and self.converter.reader is not None:
-            try:
-                if self.raw is None:
-                    path, why = find_libcupti()
-                    if path is None:
-                        raise RuntimeError(why)
-                    self.raw = RawBuffers(path, self._raw_buffer)
-                rc = self.raw.register()
-                if rc != 0:
-                    raise RuntimeError(f"cuptiActivityRegisterCallbacks returned {rc}")
-                self.mode = "raw"
-                self._registered = True
-            except Exception as e:  # noqa: BLE001 - cupti-python's callbacks still work
-                self.use_raw = False
-                self.raw_note = f"raw CUPTI buffers not used ({type(e).__name__}: {e})"
-        if self.mode != "raw":
-            try:
-                cu.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
-                self._registered = True
-            except Exception as e:  # noqa: BLE001
-                if not self._registered:
-                    with self._lock:
-                        self._sink = None
-                    raise Unavailable(self._with_hint(self._describe_error(e))) from None
-                self.note(f"re-registering buffer callbacks: {self._describe_error(e)}")
+        self._register()
         self.enabled = []
         self.paused = []
         self.enabled_at_ns = time.monotonic_ns()
@@ -1352,6 +1326,41 @@ class CuptiActivity:
                 "NVTX ranges need `kdash run --nvtx` (NVTX_INJECTION64_PATH=<libcupti.so> "
                 "set when the target starts)"
             )
+
+    def _register(self) -> None:
+        """Give CUPTI our buffer callbacks (raw buffers, else cupti-python's record objects).
+
+        Done on every START: a profiler that ran in between (torch.profiler) has registered
+        its own buffer callbacks and CUPTI keeps only the last registration; and after a
+        cuptiFinalize (a duty-cycle window with `finalize_windows`) CUPTI has forgotten ours.
+        """
+        cu = self.cupti
+        self.mode = "objects"
+        if self.use_raw and self.converter is not None and self.converter.reader is not None:
+            try:
+                if self.raw is None:
+                    path, why = find_libcupti()
+                    if path is None:
+                        raise RuntimeError(why)
+                    self.raw = RawBuffers(path, self._raw_buffer)
+                rc = self.raw.register()
+                if rc != 0:
+                    raise RuntimeError(f"cuptiActivityRegisterCallbacks returned {rc}")
+                self.mode = "raw"
+                self._registered = True
+            except Exception as e:  # noqa: BLE001 - cupti-python's callbacks still work
+                self.use_raw = False
+                self.raw_note = f"raw CUPTI buffers not used ({type(e).__name__}: {e})"
+        if self.mode != "raw":
+            try:
+                cu.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+                self._registered = True
+            except Exception as e:  # noqa: BLE001
+                if not self._registered:
+                    with self._lock:
+                        self._sink = None
+                    raise Unavailable(self._with_hint(self._describe_error(e))) from None
+                self.note(f"re-registering buffer callbacks: {self._describe_error(e)}")
 
     def _narrow_api_records(self, enable: bool) -> None:
         """Keep only launch, synchronize, copy and set API records (enable=True), or put back
@@ -1421,6 +1430,15 @@ class CuptiActivity:
         errors = []
         kinds, self.paused = self.paused, []
         self.enabled_at_ns = time.monotonic_ns()
+        if not self._registered:  # a cuptiFinalize at the last window's end
+            t0 = time.perf_counter_ns()
+            try:
+                self._register()
+                self.register_ns += time.perf_counter_ns() - t0
+            except Unavailable as e:
+                self.paused = kinds
+                self.last_error = f"re-registering after cuptiFinalize: {e.line}"
+                return self.last_error
         for act, kind in kinds:
             try:
                 self._kind_on(kind)
@@ -1639,6 +1657,7 @@ class Agent:
         self._duty = DutyCycle()
         self.on_ns = 0  # total time CUPTI activity was on, over all sessions
         self.windows_sent = 0
+        self.finalize_ns = 0  # time spent in cuptiFinalize at window ends (finalize_windows)
         self.last_disconnect = ""
 
     # lifecycle
@@ -1772,6 +1791,8 @@ class Agent:
             "kinds_on": c.kinds_on() if c else [],
             "buffers_requested": c.raw.requested if c and c.raw else 0,
             "finalized": c.finalized if c else 0,
+            "finalize_ms": round(self.finalize_ns / 1e6, 3),
+            "resume_register_ms": round(c.register_ns / 1e6, 3) if c else 0.0,
             "narrow_us_per_window": round(c.narrow_ns / c.resumes / 1e3, 1)
             if c and c.resumes
             else None,
@@ -1809,6 +1830,7 @@ class Agent:
         waiting: list[str] | None = None  # START received, CUPTI not on yet (or paused)
         last_sent: tuple[str, str] | None = None
         finalize_on_detach = False
+        finalize_windows = False  # cuptiFinalize at every duty-cycle window's end (opt-in)
         self._duty = DutyCycle()
         # the duty cycle while active: is the current window on, since when, and the next edge
         phase_on = False
@@ -1862,8 +1884,14 @@ class Agent:
                     self._add_window(win_start_ns, t)
                     win_start_ns, next_edge = t, now + d.period_s
                 elif phase_on:
-                    c.pause()
+                    err = c.pause()
                     self._add_window(win_start_ns, c.disabled_at_ns)
+                    if finalize_windows and not err:
+                        t0 = time.perf_counter_ns()
+                        err = c.finalize()
+                        self.finalize_ns += time.perf_counter_ns() - t0
+                        if err:
+                            c.last_error = err
                     phase_on = False
                     next_edge = period_start + d.period_s
                     if next_edge <= now:  # this thread was held up: no catching up in bursts
@@ -1911,6 +1939,7 @@ class Agent:
                             continue
                         self._duty = duty
                         finalize_on_detach = msg.body.get("finalize_on_detach") is True
+                        finalize_windows = msg.body.get("finalize_windows") is True
                         waiting = acts
                         self._next_try = 0.0
                         if self._cupti is not None:
