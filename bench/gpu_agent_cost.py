@@ -11,16 +11,19 @@ Targets (each started under `kdash run`'s hook, `bootstrap.run_env`):
   once in a CUDA graph and replayed with a sync per step, as a server's decode loop does.
 
 Per target, in this order (each segment 3 s after 1 s settling; rates are the target's own
-iterations/s from its tick lines):
+iterations/s from its tick lines; `after_X` is the rate once X has detached):
 
-1. `before`: nothing attached;
-2. `duty_finalize`: kdash's default duty cycle (100 ms of every 1 s) with cuptiFinalize at
-   every window's end (START `finalize_windows`) and on detach; then `after_duty_finalize`;
-3. `continuous_finalize`: activity always on, cuptiFinalize on detach; then `after_...`;
-4. `duty`: the duty cycle without any cuptiFinalize; then `after_duty` (what CUPTI leaves
-   behind once initialised: the reason finalize exists);
-5. (decode only) `truth`: kdash continuous for 3 s, then torch.profiler inside the target
-   (SIGUSR1) for 3 s: per-kernel mean durations of both, matched by name.
+* eager: `before`, then continuous activity with only `kernels`, with `kernels,runtime`, with
+  kdash's full default set, then kdash's default duty cycle (100 ms of every 1 s), each
+  followed by its `after_` segment: which kinds cost what;
+* graph and decode: `before`, the default duty cycle, continuous with `kernels` only,
+  continuous with the full set, each with its `after_`;
+* decode also `truth`: kdash's per-kernel mean durations (the continuous full-set segment)
+  against torch.profiler's, run inside the target (SIGUSR1) after kdash has detached.
+
+No cuptiFinalize here: the first run of this script (bench/results/agent-cost-h200-finalize.json)
+showed that cuptiFinalize at a window's end kills a target that replays CUDA graphs ("unspecified
+launch failure" at its next synchronize), on both graph targets.
 
 Run from the repository root on the GPU machine: `python bench/gpu_agent_cost.py`
 (writes $OUT/agent-cost-h200.json, else bench/results/).
@@ -236,11 +239,20 @@ def run_target(mode: str, env: dict, script: Path) -> dict:
     pid = tgt.proc.pid
     windows: dict[str, tuple[int, int]] = {}
     windows["before"] = measure(tgt, settle=2.0)
-    plan = (
-        ("duty_finalize", {"finalize_windows": True, "finalize_on_detach": True}),
-        ("continuous_finalize", {"continuous": True, "finalize_on_detach": True}),
-        ("duty", {}),
-    )
+    kinds = ["kernels"]
+    if mode == "eager":
+        plan = [
+            ("kernels_only", {"continuous": True, "activities": kinds}),
+            ("kernels_runtime", {"continuous": True, "activities": kinds + ["runtime"]}),
+            ("continuous", {"continuous": True}),
+            ("duty", {}),
+        ]
+    else:
+        plan = [
+            ("duty", {}),
+            ("kernels_only", {"continuous": True, "activities": kinds}),
+            ("continuous", {"continuous": True}),
+        ]
     truth_kernels: list[dict] = []
     for name, kw in plan:
         rows: dict = {}
@@ -249,11 +261,11 @@ def run_target(mode: str, env: dict, script: Path) -> dict:
         res[name] = {"health": health, "rows": rows, "stats": stats}
         res[name]["probe_after"] = wait_idle(pid)
         windows["after_" + name] = measure(tgt)
-        if name == "continuous_finalize":
+        if name == "continuous":
             truth_kernels = kernels
     if mode == "decode":
         # kdash's kernel means (the continuous segment above) vs torch.profiler's, now that
-        # kdash has detached with cuptiFinalize (the profiler is the one CUPTI client)
+        # kdash has detached (the profiler is then CUPTI's one client)
         os.kill(pid, signal.SIGUSR1)
         end = time.monotonic() + 30
         line = None
