@@ -18,6 +18,7 @@ Run: `python bench/gpu_graph_cupti.py` from the repository root, kdash and cupti
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import platform
@@ -173,6 +174,7 @@ def time_replays(g, max_reps=40, max_s=2.5) -> float:
 
 
 def main() -> int:
+    faulthandler.enable()
     OUT.mkdir(parents=True, exist_ok=True)
     res: dict = {
         "command": "python bench/gpu_graph_cupti.py",
@@ -183,10 +185,12 @@ def main() -> int:
         },
         "graphs": {},
     }
+    bodies = build_bodies()  # CUDA is initialised before CUPTI is touched, as in a target
+    torch.cuda.synchronize()
     cupti.activity_register_callbacks(_requested, _completed)
     ck = cupti.ActivityKind.CONCURRENT_KERNEL
     gt = cupti.ActivityKind.GRAPH_TRACE
-    for name, body in build_bodies().items():
+    for name, body in bodies.items():
         g = capture(body)
         r: dict = {"off_ms": time_replays(g)}
         counted.update(records=0, kernels=0, graph=0)
