@@ -190,6 +190,7 @@ def main() -> int:
     torch.cuda.synchronize()
     cupti.activity_register_callbacks(_requested, _completed)
     ck = cupti.ActivityKind.CONCURRENT_KERNEL
+    graphs = {}
     for name, body in bodies.items():
         g = capture(body)
         r: dict = {"off_ms": time_replays(g)}
@@ -216,7 +217,52 @@ def main() -> int:
         res["graphs"][name] = r
         print(name, json.dumps(r), flush=True)
         (OUT / "graph-cupti-h200.json").write_text(json.dumps(res, indent=2) + "\n")
+        if name in ("tiny", "decode8"):
+            graphs[name] = g
+    # The agent's pattern: a second thread flushing while the target replays
+    res["flush_variants"] = {}
+    for name, g in graphs.items():
+        v: dict = {"off_ms": time_replays(g)}
+        cupti.activity_enable(ck)
+        v["on_no_flush_ms"] = time_replays(g)
+        for label, flag, every in (("flush0_every_200ms", 0, 0.2), ("forced_every_1s", 1, 1.0)):
+            v[label + "_ms"], v[label + "_call_ms"] = with_flusher(g, flag, every)
+        cupti.activity_flush_period(200)
+        v["cupti_flush_period_200ms_ms"] = time_replays(g)
+        cupti.activity_flush_period(0)
+        cupti.activity_disable(ck)
+        cupti.activity_flush_all(1)
+        res["flush_variants"][name] = v
+        print(name, "flush", json.dumps(v), flush=True)
+        (OUT / "graph-cupti-h200.json").write_text(json.dumps(res, indent=2) + "\n")
     return 0
+
+
+def with_flusher(g, flag: int, every: float) -> tuple[float, dict]:
+    """Replay timing while another thread calls cuptiActivityFlushAll(flag) every `every` s;
+    and how long those calls took (median, max ms)."""
+    import threading
+
+    stop = threading.Event()
+    calls: list[float] = []
+
+    def loop() -> None:
+        while not stop.wait(every):
+            t0 = time.perf_counter()
+            cupti.activity_flush_all(flag)
+            calls.append((time.perf_counter() - t0) * 1e3)
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    ms = time_replays(g, max_reps=400, max_s=3.0)
+    stop.set()
+    t.join()
+    took = {
+        "n": len(calls),
+        "median": round(statistics.median(calls), 3) if calls else None,
+        "max": round(max(calls), 3) if calls else None,
+    }
+    return ms, took
 
 
 if __name__ == "__main__":
