@@ -214,6 +214,7 @@ def activity_flush_all(flag):
     if _raw is not None and _raw.fake_registered():
         _corr[0] += 1
         bad = 1 if os.environ.get("FAKE_CUPTI_BAD_RAW") else 0
+        bad = 2 if os.environ.get("FAKE_CUPTI_BAD_TIMES") else bad
         _raw.fake_emit(1000, get_timestamp(), 1, _corr[0], bad)
         return
     if _callbacks is None:
@@ -1001,8 +1002,9 @@ int fake_emit(int n, uint64_t now, int with_api, uint32_t marker_id, int bad) {
         }
         if (off + 216 + 112 > size) break;
         uint8_t *k = buf + off; memset(k, 0, 216);
-        p32(k, 0, (bad && i == 0) ? 999 : 10); p16(k, 6, 64);
-        p64(k, 16, now - 3000 + i); p64(k, 24, now - 1000 + i); p32(k, 48, 7);
+        p32(k, 0, (bad == 1 && i == 0) ? 999 : 10); p16(k, 6, 64);
+        p64(k, 16, now - 3000 + i);
+        p64(k, 24, (bad == 2 && i % 50 == 49) ? 0 : now - 1000 + i); p32(k, 48, 7);
         p32(k, 52, 128); p32(k, 56, 1); p32(k, 60, 1); p32(k, 64, 256); p32(k, 68, 1);
         p32(k, 72, 1); p32(k, 76, 1024); p32(k, 80, 49152); p32(k, 92, i + 1);
         p64(k, 104, (uint64_t)(uintptr_t)names[i % 3]); p32(k, 156, (i % 2) ? 5 : 0);
@@ -1078,6 +1080,28 @@ def test_unreadable_raw_buffer_switches_to_cupti_python_objects(fake_libcupti):
         assert src.stats["agent_discarded_bytes"] > 0  # the unreadable buffer, counted
         names = set(np.concatenate([b["name"] for b in got["kernels"]]))
         assert names == {"fake_gemm_0", "fake_gemm_1", "fake_gemm_2"}  # the objects path
+        src.stop()
+    finally:
+        rc, out, err = finish(p)
+    assert rc == 0 and out.startswith("done"), err
+
+
+def test_kernel_records_with_impossible_times_are_dropped_not_a_reason_to_slow_down(
+    fake_libcupti,
+):
+    """CUPTI writes a few kernel records with impossible times under CUDA-graph replays (seen
+    on the H200): the agent drops and counts them and keeps reading raw buffers."""
+    p = start_target(8.0, {**fake_libcupti, "FAKE_CUPTI_BAD_TIMES": "1"})
+    try:
+        wait_socket(p.pid)
+        src = AgentSource(p.pid, continuous=True)
+        src.start()
+        assert wait_for(lambda: src.health.ok, 5), str(src.health)
+        got = drain(src, 1.5)
+        assert wait_for(lambda: src.stats.get("agent_bad_time_records"), 3), src.stats
+        assert src.stats["agent_record_reader"] == "raw buffers", src.stats.get("agent_notes")
+        k = {c: np.concatenate([b[c] for b in got["kernels"]]) for c in ("start_ns", "end_ns")}
+        assert len(k["start_ns"]) >= 1000 and np.all(k["end_ns"] >= k["start_ns"])
         src.stop()
     finally:
         rc, out, err = finish(p)
