@@ -95,11 +95,13 @@ def main() -> int:
     cupti.activity_disable(rt)
     cupti.activity_flush_all(1)
     r["after_runtime_narrowed"] = rate()
+    restore_fail = 0
     for c in cbids:
         try:
             cupti.activity_enable_runtime_api(c, 1)
-        except Exception:  # noqa: BLE001
-            pass
+        except Exception:  # noqa: BLE001 - counted
+            restore_fail += 1
+    res["restore_failures"] = restore_fail
     r["after_restore_to_1"] = rate()
     r["before_again_check"] = rate()
     base = r["before"]
