@@ -3,8 +3,9 @@ same capture with PC samples added.
 
 The samples are a FIXTURE (tests/cubin_fixtures.py): `_decode_stage1` compiled here for sm_90
 (a real cubin, its line table from nvdisasm), with seeded counts over its real PC offsets and
-real H200 stall-reason names. No PC samples recorded on a GPU exist yet; when they do, these
-tests should move to them.
+real H200 stall-reason names. They drive the pane's keys on a cubin built here; the same
+pane on PC samples recorded on the H200 (and the cubins they came from) is tested in
+tests/test_h200_pcsamples.py.
 
 Snapshots show kernels/decode_attention.py as it is in the checkout and a cubin compiled by the
 installed Triton: an edit to that file (or a Triton upgrade) is an intended change that needs
