@@ -5,26 +5,180 @@ rarely the one that launches kernels. This source rescans the tree (once a secon
 `AgentSource` to every process that has an agent socket, and merges their batches. Processes
 that have an agent but no CUDA context yet (a tokenizer, a detokenizer) stay "starting" and do
 not count against health.
+
+It also keeps the rate bookkeeping behind the status bar's "kdash cost ≈ N%" (`CostMeter`):
+the agents' counters are cumulative, so rates come from deltas between successive STATS
+snapshots; the model that turns rates into a slowdown is `kdash.analyses.cost`.
+
+`kdash attach --no-inject` reaches this source as `inject_allowed=False`: the user forbade
+putting an agent into a live process, and the one line for "no agent" says so (see
+`no_agent_reason`) rather than suggesting what the user has ruled out.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass, replace
+from typing import Any
 
 from kdash.collectors.agent.client import AgentSource, agent_failure_note, find_agent_socket
 from kdash.collectors.base import OK, Health, safe_call, safe_poll
 
 from kdash import schema
+from kdash.analyses.cost import duty_fraction, estimated_cost
 from kdash.schema import Batch
 from kdash.target import Target
+
+NO_INJECT = "injection off: --no-inject"
+
+
+def no_agent_reason(pid: int, note: str | None, inject_allowed: bool) -> str:
+    """The one line for a tree with no agent. Under `--no-inject` it names the flag, so the
+    user knows the kernel pane is empty by their choice; the start-up hook's failure note, if
+    any, still comes first (it says why an agent that was armed did not start)."""
+    if not inject_allowed:
+        why = f"; {note}" if note else "; start the target with `kdash run -- CMD`"
+        return f"no agent in pid {pid} ({NO_INJECT}){why}"
+    why = f": {note}" if note else " (start the target with `kdash run -- CMD`)"
+    return f"no kdash agent in pid {pid} or its children{why}"
+
+
+@dataclass(frozen=True)
+class AgentCounters:
+    """One agent's cumulative counters from a STATS snapshot, stamped with the poll time
+    (monotonic ns) at which this snapshot was first seen."""
+
+    t_ns: int
+    kernels: int  # kernel rows the agent sent, all sessions
+    api: int  # API rows the agent sent
+    on_ns: int  # total time activity was on
+    cpu_ns: int  # agent callback CPU time in the target
+    duty: float | None  # fraction of time activity is on now (None: not said yet)
+
+    def same_counts(self, other: AgentCounters) -> bool:
+        return (self.kernels, self.api, self.on_ns, self.cpu_ns) == (
+            other.kernels,
+            other.api,
+            other.on_ns,
+            other.cpu_ns,
+        )
+
+
+def counters_from_stats(stats: dict[str, Any], t_ns: int) -> AgentCounters | None:
+    """The counters of an `AgentSource.stats` dict, or None before the first STATS reply.
+
+    The mode comes from the STATUS "sampling" field when there is one (it follows a switch at
+    once), else from the last STATS reply's.
+    """
+    sent = stats.get("agent_sent_rows")
+    on_ns, cpu_ns = stats.get("agent_on_ns"), stats.get("agent_callback_cpu_ns")
+    if not isinstance(sent, dict) or on_ns is None or cpu_ns is None:
+        return None
+    try:
+        return AgentCounters(
+            t_ns=int(t_ns),
+            kernels=int(sent.get("kernels", 0)),
+            api=int(sent.get("api", 0)),
+            on_ns=int(on_ns),
+            cpu_ns=int(cpu_ns),
+            duty=duty_fraction(stats.get("sampling") or stats.get("agent_sampling")),
+        )
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class AgentRates:
+    kernels_per_on_s: float  # kernel records per second of activity
+    api_per_on_s: float  # API records per second of activity
+    cpu_ns_per_s: float  # agent CPU ns per wall second
+
+
+def rates_between(a: AgentCounters, b: AgentCounters) -> AgentRates | None:
+    """Rates over the span from snapshot `a` to the later `b`; None when activity was not on
+    in between (no record rate to learn) or a counter went back (the agent restarted)."""
+    d_on, d_t = b.on_ns - a.on_ns, b.t_ns - a.t_ns
+    d_k, d_api, d_cpu = b.kernels - a.kernels, b.api - a.api, b.cpu_ns - a.cpu_ns
+    if d_on <= 0 or d_t <= 0 or min(d_k, d_api, d_cpu) < 0:
+        return None
+    on_s = d_on / 1e9
+    return AgentRates(d_k / on_s, d_api / on_s, d_cpu / (d_t / 1e9))
+
+
+class CostMeter:
+    """Per-agent rates from successive stats snapshots, and the tree's cost estimate.
+
+    Rates are learnt over spans of at least `min_span_s`: the agent's counters move in steps
+    (STATS once a second, on-time added when a duty window closes), so a shorter span would
+    swing between 0 and twice the truth. Record rates are per second of activity, so a switch
+    between sampling and continuous changes the estimate at once (the duty fraction is read
+    from the newest snapshot) without waiting for a new span. A snapshot identical to the
+    last one is the same STATS reply seen again by a later poll and is skipped, so that its
+    wall time is when it first arrived.
+    """
+
+    def __init__(self, min_span_s: float = 2.0) -> None:
+        self.min_span_ns = int(min_span_s * 1e9)
+        self._base: dict[int, AgentCounters] = {}
+        self._last: dict[int, AgentCounters] = {}
+        self._rates: dict[int, AgentRates] = {}
+
+    def update(self, pid: int, stats: dict[str, Any], t_ns: int) -> None:
+        snap = counters_from_stats(stats, t_ns)
+        if snap is None:
+            return
+        last = self._last.get(pid)
+        if last is not None and last.same_counts(snap):
+            if snap.duty != last.duty:  # a mode switch: keep the first-seen time
+                self._last[pid] = replace(last, duty=snap.duty)
+            return
+        self._last[pid] = snap
+        base = self._base.get(pid)
+        if base is None or min(snap.kernels - base.kernels, snap.on_ns - base.on_ns) < 0:
+            self._base[pid] = snap  # first snapshot, or the counters restarted
+            return
+        if snap.t_ns - base.t_ns < self.min_span_ns:
+            return
+        rates = rates_between(base, snap)
+        if rates is not None:
+            self._rates[pid] = rates
+            self._base[pid] = snap
+
+    def retain(self, pids: set[int] | list[int]) -> None:
+        """Forget agents that are gone (or paused away)."""
+        keep = set(pids)
+        for d in (self._base, self._last, self._rates):
+            for pid in [p for p in d if p not in keep]:
+                del d[pid]
+
+    def estimate(self) -> float | None:
+        """The largest per-process estimate (a TP server runs as fast as its slowest rank),
+        or None while no agent has rates and a mode yet."""
+        costs = []
+        for pid, r in self._rates.items():
+            last = self._last.get(pid)
+            if last is None or last.duty is None:
+                continue
+            costs.append(
+                estimated_cost(r.kernels_per_on_s, r.api_per_on_s, last.duty, r.cpu_ns_per_s)
+            )
+        return max(costs) if costs else None
 
 
 class AgentTreeSource:
     name = "agent"
 
-    def __init__(self, target: Target, rescan_s: float = 1.0, interval_s: float = 0.25) -> None:
+    def __init__(
+        self,
+        target: Target,
+        rescan_s: float = 1.0,
+        interval_s: float = 0.25,
+        inject_allowed: bool = True,
+    ) -> None:
         self.target = target
+        self.inject_allowed = inject_allowed  # False: `attach --no-inject`
+        self.cost = CostMeter()
         self.rescan_s = rescan_s
         self.interval_s = interval_s
         self.agents: dict[int, AgentSource] = {}
@@ -89,9 +243,12 @@ class AgentTreeSource:
             if time.monotonic() >= self._next_scan:
                 self._scan()
             parts: dict[str, list[Batch]] = {}
-            for src in self.agents.values():
+            mono_ns = time.monotonic_ns()
+            for pid, src in self.agents.items():
                 for table, batch in safe_poll(src, now_ns).items():
                     parts.setdefault(table, []).append(batch)
+                self.cost.update(pid, dict(src.stats), mono_ns)
+            self.cost.retain(self.agents)
             if not self.paused:
                 self._update_health()
         return {t: schema.concat(t, bs) for t, bs in parts.items()}
@@ -101,6 +258,11 @@ class AgentTreeSource:
             for src in self.agents.values():
                 safe_call(src, "stop")
 
+    def cost_estimate(self) -> float | None:
+        """kdash's estimated slowdown of the target (a fraction), None while unknown."""
+        with self._lock:
+            return self.cost.estimate() if self.agents else None
+
     def dropped(self) -> int:
         return sum(src.dropped() for src in self.agents.values())
 
@@ -108,8 +270,7 @@ class AgentTreeSource:
         pid = self.target.pid
         if not self.agents:
             note = agent_failure_note(pid)
-            why = f": {note}" if note else " (start the target with `kdash run -- CMD`)"
-            self.health = Health.unavailable(f"no kdash agent in pid {pid} or its children{why}")
+            self.health = Health.unavailable(no_agent_reason(pid, note, self.inject_allowed))
             return
         states = {p: s.health for p, s in self.agents.items()}
         active = [p for p, h in states.items() if h.ok]

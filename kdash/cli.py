@@ -151,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY",
         help="the server's --api-key/--admin-api-key (default: $KDASH_SGLANG_API_KEY)",
     )
+    a.add_argument(
+        "--no-inject",
+        action="store_true",
+        help="never put the kdash agent into the live process; without an agent already in "
+        "it (`kdash run`), only host data is shown",
+    )
     live_options(a)
 
     rn = sub.add_parser(

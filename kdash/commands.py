@@ -15,8 +15,14 @@ DEMO_CAPTURE = "demo-h200.kdash"
 
 
 # -- shared pieces -------------------------------------------------------------------------
-def build_sources(target, gpus: list[int] | None, interval_s: float) -> list:
-    """Host sources that work against any pid (scheduler, NVML) and the tree's kdash agents."""
+def build_sources(
+    target, gpus: list[int] | None, interval_s: float, inject_allowed: bool = True
+) -> list:
+    """Host sources that work against any pid (scheduler, NVML) and the tree's kdash agents.
+
+    `inject_allowed` False (`attach --no-inject`) is handed to the agent source, which decides
+    what the kernel pane says when the tree has no agent.
+    """
     from kdash.collectors.agents import AgentTreeSource
     from kdash.collectors.nvml import NvmlSource
     from kdash.collectors.sched import SchedSource
@@ -24,7 +30,7 @@ def build_sources(target, gpus: list[int] | None, interval_s: float) -> list:
     return [
         SchedSource(target, interval_s=interval_s),
         NvmlSource(target, gpus=gpus, interval_s=interval_s),
-        AgentTreeSource(target),
+        AgentTreeSource(target, inject_allowed=inject_allowed),
     ]
 
 
@@ -179,7 +185,9 @@ def cmd_attach(args) -> int:
         server = discover_from_pid(args.pid, api_key)
     root = server.tree.root.pid if server is not None and server.tree.root else args.pid
     target = Target.from_pid(root)
-    sources = build_sources(target, args.gpus, args.interval) + _sglang_sources(server, args)
+    inject_allowed = not getattr(args, "no_inject", False)
+    sources = build_sources(target, args.gpus, args.interval, inject_allowed)
+    sources += _sglang_sources(server, args)
     if args.headless:
         return _record_headless(target, args, sources, server=server)
     cap_dir = _check_capture_dir(args.capture_dir)

@@ -235,3 +235,22 @@ def test_run_headless_arms_the_agent(tmp_path):
     assert "no kdash agent" not in agent  # the agent was found in the child
     assert env_log.read_text().strip().splitlines()[0] == "1"
     assert len(k.read_capture(out)["threads"]) > 0
+
+
+def test_attach_no_inject(tmp_path, busy_pid):
+    """`--no-inject` is accepted and documented, and a tree without an agent records the one
+    line that says the flag is why there are no kernels (the host sources go on)."""
+    r = kdash("attach", "--help")
+    assert r.returncode == 0 and "--no-inject" in r.stdout
+    out = tmp_path / "noinject.kdash"
+    r = kdash(
+        "attach", "--pid", busy_pid, "--no-inject", "--headless", "--duration", 1, "--output", out
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(kdash("report", out, "--json").stdout)
+    agent = doc["sources"]["agent"]
+    assert f"no agent in pid {busy_pid} (injection off: --no-inject)" in agent, agent
+    assert len(agent.splitlines()) == 1
+    assert doc["tables"]["threads"] > 0  # the scheduler source still recorded
+    r = kdash("run", "--no-inject", "--", sys.executable, "-c", "pass")
+    assert_one_line_error(r, "--no-inject")  # attach only: `run` starts the agent itself

@@ -146,6 +146,27 @@ int standin(const char *w) {
     if (!strcmp(w, "started")) return started;
     return -1;
 }
+/* and a stand-in CUDA driver: two devices, only device 1's primary context active */
+static int retained[2], pushes, syncs;
+int cuInit(unsigned f) { return 0; }
+int cuDeviceGetCount(int *n) { *n = 2; return 0; }
+int cuDeviceGet(int *d, int ordinal) { *d = ordinal; return 0; }
+int cuDevicePrimaryCtxGetState(int d, unsigned *flags, int *active) {
+    *flags = 0; *active = (d == 1); return 0;
+}
+int cuDevicePrimaryCtxRetain(void **ctx, int d) { retained[d]++; *ctx = (void *)0x1234; return 0; }
+int cuDevicePrimaryCtxRelease(int d) { retained[d]--; return 0; }
+int cuCtxPushCurrent(void *ctx) { if (ctx != (void *)0x1234) return 1; pushes++; return 0; }
+int cuCtxPopCurrent(void **old) { pushes--; *old = (void *)0x1234; return 0; }
+int cuCtxSynchronize(void) { syncs++; return 0; }
+int standin_cuda(const char *w) {
+    if (!strcmp(w, "retained0")) return retained[0];
+    if (!strcmp(w, "retained1")) return retained[1];
+    if (!strcmp(w, "pushes")) return pushes;
+    if (!strcmp(w, "syncs")) return syncs;
+    if (!strcmp(w, "enabled")) return enabled;
+    return -1;
+}
 CUptiResult cuptiPCSamplingGetNumStallReasons(CUpti_PCSamplingGetNumStallReasonsParams *p) {
     if (p->size != CUpti_PCSamplingGetNumStallReasonsParamsSize) return 1;
     *p->numStallReasons = 3; return 0;
@@ -265,10 +286,21 @@ def test_sampler_plumbing_against_the_standin(standin):
     assert {r["cubin_crc"] for r in rows} == {0x9A72D27B}
     assert stats["total_samples"] == 100 and stats["dropped_samples"] == 1
     assert stats["get_data_calls"] == 2 == standin.standin(b"getdata")
-    # a second range reuses the buffers
+    # a second range reuses the buffers, read with numpy this time: the same rows
     s.start()
-    rows2, _ = s.stop()
-    assert len(rows2) == 4 and standin.standin(b"started") == 2
+    cols, stats2 = s.stop_columns()
+    got2 = list(
+        zip(
+            cols["pc_offset"].tolist(),
+            [r.rsplit("stalled_", 1)[1] for r in cols["stall_reason"]],
+            cols["count"].tolist(),
+            strict=True,
+        )
+    )
+    assert got2 == got and standin.standin(b"started") == 2
+    assert set(cols["kernel"]) == {"_decode_stage1"}
+    assert set(cols["cubin_crc"].view("u8").tolist()) == {0x9A72D27B}
+    assert stats2["get_data_calls"] == 2
     s.disable()
 
 
@@ -278,3 +310,24 @@ def test_sampler_errors_name_the_call(standin):
         pcs.CuptiError, match="cuptiPCSamplingEnable: CUPTI_ERROR_INVALID_PARAMETER"
     ):
         s.enable()
+
+
+def test_sampling_range_on_the_active_primary_context_only(standin, tmp_path):
+    """SamplingRanges retains the primary context of the device the target uses (device 1
+    here; device 0 has none and must not get one), runs one range with the context current,
+    synchronised around it, and leaves PC sampling disabled and the context released."""
+    path = standin._name
+    standin.standin_cuda.argtypes = [ctypes.c_char_p]
+    r = pcs.SamplingRanges(path, libcuda=path)
+    assert r.cuda.ordinal == 1
+    assert standin.standin_cuda(b"retained0") == 0 and standin.standin_cuda(b"retained1") == 1
+    cols, stats = r.run(0.01)
+    assert sorted(cols["pc_offset"].tolist()) == [0x40, 0x50, 0x60, 0x70]
+    assert stats["total_samples"] == 100 and "stop_cpu_ms" in stats and "enable_ms" in stats
+    assert standin.standin_cuda(b"syncs") >= 2
+    assert standin.standin_cuda(b"pushes") == 0  # popped again
+    assert standin.standin_cuda(b"enabled") == 0  # disabled after the range
+    r.run(0.01)
+    assert r.ranges == 2
+    r.close()
+    assert standin.standin_cuda(b"retained1") == 0

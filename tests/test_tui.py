@@ -637,3 +637,92 @@ def test_bins_hold_short_gaps_but_not_a_stalled_source():
     assert list(bits[:4]) == [0, 4, 4, 4]  # -1 (n/a) holds the previous bits
     assert bits[11] == 4 and bits[10] == 1
     assert fmt(float("nan")) == "n/a" and fmt(-1) == "n/a" and fmt(3.14159, ".1f", " W") == "3.1 W"
+
+
+class _FakeAgents:
+    """Stands in for `AgentTreeSource` (a real one needs an agent with CUPTI, i.e. a GPU): it
+    records each `set_continuous` call and whether it came on the UI (main) thread."""
+
+    name = "agent"
+
+    def __init__(self, pids: list[int]) -> None:
+        import threading
+
+        from kdash.collectors.base import Health
+
+        self._main = threading.main_thread()
+        self._health_cls = Health
+        self.pids = pids
+        self.continuous = False
+        self.calls: list[tuple[bool, bool]] = []
+        self.health = Health("ok", "sampling 10% (100 ms/s)") if pids else Health("starting", "")
+
+    def start(self) -> None:
+        pass
+
+    def poll(self, now_ns: int) -> dict:
+        return {}
+
+    def stop(self) -> None:
+        pass
+
+    def active_pids(self) -> list[int]:
+        return list(self.pids)
+
+    def set_continuous(self, on: bool) -> None:
+        import threading
+
+        self.calls.append((on, threading.current_thread() is self._main))
+        self.continuous = on
+        self.health = self._health_cls("ok", "continuous" if on else "sampling 10% (100 ms/s)")
+
+    def cost_estimate(self) -> float | None:
+        return 0.2916 if self.continuous else 0.02916
+
+
+async def test_activity_key_switches_every_agent_off_the_ui_thread(make_app, tmp_path):
+    """`a`: continuous and back, through the agent source, in a worker; the status bar says
+    the mode and the cost estimate of each."""
+    from kdash.session import Recorder, RecorderOptions
+
+    agents = _FakeAgents([11, 12])
+    rec = Recorder([agents], Store(retention_s=30), None, RecorderOptions(capture_dir=tmp_path))
+    app = make_app(store=rec.store, meta={}, mode="live", recorder=rec, redraw_hz=10)
+    async with app.run_test(size=(160, 40)) as pilot:
+        assert await wait_for(
+            pilot, lambda: "activity sampled, kdash cost ≈ 3%" in status_text(app)
+        )
+        await pilot.press("a")
+        assert await wait_for(pilot, lambda: agents.calls == [(True, False)]), agents.calls
+        assert await wait_for(
+            pilot, lambda: "activity continuous, kdash cost ≈ 29%" in status_text(app)
+        )
+        assert any("continuous" in n.message for n in app._notifications)
+        await pilot.press("a")
+        assert await wait_for(pilot, lambda: agents.calls == [(True, False), (False, False)])
+        assert await wait_for(pilot, lambda: "activity sampled" in status_text(app))
+
+
+async def test_activity_key_without_an_agent_says_so(make_app, tmp_path):
+    from kdash.session import Recorder, RecorderOptions
+
+    agents = _FakeAgents([])
+    rec = Recorder([agents], Store(retention_s=30), None, RecorderOptions(capture_dir=tmp_path))
+    app = make_app(store=rec.store, meta={}, mode="live", recorder=rec)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("a")
+        await pilot.pause(0.3)
+        assert agents.calls == []
+        notes = [n.message for n in app._notifications]
+        assert any("no kdash agent attached" in m for m in notes), notes
+        assert "activity" not in status_text(app) and "kdash cost" not in status_text(app)
+
+
+def test_kernel_pane_line_under_no_inject():
+    from kdash.tui.panes.kernels import empty_line as kernel_empty_line
+
+    health = "unavailable: no agent in pid 42 (injection off: --no-inject); start the target"
+    line = kernel_empty_line(health)
+    assert line.startswith("Kernel timeline: no agent in pid 42 (injection off: --no-inject)")
+    assert "\n" not in line
+    assert kernel_empty_line("unavailable: no kdash agent in pid 42") == NO_KERNELS

@@ -221,6 +221,17 @@ def short_cmdline(cmd: str, width: int = 32) -> str:
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
+def activity_label(agent_health: str) -> str:
+    """ "sampled" or "continuous" from the agent source's health ("ok: sampling 10% (100
+    ms/s)", "ok: continuous"); "" when no agent records (the status bar then says nothing of
+    activity or cost: there is none)."""
+    if agent_health.startswith("ok: continuous"):
+        return "continuous"
+    if agent_health.startswith("ok: sampling"):
+        return "sampled"
+    return ""
+
+
 class KdashApp(App[None]):
     """The dashboard. See the module docstring for live vs replay, redraw and themes."""
 
@@ -246,6 +257,7 @@ class KdashApp(App[None]):
         Binding("r", "reset_window", "reset the window (follow live / whole capture)"),
         Binding("g", "gpu_detail", "clocks pane: all GPUs dense (when many) / full detail"),
         Binding("f", "pin_kernel", "source pane: pin the table's kernel / follow"),
+        Binding("a", "toggle_activity", "kernel activity: duty-cycled / continuous (costs more)"),
         Binding("question_mark", "help", "this help"),
         Binding("q", "quit", "quit"),
         # Over SSH people press ctrl+c to leave a monitor (top, nvitop); Textual would copy.
@@ -581,6 +593,11 @@ class KdashApp(App[None]):
                 info.capture = f"capture failed: {cap.error}"
             info.sources = {s.name: str(s.health) for s in rec.sources}
             info.poll_ms = rec.poll_cost_ms
+            agent = self.agent_source()
+            if agent is not None:
+                info.activity = activity_label(str(agent.health))
+                estimate = getattr(agent, "cost_estimate", None)
+                info.cost = estimate() if estimate is not None and info.activity else None
             info.dropped = self.store.overflowed()
         else:
             info.sources = {str(k): str(v) for k, v in (self.meta.get("sources") or {}).items()}
@@ -772,6 +789,36 @@ class KdashApp(App[None]):
         for pane in self.main_query(SourcePane):
             kernel = pane.kernel_for_table_row(cell) if cell else None
             self.notify(pane.toggle_pin(kernel), timeout=3)
+
+    def agent_source(self):
+        """The live agent tree source (anything with `set_continuous`), or None (replay)."""
+        for src in getattr(self.recorder, "sources", None) or []:
+            if getattr(src, "name", "") == "agent" and hasattr(src, "set_continuous"):
+                return src
+        return None
+
+    def action_toggle_activity(self) -> None:
+        """`a`: every attached agent between its duty cycle and continuous kernel activity.
+
+        Continuous shows every kernel but cost a graph-replayed decode loop ~29% on the H200,
+        so it is the user's explicit choice, and the status bar's cost estimate follows it.
+        The switch itself is a socket write per agent under the source's lock (which a poll
+        may hold), so it runs in a thread worker, never on the UI thread.
+        """
+        src = self.agent_source()
+        pids = src.active_pids() if src is not None else []
+        if not pids:
+            self.notify("no kdash agent attached: kernel activity cannot be switched", timeout=4)
+            return
+        on = not bool(getattr(src, "continuous", False))
+        self._set_activity(src, on)
+        what = "continuous (every kernel; costs the target more)" if on else "duty-cycled"
+        self.notify(f"kernel activity: {what} in {len(pids)} process(es)", timeout=4)
+
+    @work(thread=True, exit_on_error=False, name="activity", group="activity")
+    def _set_activity(self, src, on: bool) -> None:
+        src.set_continuous(on)
+        self.call_from_thread(self._update_status)
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):

@@ -24,6 +24,9 @@ agent's server module.
 from __future__ import annotations
 
 import ctypes
+from typing import Any
+
+import numpy as np
 
 c_size_t = ctypes.c_size_t
 c_uint8 = ctypes.c_uint8
@@ -247,16 +250,17 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
 }
 
 
-# -- the sampler (NOT RUN ON A GPU YET) ------------------------------------------------------------
-# What it does follows what worked on the H200 (issue 5): CONTINUOUS mode with start/stop
-# control, all stall reasons, a large hardware buffer, one Start/Stop around a stretch of
-# launches; after Stop, the records already in the configured buffer are read first (GetData
-# would overwrite them), then GetData until no PCs remain. The plumbing (struct filling, record
-# parsing, the order of calls) is tested on the CPU against a stand-in libcupti compiled from C
-# against the real header (tests/test_pcsampling_layout.py); the real library on a GPU is not.
-# Open questions for the GPU run: whether CUPTI allocates `functionName` per record (so it must be
-# freed) or shares it across ranges (so freeing would be a double free): nothing is freed here;
-# and whether sampling can be on while the activity API is (the issue's "not yet seen").
+# -- the sampler --------------------------------------------------------------------------------
+# What it does follows what worked on the H200 (issue 5, and bench/results/pcsampling-h200.json
+# for this code): CONTINUOUS mode with start/stop control, all stall reasons, a large hardware
+# buffer, one Start/Stop around a stretch of launches; after Stop, the records already in the
+# configured buffer are read first (GetData would overwrite them), then GetData until no PCs
+# remain. Seen on the H200 with this code: 1.6-1.9 M samples per 200 ms range of a decode +
+# prefill loop, none dropped, hardware buffer never full; the first Enable took 0.2 s and the
+# first Start 0.47 s, later Starts 0.2 ms; Stop plus the reads 0.23-0.29 s of wall time.
+# CUPTI refuses kernel activity (cuptiActivityEnable: ERROR_NOT_COMPATIBLE) while PC sampling
+# is enabled on the context, so the agent disables one before enabling the other.
+# `functionName` is not freed: whether CUPTI allocates it per record is not documented.
 CUPTI_ERRORS: dict[int, str] = {
     1: "CUPTI_ERROR_INVALID_PARAMETER",
     7: "CUPTI_ERROR_INVALID_OPERATION",
@@ -286,15 +290,24 @@ def _ctx_params(cls: type[ctypes.Structure], ctx: int) -> ctypes.Structure:
 
 class PCBuffer:
     """A CUpti_PCSamplingData with room for `max_pcs` records of `num_reasons` reasons each,
-    every pointer owned by this object (CUPTI writes into it; Python must keep it alive)."""
+    every pointer owned by this object (CUPTI writes into it; Python must keep it alive).
+
+    The stall-reason arrays of all records are one block (record i's at i * num_reasons), so
+    `columns` reads a whole buffer with numpy: a range of the H200 decode loop held ~52,000
+    records, which `rows` (one Python object per row) took ~0.1 s of the GIL to turn into rows.
+    """
 
     def __init__(self, max_pcs: int, num_reasons: int) -> None:
+        self.max_pcs, self.num_reasons = max_pcs, num_reasons
         self.pcs = (CUpti_PCSamplingPCData * max_pcs)()
-        self.reasons = [(CUpti_PCSamplingStallReason * num_reasons)() for _ in range(max_pcs)]
+        self.block = (CUpti_PCSamplingStallReason * (max_pcs * max(num_reasons, 1)))()
+        rsize = ctypes.sizeof(CUpti_PCSamplingStallReason)
+        base = ctypes.addressof(self.block)
+        self.reason_addrs = [base + i * num_reasons * rsize for i in range(max_pcs)]
         for i in range(max_pcs):
             self.pcs[i].size = ctypes.sizeof(CUpti_PCSamplingPCData)
             self.pcs[i].stallReason = ctypes.cast(
-                self.reasons[i], ctypes.POINTER(CUpti_PCSamplingStallReason)
+                self.reason_addrs[i], ctypes.POINTER(CUpti_PCSamplingStallReason)
             )
         self.data = CUpti_PCSamplingData()
         self.data.size = ctypes.sizeof(CUpti_PCSamplingData)
@@ -322,6 +335,52 @@ class PCBuffer:
                     )
         return out
 
+    def columns(self, names: dict[int, str]) -> dict[str, np.ndarray]:
+        """`rows` as columns (kernel and stall_reason as object arrays of str, cubin_crc as the
+        uint64 CRC's int64 bits), read with numpy. Falls back to `rows` if CUPTI moved a
+        record's stall-reason pointer away from our block."""
+        n = int(self.data.totalNumPcs)
+        if n == 0:
+            return empty_columns()
+        f = CUpti_PCSamplingPCData
+        pc_dt = np.dtype(
+            {
+                "names": ["crc", "off", "fn", "count", "reasons"],
+                "formats": ["<u8", "<u8", "<u8", "<u8", "<u8"],
+                "offsets": [
+                    f.cubinCrc.offset,
+                    f.pcOffset.offset,
+                    f.functionName.offset,
+                    f.stallReasonCount.offset,
+                    f.stallReason.offset,
+                ],
+                "itemsize": ctypes.sizeof(f),
+            }
+        )
+        pcs = np.frombuffer(self.pcs, dtype=pc_dt, count=min(n, self.max_pcs))
+        if not np.array_equal(pcs["reasons"], np.asarray(self.reason_addrs[: len(pcs)], "u8")):
+            return columns_from_rows(self.rows(names))
+        r_dt = np.dtype({"names": ["idx", "n"], "formats": ["<u4", "<u4"], "offsets": [0, 4]})
+        nr = self.num_reasons
+        block = np.frombuffer(self.block, dtype=r_dt).reshape(self.max_pcs, nr)[: len(pcs)]
+        used = np.arange(nr)[None, :] < np.minimum(pcs["count"], nr).astype(np.int64)[:, None]
+        ii, jj = np.nonzero(used & (block["n"] > 0))
+        uniq_fn, inv = np.unique(pcs["fn"], return_inverse=True)
+        fn_names = np.array(
+            [ctypes.string_at(int(p)).decode("utf-8", "replace") if p else "" for p in uniq_fn],
+            dtype=object,
+        )
+        idx = block["idx"][ii, jj]
+        uniq_r, inv_r = np.unique(idx, return_inverse=True)
+        r_names = np.array([names.get(int(i), f"reason_{int(i)}") for i in uniq_r], dtype=object)
+        return {
+            "kernel": fn_names[inv][ii],
+            "cubin_crc": pcs["crc"][ii].view(np.int64),
+            "pc_offset": pcs["off"][ii].astype(np.int64),
+            "stall_reason": r_names[inv_r] if len(idx) else np.array([], dtype=object),
+            "count": block["n"][ii, jj].astype(np.int64),
+        }
+
     def stats(self) -> dict[str, int]:
         d = self.data
         return {
@@ -335,6 +394,38 @@ class PCBuffer:
     def reset(self) -> None:
         self.data.totalNumPcs = 0
         self.data.remainingNumPcs = 0
+
+
+SAMPLE_COLUMNS = ("kernel", "cubin_crc", "pc_offset", "stall_reason", "count")
+
+
+def empty_columns() -> dict[str, np.ndarray]:
+    return {
+        "kernel": np.array([], dtype=object),
+        "cubin_crc": np.array([], dtype=np.int64),
+        "pc_offset": np.array([], dtype=np.int64),
+        "stall_reason": np.array([], dtype=object),
+        "count": np.array([], dtype=np.int64),
+    }
+
+
+def columns_from_rows(rows: list[dict]) -> dict[str, np.ndarray]:
+    if not rows:
+        return empty_columns()
+    return {
+        "kernel": np.array([r["kernel"] for r in rows], dtype=object),
+        "cubin_crc": np.array([r["cubin_crc"] for r in rows], dtype=np.uint64).view(np.int64),
+        "pc_offset": np.array([r["pc_offset"] for r in rows], dtype=np.int64),
+        "stall_reason": np.array([r["stall_reason"] for r in rows], dtype=object),
+        "count": np.array([r["count"] for r in rows], dtype=np.int64),
+    }
+
+
+def concat_columns(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    parts = [p for p in parts if len(p["count"])]
+    if not parts:
+        return empty_columns()
+    return {c: np.concatenate([p[c] for p in parts]) for c in SAMPLE_COLUMNS}
 
 
 class PCSampler:
@@ -399,8 +490,9 @@ class PCSampler:
         self.enabled = True
         self.reason_names = self.stall_reasons()
         n = len(self.reason_names)
-        self.config_buf = PCBuffer(self.max_pcs, n)
-        self.read_buf = PCBuffer(self.max_pcs, n)
+        if self.config_buf is None or self.config_buf.num_reasons != n:  # kept across ranges
+            self.config_buf = PCBuffer(self.max_pcs, n)
+            self.read_buf = PCBuffer(self.max_pcs, n)
         self._reason_idx = (c_uint32 * n)(*sorted(self.reason_names))
         infos = (CUpti_PCSamplingConfigurationInfo * 7)()
         settings = [
@@ -443,9 +535,18 @@ class PCSampler:
     def stop(self) -> tuple[list[dict], dict[str, int]]:
         """Stop the range; its rows (configured buffer first, then GetData until empty) and
         the range's totals (samples, dropped, hardware buffer full)."""
+        parts, stats = self._stop_and_read(lambda b: b.rows(self.reason_names))
+        return [r for p in parts for r in p], stats
+
+    def stop_columns(self) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+        """`stop`, read with numpy into the columns of `PCBuffer.columns`."""
+        parts, stats = self._stop_and_read(lambda b: b.columns(self.reason_names))
+        return concat_columns(parts), stats
+
+    def _stop_and_read(self, read: Any) -> tuple[list[Any], dict[str, int]]:
         assert self.config_buf is not None and self.read_buf is not None
         self._call("cuptiPCSamplingStop", _ctx_params(CUpti_PCSamplingStopParams, self.ctx))
-        rows = self.config_buf.rows(self.reason_names)
+        parts = [read(self.config_buf)]
         stats = self.config_buf.stats()
         for _ in range(1_000_000):
             self.read_buf.reset()
@@ -454,14 +555,14 @@ class PCSampler:
             p.ctx = self.ctx
             p.pcSamplingData = ctypes.cast(ctypes.pointer(self.read_buf.data), c_void_p)
             self._call("cuptiPCSamplingGetData", p)
-            rows.extend(self.read_buf.rows(self.reason_names))
-            # The range's totals are taken from the configured buffer only: whether GetData's
-            # totals repeat them or add to them is to be checked on the GPU.
+            parts.append(read(self.read_buf))
+            # The range's totals come from the configured buffer (on the H200 GetData was
+            # called once per range, with nothing left to read).
             stats["get_data_calls"] = stats.get("get_data_calls", 0) + 1
             stats["hardware_buffer_full"] |= int(self.read_buf.data.hardwareBufferFull)
             if self.read_buf.data.remainingNumPcs == 0 or self.read_buf.data.totalNumPcs == 0:
                 break
-        return rows, stats
+        return parts, stats
 
     def disable(self) -> None:
         if self.enabled:
@@ -469,3 +570,147 @@ class PCSampler:
             self._call(
                 "cuptiPCSamplingDisable", _ctx_params(CUpti_PCSamplingDisableParams, self.ctx)
             )
+
+
+# -- a CUDA context and one sampling range at a time, for the agent's own thread ------------------
+CUDA_SUCCESS = 0
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed; `str()` is one line naming the call."""
+
+    def __init__(self, call: str, code: int) -> None:
+        self.call, self.code = call, code
+        super().__init__(f"{call}: CUDA error {code}")
+
+
+class CudaContext:
+    """The primary context of the target's GPU, reached from a thread of the agent's own.
+
+    Why the primary context: torch (and SGLang on it) runs on each device's primary context,
+    and the agent's thread has no current context of its own. Why only an active one: retaining
+    the primary context of a device the target never used would create a context there
+    (hundreds of MB of GPU memory in the user's server), so a device is chosen only among those
+    whose primary context is already active (`cuDevicePrimaryCtxGetState`), the `device` hint
+    first (the device kernel records came from).
+    """
+
+    def __init__(self, device: int | None = None, libcuda: str = "libcuda.so.1") -> None:
+        lib = ctypes.CDLL(libcuda)
+        self.lib = lib
+        self._chk("cuInit", lib.cuInit(0))
+        n = ctypes.c_int(0)
+        self._chk("cuDeviceGetCount", lib.cuDeviceGetCount(ctypes.byref(n)))
+        order = list(range(n.value))
+        if device is not None and device in order:
+            order.remove(device)
+            order.insert(0, device)
+        self.dev = None
+        for ordinal in order:
+            dev = ctypes.c_int(0)
+            self._chk("cuDeviceGet", lib.cuDeviceGet(ctypes.byref(dev), ordinal))
+            flags, active = c_uint32(0), ctypes.c_int(0)
+            self._chk(
+                "cuDevicePrimaryCtxGetState",
+                lib.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)),
+            )
+            if active.value:
+                self.dev, self.ordinal = dev, ordinal
+                break
+        if self.dev is None:
+            raise CudaError("cuDevicePrimaryCtxGetState (no device with an active context)", -1)
+        ctx = c_void_p(0)
+        self._chk(
+            "cuDevicePrimaryCtxRetain", lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), self.dev)
+        )
+        self.ctx = int(ctx.value or 0)
+        self.pushed = False
+
+    @staticmethod
+    def _chk(call: str, rc: int) -> None:
+        if rc != CUDA_SUCCESS:
+            raise CudaError(call, int(rc))
+
+    def push(self) -> None:
+        """Make the context current on this thread (CUPTI's PC sampling calls are made here)."""
+        if not self.pushed:
+            self._chk("cuCtxPushCurrent", self.lib.cuCtxPushCurrent(c_void_p(self.ctx)))
+            self.pushed = True
+
+    def pop(self) -> None:
+        if self.pushed:
+            old = c_void_p(0)
+            self.pushed = False
+            self._chk("cuCtxPopCurrent", self.lib.cuCtxPopCurrent(ctypes.byref(old)))
+
+    def synchronize(self) -> None:
+        """Wait for the GPU work queued so far (the H200 run synchronised around Start/Stop)."""
+        self._chk("cuCtxSynchronize", self.lib.cuCtxSynchronize())
+
+    def release(self) -> None:
+        self.pop()
+        if self.dev is not None:
+            self.lib.cuDevicePrimaryCtxRelease(self.dev)
+            self.dev = None
+
+
+class SamplingRanges:
+    """One PC-sampling range at a time: enable, start, wait, stop and read, disable.
+
+    Enabled only for the range: CUPTI refuses kernel activity while PC sampling is enabled on
+    the context (ERROR_NOT_COMPATIBLE on the H200), so between ranges the agent's activity duty
+    cycle runs as before. Every figure a user needs to judge the cost is kept: the wall time of
+    enable/start/stop and this thread's CPU time for stop and the reads.
+    """
+
+    def __init__(
+        self,
+        libcupti: str,
+        *,
+        device: int | None = None,
+        libcuda: str = "libcuda.so.1",
+        period: int = 11,
+    ) -> None:
+        self.cuda = CudaContext(device, libcuda)
+        self.sampler = PCSampler(ctypes.CDLL(libcupti), self.cuda.ctx, period=period)
+        self.ranges = 0
+        self.last: dict[str, float] = {}
+        self.cpu_ms_total = 0.0
+
+    def run(self, on_s: float, cut_short: Any = None) -> tuple[dict[str, np.ndarray], dict]:
+        """One range of `on_s` seconds (`cut_short`, a threading.Event, ends it early)."""
+        import time
+
+        t = {}
+        self.cuda.push()
+        try:
+            self.cuda.synchronize()
+            t0 = time.perf_counter()
+            self.sampler.enable()
+            t["enable_ms"] = (time.perf_counter() - t0) * 1e3
+            try:
+                t0 = time.perf_counter()
+                self.sampler.start()
+                t["start_ms"] = (time.perf_counter() - t0) * 1e3
+                if cut_short is not None:
+                    cut_short.wait(on_s)
+                else:
+                    time.sleep(on_s)
+                self.cuda.synchronize()
+                t0, c0 = time.perf_counter(), time.thread_time()
+                cols, stats = self.sampler.stop_columns()
+                t["stop_ms"] = (time.perf_counter() - t0) * 1e3
+                t["stop_cpu_ms"] = (time.thread_time() - c0) * 1e3
+            finally:
+                t0 = time.perf_counter()
+                self.sampler.disable()
+                t["disable_ms"] = (time.perf_counter() - t0) * 1e3
+        finally:
+            self.cuda.pop()
+        self.ranges += 1
+        self.cpu_ms_total += t.get("stop_cpu_ms", 0.0)
+        self.last = {k: round(v, 2) for k, v in t.items()}
+        return cols, {**stats, **self.last}
+
+    def close(self) -> None:
+        self.cuda.release()

@@ -34,6 +34,7 @@ NO_KERNELS = (
     "Kernel timeline: no kernel data — needs the kdash agent in the target: start it with "
     "`kdash run -- CMD` (`?` shows why)"
 )
+NO_INJECT_MARK = "--no-inject"  # in the agent source's reason under `attach --no-inject`
 MAX_LANES = 8
 ANALYSIS_EVERY_S = 1.0
 
@@ -57,6 +58,15 @@ def analysis_notes(
         p50, p99 = np.percentile(lat["latency_us"].to_numpy(dtype=float), [50, 99])
         notes.append(f"launch→start p50 {p50:.1f} µs, p99 {p99:.1f} µs")
     return " · ".join(notes)
+
+
+def empty_line(agent_health: str) -> str:
+    """The pane's one line before any kernel arrived: the generic "needs the agent" advice,
+    except under `attach --no-inject`, where the agent source's own reason ("no agent in pid
+    N (injection off: --no-inject); ...") says the pane is empty by the user's choice."""
+    if NO_INJECT_MARK in agent_health:
+        return "Kernel timeline: " + agent_health.split(": ", 1)[-1]
+    return NO_KERNELS
 
 
 class KernelPane(Pane):
@@ -94,7 +104,9 @@ class KernelPane(Pane):
         if len(batch["start_ns"]) == 0:
             total = view.store.stats()["kernels"]["rows"]
             self.set_empty(
-                NO_KERNELS if total == 0 else "Kernel timeline: no kernels in the shown window"
+                empty_line(view.health.get("agent", ""))
+                if total == 0
+                else "Kernel timeline: no kernels in the shown window"
             )
             return
         self.set_empty(None)

@@ -1,5 +1,11 @@
 """The status bar: target, live/replay, capture state, drops, each source's health, poll cost.
 
+Live with an agent recording it also says the kernel-activity mode (`a` switches it) and
+kdash's estimated cost to the target ("activity sampled, kdash cost ≈ 3%", from
+`kdash.analyses.cost`); "≈" because it is a model of measured per-record costs, not a
+measurement of this target. It is shown at 80 columns too, where the agent's own health
+reason is cut: what watching costs is what a user of a production server asks first.
+
 Rebuilt by the app on every redraw tick (also while paused: collection and captures go on, so
 the countdown must too). Kept to one or two lines: each segment is short and the bar wraps at
 80 columns rather than truncating the capture state, which is what a user waits for.
@@ -11,6 +17,8 @@ from dataclasses import dataclass, field
 
 from rich.text import Text
 from textual.widgets import Static
+
+from kdash.analyses.cost import cost_text
 
 
 @dataclass
@@ -26,6 +34,8 @@ class StatusInfo:
     window: str = ""  # "window 60 s" / "0.0–15.0 s of 15.0 s"
     note: str = ""  # e.g. "target exited"
     compact: bool = False  # 80 columns: sources' states only (the reasons are in the panes)
+    activity: str = ""  # "sampled" | "continuous" | "" (no agent recording)
+    cost: float | None = None  # kdash's estimated slowdown of the target, a fraction
 
 
 class StatusBar(Static):
@@ -73,6 +83,10 @@ class StatusBar(Static):
             ok = health.startswith("ok")
             shown = health.split(":", 1)[0] if info.compact else _cut(health, 70)
             out.append(f"{name} {shown}", None if ok else st("status-bar--bad"))
+        if info.activity:
+            out.append(*sep)
+            cost = cost_text(info.cost)
+            out.append(f"activity {info.activity}" + (f", {cost}" if cost else ""))
         if info.poll_ms is not None:
             out.append(*sep)
             out.append(f"poll {info.poll_ms:.1f} ms")
