@@ -1333,3 +1333,90 @@ def test_bad_duty_cycle_in_start_is_an_error_not_a_crash(fake_cupti):
     finally:
         rc, out, err = finish(p)
     assert rc == 0, err
+
+
+# ---- PC sampling beside the activity duty cycle -------------------------------------------------
+
+
+@pytest.fixture
+def pcs_standin(tmp_path: Path) -> str:
+    """A stand-in libcupti + libcuda for PC sampling (test fixture: the one of
+    tests/test_pcsampling_layout.py, compiled against CUPTI's real header); skipped without
+    gcc or the header."""
+    import shutil
+
+    from test_pcsampling_layout import HEADER_DIR, STANDIN
+
+    if HEADER_DIR is None or not (shutil.which("gcc") or shutil.which("cc")):
+        pytest.skip("needs gcc and cupti_pcsampling.h (nvidia-cuda-cupti)")
+    d = tmp_path / "pcs"
+    d.mkdir()
+    (d / "cuda.h").write_text("typedef struct CUctx_st *CUcontext;\n")
+    (d / "standin.c").write_text(STANDIN)
+    so = d / "libpcs_standin.so"
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-I", str(d), "-I", str(HEADER_DIR), str(d / "standin.c"),
+         "-o", str(so)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return str(so)
+
+
+@pytest.mark.parametrize("continuous", [False, True], ids=["duty", "continuous"])
+def test_pc_sampling_ranges_alternate_with_activity_windows(fake_cupti, pcs_standin, continuous):
+    env = {**fake_cupti, server.ENV_FAKE_PCSAMPLING: pcs_standin}
+    p = start_target(10.0, env)
+    try:
+        wait_socket(p.pid)
+        src = AgentSource(
+            p.pid,
+            continuous=continuous,
+            period_ms=200,
+            on_ms=50,
+            pc_sampling=True,
+            pc_on_ms=30,
+            pc_period_ms=300,
+        )
+        src.start()
+        assert wait_for(lambda: src.health.ok, 5), str(src.health)
+        got = drain(src, 2.0)
+        src._last_stats_req = 0.0
+        got2 = drain(src, 0.4)
+        for t, bs in got2.items():
+            got.setdefault(t, []).extend(bs)
+        assert src.pc_status() == "ok", src.stats.get("agent_pc_state")
+        assert src.stats["agent_pc_ranges"] >= 3
+        assert src.stats["agent_pc_last"]["total_samples"] == 100
+        pcs_rows = columns(got, "pc_samples")
+        assert set(pcs_rows["pc_offset"].tolist()) == {0x40, 0x50, 0x60, 0x70}
+        assert set(pcs_rows["kernel"]) == {"_decode_stage1"}
+        assert set(pcs_rows["cubin_crc"].view("u8").tolist()) == {0x9A72D27B}
+        m = columns(got, "markers")
+        sel = (m["domain"] == server.WINDOW_DOMAIN) & (m["name"] == server.PC_WINDOW_NAME)
+        pc_windows = list(zip(m["start_ns"][sel].tolist(), m["end_ns"][sel].tolist(), strict=True))
+        assert len(pc_windows) >= 3
+        # every range's rows are stamped at its end, inside the window it reports
+        ends = {e for _, e in pc_windows}
+        assert set(pcs_rows["t_ns"].tolist()) <= ends
+        # kernel activity was never on during a range (CUPTI refuses both at once)
+        acts = enable_intervals(log_lines(fake_cupti))
+        assert acts, "activity windows went on between the ranges"
+        for a0, a1 in acts:
+            for s0, s1 in pc_windows:
+                assert a1 <= s0 or s1 <= a0, ((a0, a1), (s0, s1))
+        assert columns(got, "kernels"), "kernels still arrive between ranges"
+        # switched off: no more ranges
+        src.set_pc_sampling(False)
+        time.sleep(0.5)
+        src._last_stats_req = 0.0
+        drain(src, 0.3)
+        n = src.stats["agent_pc_ranges"]
+        time.sleep(0.8)
+        src._last_stats_req = 0.0
+        drain(src, 0.3)
+        assert src.stats["agent_pc_ranges"] == n and src.pc_status() == "off"
+        src.stop()
+    finally:
+        rc, out, err = finish(p)
+    assert rc == 0 and out.startswith("done"), err

@@ -91,6 +91,9 @@ class AgentSource:
         on_ms: int = server.DUTY_ON_MS,
         finalize_on_detach: bool = False,
         finalize_windows: bool = False,
+        pc_sampling: bool = False,
+        pc_on_ms: int = server.PC_ON_MS,
+        pc_period_ms: int = server.PC_PERIOD_MS,
     ) -> None:
         self.pid = pid
         self.socket_path = socket_path
@@ -102,6 +105,10 @@ class AgentSource:
         self.on_ms = on_ms
         self.finalize_on_detach = finalize_on_detach
         self.finalize_windows = finalize_windows
+        # PC sampling (issue 5): off unless asked; ranges of pc_on_ms every pc_period_ms
+        self.pc_sampling = pc_sampling
+        self.pc_on_ms = pc_on_ms
+        self.pc_period_ms = pc_period_ms
         self._gone = False  # the reader saw the agent close: later send errors say nothing new
         self.health: Health = Health("starting", f"connecting to the agent in pid {pid}")
         self.hello: dict[str, Any] = {}
@@ -206,8 +213,36 @@ class AgentSource:
         with self._lock:
             return server.sampling_text(self.stats.get("sampling"))
 
+    def set_pc_sampling(self, on: bool) -> None:
+        """Ask the agent to start (True) or stop PC-sampling ranges; before the connection is
+        up this only changes what START asks for."""
+        self.pc_sampling = on
+        if self._sock is None or not self.hello or not self.hello.get("pc_sampling"):
+            return
+        self._send(wire.encode_control(wire.MsgType.SET, self._duty_fields()))
+
+    def pc_status(self) -> str:
+        """The agent's PC-sampling state: "off", "starting", "ok", "unavailable: <why>", or
+        "" when this agent cannot sample (too old) or has not said yet."""
+        with self._lock:
+            state = self.stats.get("agent_pc_state")
+        if not self.hello.get("pc_sampling"):
+            return "unavailable: the agent in this process has no PC sampling (older kdash)"
+        return str(state or ("starting" if self.pc_sampling else "off"))
+
     def _duty_fields(self) -> dict[str, Any]:
-        return {"continuous": self.continuous, "period_ms": self.period_ms, "on_ms": self.on_ms}
+        f: dict[str, Any] = {
+            "continuous": self.continuous,
+            "period_ms": self.period_ms,
+            "on_ms": self.on_ms,
+        }
+        if self.hello.get("pc_sampling"):
+            f.update(
+                pc_sampling=self.pc_sampling,
+                pc_on_ms=self.pc_on_ms,
+                pc_period_ms=self.pc_period_ms,
+            )
+        return f
 
     # internals
     def _send(self, frame: bytes) -> bool:

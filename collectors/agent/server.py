@@ -88,6 +88,16 @@ MIN_ON_MS = 10  # below this the enable/flush/disable work of a window outweighs
 MAX_PERIOD_MS = 60_000
 WINDOW_NAME = "activity on"  # markers rows (domain WINDOW_DOMAIN) that bound every on-window
 WINDOW_DOMAIN = "kdash"
+PC_WINDOW_NAME = "pc sampling"  # markers rows bounding every PC-sampling range
+
+# PC sampling (issue 5): off until a client asks (START/SET "pc_sampling": true); then a range
+# of PC_ON_MS every PC_PERIOD_MS, run by its own thread while kernel activity is off (CUPTI
+# refuses both at once). 200 ms of a decode loop gave ~1.8 M samples on the H200, well inside
+# the 256 MB hardware buffer at period 2^11 cycles.
+PC_ON_MS = 200
+PC_PERIOD_MS = 2000
+PC_MIN_ON_MS, PC_MAX_ON_MS = 20, 2000
+ENV_FAKE_PCSAMPLING = "KDASH_AGENT_FAKE_PCSAMPLING"  # test seam: a stand-in libcupti+libcuda
 
 # CUPTI's CUpti_ActivityFlag marker bits (cupti-python 13.0 lists START but not END by name).
 MARKER_INSTANT = 1 << 0
@@ -1672,6 +1682,18 @@ class Agent:
         self.windows_sent = 0
         self.finalize_ns = 0  # time spent in cuptiFinalize at window ends (finalize_windows)
         self.last_disconnect = ""
+        # PC sampling: its own thread per range; `_pc_busy` is set while a range runs, and the
+        # duty cycle does not switch activity on meanwhile
+        self._pc: Any = None  # pcsampling.SamplingRanges, made at the first range
+        self._pc_thread: threading.Thread | None = None
+        self._pc_busy = threading.Event()
+        self._pc_cut = threading.Event()
+        self._pc_windows: list[tuple[int, int]] = []
+        self.pc_state = "off"  # off | ok | unavailable: <why>
+        self.pc_ranges = 0
+        self.pc_rows = 0
+        self.pc_last: dict = {}
+        self.pc_device_hint: int | None = None
 
     # lifecycle
     def listen(self) -> None:
@@ -1811,7 +1833,70 @@ class Agent:
             if c and c.resumes
             else None,
             "last_disconnect": self.last_disconnect,
+            "pc_state": self.pc_state,
+            "pc_ranges": self.pc_ranges,
+            "pc_rows": self.pc_rows,
+            "pc_last": dict(self.pc_last),
+            "pc_cpu_ms_per_range": round(self._pc.cpu_ms_total / self._pc.ranges, 2)
+            if self._pc is not None and self._pc.ranges
+            else None,
         }
+
+    # ---- PC sampling ----------------------------------------------------------------------
+    def _pc_start_range(self, on_s: float) -> None:
+        """Run one PC-sampling range on a thread of its own (activity is off meanwhile)."""
+        self._pc_busy.set()
+        self._pc_cut.clear()
+        t = threading.Thread(target=self._pc_range, args=(on_s,), name="kdash-pcs", daemon=True)
+        self._pc_thread = t
+        t.start()
+
+    def _pc_range(self, on_s: float) -> None:
+        """The range's thread: its rows and window go to the pending queue, its costs to
+        STATS; a failure makes PC sampling "unavailable: <why>" for the rest of the session
+        (the source pane shows that line). Never raises."""
+        try:
+            from . import pcsampling
+
+            if self._pc is None:
+                fake = os.environ.get(ENV_FAKE_PCSAMPLING)
+                if fake:
+                    self._pc = pcsampling.SamplingRanges(fake, libcuda=fake)
+                else:
+                    path, why = find_libcupti()
+                    if path is None:
+                        raise RuntimeError(f"libcupti not found in this process ({why})")
+                    self._pc = pcsampling.SamplingRanges(path, device=self.pc_device_hint)
+            t0 = time.monotonic_ns()
+            cols, stats = self._pc.run(on_s, self._pc_cut)
+            t1 = time.monotonic_ns()
+            import numpy as np
+
+            n = len(cols["count"])
+            cols["t_ns"] = np.full(n, t1, dtype=np.int64)
+            with self._pending_lock:
+                if n:
+                    self._pending.append({"pc_samples": cols})
+                    self._pending_rows += n
+                self._pc_windows.append((t0, t1))
+            self.pc_ranges += 1
+            self.pc_rows += n
+            self.pc_last = stats
+            self.pc_state = "ok"
+        except BaseException as e:  # noqa: BLE001 - never into the target; say why in the pane
+            why = str(e) or type(e).__name__
+            if "NOT_COMPATIBLE" in why or "MULTIPLE_SUBSCRIBERS" in why:
+                why += " (another profiler holds the counters, or kernel activity is on)"
+            self.pc_state = f"unavailable: {why}"
+        finally:
+            self._pc_busy.clear()
+
+    def _pc_stop(self, timeout_s: float = 5.0) -> None:
+        """Cut a running range short and wait for its thread (detach, STOP, SET off)."""
+        t = self._pc_thread
+        if t is not None and t.is_alive():
+            self._pc_cut.set()
+            t.join(timeout_s)
 
     def _sink(self, rows: dict[str, Batch]) -> None:
         n = sum(_batch_rows(b) for b in rows.values())
@@ -1846,6 +1931,9 @@ class Agent:
         finalize_on_detach = False
         finalize_windows = False  # cuptiFinalize at every duty-cycle window's end (opt-in)
         self._duty = DutyCycle()
+        pc_cfg = PCConfig()
+        next_pc = 0.0  # when the next PC-sampling range may start
+        pc_paused_activity = False  # a range paused continuous activity: resume after it
         # the duty cycle while active: is the current window on, since when, and the next edge
         phase_on = False
         win_start_ns = 0
@@ -1888,6 +1976,9 @@ class Agent:
                 d = self._duty
                 if c is None:
                     return
+                if not phase_on and self._pc_busy.is_set():
+                    next_edge = now + POLL_S  # CUPTI refuses activity during a PC range
+                    return
                 if d.continuous:
                     if not phase_on:  # SET continuous arrived between windows
                         c.resume()
@@ -1926,6 +2017,7 @@ class Agent:
                         "capabilities": list(DEFAULT_ACTIVITIES),
                         "cupti_python": _dist_version("cupti-python"),
                         "duty_cycle": True,
+                        "pc_sampling": True,
                     },
                 )
             )
@@ -1951,6 +2043,12 @@ class Agent:
                         if duty is None:
                             status("error", f"error: START {why}")
                             continue
+                        pcc, why = PCConfig.parse(msg.body, PCConfig())
+                        if pcc is None:
+                            status("error", f"error: START {why}")
+                            continue
+                        pc_cfg = pcc
+                        self.pc_state = "starting" if pcc.on else "off"
                         self._duty = duty
                         finalize_on_detach = msg.body.get("finalize_on_detach") is True
                         finalize_windows = msg.body.get("finalize_windows") is True
@@ -1963,6 +2061,19 @@ class Agent:
                         if duty is None:
                             status("error", f"error: SET {why}")
                             continue
+                        pcc, why = PCConfig.parse(msg.body, pc_cfg)
+                        if pcc is None:
+                            status("error", f"error: SET {why}")
+                            continue
+                        if pcc.on and not pc_cfg.on:
+                            next_pc = 0.0
+                            if not self.pc_state.startswith("unavailable"):
+                                self.pc_state = "starting"
+                        elif not pcc.on and pc_cfg.on:
+                            self._pc_stop()
+                            if not self.pc_state.startswith("unavailable"):
+                                self.pc_state = "off"
+                        pc_cfg = pcc
                         self._duty = duty
                         if active:
                             now = time.monotonic()
@@ -1979,6 +2090,8 @@ class Agent:
                             status(self.state, self.line, force=True)
                     elif msg.type == wire.MsgType.STOP:
                         waiting = None
+                        self._pc_stop()
+                        pc_cfg = PCConfig()
                         if active:
                             active = False
                             err = self._cupti.disable() if self._cupti else ""
@@ -2034,6 +2147,23 @@ class Agent:
                             continue
                     if now >= next_edge:
                         edge(now)
+                    if (
+                        pc_cfg.on
+                        and now >= next_pc
+                        and not self._pc_busy.is_set()
+                        and not self.pc_state.startswith("unavailable")
+                        and (not phase_on or self._duty.continuous)
+                    ):
+                        if phase_on:  # continuous: activity must be off during the range
+                            self._cupti.pause()
+                            self._add_window(win_start_ns, self._cupti.disabled_at_ns)
+                            phase_on = False
+                            pc_paused_activity = True
+                        self._pc_start_range(pc_cfg.on_ms / 1000)
+                        next_pc = now + pc_cfg.period_ms / 1000
+                    if pc_paused_activity and not self._pc_busy.is_set():
+                        pc_paused_activity = False
+                        next_edge = now  # continuous: switch activity back on now
                     if phase_on and now - last_flush >= FLUSH_EVERY_S:
                         self._cupti.flush()
                         last_flush = now
@@ -2062,6 +2192,9 @@ class Agent:
         self, active: bool, phase_on: bool, win_start_ns: int, finalize_on_detach: bool
     ) -> None:
         """Whatever way the session ended, leave CUPTI as if it had never been touched."""
+        self._pc_stop()
+        if self.pc_state == "ok" or self.pc_state == "starting":
+            self.pc_state = "off"
         try:
             c = self._cupti
             if active and c is not None:
@@ -2139,8 +2272,11 @@ class Agent:
         chunks = self._take_pending()
         with self._pending_lock:
             windows, self._windows = self._windows, []
+            pc_windows, self._pc_windows = self._pc_windows, []
         if windows:
             self._send_windows(send, strings, windows)
+        if pc_windows:
+            self._send_windows(send, strings, pc_windows, PC_WINDOW_NAME)
         if not chunks:
             return
         import numpy as np
@@ -2158,9 +2294,21 @@ class Agent:
                 part = {c: v[i : i + 200_000] for c, v in cols.items()}
                 send(wire.encode_batch(table, part, strings))
             self.sent_rows[table] = self.sent_rows.get(table, 0) + n
+        pcs = [ch["pc_samples"] for ch in chunks if "pc_samples" in ch]
+        if pcs:  # already on the monotonic clock (t_ns taken at the range's end)
+            cols = {c: np.concatenate([p[c] for p in pcs]) for c in pcs[0]}
+            n = len(cols["t_ns"])
+            for i in range(0, n, 200_000):
+                part = {c: v[i : i + 200_000] for c, v in cols.items()}
+                send(wire.encode_batch("pc_samples", part, strings))
+            self.sent_rows["pc_samples"] = self.sent_rows.get("pc_samples", 0) + n
 
     def _send_windows(
-        self, send: Callable[[bytes], None], strings: Any, windows: list[tuple[int, int]]
+        self,
+        send: Callable[[bytes], None],
+        strings: Any,
+        windows: list[tuple[int, int]],
+        name: str = WINDOW_NAME,
     ) -> None:
         """On-windows as markers rows (domain "kdash", name "activity on", tid -1): the
         timeline marks the gaps between them as "not recorded", not as "GPU idle"."""
@@ -2173,13 +2321,14 @@ class Agent:
         batch = {
             "start_ns": starts,
             "end_ns": ends,
-            "name": np.full(n, WINDOW_NAME, dtype=object),
+            "name": np.full(n, name, dtype=object),
             "domain": np.full(n, WINDOW_DOMAIN, dtype=object),
             "pid": np.full(n, self.pid, dtype=np.int64),
             "tid": np.full(n, -1, dtype=np.int64),
         }
         send(wire.encode_batch("markers", batch, strings))
-        self.windows_sent += n
+        if name == WINDOW_NAME:
+            self.windows_sent += n
         self.sent_rows["markers"] = self.sent_rows.get("markers", 0) + n
 
 
@@ -2242,6 +2391,35 @@ class DutyCycle:
                 f"(got on_ms={on}, period_ms={period})"
             )
         return cls(cont, period, on), ""
+
+
+class PCConfig:
+    """Whether PC sampling is asked for, and its range length and period (START/SET fields
+    `pc_sampling`, `pc_on_ms`, `pc_period_ms`; fields left out keep the current values)."""
+
+    def __init__(self, on: bool = False, on_ms: int = PC_ON_MS, period_ms: int = PC_PERIOD_MS):
+        self.on, self.on_ms, self.period_ms = on, on_ms, period_ms
+
+    def describe(self) -> dict:
+        return {"on": self.on, "on_ms": self.on_ms, "period_ms": self.period_ms}
+
+    @classmethod
+    def parse(cls, body: dict, base: PCConfig) -> tuple[PCConfig | None, str]:
+        on = body.get("pc_sampling", base.on)
+        on_ms = body.get("pc_on_ms", base.on_ms)
+        period = body.get("pc_period_ms", base.period_ms)
+        if not isinstance(on, bool):
+            return None, "pc_sampling must be true or false"
+        for name, v in (("pc_on_ms", on_ms), ("pc_period_ms", period)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                return None, f"{name} must be an integer"
+        if not PC_MIN_ON_MS <= on_ms <= PC_MAX_ON_MS or not 2 * on_ms <= period <= MAX_PERIOD_MS:
+            return None, (
+                f"PC sampling must satisfy {PC_MIN_ON_MS} <= pc_on_ms <= {PC_MAX_ON_MS} and "
+                f"2 * pc_on_ms <= pc_period_ms <= {MAX_PERIOD_MS} "
+                f"(got pc_on_ms={on_ms}, pc_period_ms={period})"
+            )
+        return cls(on, on_ms, period), ""
 
 
 def _reader_name(c: CuptiActivity | None) -> str:

@@ -78,7 +78,7 @@ CONTROL_TYPES = frozenset(
 )
 
 # The tables the agent sends; ids are part of the wire format, never reuse one.
-TABLE_IDS: dict[str, int] = {"kernels": 1, "api": 2, "memcpy": 3, "markers": 4}
+TABLE_IDS: dict[str, int] = {"kernels": 1, "api": 2, "memcpy": 3, "markers": 4, "pc_samples": 5}
 TABLE_NAMES: dict[int, str] = {v: k for k, v in TABLE_IDS.items()}
 
 # Column dtype codes; STRING_ID columns are u4 ids into the connection's dictionary.
