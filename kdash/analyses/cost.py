@@ -1,0 +1,70 @@
+"""What watching costs the target: an estimate of kdash's slowdown, from the agent's counters.
+
+The user watching a live server has to know whether the numbers on screen are the server's or
+the server's plus kdash. The agent cannot time the target without kdash, so this is a model,
+shown as an estimate ("kdash cost ≈ N%"), built from what we measured on an NVIDIA H200
+(bench/results/graph-cupti-h200.json, bench/results/agent-cost-h200.json):
+
+* each kernel record costs the target about 1.2 µs of GPU-stream time while CUPTI kernel
+  activity is on (CUDA-graph replays: 0.8-2.0 µs per kernel over six graphs, 1.04-1.18 µs on
+  the decode graphs; eager launches similar). That is why continuous activity cost a
+  graph-replayed decode loop of ~243,000 kernels/s about 29%;
+* each API record (runtime/driver callback) costs about 1.0 µs of the launching thread;
+* the agent's own CPU time in the target's process (its buffer callback, stats key
+  `agent_callback_cpu_ns`) is taken from the target: it holds the GIL, so a Python launch
+  thread waits for it.
+
+The record costs are paid only while activity is on, so the record rates are per second *of
+activity* and are scaled by the duty fraction (`on_ms / period_ms`, 1.0 continuous); the
+agent's CPU time is already per wall second. The three parts are added, not maxed: from
+outside kdash cannot tell whether the GPU stream or the launch thread limits the target, so
+the estimate leans high rather than low.
+"""
+
+from __future__ import annotations
+
+KERNEL_RECORD_S = 1.2e-6  # GPU-stream time per kernel record while activity is on (H200)
+API_RECORD_S = 1.0e-6  # launching thread's time per API record (H200)
+
+
+def duty_fraction(sampling: dict | None) -> float | None:
+    """The fraction of time activity is on, from an agent's "sampling" field
+    (`{"continuous": bool, "period_ms": int, "on_ms": int}`); None when it has not said."""
+    if not sampling:
+        return None
+    if sampling.get("continuous"):
+        return 1.0
+    try:
+        period, on = float(sampling.get("period_ms", 0)), float(sampling.get("on_ms", 0))
+    except (TypeError, ValueError):
+        return None
+    if period <= 0:
+        return None
+    return min(1.0, max(0.0, on / period))
+
+
+def estimated_cost(
+    kernels_per_on_s: float,
+    api_per_on_s: float,
+    duty: float,
+    agent_cpu_ns_per_s: float,
+) -> float:
+    """kdash's estimated slowdown of one target process, as a fraction (0.29 = 29%).
+
+    `kernels_per_on_s` and `api_per_on_s` are records received per second while activity was
+    on; `duty` is the fraction of time it is on (1.0 continuous); `agent_cpu_ns_per_s` is the
+    agent's CPU time in the target per wall second. Negative inputs (a counter reset) count 0.
+    """
+    duty = min(1.0, max(0.0, duty))
+    per_on_s = max(0.0, kernels_per_on_s) * KERNEL_RECORD_S + max(0.0, api_per_on_s) * API_RECORD_S
+    return duty * per_on_s + max(0.0, agent_cpu_ns_per_s) / 1e9
+
+
+def cost_text(fraction: float | None) -> str:
+    """ "kdash cost ≈ 3%" for the status bar ("" when unknown); under 1% reads "<1%" so a
+    small cost is not shown as zero."""
+    if fraction is None:
+        return ""
+    pct = 100 * fraction
+    shown = "<1" if pct < 1 else f"{pct:.0f}"
+    return f"kdash cost ≈ {shown}%"

@@ -1,0 +1,143 @@
+"""kdash's cost estimate (kdash.analyses.cost), the rate bookkeeping behind it
+(collectors/agents.py `CostMeter`), and the `--no-inject` decision of the agent tree source."""
+
+import os
+
+import pytest
+from kdash.collectors.agents import (
+    AgentTreeSource,
+    CostMeter,
+    counters_from_stats,
+    no_agent_reason,
+    rates_between,
+)
+
+from kdash.analyses.cost import cost_text, duty_fraction, estimated_cost
+
+S = 1_000_000_000
+DUTY = {"continuous": False, "period_ms": 1000, "on_ms": 100}
+CONT = {"continuous": True, "period_ms": 1000, "on_ms": 100}
+
+
+# -- the model ---------------------------------------------------------------------------------
+def test_measured_decode_loop_continuous_and_sampled():
+    # 243,000 graph-replayed kernels/s cost 29% continuous on the H200
+    assert estimated_cost(243_000, 0, 1.0, 0) == pytest.approx(0.29, abs=0.01)
+    assert estimated_cost(243_000, 0, 0.1, 0) == pytest.approx(0.029, abs=0.002)
+
+
+def test_api_records_and_agent_cpu_add():
+    base = estimated_cost(100_000, 0, 1.0, 0)
+    assert estimated_cost(100_000, 50_000, 1.0, 0) == pytest.approx(base + 0.05)
+    # 20 ms of agent CPU per wall second is 2%, whatever the duty cycle
+    assert estimated_cost(0, 0, 0.1, 20e6) == pytest.approx(0.02)
+    assert estimated_cost(-5, -5, 1.0, -1) == 0.0  # a counter reset never reads as a gain
+
+
+def test_duty_fraction_and_text():
+    assert duty_fraction(DUTY) == pytest.approx(0.1)
+    assert duty_fraction(CONT) == 1.0
+    assert duty_fraction({"period_ms": 0, "on_ms": 0}) is None
+    assert duty_fraction(None) is None
+    assert cost_text(0.2916) == "kdash cost ≈ 29%"
+    assert cost_text(0.004) == "kdash cost ≈ <1%"
+    assert cost_text(None) == ""
+
+
+# -- rates from snapshots ----------------------------------------------------------------------
+def stats(kernels, api, on_ns, cpu_ns, sampling=DUTY):
+    return {
+        "received_rows": kernels + api,
+        "agent_sent_rows": {"kernels": kernels, "api": api, "markers": 3},
+        "agent_on_ns": on_ns,
+        "agent_callback_cpu_ns": cpu_ns,
+        "sampling": sampling,
+    }
+
+
+def test_counters_need_a_stats_reply():
+    assert counters_from_stats({"dropped_client": 0, "received_rows": 0}, 0) is None
+    c = counters_from_stats(stats(10, 5, 7, 9), 123)
+    assert (c.kernels, c.api, c.on_ns, c.cpu_ns, c.t_ns) == (10, 5, 7, 9, 123)
+    assert c.duty == pytest.approx(0.1)
+
+
+def test_rates_are_per_second_of_activity():
+    a = counters_from_stats(stats(0, 0, 0, 0), 0)
+    # 3 s of wall time, 0.3 s of it with activity on, 72,900 kernels recorded in it
+    b = counters_from_stats(stats(72_900, 300, int(0.3 * S), 6_000_000), 3 * S)
+    r = rates_between(a, b)
+    assert r.kernels_per_on_s == pytest.approx(243_000)
+    assert r.api_per_on_s == pytest.approx(1_000)
+    assert r.cpu_ns_per_s == pytest.approx(2e6)
+    assert rates_between(b, b) is None  # activity never on in between
+    assert rates_between(b, a) is None  # counters went back
+
+
+def test_meter_learns_over_a_span_and_follows_the_mode():
+    m = CostMeter(min_span_s=2.0)
+    m.update(7, {"received_rows": 0}, 0)  # before the first STATS reply: nothing
+    assert m.estimate() is None
+    m.update(7, stats(0, 0, 0, 0), 0)
+    m.update(7, stats(24_300, 0, int(0.1 * S), 0), 1 * S)  # span too short to learn from
+    assert m.estimate() is None
+    m.update(7, stats(48_600, 0, int(0.2 * S), 0), 2 * S)
+    assert m.estimate() == pytest.approx(0.029, abs=0.002)
+    # the same STATS reply seen by later polls is not new data
+    m.update(7, stats(48_600, 0, int(0.2 * S), 0), 3 * S)
+    assert m.estimate() == pytest.approx(0.029, abs=0.002)
+    # switched to continuous (STATUS says so before new counters): the estimate follows at once
+    m.update(7, stats(48_600, 0, int(0.2 * S), 0, CONT), 3 * S)
+    assert m.estimate() == pytest.approx(0.29, abs=0.01)
+
+
+def test_meter_takes_the_slowest_process_and_forgets_gone_ones():
+    m = CostMeter(min_span_s=1.0)
+    for pid, k in ((1, 10_000), (2, 200_000)):
+        m.update(pid, stats(0, 0, 0, 0, CONT), 0)
+        m.update(pid, stats(k, 0, S, 0, CONT), S)
+    assert m.estimate() == pytest.approx(0.24)
+    m.retain([1])
+    assert m.estimate() == pytest.approx(0.012)
+    m.retain([])
+    assert m.estimate() is None
+
+
+def test_meter_restarts_after_a_counter_reset():
+    m = CostMeter(min_span_s=1.0)
+    m.update(1, stats(1_000_000, 0, 10 * S, 0, CONT), 0)
+    m.update(1, stats(100, 0, S // 10, 0, CONT), S)  # a new agent in a reused pid
+    assert m.estimate() is None  # no rate from a negative delta
+    m.update(1, stats(100_100, 0, S + S // 10, 0, CONT), 2 * S)
+    assert m.estimate() == pytest.approx(0.12)
+
+
+# -- --no-inject -------------------------------------------------------------------------------
+def test_no_agent_reason_names_the_flag_only_when_given():
+    off = no_agent_reason(42, None, inject_allowed=False)
+    assert off.startswith("no agent in pid 42 (injection off: --no-inject)")
+    assert "kdash run" in off
+    on = no_agent_reason(42, None, inject_allowed=True)
+    assert "--no-inject" not in on and on.startswith("no kdash agent in pid 42")
+    noted = no_agent_reason(42, "cupti-python missing", inject_allowed=False)
+    assert "--no-inject" in noted and "cupti-python missing" in noted
+
+
+class _Tree:
+    """A target with no agent anywhere: this test process (it has none)."""
+
+    pid = os.getpid()
+
+    def pids(self):
+        return [self.pid]
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+def test_tree_source_health_under_no_inject(allowed):
+    src = AgentTreeSource(_Tree(), inject_allowed=allowed)
+    src.start()
+    src.poll(0)
+    reason = str(src.health)
+    assert reason.startswith("unavailable: ")
+    assert ("injection off: --no-inject" in reason) is (not allowed), reason
+    assert src.cost_estimate() is None
