@@ -109,6 +109,7 @@ class AgentSource:
         self.pc_sampling = pc_sampling
         self.pc_on_ms = pc_on_ms
         self.pc_period_ms = pc_period_ms
+        self.lines: Any = None  # lines.LineTableFeeder, made when the first samples arrive
         self._gone = False  # the reader saw the agent close: later send errors say nothing new
         self.health: Health = Health("starting", f"connecting to the agent in pid {pid}")
         self.hello: dict[str, Any] = {}
@@ -176,7 +177,18 @@ class AgentSource:
             except queue.Empty:
                 break
             parts.setdefault(table, []).append(batch)
-        return {t: schema.concat(t, bs) for t, bs in parts.items()}
+        out = {t: schema.concat(t, bs) for t, bs in parts.items()}
+        if "pc_samples" in out:
+            if self.lines is None:
+                from .lines import LineTableFeeder
+
+                self.lines = LineTableFeeder(self.pid)
+            self.lines.offer(out["pc_samples"])
+        if self.lines is not None:
+            made = self.lines.take()
+            if made:
+                out["source_lines"] = schema.concat("source_lines", made)
+        return out
 
     def stop(self) -> None:
         self._stopping = True
