@@ -1,0 +1,203 @@
+"""PC sampling through the agent, under the demo workload (issue 5 evidence; GPU machine).
+
+The target is kdash's demo workload (`python -m kdash.kernels`, eager: paged decode + prefill
+with the project's Triton kernels and a transformer-shaped stack), started with the `kdash run`
+hook and kept saturated (`--rate 400`: more arrivals than it serves). Its own per-second report
+lines give the rate (decode + prefill tokens/s, steps/s). Segments of 10 s, in one run:
+
+1. `before`: no client;  2. `activity`: attached, kdash's default activity duty cycle;
+3. `pc_sampling`: the same plus PC sampling (200 ms ranges every 2 s);
+4. `activity_again`: PC sampling switched off (SET);  5. `after`: detached.
+
+Kept: rates and their ratios (the floor: sampling on within 5% of off), the agent's PC state,
+per-range costs (enable/start/stop wall ms, CPU ms of stop + reads), samples per range, and
+the hot lines per kernel from the samples and the line tables kdash made from the target's
+Triton cache (collectors/agent/lines.py). Writes $OUT/pcs-agent-h200.json.
+Run from the repository root: `python bench/gpu_pcs_agent.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+OUT = Path(os.environ.get("OUT") or Path(__file__).resolve().parent / "results")
+REPORT = re.compile(
+    r"\[\s*([\d.]+)s\] decode\s+(\d+) tok/s\s+prefill\s+(\d+) tok/s\s+steps/s\s+([\d.]+)\s+"
+    r"running\s+(\d+) waiting\s+(\d+)"
+)
+
+
+class Workload:
+    def __init__(self, env: dict) -> None:
+        cmd = [sys.executable, "-m", "kdash.kernels", "--rate", "400", "--report-every", "1"]
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.reports: list[tuple[int, float, float, int]] = []  # (t_ns, tok/s, steps/s, waiting)
+        self.lines: list[str] = []
+        self.err: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_err, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            m = REPORT.search(line)
+            if m:
+                tok = float(m.group(2)) + float(m.group(3))
+                self.reports.append((time.monotonic_ns(), tok, float(m.group(4)), int(m.group(6))))
+            else:
+                self.lines.append(line.rstrip())
+
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.err.append(line.rstrip())
+
+    def window(self, t0: int, t1: int) -> dict:
+        inside = [r for r in self.reports if t0 < r[0] <= t1]
+        if not inside:
+            return {"reports": 0}
+        return {
+            "reports": len(inside),
+            "tok_s": statistics.fmean(r[1] for r in inside),
+            "steps_s": statistics.fmean(r[2] for r in inside),
+            "min_waiting": min(r[3] for r in inside),
+        }
+
+
+def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    res: dict = {"command": "python bench/gpu_pcs_agent.py", "segments": {}}
+    out = OUT / "pcs-agent-h200.json"
+
+    def save() -> None:
+        out.write_text(json.dumps(res, indent=2, default=str) + "\n")
+
+    wl = None
+    try:
+        import pandas as pd
+        from kdash.collectors.agent import bootstrap
+        from kdash.collectors.agent.client import AgentSource, find_agent_socket
+
+        from kdash import cubin, schema
+
+        wl = Workload(bootstrap.run_env(dict(os.environ)))
+        end = time.monotonic() + 180
+        while time.monotonic() < end and len(wl.reports) < 8:
+            if wl.proc.poll() is not None:
+                raise RuntimeError("workload exited: " + "\n".join(wl.err[-20:]))
+            time.sleep(0.5)
+        res["workload_banner"] = wl.lines[:3]
+        pid = wl.proc.pid
+        res["socket"] = find_agent_socket(pid)
+
+        def seg(name: str, seconds: float = 10.0) -> tuple[int, int]:
+            t0 = time.monotonic_ns()
+            time.sleep(seconds)
+            t1 = time.monotonic_ns()
+            res["segments"][name] = wl.window(t0, t1)
+            save()
+            return t0, t1
+
+        seg("before")
+        src = AgentSource(pid)
+        src.start()
+        t_end = time.monotonic() + 10
+        while time.monotonic() < t_end and not src.health.ok:
+            time.sleep(0.05)
+        res["health"] = str(src.health)
+        got: dict[str, list] = {}
+        stop = threading.Event()
+
+        def drain() -> None:
+            while not stop.is_set():
+                for t, b in src.poll(time.monotonic_ns()).items():
+                    got.setdefault(t, []).append(b)
+                time.sleep(0.1)
+
+        th = threading.Thread(target=drain, daemon=True)
+        th.start()
+        seg("activity")
+        src.set_pc_sampling(True)
+        seg("pc_sampling", 12.0)
+        res["pc_status_during"] = src.pc_status()
+        res["agent_pc"] = {k: v for k, v in src.stats.items() if k.startswith("agent_pc")}
+        src.set_pc_sampling(False)
+        seg("activity_again")
+        if src.lines is not None:
+            src.lines.wait_idle(60)
+            for t, b in src.poll(time.monotonic_ns()).items():
+                got.setdefault(t, []).append(b)
+            res["line_outcomes"] = {
+                f"{k[:60]} {c & 0xFFFFFFFFFFFFFFFF:x}": v
+                for (k, c), v in src.lines.outcomes.items()
+            }
+        stop.set()
+        th.join()
+        res["agent_stats"] = {k: v for k, v in src.stats.items() if k.startswith("agent_")}
+        src.stop()
+        seg("after")
+        s = res["segments"]
+        off = [s[k]["tok_s"] for k in ("activity", "activity_again") if "tok_s" in s[k]]
+        if off and "tok_s" in s["pc_sampling"]:
+            res["pc_on_vs_off_pct"] = round(
+                100 * (s["pc_sampling"]["tok_s"] - statistics.fmean(off)) / statistics.fmean(off),
+                2,
+            )
+        if "tok_s" in s["before"] and "tok_s" in s["activity"]:
+            res["activity_vs_before_pct"] = round(
+                100 * (s["activity"]["tok_s"] - s["before"]["tok_s"]) / s["before"]["tok_s"], 2
+            )
+        res["rows"] = {t: sum(len(b[next(iter(b))]) for b in bs) for t, bs in got.items()}
+        if got.get("pc_samples"):
+            pcs = schema.to_frame("pc_samples", schema.concat("pc_samples", got["pc_samples"]))
+            sl = None
+            if got.get("source_lines"):
+                sl = schema.to_frame(
+                    "source_lines", schema.concat("source_lines", got["source_lines"])
+                )
+            res["ranges_seen"] = int(pcs["t_ns"].nunique())
+            by = pcs[~pcs["stall_reason"].str.endswith("_not_issued")]
+            res["top_kernels_by_samples"] = (
+                by.groupby("kernel")["count"].sum().sort_values(ascending=False).head(8).to_dict()
+            )
+            res["hot_lines"] = [
+                r
+                for r in cubin.hot_lines_by_kernel(pcs, sl, per_kernel=6)
+                if r["file"] or r["kernel"].startswith("_")
+            ][:40]
+            del pd
+    except Exception as e:  # noqa: BLE001
+        res["error"] = f"{type(e).__name__}: {e}"
+        res["traceback"] = traceback.format_exc()[-3000:]
+    finally:
+        if wl is not None and wl.proc.poll() is None:
+            wl.proc.send_signal(signal.SIGINT)
+            try:
+                wl.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                wl.proc.kill()
+            res["workload_tail"] = wl.lines[-2:]
+            res["workload_exit"] = wl.proc.returncode
+    save()
+    print(
+        json.dumps(
+            {k: res.get(k) for k in ("segments", "pc_on_vs_off_pct", "agent_pc")}, default=str
+        )[:3000]
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
