@@ -692,6 +692,11 @@ async def test_activity_key_switches_every_agent_off_the_ui_thread(make_app, tmp
         assert await wait_for(
             pilot, lambda: "activity sampled, kdash cost ≈ 3%" in status_text(app)
         )
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert "kernel activity" in plain(app.screen.query_one("#help-table"))
+        await pilot.press("escape")
+        await pilot.pause()
         await pilot.press("a")
         assert await wait_for(pilot, lambda: agents.calls == [(True, False)]), agents.calls
         assert await wait_for(
@@ -716,6 +721,14 @@ async def test_activity_key_without_an_agent_says_so(make_app, tmp_path):
         notes = [n.message for n in app._notifications]
         assert any("no kdash agent attached" in m for m in notes), notes
         assert "activity" not in status_text(app) and "kdash cost" not in status_text(app)
+
+
+async def test_activity_key_in_a_replay_says_there_is_no_agent(replay_app):
+    async with replay_app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("a")
+        await pilot.pause()
+        notes = [n.message for n in replay_app._notifications]
+        assert any("no kdash agent attached" in m for m in notes), notes
 
 
 def test_kernel_pane_line_under_no_inject():

@@ -257,7 +257,6 @@ class KdashApp(App[None]):
         Binding("r", "reset_window", "reset the window (follow live / whole capture)"),
         Binding("g", "gpu_detail", "clocks pane: all GPUs dense (when many) / full detail"),
         Binding("f", "pin_kernel", "source pane: pin the table's kernel / follow"),
-        Binding("a", "toggle_activity", "kernel activity: duty-cycled / continuous (costs more)"),
         Binding("question_mark", "help", "this help"),
         Binding("q", "quit", "quit"),
         # Over SSH people press ctrl+c to leave a monitor (top, nvitop); Textual would copy.
@@ -268,6 +267,12 @@ class KdashApp(App[None]):
     SGLANG_BINDINGS = [
         Binding("5", "maximize('server')", "maximise a pane: SGLang server"),
         Binding("C", "capture_via_server", "capture through the server's profiler (agents off)"),
+    ]
+
+    # Bound in every mode (in a replay it says there is no agent) but listed in the help only
+    # live, where it acts: the replay help then still fits an 80x24 terminal.
+    LIVE_BINDINGS = [
+        Binding("a", "toggle_activity", "kernel activity: duty-cycled / continuous (costs more)"),
     ]
 
     def __init__(
@@ -308,6 +313,8 @@ class KdashApp(App[None]):
             self.PANE_IDS = (*type(self).PANE_IDS, "server")
             for b in self.SGLANG_BINDINGS:
                 self.bind(b.key, b.action, description=b.description)
+        for b in self.LIVE_BINDINGS:
+            self.bind(b.key, b.action, description=b.description)
         self.paused = False
         self._frozen_ns: int | None = None  # "now" of the view while paused (live)
         self.maximized: str | None = None
@@ -829,6 +836,9 @@ class KdashApp(App[None]):
             at = next(i for i, b in enumerate(keys) if b.key == "4") + 1
             keys[at:at] = self.SGLANG_BINDINGS[:1]
             keys.insert(1, self.SGLANG_BINDINGS[1])
+        if self.mode == "live":  # after `f`, with the other keys about the kernels
+            at = next(i for i, b in enumerate(keys) if b.key == "f") + 1
+            keys[at:at] = self.LIVE_BINDINGS
         # The source pane's own keys (active while it has focus) belong in the list too.
         keys += [b for b in SourcePane.BINDINGS if isinstance(b, Binding) and b.key in "nNs"]
         self.push_screen(HelpScreen(keys, self.mode, self.status_info().sources))
