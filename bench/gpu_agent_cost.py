@@ -11,15 +11,15 @@ Targets (each started under `kdash run`'s hook, `bootstrap.run_env`):
   once in a CUDA graph and replayed with a sync per step, as a server's decode loop does.
 
 Per target, in this order (each segment 3 s after 1 s settling; rates are the target's own
-iterations/s from its tick lines; `after_X` is the rate once X has detached):
-
-* eager: `before`, then continuous activity with only `kernels`, with `kernels,runtime`, with
-  kdash's full default set, then kdash's default duty cycle (100 ms of every 1 s), each
-  followed by its `after_` segment: which kinds cost what;
-* graph and decode: `before`, the default duty cycle, continuous with `kernels` only,
-  continuous with the full set, each with its `after_`;
-* decode also `truth`: kdash's per-kernel mean durations (the continuous full-set segment)
-  against torch.profiler's, run inside the target (SIGUSR1) after kdash has detached.
+iterations/s from its tick lines; `after_X` is the rate once X has detached): `before`;
+`lean_duty5` (kernels, memcpy, memset, synchronization, markers: no API records, so no per-API
+switch calls; 50 ms of every second); `duty` (all kinds with API records narrowed to launch
+and sync calls, 100 ms of every second: the default of the earlier runs); `continuous` (all
+kinds, always on); each followed by its `after_`. The earlier runs' per-kind ablation on the
+eager loop is in bench/results/agent-cost-h200.json (kernels only -3.5..-12.9%, + runtime
+-8..-18%, all kinds -10..-25%; the after-detach rates dropped once API records had been on).
+Decode also gets `truth`: kdash's per-kernel mean durations (the continuous segment) against
+torch.profiler's, run inside the target (SIGUSR1) after kdash has detached.
 
 No cuptiFinalize here: the first run of this script (bench/results/agent-cost-h200-finalize.json)
 showed that cuptiFinalize at a window's end kills a target that replays CUDA graphs ("unspecified
@@ -239,20 +239,14 @@ def run_target(mode: str, env: dict, script: Path) -> dict:
     pid = tgt.proc.pid
     windows: dict[str, tuple[int, int]] = {}
     windows["before"] = measure(tgt, settle=2.0)
-    kinds = ["kernels"]
-    if mode == "eager":
-        plan = [
-            ("kernels_only", {"continuous": True, "activities": kinds}),
-            ("kernels_runtime", {"continuous": True, "activities": kinds + ["runtime"]}),
-            ("continuous", {"continuous": True}),
-            ("duty", {}),
-        ]
-    else:
-        plan = [
-            ("duty", {}),
-            ("kernels_only", {"continuous": True, "activities": kinds}),
-            ("continuous", {"continuous": True}),
-        ]
+    # lean: no API kinds (so no per-API narrowing calls), 50 ms of every second; the
+    # earlier runs' default (all kinds, narrowed, 100 ms/s) after it, then continuous
+    lean = ["kernels", "memcpy", "memset", "synchronization", "markers"]
+    plan = [
+        ("lean_duty5", {"activities": lean, "on_ms": 50}),
+        ("duty", {}),
+        ("continuous", {"continuous": True}),
+    ]
     truth_kernels: list[dict] = []
     for name, kw in plan:
         rows: dict = {}
