@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -145,7 +146,7 @@ class CostMeter:
             self._rates[pid] = rates
             self._base[pid] = snap
 
-    def retain(self, pids: set[int] | list[int]) -> None:
+    def retain(self, pids: Iterable[int]) -> None:
         """Forget agents that are gone (or paused away)."""
         keep = set(pids)
         for d in (self._base, self._last, self._rates):
