@@ -10,13 +10,20 @@ It also keeps the rate bookkeeping behind the status bar's "kdash cost ≈ N%" (
 the agents' counters are cumulative, so rates come from deltas between successive STATS
 snapshots; the model that turns rates into a slowdown is `kdash.analyses.cost`.
 
-`kdash attach --no-inject` reaches this source as `inject_allowed=False`: the user forbade
-putting an agent into a live process, and the one line for "no agent" says so (see
+Where a process of the tree has no agent, the source puts one in (issue 3: `attach --pid`
+reaches kernel data from an agent already there, else by injection): into every process of
+the tree that has the CUDA driver mapped (the ones that can launch kernels), or into the
+named process itself when none has yet. Each pid is tried once, on a thread of its own
+(`inject.inject`: ptrace on Python 3.10-3.13, `sys.remote_exec` on 3.14+; a fraction of a
+second), after `inject.check_injectable` has said which precondition fails if one does; that
+reason is the pane's line. `kdash attach --no-inject` reaches this source as
+`inject_allowed=False`: nothing is injected, and the one line for "no agent" says so (see
 `no_agent_reason`) rather than suggesting what the user has ruled out.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterable
@@ -32,6 +39,15 @@ from kdash.schema import Batch
 from kdash.target import Target
 
 NO_INJECT = "injection off: --no-inject"
+
+
+def holds_cuda(pid: int) -> bool:
+    """Has this process mapped the CUDA driver (libcuda), i.e. can it launch kernels?"""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            return any(b"libcuda.so" in line for line in f)
+    except OSError:
+        return False
 
 
 def no_agent_reason(pid: int, note: str | None, inject_allowed: bool) -> str:
@@ -176,9 +192,13 @@ class AgentTreeSource:
         rescan_s: float = 1.0,
         interval_s: float = 0.25,
         inject_allowed: bool = True,
+        try_inject: bool = True,
     ) -> None:
         self.target = target
         self.inject_allowed = inject_allowed  # False: `attach --no-inject`
+        # False under `kdash run`: every Python process there starts its own agent, and an
+        # injection racing a child's start-up hook would only be wasted ptrace work
+        self.try_inject = try_inject and inject_allowed
         self.cost = CostMeter()
         self.rescan_s = rescan_s
         self.interval_s = interval_s
@@ -187,6 +207,9 @@ class AgentTreeSource:
         self._next_scan = 0.0
         self.paused = False
         self.continuous = False  # every agent samples (duty cycle) unless the user asks
+        self.pc_sampling = False  # PC-sampling ranges in every agent (the source pane's key)
+        # pid -> "injecting" | "ok" | the one-line reason it failed (tried once per pid)
+        self.injections: dict[int, str] = {}
         # pause() comes from a capture worker thread while poll() runs on the poll thread.
         self._lock = threading.RLock()
 
@@ -213,6 +236,21 @@ class AgentTreeSource:
             safe_call(src, "stop")
         return sorted(old)
 
+    def set_pc_sampling(self, on: bool) -> None:
+        """PC-sampling ranges on (True) or off in every agent of the tree, now and later."""
+        with self._lock:
+            self.pc_sampling = on
+            for src in self.agents.values():
+                src.set_pc_sampling(on)
+
+    def pc_status(self) -> str:
+        """One line for the source pane: the first agent's PC-sampling state ("" if none)."""
+        with self._lock:
+            for src in self.agents.values():
+                if src.health.ok:
+                    return src.pc_status()
+        return ""
+
     def set_continuous(self, on: bool) -> None:
         """Continuous activity (True) or the agents' duty cycle (False), for every agent of
         the tree, including those found later."""
@@ -231,13 +269,42 @@ class AgentTreeSource:
         self._next_scan = time.monotonic() + self.rescan_s
         if self.paused:
             return
-        for pid in self.target.pids():
+        pids = self.target.pids()
+        for pid in pids:
             if pid in self.agents or find_agent_socket(pid) is None:
                 continue
-            src = AgentSource(pid, continuous=self.continuous)
+            src = AgentSource(pid, continuous=self.continuous, pc_sampling=self.pc_sampling)
             safe_call(src, "start")
             self.agents[pid] = src
+        if self.try_inject:
+            self._inject_where_missing(pids)
         self._update_health()
+
+    def _inject_where_missing(self, pids: list[int]) -> None:
+        """Start an injection for each CUDA-holding process of the tree without an agent
+        (or the named process, when none holds CUDA yet); each pid once."""
+        cuda = [p for p in pids if holds_cuda(p)]
+        wanted = cuda or ([self.target.pid] if self.target.pid in pids else [])
+        for pid in wanted:
+            if pid == os.getpid():  # kdash's own process (a test target): nothing to trace
+                continue
+            if pid in self.agents or pid in self.injections or find_agent_socket(pid):
+                continue
+            self.injections[pid] = "injecting"
+            threading.Thread(
+                target=self._inject_one, args=(pid,), name=f"kdash-inject-{pid}", daemon=True
+            ).start()
+
+    def _inject_one(self, pid: int) -> None:
+        try:
+            from kdash.collectors.agent import inject
+
+            why = inject.inject(pid)
+        except Exception as e:  # noqa: BLE001 - the reason becomes the pane's line
+            why = f"injection into pid {pid} failed: {type(e).__name__}: {e}"
+        with self._lock:
+            self.injections[pid] = "ok" if why is None else why
+            self._next_scan = 0.0  # connect at the next poll
 
     def poll(self, now_ns: int) -> dict[str, Batch]:
         with self._lock:
@@ -270,7 +337,12 @@ class AgentTreeSource:
     def _update_health(self) -> None:
         pid = self.target.pid
         if not self.agents:
-            note = agent_failure_note(pid)
+            running = [p for p, st in self.injections.items() if st == "injecting"]
+            failed = [st for st in self.injections.values() if st not in ("injecting", "ok")]
+            if running:
+                self.health = Health("starting", f"injecting the kdash agent into pid {running[0]}")
+                return
+            note = agent_failure_note(pid) or (failed[0] if failed else None)
             self.health = Health.unavailable(no_agent_reason(pid, note, self.inject_allowed))
             return
         states = {p: s.health for p, s in self.agents.items()}

@@ -16,12 +16,17 @@ DEMO_CAPTURE = "demo-h200.kdash"
 
 # -- shared pieces -------------------------------------------------------------------------
 def build_sources(
-    target, gpus: list[int] | None, interval_s: float, inject_allowed: bool = True
+    target,
+    gpus: list[int] | None,
+    interval_s: float,
+    inject_allowed: bool = True,
+    try_inject: bool = True,
 ) -> list:
     """Host sources that work against any pid (scheduler, NVML) and the tree's kdash agents.
 
     `inject_allowed` False (`attach --no-inject`) is handed to the agent source, which decides
-    what the kernel pane says when the tree has no agent.
+    what the kernel pane says when the tree has no agent; `try_inject` False (`kdash run`,
+    whose processes start their own agents) only skips the injection.
     """
     from kdash.collectors.agents import AgentTreeSource
     from kdash.collectors.nvml import NvmlSource
@@ -30,7 +35,7 @@ def build_sources(
     return [
         SchedSource(target, interval_s=interval_s),
         NvmlSource(target, gpus=gpus, interval_s=interval_s),
-        AgentTreeSource(target, inject_allowed=inject_allowed),
+        AgentTreeSource(target, inject_allowed=inject_allowed, try_inject=try_inject),
     ]
 
 
@@ -280,7 +285,8 @@ def cmd_run(args, title: str | None = None, extra_meta: dict | None = None) -> i
         from kdash.sglang import starting_server
 
         server = starting_server(proc.pid, cmd)  # `kdash run -- python -m sglang.launch_server`
-        sources = build_sources(target, args.gpus, args.interval) + _sglang_sources(server, args)
+        sources = build_sources(target, args.gpus, args.interval, try_inject=False)
+        sources += _sglang_sources(server, args)
         if server is not None and title is None:
             title = f"SGLang server {server.url} (started by kdash run)"
         if args.headless:

@@ -1420,3 +1420,56 @@ def test_pc_sampling_ranges_alternate_with_activity_windows(fake_cupti, pcs_stan
     finally:
         rc, out, err = finish(p)
     assert rc == 0 and out.startswith("done"), err
+
+
+def test_attach_injects_into_a_tree_without_agent_or_says_why():
+    """AgentTreeSource (what `kdash attach --pid` uses) injects the agent into a Python process
+    started without kdash, or its health is the precondition that failed; `--no-inject`
+    (inject_allowed=False) leaves the process alone and says so."""
+    from kdash.collectors.agent import inject
+    from kdash.collectors.agents import AgentTreeSource
+
+    from kdash.target import Target
+
+    def sleeper() -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-c", SLEEPER, "8"],
+            env=bootstrap.disarmed_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    p = sleeper()
+    try:
+        time.sleep(0.3)
+        if not inject.check_injectable(p.pid, probe=False).ok:
+            pytest.skip("injection not possible on this machine")
+        want = inject.check_injectable(p.pid)  # with the cupti-python probe
+        tree = AgentTreeSource(Target.from_pid(p.pid), rescan_s=0.1)
+        tree.start()
+        if want.ok:
+            assert wait_for(lambda: tree.poll(0) is not None and p.pid in tree.agents, 10)
+            src = tree.agents[p.pid]
+            assert wait_for(lambda: src.hello.get("pid") == p.pid, 5)
+            assert tree.injections[p.pid] == "ok"
+        else:
+            assert wait_for(lambda: tree.poll(0) is not None and tree.health.state != "starting")
+            assert want.reason in tree.health.reason and "\n" not in tree.health.reason
+        tree.stop()
+    finally:
+        out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+
+    q = sleeper()
+    try:
+        time.sleep(0.3)
+        tree = AgentTreeSource(Target.from_pid(q.pid), rescan_s=0.1, inject_allowed=False)
+        tree.start()
+        time.sleep(1.0)
+        tree.poll(0)
+        assert find_agent_socket(q.pid) is None and tree.injections == {}
+        assert "--no-inject" in tree.health.reason
+        tree.stop()
+    finally:
+        q.communicate(timeout=30)
