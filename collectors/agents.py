@@ -251,6 +251,11 @@ class AgentTreeSource:
                     return src.pc_status()
         return ""
 
+    def extra_health(self) -> dict[str, str]:
+        """ "pc sampling": the agents' PC-sampling state, for the source pane's one line."""
+        state = self.pc_status()
+        return {"pc sampling": state} if state else {}
+
     def set_continuous(self, on: bool) -> None:
         """Continuous activity (True) or the agents' duty cycle (False), for every agent of
         the tree, including those found later."""

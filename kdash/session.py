@@ -305,7 +305,7 @@ class Recorder:
         return build_meta(
             target=self.target,
             gpus=self.gpus(),
-            sources={s.name: str(s.health) for s in self.sources},
+            sources=source_health(self.sources),
             start_ns=start_ns,
             end_ns=end_ns,
             trigger_ns=trigger_ns,
@@ -320,6 +320,17 @@ class Recorder:
                 self.on_event(event, payload)
             except Exception:  # noqa: BLE001 - a UI callback bug must not stop polling
                 log.exception("event callback failed for %s", event)
+
+
+def source_health(sources) -> dict[str, str]:
+    """Each source's health line by name, plus the lines a source reports for parts of
+    itself (`extra_health()`: the agents' PC sampling, which the source pane explains)."""
+    out = {s.name: str(s.health) for s in sources}
+    for s in sources:
+        extra = getattr(s, "extra_health", None)
+        if extra is not None:
+            out.update({str(k): str(v) for k, v in extra().items()})
+    return out
 
 
 def build_meta(

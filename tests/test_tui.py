@@ -679,6 +679,19 @@ class _FakeAgents:
     def cost_estimate(self) -> float | None:
         return 0.2916 if self.continuous else 0.02916
 
+    # PC sampling, as AgentTreeSource has it (the `L` key and the source pane's line)
+    pc_sampling = False
+    pc_calls: list[bool] = []
+
+    def set_pc_sampling(self, on: bool) -> None:
+        self.pc_calls = [*self.pc_calls, on]
+        self.pc_sampling = on
+
+    def extra_health(self) -> dict[str, str]:
+        if not self.pids:
+            return {}
+        return {"pc sampling": "starting" if self.pc_sampling else "off"}
+
 
 async def test_activity_key_switches_every_agent_off_the_ui_thread(make_app, tmp_path):
     """`a`: continuous and back, through the agent source, in a worker; the status bar says
@@ -706,6 +719,33 @@ async def test_activity_key_switches_every_agent_off_the_ui_thread(make_app, tmp
         await pilot.press("a")
         assert await wait_for(pilot, lambda: agents.calls == [(True, False), (False, False)])
         assert await wait_for(pilot, lambda: "activity sampled" in status_text(app))
+
+
+async def test_pc_sampling_key_switches_every_agent_and_the_source_pane_says_so(make_app, tmp_path):
+    """`L`: PC sampling on and off through the agent source, in a worker; the health the
+    source pane reads (`extra_health` in the view) follows; the help lists the key live."""
+    from kdash.tui.panes.source import why_no_samples
+
+    from kdash.session import Recorder, RecorderOptions
+
+    agents = _FakeAgents([11])
+    rec = Recorder([agents], Store(retention_s=30), None, RecorderOptions(capture_dir=tmp_path))
+    app = make_app(store=rec.store, meta={}, mode="live", recorder=rec, redraw_hz=10)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.pause()
+        assert app.build_view().health["pc sampling"] == "off"
+        assert "press L" in why_no_samples(app.build_view().health)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert "PC sampling" in plain(app.screen.query_one("#help-table"))
+        await pilot.press("escape")
+        await pilot.press("L")
+        assert await wait_for(pilot, lambda: agents.pc_calls == [True]), agents.pc_calls
+        assert any("PC sampling on" in n.message for n in app._notifications)
+        assert app.build_view().health["pc sampling"] == "starting"
+        assert "starting" in why_no_samples(app.build_view().health)
+        await pilot.press("L")
+        assert await wait_for(pilot, lambda: agents.pc_calls == [True, False])
 
 
 async def test_activity_key_without_an_agent_says_so(make_app, tmp_path):

@@ -51,7 +51,7 @@ from textual.worker import Worker, WorkerState
 from kdash import clock, schema
 from kdash.config import Config, save_config
 from kdash.errors import UserError
-from kdash.session import CaptureState, Recorder
+from kdash.session import CaptureState, Recorder, source_health
 from kdash.store import Store
 
 from .panes.base import Pane, View
@@ -273,6 +273,7 @@ class KdashApp(App[None]):
     # live, where it acts: the replay help then still fits an 80x24 terminal.
     LIVE_BINDINGS = [
         Binding("a", "toggle_activity", "kernel activity: duty-cycled / continuous (costs more)"),
+        Binding("L", "toggle_pc_sampling", "source pane: PC sampling (line samples) on / off"),
     ]
 
     def __init__(
@@ -496,7 +497,7 @@ class KdashApp(App[None]):
         since, until = self.view_range()
         anchor = self.data_start_ns if self.mode == "replay" else self._anchor_end_ns()
         if self.recorder is not None:
-            health = {s.name: str(s.health) for s in self.recorder.sources}
+            health = source_health(self.recorder.sources)
             findings = self.recorder.findings
             gpus = list(self.meta.get("gpus") or [])
         else:
@@ -826,6 +827,28 @@ class KdashApp(App[None]):
     def _set_activity(self, src, on: bool) -> None:
         src.set_continuous(on)
         self.call_from_thread(self._update_status)
+
+    def action_toggle_pc_sampling(self) -> None:
+        """`L`: PC-sampling ranges in every attached agent on or off (issue 5).
+
+        Off by default: each range pauses kernel activity (CUPTI refuses both at once) and its
+        Stop costs the agent's thread ~0.1 s of CPU; the source pane shows the state and the
+        reason when sampling cannot run. A socket write per agent: a thread worker.
+        """
+        src = self.agent_source()
+        pids = src.active_pids() if src is not None else []
+        if not pids or not hasattr(src, "set_pc_sampling"):
+            self.notify("no kdash agent attached: PC sampling cannot be switched", timeout=4)
+            return
+        on = not bool(getattr(src, "pc_sampling", False))
+        self._set_pc_sampling(src, on)
+        what = "on (200 ms ranges every 2 s)" if on else "off"
+        self.notify(f"PC sampling {what} in {len(pids)} process(es)", timeout=4)
+
+    @work(thread=True, exit_on_error=False, name="pc-sampling", group="pc-sampling")
+    def _set_pc_sampling(self, src, on: bool) -> None:
+        src.set_pc_sampling(on)
+        self.call_from_thread(self.request_redraw, now=True)
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):

@@ -132,16 +132,17 @@ def why_no_samples(health: dict[str, str]) -> str:
             return f"no line samples: another profiler holds the counters ({pcs})"
         if low.startswith("ok"):
             return "no line samples for this kernel in the window yet (PC sampling is on)"
+        if low.startswith("starting"):
+            return "no line samples yet: PC sampling is starting (first range within ~2 s)"
+        if low.startswith("off"):
+            return "no line samples: PC sampling was off (live: press L to turn it on)"
         return f"no line samples: PC sampling {pcs}"
     if agent is None or not str(agent).startswith("ok"):
         why = f" ({agent})" if agent else ""
         return (
             f"no line samples: no in-process agent{why} — start the target with `kdash run -- CMD`"
         )
-    return (
-        "no line samples: PC sampling was off (the agent's PC sampling source is not in this "
-        "kdash yet)"
-    )
+    return "no line samples: PC sampling was off (live: press L to turn it on)"
 
 
 @dataclass
