@@ -193,6 +193,7 @@ class AgentTreeSource:
         interval_s: float = 0.25,
         inject_allowed: bool = True,
         try_inject: bool = True,
+        pc_sampling: bool = False,
     ) -> None:
         self.target = target
         self.inject_allowed = inject_allowed  # False: `attach --no-inject`
@@ -207,7 +208,7 @@ class AgentTreeSource:
         self._next_scan = 0.0
         self.paused = False
         self.continuous = False  # every agent samples (duty cycle) unless the user asks
-        self.pc_sampling = False  # PC-sampling ranges in every agent (the source pane's key)
+        self.pc_sampling = pc_sampling  # PC-sampling ranges in every agent (`L`, --pc-sampling)
         # pid -> "injecting" | "ok" | the one-line reason it failed (tried once per pid)
         self.injections: dict[int, str] = {}
         # pause() comes from a capture worker thread while poll() runs on the poll thread.

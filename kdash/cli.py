@@ -115,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
             help="only these GPU indices (default: all)",
         )
         sp.add_argument(
+            "--pc-sampling",
+            action="store_true",
+            help="start the agents' PC sampling (source-pane line samples; `L` switches it "
+            "live): 200 ms ranges every 2 s, kernel activity paused during each",
+        )
+        sp.add_argument(
             "--headless",
             action="store_true",
             help="record without a UI (needs --duration and --output)",

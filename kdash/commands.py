@@ -21,6 +21,7 @@ def build_sources(
     interval_s: float,
     inject_allowed: bool = True,
     try_inject: bool = True,
+    pc_sampling: bool = False,
 ) -> list:
     """Host sources that work against any pid (scheduler, NVML) and the tree's kdash agents.
 
@@ -35,7 +36,9 @@ def build_sources(
     return [
         SchedSource(target, interval_s=interval_s),
         NvmlSource(target, gpus=gpus, interval_s=interval_s),
-        AgentTreeSource(target, inject_allowed=inject_allowed, try_inject=try_inject),
+        AgentTreeSource(
+            target, inject_allowed=inject_allowed, try_inject=try_inject, pc_sampling=pc_sampling
+        ),
     ]
 
 
@@ -191,7 +194,13 @@ def cmd_attach(args) -> int:
     root = server.tree.root.pid if server is not None and server.tree.root else args.pid
     target = Target.from_pid(root)
     inject_allowed = not getattr(args, "no_inject", False)
-    sources = build_sources(target, args.gpus, args.interval, inject_allowed)
+    sources = build_sources(
+        target,
+        args.gpus,
+        args.interval,
+        inject_allowed,
+        pc_sampling=getattr(args, "pc_sampling", False),
+    )
     sources += _sglang_sources(server, args)
     if args.headless:
         return _record_headless(target, args, sources, server=server)
@@ -227,7 +236,9 @@ def _run_live(
         thresholds=cfg.thresholds,
     )
     if sources is None:
-        sources = build_sources(target, args.gpus, args.interval)
+        sources = build_sources(
+            target, args.gpus, args.interval, pc_sampling=getattr(args, "pc_sampling", False)
+        )
     rec = _make_recorder(sources, store, target, opts, server)
     meta = {"target": target.describe(), "title": title}
     if server is not None:
@@ -285,7 +296,13 @@ def cmd_run(args, title: str | None = None, extra_meta: dict | None = None) -> i
         from kdash.sglang import starting_server
 
         server = starting_server(proc.pid, cmd)  # `kdash run -- python -m sglang.launch_server`
-        sources = build_sources(target, args.gpus, args.interval, try_inject=False)
+        sources = build_sources(
+            target,
+            args.gpus,
+            args.interval,
+            try_inject=False,
+            pc_sampling=getattr(args, "pc_sampling", False),
+        )
         sources += _sglang_sources(server, args)
         if server is not None and title is None:
             title = f"SGLang server {server.url} (started by kdash run)"

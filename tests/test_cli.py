@@ -254,3 +254,23 @@ def test_attach_no_inject(tmp_path, busy_pid):
     assert doc["tables"]["threads"] > 0  # the scheduler source still recorded
     r = kdash("run", "--no-inject", "--", sys.executable, "-c", "pass")
     assert_one_line_error(r, "--no-inject")  # attach only: `run` starts the agent itself
+
+
+def test_pc_sampling_flag_reaches_the_agent_source():
+    import os
+
+    """`--pc-sampling` on attach and run (documented), handed to the tree's agent source,
+    which passes it to every agent it connects (AgentSource START `pc_sampling`)."""
+    from kdash.collectors.agents import AgentTreeSource
+
+    from kdash.commands import build_sources
+    from kdash.target import Target
+
+    for cmd in ("attach", "run"):
+        r = kdash(cmd, "--help")
+        assert r.returncode == 0 and "--pc-sampling" in r.stdout
+    tgt = Target.from_pid(os.getpid())
+    tree = [s for s in build_sources(tgt, None, 0.5, pc_sampling=True) if s.name == "agent"]
+    assert isinstance(tree[0], AgentTreeSource) and tree[0].pc_sampling is True
+    off = [s for s in build_sources(tgt, None, 0.5) if s.name == "agent"][0]
+    assert off.pc_sampling is False
