@@ -53,6 +53,10 @@ DECODE_SWEEP = {
         DecodeConfig(programs_per_sm=6),
         DecodeConfig(num_stages=3),
         DecodeConfig(num_stages=3, programs_per_sm=8),
+        # the page-index prefetch on the default and on run 3's two contenders (see DecodeConfig)
+        DecodeConfig(prefetch_pages=True),
+        DecodeConfig(programs_per_sm=3, prefetch_pages=True),
+        DecodeConfig(programs_per_sm=8, prefetch_pages=True),
     ],
     "fp8": [
         DEFAULT_FP8_CONFIG,
@@ -64,6 +68,9 @@ DECODE_SWEEP = {
         replace(DEFAULT_FP8_CONFIG, block_n=64, num_stages=3),
         replace(DEFAULT_FP8_CONFIG, fp8_compute="pairs"),
         replace(DEFAULT_FP8_CONFIG, fp8_compute="fp16"),
+        replace(DEFAULT_FP8_CONFIG, prefetch_pages=True),
+        replace(DEFAULT_FP8_CONFIG, programs_per_sm=4, prefetch_pages=True),
+        replace(DEFAULT_FP8_CONFIG, programs_per_sm=12, prefetch_pages=True),
     ],
 }
 PREFILL_SWEEP = {
@@ -121,6 +128,26 @@ def bench_readflush_ms(fn, *, iters: int = 100) -> float:
     torch.cuda.synchronize()
     times = sorted(a.elapsed_time(b) for a, b in zip(starts, ends, strict=True))
     return float(times[len(times) // 2])
+
+
+def bench_host_us(fn, *, iters: int = 200) -> float:
+    """Median host-side us of one call of ``fn``: the Python wrapper plus its kernel launches.
+
+    The GPU is drained before every call, so no launch waits on a full queue and the figure is the
+    host's own cost. ``do_bench`` hides it only while it is shorter than the L2-flush kernel queued
+    in front of each call; a longer host time leaks into the timed region (bench/NOTES-kernels.md).
+    """
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    times.sort()
+    return times[len(times) // 2] * 1e6
 
 
 def bench_graph_ms(fn, *, rep: int = 100) -> float:
@@ -305,7 +332,7 @@ def decode_table(copy_gbs: float, best: dict[str, DecodeConfig]) -> list[dict[st
                 f"decode {row['heads']:>10} B={batch:<4} ctx={str(ctx):<9} "
                 f"bf16 {b['us']:8.1f}us {b['GBps']:7.0f}GB/s {b['bw_ratio']:.2f} "
                 f"(graph {b['us_graph']:7.1f}us {b['bw_ratio_graph']:.2f}, "
-                f"readflush {b['bw_ratio_readflush']:.2f}) | "
+                f"readflush {b['bw_ratio_readflush']:.2f}, host {b['host_us']:.0f}us) | "
                 f"fp8 {f['us']:8.1f}us {f['bw_ratio']:.2f} (graph {f['us_graph']:7.1f}us, "
                 f"readflush {f['us_readflush']:7.1f}us) | fp8 x{row['fp8_speedup']:.2f} "
                 f"(graph x{row['fp8_speedup_graph']:.2f})"
@@ -323,9 +350,11 @@ def decode_row(row: dict, lens, hq, hkv, d, copy_gbs: float, best: dict[str, Dec
         ms = bench_ms(fn)
         ms_g = bench_graph_ms(fn)
         ms_r = bench_readflush_ms(fn)
+        host_us = bench_host_us(fn)
         nbytes = case.bytes_needed()
         row[tag] = {
             "splits": splits,
+            "host_us": host_us,
             "us": ms * 1e3,
             "us_graph": ms_g * 1e3,
             "us_readflush": ms_r * 1e3,

@@ -51,6 +51,9 @@ needs_device = pytest.mark.skipif(
 )
 # Interpreter runs are slow per program: small blocks and few splits keep CI within its budget.
 SMALL = DecodeConfig(block_n=64)
+SMALL_PREFETCH = DecodeConfig(block_n=64, prefetch_pages=True)
+# Every correctness gate runs with and without the page-index prefetch (prefetch_pages).
+with_prefetch = pytest.mark.parametrize("cfg", [SMALL, SMALL_PREFETCH], ids=["plain", "prefetch"])
 
 
 def make_case(
@@ -95,40 +98,46 @@ def check(out, q, kc, vc, pt, sl, scales, fp8: bool):
 
 
 @needs_device
+@with_prefetch
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_decode_matches_reference(page_size: int, head_dim: int, fp8: bool) -> None:
-    lens = [1, 5, 100, 500]  # not block multiples; 1 and 5 are shorter than the split count
+def test_decode_matches_reference(page_size: int, head_dim: int, fp8: bool, cfg) -> None:
+    # not block multiples; 1 and 5 are shorter than the split count; 500 gives each of its 4
+    # splits two 64-token tiles, so the prefetch hands a tile's pages over across iterations
+    lens = [1, 5, 100, 500]
     q, kc, vc, pt, sl, scales = make_case(lens, 8, 2, head_dim, page_size, fp8)
     out = torch.full_like(q, float("nan"))  # poisoned: every element must be written
-    decode_attention(q, kc, vc, pt, sl, num_splits=4, config=SMALL, out=out, **scales)
+    decode_attention(q, kc, vc, pt, sl, num_splits=4, config=cfg, out=out, **scales)
     check(out, q, kc, vc, pt, sl, scales, fp8)
 
 
 @needs_device
+@with_prefetch
 @pytest.mark.parametrize(("q_heads", "kv_heads"), [(2, 2), (8, 1), (6, 2)])
-def test_decode_gqa_groups(q_heads: int, kv_heads: int) -> None:
+def test_decode_gqa_groups(q_heads: int, kv_heads: int, cfg) -> None:
     """MHA (group 1), one KV head for 8 query heads, and a group that is not a power of two."""
     q, kc, vc, pt, sl, scales = make_case([7, 130], q_heads, kv_heads, 64, 16, False, seed=1)
-    out = decode_attention(q, kc, vc, pt, sl, config=SMALL, max_seq_len=130)
+    out = decode_attention(q, kc, vc, pt, sl, config=cfg, max_seq_len=130)
     check(out, q, kc, vc, pt, sl, scales, False)
 
 
 @needs_device
-def test_more_splits_than_tokens_gives_no_nan() -> None:
+@with_prefetch
+def test_more_splits_than_tokens_gives_no_nan(cfg) -> None:
     q, kc, vc, pt, sl, scales = make_case([1, 2, 3], 4, 2, 64, 1, False, seed=2)
-    out = decode_attention(q, kc, vc, pt, sl, num_splits=16, config=SMALL)
+    out = decode_attention(q, kc, vc, pt, sl, num_splits=16, config=cfg)
     assert torch.isfinite(out.float()).all()
     check(out, q, kc, vc, pt, sl, scales, False)
 
 
 @needs_device
+@with_prefetch
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_forced_split_counts_still_cover_every_token(num_splits: int) -> None:
+def test_forced_split_counts_still_cover_every_token(num_splits: int, cfg) -> None:
     """A graph-captured split count must stay right for any lengths (only balance changes)."""
     q, kc, vc, pt, sl, scales = make_case([1, 130, 500], 4, 2, 64, 16, False, seed=6)
-    out = decode_attention(q, kc, vc, pt, sl, num_splits=num_splits, max_seq_len=2, config=SMALL)
+    out = decode_attention(q, kc, vc, pt, sl, num_splits=num_splits, max_seq_len=2, config=cfg)
     check(out, q, kc, vc, pt, sl, scales, False)
 
 
@@ -154,15 +163,71 @@ def test_fp8_per_tensor_scale_as_float() -> None:
     b = decode_attention(q, kf, vf, pt, sl, k_scale=ks, v_scale=vs, config=SMALL)
     torch.testing.assert_close(a, b, rtol=0, atol=0)
     check(a, q, kf, vf, pt, sl, dict(k_scale=ks, v_scale=vs), True)
+    # Float scales are turned into tensors once and reused: the reuse must follow the value.
+    c = decode_attention(q, kf, vf, pt, sl, k_scale=1.0, v_scale=1.0, config=SMALL)
+    ones = torch.ones(2, device=q.device)
+    d = decode_attention(q, kf, vf, pt, sl, k_scale=ones, v_scale=ones, config=SMALL)
+    torch.testing.assert_close(c, d, rtol=0, atol=0)
+    assert not torch.equal(a, c)
+    # A strided [Hkv] view is read as the values it shows, not as dense memory.
+    wide = torch.tensor([[1.0, 7.0], [1.0, 7.0]], device=q.device)[:, 0]
+    assert not wide.is_contiguous()
+    e = decode_attention(q, kf, vf, pt, sl, k_scale=wide, v_scale=wide, config=SMALL)
+    torch.testing.assert_close(e, d, rtol=0, atol=0)
 
 
 @needs_device
+def test_cached_launch_plan_still_validates_every_call() -> None:
+    """The per-shape launch cache must not let a bad layout through after a good call."""
+    q, kc, vc, pt, sl, scales = make_case([20], 4, 2, 64, 16, False, seed=10)
+    out = decode_attention(q, kc, vc, pt, sl, num_splits=1, config=SMALL)
+    check(out, q, kc, vc, pt, sl, scales, False)
+    strided = torch.zeros(1, 4, 128, dtype=q.dtype, device=q.device)[..., ::2]
+    strided.copy_(q)
+    assert strided.shape == q.shape
+    with pytest.raises(ValueError, match="contiguous"):
+        decode_attention(strided, kc, vc, pt, sl, num_splits=1, config=SMALL)
+
+
+@needs_device
+@pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "prefetch"])
 @pytest.mark.parametrize("mode", ["pairs_asm", "pairs", "fp16", "bf16"])
-def test_every_fp8_compute_path_passes_the_gate(mode: str) -> None:
+def test_every_fp8_compute_path_passes_the_gate(mode: str, prefetch: bool) -> None:
     q, kc, vc, pt, sl, scales = make_case([5, 300], 8, 2, 64, 16, True, seed=8)
-    cfg = DecodeConfig(block_n=64, fp8_compute=mode)
+    cfg = DecodeConfig(block_n=64, fp8_compute=mode, prefetch_pages=prefetch)
     out = decode_attention(q, kc, vc, pt, sl, num_splits=2, config=cfg, **scales)
     check(out, q, kc, vc, pt, sl, scales, True)
+
+
+@needs_device
+@pytest.mark.parametrize(
+    ("fp8", "mode"),
+    [(False, "pairs"), (True, "pairs"), (True, "fp16")],
+    ids=["bf16", "fp8-pairs", "fp8-fp16"],
+)
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_prefetch_changes_no_bit_of_the_result(page_size: int, fp8: bool, mode: str) -> None:
+    """The prefetch only moves the page-index loads earlier: same tiles, same arithmetic.
+
+    bf16 KV and both fp8 kernels (int16 pairs, and fp8 through ``_decode_stage1``); splits of
+    several tiles each, and a request whose last tile is partial.
+    """
+    q, kc, vc, pt, sl, scales = make_case([300, 77], 4, 2, 64, page_size, fp8, seed=9)
+    outs = [
+        decode_attention(
+            q,
+            kc,
+            vc,
+            pt,
+            sl,
+            num_splits=2,
+            config=DecodeConfig(block_n=32, fp8_compute=mode, prefetch_pages=p),
+            **scales,
+        )
+        for p in (False, True)
+    ]
+    assert torch.isfinite(outs[0].float()).all()
+    assert torch.equal(outs[0], outs[1])
 
 
 @needs_device
