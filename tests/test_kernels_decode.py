@@ -11,6 +11,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -23,6 +24,7 @@ from kdash.kernels.decode_attention import (  # noqa: E402
     _fp8_pairs_to_fp16,
     choose_num_splits,
     decode_attention,
+    default_config,
     plan_splits,
 )
 from kdash.kernels.kv_cache import FP8, build_paged_cache, fp8_scales  # noqa: E402
@@ -317,5 +319,35 @@ def test_gpu_decode_gates_at_benchmark_shapes(q_heads, lens, page_size, head_dim
     out = torch.full_like(q, float("nan"))
     decode_attention(
         q, kc, vc, pt, sl, out=out, max_seq_len=max(lens), total_tokens=sum(lens), **scales
+    )
+    check(out, q, kc, vc, pt, sl, scales, fp8)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize(
+    ("lens", "page_size"),
+    [([131072], 16), ([65536], 1), ("lognormal", 16)],
+    ids=["1x128k", "1x64k-p1", "64xlognormal4k"],
+)
+def test_gpu_prefetch_gates_at_benchmark_shapes(lens, page_size, fp8) -> None:
+    """The compiled page-index prefetch (not only the interpreter's) at the sweep's shapes."""
+    if lens == "lognormal":
+        lens = _lognormal_lens(64, 4096, seed=5)
+    q, kc, vc, pt, sl, scales = make_case(lens, 32, 8, 128, page_size, fp8, device="cuda")
+    cfg = replace(default_config(kc.dtype), prefetch_pages=True)
+    out = torch.full_like(q, float("nan"))
+    decode_attention(
+        q,
+        kc,
+        vc,
+        pt,
+        sl,
+        out=out,
+        max_seq_len=max(lens),
+        total_tokens=sum(lens),
+        config=cfg,
+        **scales,
     )
     check(out, q, kc, vc, pt, sl, scales, fp8)
