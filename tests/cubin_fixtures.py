@@ -74,6 +74,7 @@ STAGE1_SIG = {
             "FP8_FP16",
             "EVICT",
             "UPCAST",
+            "PREFETCH",
         )
     },
 }
@@ -87,6 +88,7 @@ STAGE1_CONST = {
     "FP8_FP16": True,
     "EVICT": "",
     "UPCAST": False,
+    "PREFETCH": False,
 }
 
 # Real H200 reason names (CUPTI's), weighted roughly as a memory-bound decode kernel shows them;
