@@ -598,6 +598,11 @@ class CudaContext:
     def __init__(self, device: int | None = None, libcuda: str = "libcuda.so.1") -> None:
         lib = ctypes.CDLL(libcuda)
         self.lib = lib
+        # cuda.h maps these names to their _v2 entry points; the unversioned symbols are the
+        # old ABI (cuCtxPushCurrent refused the primary context with error 201 on the H200)
+        self._push = self._fn("cuCtxPushCurrent")
+        self._pop = self._fn("cuCtxPopCurrent")
+        self._release = self._fn("cuDevicePrimaryCtxRelease")
         self._chk("cuInit", lib.cuInit(0))
         n = ctypes.c_int(0)
         self._chk("cuDeviceGetCount", lib.cuDeviceGetCount(ctypes.byref(n)))
@@ -626,6 +631,10 @@ class CudaContext:
         self.ctx = int(ctx.value or 0)
         self.pushed = False
 
+    def _fn(self, name: str):  # noqa: ANN202 - a ctypes function
+        """`name`_v2 where the driver has it (as cuda.h would call), else `name`."""
+        return getattr(self.lib, name + "_v2", None) or getattr(self.lib, name)
+
     @staticmethod
     def _chk(call: str, rc: int) -> None:
         if rc != CUDA_SUCCESS:
@@ -634,14 +643,14 @@ class CudaContext:
     def push(self) -> None:
         """Make the context current on this thread (CUPTI's PC sampling calls are made here)."""
         if not self.pushed:
-            self._chk("cuCtxPushCurrent", self.lib.cuCtxPushCurrent(c_void_p(self.ctx)))
+            self._chk("cuCtxPushCurrent", self._push(c_void_p(self.ctx)))
             self.pushed = True
 
     def pop(self) -> None:
         if self.pushed:
             old = c_void_p(0)
             self.pushed = False
-            self._chk("cuCtxPopCurrent", self.lib.cuCtxPopCurrent(ctypes.byref(old)))
+            self._chk("cuCtxPopCurrent", self._pop(ctypes.byref(old)))
 
     def synchronize(self) -> None:
         """Wait for the GPU work queued so far (the H200 run synchronised around Start/Stop)."""
@@ -650,7 +659,7 @@ class CudaContext:
     def release(self) -> None:
         self.pop()
         if self.dev is not None:
-            self.lib.cuDevicePrimaryCtxRelease(self.dev)
+            self._release(self.dev)
             self.dev = None
 
 
