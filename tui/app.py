@@ -831,9 +831,10 @@ class KdashApp(App[None]):
     def action_toggle_pc_sampling(self) -> None:
         """`L`: PC-sampling ranges in every attached agent on or off (issue 5).
 
-        Off by default: each range pauses kernel activity (CUPTI refuses both at once) and its
-        Stop costs the agent's thread ~0.1 s of CPU; the source pane shows the state and the
-        reason when sampling cannot run. A socket write per agent: a thread worker.
+        Off by default: each range pauses kernel activity (CUPTI refuses both at once), and its
+        Stop decodes the samples with the target's GIL held (a range's CUPTI calls from a
+        second thread hung the target otherwise, on the H200); the source pane shows the state
+        and the reason when sampling cannot run. A socket write per agent: a thread worker.
         """
         src = self.agent_source()
         pids = src.active_pids() if src is not None else []

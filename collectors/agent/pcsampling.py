@@ -596,7 +596,7 @@ class CudaContext:
     """
 
     def __init__(self, device: int | None = None, libcuda: str = "libcuda.so.1") -> None:
-        lib = ctypes.CDLL(libcuda)
+        lib = ctypes.PyDLL(libcuda)  # the GIL stays held in these calls: see SamplingRanges
         self.lib = lib
         # cuda.h maps these names to their _v2 entry points; the unversioned symbols are the
         # old ABI (cuCtxPushCurrent refused the primary context with error 201 on the H200)
@@ -663,6 +663,12 @@ class CudaContext:
             self.dev = None
 
 
+# Sampling period (2^N cycles) of the agent's ranges: at 2^11 a 200 ms range of the H200 decode
+# loop held ~1.8 M samples, whose decoding in Stop would hold the target's GIL for ~0.25 s;
+# 2^13 takes a quarter of them (still ~450,000 a range: plenty for line heat).
+RANGE_PERIOD = 13
+
+
 class SamplingRanges:
     """One PC-sampling range at a time: enable, start, wait, stop and read, disable.
 
@@ -678,10 +684,16 @@ class SamplingRanges:
         *,
         device: int | None = None,
         libcuda: str = "libcuda.so.1",
-        period: int = 11,
+        period: int = RANGE_PERIOD,
     ) -> None:
         self.cuda = CudaContext(device, libcuda)
-        self.sampler = PCSampler(ctypes.CDLL(libcupti), self.cuda.ctx, period=period)
+        # PyDLL: the GIL stays held inside every CUPTI and driver call of a range. With
+        # ctypes.CDLL (the GIL released) a range started from a second thread while the main
+        # thread launched kernels hung the process for good, with or without kernel activity
+        # registered; holding the GIL, the same range completed
+        # (bench/results/pcs-thread-h200.json). The price: the target's Python waits during
+        # Stop's decoding (~135 ns a sample there), hence the coarser default period.
+        self.sampler = PCSampler(ctypes.PyDLL(libcupti), self.cuda.ctx, period=period)
         self.ranges = 0
         self.last: dict[str, float] = {}
         self.cpu_ms_total = 0.0
