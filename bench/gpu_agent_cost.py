@@ -226,6 +226,21 @@ def segment(pid: int, rows_out: dict, seconds: float = 3.0, **kw: object) -> tup
     return health, (t0, t1), stats, kernels
 
 
+def vs_neighbours(rates: dict) -> dict:
+    """Each attached segment's rate against the mean of the unattached segments on either side
+    of it (`before`/`after_X`): a target that slows down over its run (clocks settling under a
+    power cap) then does not count against kdash, as it does in `vs_before_pct`."""
+    names = list(rates)
+    out = {}
+    for i, k in enumerate(names):
+        if k == "before" or k.startswith("after_") or i + 1 >= len(names):
+            continue
+        a, b = rates.get(names[i - 1]), rates.get(names[i + 1])
+        if a and b and rates[k] is not None:
+            out[k] = round(100.0 * (rates[k] / ((a + b) / 2) - 1), 2)
+    return out
+
+
 def run_target(mode: str, env: dict, script: Path) -> dict:
     res: dict = {"mode": mode}
     tgt = gac.Target(mode, 120.0, env, script)
@@ -293,6 +308,7 @@ def run_target(mode: str, env: dict, script: Path) -> dict:
     rates = {k: tgt.rate(*w) for k, w in windows.items()}
     res["rate_it_s"] = rates
     res["vs_before_pct"] = {k: gac.pct(before, v) for k, v in rates.items() if k != "before"}
+    res["vs_neighbours_pct"] = vs_neighbours(rates)
     tgt.proc.send_signal(signal.SIGTERM)
     res["exit_code"] = tgt.finish(30)
     res["stdout_tail"] = [ln[:200] for ln in tgt.lines[-2:]]
