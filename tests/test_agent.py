@@ -1345,22 +1345,13 @@ def pcs_standin(tmp_path: Path) -> str:
     gcc or the header."""
     import shutil
 
-    from test_pcsampling_layout import HEADER_DIR, STANDIN
+    from test_pcsampling_layout import HEADER_DIR, compile_standin
 
     if HEADER_DIR is None or not (shutil.which("gcc") or shutil.which("cc")):
         pytest.skip("needs gcc and cupti_pcsampling.h (nvidia-cuda-cupti)")
     d = tmp_path / "pcs"
     d.mkdir()
-    (d / "cuda.h").write_text("typedef struct CUctx_st *CUcontext;\n")
-    (d / "standin.c").write_text(STANDIN)
-    so = d / "libpcs_standin.so"
-    subprocess.run(
-        ["gcc", "-shared", "-fPIC", "-I", str(d), "-I", str(HEADER_DIR), str(d / "standin.c"),
-         "-o", str(so)],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    return str(so)
+    return str(compile_standin(d))
 
 
 @pytest.mark.parametrize("continuous", [False, True], ids=["duty", "continuous"])

@@ -243,9 +243,8 @@ CUptiResult cuptiPCSamplingGetData(CUpti_PCSamplingGetDataParams *p) {
 """
 
 
-@pytest.fixture(scope="module")
-def standin(tmp_path_factory) -> ctypes.CDLL:
-    d = tmp_path_factory.mktemp("cupti_standin")
+def compile_standin(d: Path) -> Path:
+    """The stand-in compiled into folder `d` (a test fixture; also used by test_agent.py)."""
     (d / "cuda.h").write_text("typedef struct CUctx_st *CUcontext;\n")
     (d / "standin.c").write_text(STANDIN)
     so = d / "libcupti_standin.so"
@@ -255,7 +254,12 @@ def standin(tmp_path_factory) -> ctypes.CDLL:
         check=True,
         capture_output=True,
     )  # fmt: skip
-    return ctypes.CDLL(str(so))
+    return so
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory) -> ctypes.CDLL:
+    return ctypes.CDLL(str(compile_standin(tmp_path_factory.mktemp("cupti_standin"))))
 
 
 def test_sampler_plumbing_against_the_standin(standin):
