@@ -864,6 +864,7 @@ class KdashApp(App[None]):
             at = next(i for i, b in enumerate(keys) if b.key == "f") + 1
             keys[at:at] = self.LIVE_BINDINGS
         # The source pane's own keys (active while it has focus) belong in the list too.
+        keys += [b for b in KernelPane.BINDINGS if isinstance(b, Binding)]
         keys += [b for b in SourcePane.BINDINGS if isinstance(b, Binding) and b.key in "nNs"]
         self.push_screen(HelpScreen(keys, self.mode, self.status_info().sources))
 

@@ -26,6 +26,7 @@ KEY_NAMES = {
     "right": "→",
     "escape": "esc",
     "shift+tab": "shift+tab",
+    "slash": "/",
 }
 
 
