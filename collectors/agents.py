@@ -248,8 +248,9 @@ class AgentTreeSource:
         """One line for the source pane: the first agent's PC-sampling state ("" if none)."""
         with self._lock:
             for src in self.agents.values():
-                if src.health.ok:
-                    return src.pc_status()
+                status = getattr(src, "pc_status", None)
+                if src.health.ok and status is not None:
+                    return status()
         return ""
 
     def extra_health(self) -> dict[str, str]:

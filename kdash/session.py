@@ -328,8 +328,12 @@ def source_health(sources) -> dict[str, str]:
     out = {s.name: str(s.health) for s in sources}
     for s in sources:
         extra = getattr(s, "extra_health", None)
-        if extra is not None:
+        if extra is None:
+            continue
+        try:  # a bug here must not cost a capture or a redraw: it is shown instead
             out.update({str(k): str(v) for k, v in extra().items()})
+        except Exception as e:  # noqa: BLE001
+            out[f"{s.name} (detail)"] = f"degraded: extra_health failed: {type(e).__name__}: {e}"
     return out
 
 

@@ -88,3 +88,27 @@ def test_target_exit_is_reported(tmp_path):
         assert wait_for(lambda: "target-exited" in events, timeout=5)
     finally:
         rec.stop()
+
+
+def test_source_health_survives_a_failing_extra_health():
+    """A source's extra_health bug shows as a degraded line; the other lines are kept."""
+    from kdash.collectors.base import Health
+    from kdash.session import source_health
+
+    class Ok:
+        name = "agent"
+        health = Health()
+
+        def extra_health(self) -> dict:
+            return {"pc sampling": "off"}
+
+    class Broken:
+        name = "sched"
+        health = Health()
+
+        def extra_health(self) -> dict:
+            raise RuntimeError("boom")
+
+    h = source_health([Ok(), Broken()])
+    assert h["agent"] == "ok" and h["pc sampling"] == "off" and h["sched"] == "ok"
+    assert h["sched (detail)"].startswith("degraded: extra_health failed: RuntimeError: boom")

@@ -805,28 +805,37 @@ class KdashApp(App[None]):
                 return src
         return None
 
+    def _agents_to_switch(self, what: str, setter: str):
+        """The agent source when it has agents to switch (and `setter`), else None after
+        saying in one line that there is nothing to switch."""
+        src = self.agent_source()
+        pids = src.active_pids() if src is not None else []
+        if not pids or not hasattr(src, setter):
+            self.notify(f"no kdash agent attached: {what} cannot be switched", timeout=4)
+            return None, 0
+        return src, len(pids)
+
+    @work(thread=True, exit_on_error=False, name="agent-switch", group="agent-switch")
+    def _switch_agents(self, src, setter: str, on: bool) -> None:
+        """A socket write per agent under the source's lock (which a poll may hold): never on
+        the UI thread. The status bar and the panes follow at once."""
+        getattr(src, setter)(on)
+        self.call_from_thread(self._update_status)
+        self.call_from_thread(self.request_redraw, now=True)
+
     def action_toggle_activity(self) -> None:
         """`a`: every attached agent between its duty cycle and continuous kernel activity.
 
-        Continuous shows every kernel but cost a graph-replayed decode loop ~29% on the H200,
+        Continuous shows every kernel but cost a graph-replayed decode loop ~20% on the H200,
         so it is the user's explicit choice, and the status bar's cost estimate follows it.
-        The switch itself is a socket write per agent under the source's lock (which a poll
-        may hold), so it runs in a thread worker, never on the UI thread.
         """
-        src = self.agent_source()
-        pids = src.active_pids() if src is not None else []
-        if not pids:
-            self.notify("no kdash agent attached: kernel activity cannot be switched", timeout=4)
+        src, n = self._agents_to_switch("kernel activity", "set_continuous")
+        if src is None:
             return
         on = not bool(getattr(src, "continuous", False))
-        self._set_activity(src, on)
+        self._switch_agents(src, "set_continuous", on)
         what = "continuous (every kernel; costs the target more)" if on else "duty-cycled"
-        self.notify(f"kernel activity: {what} in {len(pids)} process(es)", timeout=4)
-
-    @work(thread=True, exit_on_error=False, name="activity", group="activity")
-    def _set_activity(self, src, on: bool) -> None:
-        src.set_continuous(on)
-        self.call_from_thread(self._update_status)
+        self.notify(f"kernel activity: {what} in {n} process(es)", timeout=4)
 
     def action_toggle_pc_sampling(self) -> None:
         """`L`: PC-sampling ranges in every attached agent on or off (issue 5).
@@ -834,22 +843,15 @@ class KdashApp(App[None]):
         Off by default: each range pauses kernel activity (CUPTI refuses both at once), and its
         Stop decodes the samples with the target's GIL held (a range's CUPTI calls from a
         second thread hung the target otherwise, on the H200); the source pane shows the state
-        and the reason when sampling cannot run. A socket write per agent: a thread worker.
+        and the reason when sampling cannot run.
         """
-        src = self.agent_source()
-        pids = src.active_pids() if src is not None else []
-        if not pids or not hasattr(src, "set_pc_sampling"):
-            self.notify("no kdash agent attached: PC sampling cannot be switched", timeout=4)
+        src, n = self._agents_to_switch("PC sampling", "set_pc_sampling")
+        if src is None:
             return
         on = not bool(getattr(src, "pc_sampling", False))
-        self._set_pc_sampling(src, on)
+        self._switch_agents(src, "set_pc_sampling", on)
         what = "on (200 ms ranges every 2 s)" if on else "off"
-        self.notify(f"PC sampling {what} in {len(pids)} process(es)", timeout=4)
-
-    @work(thread=True, exit_on_error=False, name="pc-sampling", group="pc-sampling")
-    def _set_pc_sampling(self, src, on: bool) -> None:
-        src.set_pc_sampling(on)
-        self.call_from_thread(self.request_redraw, now=True)
+        self.notify(f"PC sampling {what} in {n} process(es)", timeout=4)
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
