@@ -93,6 +93,7 @@ def test_target_exit_is_reported(tmp_path):
 def test_source_health_survives_a_failing_extra_health():
     """A source's extra_health bug shows as a degraded line; the other lines are kept."""
     from kdash.collectors.base import Health
+
     from kdash.session import source_health
 
     class Ok:

@@ -779,3 +779,6 @@ def test_kernel_pane_line_under_no_inject():
     assert line.startswith("Kernel timeline: no agent in pid 42 (injection off: --no-inject)")
     assert "\n" not in line
     assert kernel_empty_line("unavailable: no kdash agent in pid 42") == NO_KERNELS
+    why = "pid 42 runs as uid 7 and kdash as uid 0: run kdash as that user"
+    line = kernel_empty_line(f"unavailable: no kdash agent in pid 42 or its children: {why}")
+    assert line == f"Kernel timeline: no agent — {why}"

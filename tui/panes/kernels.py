@@ -101,9 +101,14 @@ def analysis_notes(
 def empty_line(agent_health: str) -> str:
     """The pane's one line before any kernel arrived: the generic "needs the agent" advice,
     except under `attach --no-inject`, where the agent source's own reason ("no agent in pid
-    N (injection off: --no-inject); ...") says the pane is empty by the user's choice."""
+    N (injection off: --no-inject); ...") says the pane is empty by the user's choice, and
+    where the source says why no agent could be had (a failed injection's precondition)."""
     if NO_INJECT_MARK in agent_health:
         return "Kernel timeline: " + agent_health.split(": ", 1)[-1]
+    # why an agent is missing where kdash tried to put one (injection failed or a precondition
+    # did not hold): say that, not the generic advice
+    if "or its children: " in agent_health:
+        return "Kernel timeline: no agent — " + agent_health.split("or its children: ", 1)[1]
     return NO_KERNELS
 
 
