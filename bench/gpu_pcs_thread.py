@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-CHILD = r'''
+CHILD = r"""
 import ctypes, sys, threading, time, json
 import torch
 from cupti import cupti
@@ -59,20 +59,23 @@ th.join(5)
 out["iters"] = n; out["alive_after"] = th.is_alive(); out["max_gap_s"] = max(
     (b - a_ for a_, b in zip([0.0] + marks, marks)), default=None)
 print("RESULT " + json.dumps(out, default=str), flush=True)
-'''
+"""
 
 res = {"command": "python bench/gpu_pcs_thread.py", "variants": {}}
 for v in ("cdll", "pydll", "cdll_activity"):
     t0 = time.monotonic()
     try:
-        p = subprocess.run([sys.executable, "-c", CHILD, v], capture_output=True, text=True,
-                           timeout=25)
+        p = subprocess.run(
+            [sys.executable, "-c", CHILD, v], capture_output=True, text=True, timeout=25
+        )
         line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        res["variants"][v] = json.loads(line[7:]) if line else {"rc": p.returncode,
-                                                                  "stderr": p.stderr[-800:]}
+        res["variants"][v] = (
+            json.loads(line[7:]) if line else {"rc": p.returncode, "stderr": p.stderr[-800:]}
+        )
     except subprocess.TimeoutExpired:
         res["variants"][v] = {"hung": True}
     res["variants"][v]["seconds"] = round(time.monotonic() - t0, 1)
     print(v, json.dumps(res["variants"][v], default=str)[:600], flush=True)
 out = os.path.join(os.environ.get("OUT", "."), "pcs-thread-h200.json")
-open(out, "w").write(json.dumps(res, indent=2, default=str) + "\n")
+with open(out, "w") as f:
+    f.write(json.dumps(res, indent=2, default=str) + "\n")
