@@ -741,7 +741,7 @@ async def test_pc_sampling_key_switches_every_agent_and_the_source_pane_says_so(
         await pilot.press("escape")
         await pilot.press("L")
         assert await wait_for(pilot, lambda: agents.pc_calls == [True]), agents.pc_calls
-        assert any("PC sampling on" in n.message for n in app._notifications)
+        assert any("PC sampling: on" in n.message for n in app._notifications)
         assert app.build_view().health["pc sampling"] == "starting"
         assert "starting" in why_no_samples(app.build_view().health)
         await pilot.press("L")

@@ -823,19 +823,24 @@ class KdashApp(App[None]):
         self.call_from_thread(self._update_status)
         self.call_from_thread(self.request_redraw, now=True)
 
+    def _toggle_agents(self, what: str, setter: str, attr: str, texts: tuple[str, str]) -> None:
+        """Flip the agent source's `attr` through `setter` for every agent; `texts` say the
+        new state (on, off) in the notification."""
+        src, n = self._agents_to_switch(what, setter)
+        if src is None:
+            return
+        on = not bool(getattr(src, attr, False))
+        self._switch_agents(src, setter, on)
+        self.notify(f"{what}: {texts[0] if on else texts[1]} in {n} process(es)", timeout=4)
+
     def action_toggle_activity(self) -> None:
         """`a`: every attached agent between its duty cycle and continuous kernel activity.
 
         Continuous shows every kernel but cost a graph-replayed decode loop ~20% on the H200,
         so it is the user's explicit choice, and the status bar's cost estimate follows it.
         """
-        src, n = self._agents_to_switch("kernel activity", "set_continuous")
-        if src is None:
-            return
-        on = not bool(getattr(src, "continuous", False))
-        self._switch_agents(src, "set_continuous", on)
-        what = "continuous (every kernel; costs the target more)" if on else "duty-cycled"
-        self.notify(f"kernel activity: {what} in {n} process(es)", timeout=4)
+        texts = ("continuous (every kernel; costs the target more)", "duty-cycled")
+        self._toggle_agents("kernel activity", "set_continuous", "continuous", texts)
 
     def action_toggle_pc_sampling(self) -> None:
         """`L`: PC-sampling ranges in every attached agent on or off (issue 5).
@@ -845,13 +850,8 @@ class KdashApp(App[None]):
         second thread hung the target otherwise, on the H200); the source pane shows the state
         and the reason when sampling cannot run.
         """
-        src, n = self._agents_to_switch("PC sampling", "set_pc_sampling")
-        if src is None:
-            return
-        on = not bool(getattr(src, "pc_sampling", False))
-        self._switch_agents(src, "set_pc_sampling", on)
-        what = "on (200 ms ranges every 2 s)" if on else "off"
-        self.notify(f"PC sampling {what} in {n} process(es)", timeout=4)
+        texts = ("on (200 ms ranges every 2 s)", "off")
+        self._toggle_agents("PC sampling", "set_pc_sampling", "pc_sampling", texts)
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
