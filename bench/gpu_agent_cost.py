@@ -14,8 +14,11 @@ Per target, in this order (each segment 3 s after 1 s settling; rates are the ta
 iterations/s from its tick lines; `after_X` is the rate once X has detached): `before`;
 `lean_duty5` (kernels, memcpy, memset, synchronization, markers: no API records, so no per-API
 switch calls; 50 ms of every second); `duty` (all kinds with API records narrowed to launch
-and sync calls, 100 ms of every second: the default of the earlier runs); `continuous` (all
-kinds, always on); each followed by its `after_`. The earlier runs' per-kind ablation on the
+and sync calls, 100 ms of every second: kdash's default), `duty_again` (the same, to see the
+spread), `duty_long` (500 ms of every 5 s: the same 10% with a fifth of the window edges);
+`continuous` (all kinds, always on); each followed by its `after_`, and the SM clock (NVML)
+taken at every segment's end. `vs_neighbours_pct` compares each attached segment with the
+unattached ones on either side. The earlier runs' per-kind ablation on the
 eager loop is in bench/results/agent-cost-h200.json (kernels only -3.5..-12.9%, + runtime
 -8..-18%, all kinds -10..-25%; the after-detach rates dropped once API records had been on).
 Decode also gets `truth`: kdash's per-kernel mean durations (the continuous segment) against
@@ -173,6 +176,18 @@ def measure(tgt: gac.Target, seconds: float = 3.0, settle: float = 1.0) -> tuple
     return t0, gac.now_ns()
 
 
+def sm_clock_mhz() -> int | None:
+    """GPU 0's SM clock now (NVML), so a rate drift can be told from kdash's cost."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        return int(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM))
+    except Exception:  # noqa: BLE001 - a figure beside the rates, not the point of the run
+        return None
+
+
 def wait_idle(pid: int, timeout: float = 15.0) -> dict:
     """Until the agent's previous session has ended (it serves one client at a time)."""
     end = time.monotonic() + timeout
@@ -260,8 +275,13 @@ def run_target(mode: str, env: dict, script: Path) -> dict:
     plan = [
         ("lean_duty5", {"activities": lean, "on_ms": 50}),
         ("duty", {}),
+        # the default again, and a longer period at the same 10%: per-window costs (enable,
+        # flush, disable) weigh a fifth as much at 500 ms every 5 s
+        ("duty_again", {}),
+        ("duty_long", {"period_ms": 5000, "on_ms": 500}),
         ("continuous", {"continuous": True}),
     ]
+    clocks: dict[str, int | None] = {"before": sm_clock_mhz()}
     truth_kernels: list[dict] = []
     for name, kw in plan:
         rows: dict = {}
@@ -269,7 +289,9 @@ def run_target(mode: str, env: dict, script: Path) -> dict:
         windows[name] = win
         res[name] = {"health": health, "rows": rows, "stats": stats}
         res[name]["probe_after"] = wait_idle(pid)
+        clocks[name] = sm_clock_mhz()
         windows["after_" + name] = measure(tgt)
+        clocks["after_" + name] = sm_clock_mhz()
         if name == "continuous":
             truth_kernels = kernels
     if mode == "decode":
@@ -309,6 +331,7 @@ def run_target(mode: str, env: dict, script: Path) -> dict:
     res["rate_it_s"] = rates
     res["vs_before_pct"] = {k: gac.pct(before, v) for k, v in rates.items() if k != "before"}
     res["vs_neighbours_pct"] = vs_neighbours(rates)
+    res["sm_clock_mhz_at_segment_end"] = clocks
     tgt.proc.send_signal(signal.SIGTERM)
     res["exit_code"] = tgt.finish(30)
     res["stdout_tail"] = [ln[:200] for ln in tgt.lines[-2:]]
