@@ -10,7 +10,11 @@ kernel sources at the time.
 
 The line tables point at the machine's install path (/tmp/site/kdash/kernels/...); the tests
 map them onto this checkout's `kernels/` folder, and the assertions about what a line *says*
-are skipped when that source has changed since the recording (the pane flags that case).
+are skipped when that source has changed since the recording (the pane flags that case). The
+snapshots of the pane on these samples exist only while the source matches: after re-recording
+(bench/gpu_pcsampling.py, samples and cubins into tests/data, the meta's sha256 updated), make
+them with `pytest tests/test_h200_pcsamples.py --snapshot-update` (a skipped snapshot test
+would leave its file unused, which fails the run).
 """
 
 from __future__ import annotations
