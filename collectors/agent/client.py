@@ -90,7 +90,6 @@ class AgentSource:
         period_ms: int = server.DUTY_PERIOD_MS,
         on_ms: int = server.DUTY_ON_MS,
         finalize_on_detach: bool = False,
-        finalize_windows: bool = False,
         pc_sampling: bool = False,
         pc_on_ms: int = server.PC_ON_MS,
         pc_period_ms: int = server.PC_PERIOD_MS,
@@ -104,7 +103,6 @@ class AgentSource:
         self.period_ms = period_ms
         self.on_ms = on_ms
         self.finalize_on_detach = finalize_on_detach
-        self.finalize_windows = finalize_windows
         # PC sampling (issue 5): off unless asked; ranges of pc_on_ms every pc_period_ms
         self.pc_sampling = pc_sampling
         self.pc_on_ms = pc_on_ms
@@ -302,8 +300,6 @@ class AgentSource:
             start = {"activities": self.activities, **self._duty_fields()}
             if self.finalize_on_detach:
                 start["finalize_on_detach"] = True
-            if self.finalize_windows:
-                start["finalize_windows"] = True
             if int(hello.body.get("agent_version", 1)) < 2:
                 start = {"activities": self.activities}  # an old agent: always continuous
             self._send(wire.encode_control(wire.MsgType.START, start))

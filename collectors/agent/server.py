@@ -1196,7 +1196,6 @@ class CuptiActivity:
         self.enabled_at_ns = 0  # monotonic ns just before the kinds were (re-)enabled
         self.disabled_at_ns = 0  # monotonic ns just after they were all disabled
         self.finalized = 0
-        self.register_ns = 0  # time spent re-registering buffer callbacks after a finalize
         self.narrow_ns = 0  # agent-thread time re-narrowing API records at window starts
         self.resumes = 0
 
@@ -1356,7 +1355,7 @@ class CuptiActivity:
 
         Done on every START: a profiler that ran in between (torch.profiler) has registered
         its own buffer callbacks and CUPTI keeps only the last registration; and after a
-        cuptiFinalize (a duty-cycle window with `finalize_windows`) CUPTI has forgotten ours.
+        cuptiFinalize (`finalize_on_detach`) CUPTI has forgotten ours.
         """
         cu = self.cupti
         self.mode = "objects"
@@ -1454,15 +1453,6 @@ class CuptiActivity:
         errors = []
         kinds, self.paused = self.paused, []
         self.enabled_at_ns = time.monotonic_ns()
-        if not self._registered:  # a cuptiFinalize at the last window's end
-            t0 = time.perf_counter_ns()
-            try:
-                self._register()
-                self.register_ns += time.perf_counter_ns() - t0
-            except Unavailable as e:
-                self.paused = kinds
-                self.last_error = f"re-registering after cuptiFinalize: {e.line}"
-                return self.last_error
         for act, kind in kinds:
             try:
                 self._kind_on(kind)
@@ -1556,12 +1546,12 @@ class CuptiActivity:
     def finalize(self) -> str:
         """cuptiFinalize after a detach (opt-in, START "finalize_on_detach"); "" or why not.
 
-        Why: on the H200 a CUDA-graph loop stayed 25% slower after every kind was disabled
-        (0.42 us per replayed kernel, the cost of activity itself), and eager 3.6% slower;
-        PyTorch saw the same after torch.profiler and calls cuptiFinalize (TEARDOWN_CUPTI) to
-        make CUPTI let go of the process. CUPTI's docs ask for it to be called where no other
-        thread is inside CUPTI, which an agent without a callback subscriber cannot ensure,
-        so it stays opt-in until the GPU check shows it safe (bench/gpu_agent_check.py, duty).
+        Why it exists: after torch.profiler, PyTorch calls cuptiFinalize (TEARDOWN_CUPTI) to
+        make CUPTI let go of the process, and on the H200 it gave an eager loop its speed back.
+        Why it is opt-in and no kdash command asks for it: finalizing while a CUDA graph is
+        being replayed killed both graph targets of bench/gpu_agent_cost.py ("unspecified
+        launch failure", bench/results/agent-cost-h200-finalize.json), and CUPTI's docs want
+        no other thread inside CUPTI at that moment, which an agent cannot ensure.
         """
         if self.cupti is None or self.enabled or self.kinds_on():
             return "not finalized: activity kinds still on"
@@ -1681,7 +1671,6 @@ class Agent:
         self._duty = DutyCycle()
         self.on_ns = 0  # total time CUPTI activity was on, over all sessions
         self.windows_sent = 0
-        self.finalize_ns = 0  # time spent in cuptiFinalize at window ends (finalize_windows)
         self.last_disconnect = ""
         # PC sampling: its own thread per range; `_pc_busy` is set while a range runs, and the
         # duty cycle does not switch activity on meanwhile
@@ -1828,8 +1817,6 @@ class Agent:
             "kinds_on": c.kinds_on() if c else [],
             "buffers_requested": c.raw.requested if c and c.raw else 0,
             "finalized": c.finalized if c else 0,
-            "finalize_ms": round(self.finalize_ns / 1e6, 3),
-            "resume_register_ms": round(c.register_ns / 1e6, 3) if c else 0.0,
             "narrow_us_per_window": round(c.narrow_ns / c.resumes / 1e3, 1)
             if c and c.resumes
             else None,
@@ -1930,7 +1917,6 @@ class Agent:
         waiting: list[str] | None = None  # START received, CUPTI not on yet (or paused)
         last_sent: tuple[str, str] | None = None
         finalize_on_detach = False
-        finalize_windows = False  # cuptiFinalize at every duty-cycle window's end (opt-in)
         self._duty = DutyCycle()
         pc_cfg = PCConfig()
         next_pc = 0.0  # when the next PC-sampling range may start
@@ -1990,14 +1976,8 @@ class Agent:
                     self._add_window(win_start_ns, t)
                     win_start_ns, next_edge = t, now + d.period_s
                 elif phase_on:
-                    err = c.pause()
+                    c.pause()
                     self._add_window(win_start_ns, c.disabled_at_ns)
-                    if finalize_windows and not err:
-                        t0 = time.perf_counter_ns()
-                        err = c.finalize()
-                        self.finalize_ns += time.perf_counter_ns() - t0
-                        if err:
-                            c.last_error = err
                     phase_on = False
                     next_edge = period_start + d.period_s
                     if next_edge <= now:  # this thread was held up: no catching up in bursts
@@ -2052,7 +2032,6 @@ class Agent:
                         self.pc_state = "starting" if pcc.on else "off"
                         self._duty = duty
                         finalize_on_detach = msg.body.get("finalize_on_detach") is True
-                        finalize_windows = msg.body.get("finalize_windows") is True
                         waiting = acts
                         self._next_try = 0.0
                         if self._cupti is not None:
