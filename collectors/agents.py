@@ -290,13 +290,15 @@ class AgentTreeSource:
     def _inject_where_missing(self, pids: list[int]) -> None:
         """Start an injection for each CUDA-holding process of the tree without an agent
         (or the named process, when none holds CUDA yet); each pid once."""
-        cuda = [p for p in pids if holds_cuda(p)]
-        wanted = cuda or ([self.target.pid] if self.target.pid in pids else [])
+        me = os.getpid()  # kdash's own process (a test's target): nothing to trace
+        todo = [p for p in pids if p != me and p not in self.agents and p not in self.injections]
+        todo = [p for p in todo if not find_agent_socket(p)]
+        if not todo:  # the steady state: no /proc/PID/maps read on the poll thread
+            return
+        wanted = [p for p in todo if holds_cuda(p)]
+        if not wanted and not self.agents and not self.injections and self.target.pid in todo:
+            wanted = [self.target.pid]  # nothing holds CUDA yet: the named process
         for pid in wanted:
-            if pid == os.getpid():  # kdash's own process (a test target): nothing to trace
-                continue
-            if pid in self.agents or pid in self.injections or find_agent_socket(pid):
-                continue
             self.injections[pid] = "injecting"
             threading.Thread(
                 target=self._inject_one, args=(pid,), name=f"kdash-inject-{pid}", daemon=True
