@@ -78,6 +78,7 @@ OFFSET_EVERY_S = 10.0
 MAX_PENDING_ROWS = 2_000_000  # agent-side queue bound; rows beyond it are counted as dropped
 BUFFER_BYTES = 4 * 1024 * 1024
 SEND_TIMEOUT_S = 5.0  # a client that reads nothing for this long is treated as gone
+ADMIT_WAIT_S = 1.0  # how long a new client waits for the previous session's teardown
 
 # Duty cycle (issue 3 item 4): CUPTI activity on for ON_MS of every PERIOD_MS by default, because
 # continuous activity cost the H200 target 12.7% (eager) and 59% (CUDA-graph replays of tiny
@@ -1745,7 +1746,9 @@ class Agent:
             self.last_error = f"refused a client: {refusal}"
             conn.close()  # a stranger learns nothing, not even why
             return
-        if not self._session_lock.acquire(blocking=False):
+        # A client that has just left may still be tearing down (disable, the last flush,
+        # finalize): wait for that rather than turn its successor away as "busy".
+        if not self._session_lock.acquire(timeout=ADMIT_WAIT_S):
             busy = {
                 "state": "busy",
                 "line": f"busy: another kdash client is attached to {self.pid}",
