@@ -22,13 +22,15 @@ from kdash.tui.panes.kernels import (
     KernelPane,
     coverage,
     render_lanes,
+    sort_top,
+    top_summary,
 )
 from kdash.tui.widgets.help import HelpScreen
 from kdash.tui.widgets.spark import busy_fraction
 from test_tui import plain
 
 from kdash import kineto, schema
-from kdash.analyses.kernels import demangled, short_name
+from kdash.analyses.kernels import demangled, short_name, top_kernels
 from kdash.capture import load_capture
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -238,10 +240,39 @@ async def test_kernel_pane_at_80x24(make_app, demo):
         pane = app.query_one(KernelPane)
         await _ready(pilot, pane)
         assert app.has_class("-compact")
-        # As before this pane grew: lanes, axis and notes take the 4 rows but one (the header).
-        assert pane.region.width == 80 and pane.table.region.height >= 1
-        # The filter still shows in the compact layout: in the pane's title.
-        pane.table.focus()
-        await pilot.press("slash", "g", "e", "m", "m", "enter")
+        # The pane has 4 rows: lanes, axis, the findings cut to one line, and the table squeezed
+        # into one line (a DataTable there would show its header and no row).
+        assert pane.region.width == 80
+        assert not pane.table.display or pane.table.region.height == 0
+        top = pane.top_line
+        assert top.region.height == 1 and top.region.y < pane.region.bottom
+        leader = sort_top(pane._top, 0, "").iloc[0]
+        assert f"{leader.pct:.1f}%" in plain(top)
+        assert plain(top).startswith("top by total % (1: table): ")
+        # The filter narrows the line as it would the table, and still shows in the title.
+        pane.focus()
+        await pilot.press("slash", *"stage", "enter")
         await pilot.pause()
-        assert "filter 'gemm'" in str(pane.border_title)
+        assert "filter 'stage'" in str(pane.border_title)
+        names = [n for n in pane._top["name"] if "stage" in n.lower()]
+        assert len(names) >= 2 and "elementwise" not in plain(top)
+        assert all(short_name(n, 400) in plain(top) for n in names)
+        # Key 1 maximises the pane: the real table comes back, with rows.
+        await pilot.press("1")
+        await pilot.pause()
+        assert app.has_class("-maximized")
+        assert pane.table.region.height >= 5 and pane.table.row_count == len(names)
+        assert top.region.height == 0
+
+
+def test_top_summary_is_the_table_in_one_line(demo):
+    top = top_kernels(schema.to_frame("kernels", store_from_capture(demo).get("kernels")))
+    rows = sort_top(top, 0, "")
+    line = top_summary(rows, "total %")
+    first = rows.iloc[0]
+    assert line.startswith("top by total % (1: table): ")
+    assert line.split(": ", 1)[1].split(" · ")[0].endswith(f"{first.pct:.1f}%")
+    assert line.count(" · ") == min(len(rows), 6) - 1
+    # Namespaces go: the short name's last component is kept.
+    assert "at::native::" not in line
+    assert top_summary(rows.iloc[0:0], "total %") == "top: no kernel name matches the filter"

@@ -322,6 +322,25 @@ def render_lanes(
     return out
 
 
+def _bare_name(name: str, width: int = 28) -> str:
+    """The short name without its namespaces: on one shared line "elementwise_kernel<…>" says
+    more than "at::native::e…wise_kernel<…>"."""
+    s = short_name(name, 400)
+    head, sep, rest = s.partition("<")
+    if "::" in head:
+        s = head.rsplit("::", 1)[1] + sep + rest
+    return short_name(s, width) if len(s) > width else s
+
+
+def top_summary(rows: pd.DataFrame, sort_label: str, n: int = 6) -> str:
+    """The table squeezed into one line, for 80x24 where the pane has no room for rows: the
+    leading names with their share, in the table's order (the table itself is one key away)."""
+    if rows.empty:
+        return "top: no kernel name matches the filter"
+    parts = [f"{_bare_name(str(r.name))} {r.pct:.1f}%" for r in rows.head(n).itertuples()]
+    return f"top by {sort_label} (1: table): " + " · ".join(parts)
+
+
 def has_windows(markers: dict[str, np.ndarray]) -> bool:
     """Whether any "activity on" window row is in `markers` (the agent is duty-cycled)."""
     if not len(markers["start_ns"]):
@@ -391,6 +410,7 @@ class KernelPane(Pane):
         self.filter_input = NameFilter(placeholder="kernel name contains…", classes="name-filter")
         self.table = DataTable(cursor_type="row", zebra_stripes=False, classes="top-kernels")
         self.name_line = Static("", classes="kernel-name", markup=False)
+        self.top_line = Static("", classes="top-line", markup=False)
         # A fixed name column (short names are cut to 40): auto-width would depend on whether
         # the first fill landed before or after the first layout, and the table would jump.
         self.table.add_column("kernel", width=40)
@@ -405,6 +425,7 @@ class KernelPane(Pane):
         yield self.table_line
         yield self.filter_input
         yield self.table
+        yield self.top_line
         yield self.name_line
 
     def on_mount(self) -> None:
@@ -562,6 +583,7 @@ class KernelPane(Pane):
                 key=str(r.name),
             )
         self._show_table_line(len(rows))
+        self.top_line.update(top_summary(rows, SORTS[self.sort][0]))
         if self.table.row_count:
             self.table.move_cursor(row=min(max(keep, 0), self.table.row_count - 1), animate=False)
         else:
