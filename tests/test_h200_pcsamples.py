@@ -9,12 +9,14 @@ as Triton 3.6 built them there. `h200-pcsamples.meta.json` says how, and the sha
 kernel sources at the time.
 
 The line tables point at the machine's install path (/tmp/site/kdash/kernels/...); the tests
-map them onto this checkout's `kernels/` folder, and the assertions about what a line *says*
-are skipped when that source has changed since the recording (the pane flags that case). The
-snapshots of the pane on these samples exist only while the source matches: after re-recording
-(bench/gpu_pcsampling.py, samples and cubins into tests/data, the meta's sha256 updated), make
-them with `pytest tests/test_h200_pcsamples.py --snapshot-update` (a skipped snapshot test
-would leave its file unused, which fails the run).
+map them onto the source the cubins were built from: `tests/data/h200-cubins/src/` keeps the
+kernel files that have changed in `kernels/` since the recording (byte-identical to the
+recorded version, whose sha256 the meta holds), the others are this checkout's `kernels/`
+files. The assertions about what a line *says* are skipped if a mapped file's sha256 does not
+match the meta. After re-recording (bench/gpu_pcsampling.py, samples and cubins into
+tests/data, the meta's sha256 updated, the stale copies in `src/` removed), remake the
+snapshots with `pytest tests/test_h200_pcsamples.py --snapshot-update` (a skipped snapshot
+test would leave its file unused, which fails the run).
 """
 
 from __future__ import annotations
@@ -45,10 +47,20 @@ TRITON_KERNELS = ("_decode_stage1", "_decode_stage2", "_extend_kernel")
 needs_nvdisasm = pytest.mark.skipif(NVDISASM is None, reason=WHY)
 
 
+RECORDED_SRC = DATA / "h200-cubins" / "src"
+
+
+def source_path(rel: str) -> Path:
+    """Where the recorded version of `kernels/NAME` lies: its kept copy if the checkout's has
+    changed since, else the checkout's."""
+    kept = RECORDED_SRC / Path(rel).name
+    return kept if kept.exists() else ROOT / rel
+
+
 def same_source(rel: str) -> bool:
-    """Is this checkout's kernels file byte-identical to the one the cubins were built from?"""
+    """Is the mapped file byte-identical to the one the cubins were built from?"""
     want = META["source_sha256_when_recorded"].get(rel)
-    return want == hashlib.sha256((ROOT / rel).read_bytes()).hexdigest()
+    return want == hashlib.sha256(source_path(rel).read_bytes()).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +72,7 @@ def samples() -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def tables() -> dict[str, cubin.LineTable]:
     """The three cubins' line tables, their files moved from the GPU machine's install path
-    onto this checkout (the CRC comes from libcupti, which needs no GPU)."""
+    onto the recorded sources (the CRC comes from libcupti, which needs no GPU)."""
     if NVDISASM is None:
         pytest.skip(WHY)
     out = {}
@@ -69,7 +81,10 @@ def tables() -> dict[str, cubin.LineTable]:
         lt = cubin.line_table((DATA / "h200-cubins" / f"{name}.cubin").read_bytes())
         assert not lt.why, lt.why
         moved = [
-            replace(i, file=i.file.replace(dev_root, str(ROOT / "kernels"))) for i in lt.instrs
+            replace(i, file=str(source_path("kernels" + i.file[len(dev_root) :])))
+            if i.file.startswith(dev_root + "/")
+            else i
+            for i in lt.instrs
         ]
         lt = replace(lt, instrs=moved, file_sha256={}, file_mtime_ns={})
         for f in lt.files:
@@ -120,7 +135,7 @@ def test_decode_stage1_waits_on_its_kv_load(samples, tables):
     assert st["reason"].iloc[0] == "long_scoreboard" and st["share"].iloc[0] > 0.9
     if not same_source("kernels/decode_attention.py"):
         pytest.skip("kernels/decode_attention.py changed since the H200 recording")
-    code = (ROOT / "kernels" / "decode_attention.py").read_text().splitlines()
+    code = source_path("kernels/decode_attention.py").read_text().splitlines()
     line = int(top["line"])
     assert line == 198  # as recorded: the address expression of the K tile's load
     assert code[line - 2].strip() == "k = tl.load(" and code[line - 1].strip() == "K"
