@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kdash import gpu_reasons
+from kdash import gpu_reasons, schema
+from kdash.analyses.findings import SEVERITY_ORDER
+from kdash.analyses.kernel_findings import kernel_findings
 from kdash.analyses.kernels import top_kernels
 from kdash.capture import Capture
 from kdash.cubin import hot_lines_by_kernel
@@ -90,7 +92,14 @@ def summarize(cap: Capture) -> dict:
     target = meta.get("target") or {}
     window = meta.get("window") or {}
     tk = top_kernels(t["kernels"], limit=20)
-    findings = t["findings"]
+    # The capture's findings are the CPU/GPU-state ones made while recording; the kernel ones
+    # (idle time by cause, launch latency) are judged here, over the whole window.
+    findings = pd.concat(
+        [t["findings"], schema.to_frame("findings", _kernel_findings_batch(t))], ignore_index=True
+    )
+    findings = findings.sort_values(
+        "severity", key=lambda s: s.map(SEVERITY_ORDER).fillna(9), kind="stable"
+    )
     return {
         "schema_version": meta.get("schema_version"),
         "kdash_version": meta.get("kdash_version"),
@@ -121,6 +130,11 @@ def summarize(cap: Capture) -> dict:
         ],
         "hot_lines": hot_lines_by_kernel(t["pc_samples"], t.get("source_lines")),
     }
+
+
+def _kernel_findings_batch(tables: dict[str, pd.DataFrame]) -> dict:
+    rows = kernel_findings(tables)
+    return schema.make_batch("findings", rows=rows) if rows else schema.empty("findings")
 
 
 def render(summary: dict, console) -> None:
@@ -179,7 +193,18 @@ def render(summary: dict, console) -> None:
         console.print(gt)
         console.print("  (util % = share of time a kernel was running, not SM occupancy)")
 
-    if summary["findings"]:
+    if summary["findings"] and console.width < 120:
+        # A five-column table at 80 wide folds every cell into a narrow strip: a block each.
+        from rich.markup import escape
+
+        console.print("[b]Findings[/b]")
+        for f in summary["findings"]:
+            console.print(
+                f"[b]{f['severity'].upper()}[/b] {escape(f['kind'])} · {escape(f['subject'])}"
+            )
+            console.print(f"  {escape(f['evidence'])}")
+            console.print(f"  → {escape(f['advice'])}")
+    elif summary["findings"]:
         ft = Table(title="Findings")
         for c in ("severity", "what", "subject", "evidence", "advice"):
             ft.add_column(c, overflow="fold")
@@ -208,36 +233,35 @@ def render(summary: dict, console) -> None:
 
     if summary["top_kernels"]:
         kt = Table(title="Top kernels (by GPU time)")
+        # The name is what the table is for: it keeps 28 columns at 80 wide; the launch shape
+        # columns go first when there is no room (`--json` has them all).
+        kt.add_column("kernel", min_width=28, no_wrap=True)
+        narrow = console.width < 120
         for c in (
-            "kernel",
             "calls",
             "total ms",
             "%",
             "mean us",
             "p50 us",
             "p99 us",
-            "grid",
-            "block",
-            "regs",
-            "smem",
+            *(() if narrow else ("grid", "block", "regs", "smem")),
         ):
-            kt.add_column(c)
+            kt.add_column(c, justify="right" if c not in ("grid", "block") else "left")
         from kdash.analyses.kernels import short_name
 
         for k in summary["top_kernels"]:
-            kt.add_row(
-                short_name(k["name"]),
+            cells = [
+                short_name(k["name"], 28 if narrow else 48),
                 str(k["calls"]),
                 _fmt(k["total_ms"], 2),
                 _fmt(k["pct"]),
                 _fmt(k["mean_us"], 2),
                 _fmt(k["p50_us"], 2),
                 _fmt(k["p99_us"], 2),
-                k["grid"],
-                k["block"],
-                str(k["registers"]),
-                str(k["smem"]),
-            )
+            ]
+            if not narrow:
+                cells += [k["grid"], k["block"], str(k["registers"]), str(k["smem"])]
+            kt.add_row(*cells)
         console.print(kt)
     else:
         console.print("Top kernels: no kernel records in this capture (needs the in-process agent)")

@@ -42,13 +42,18 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Input, Static
 
 from kdash import schema
+from kdash.analyses.kernel_findings import (
+    ACTIONABLE,
+    causes_text,
+    gap_brief,
+    idle_summaries,
+    thread_names,
+)
 from kdash.analyses.kernels import (
     ACTIVITY_DOMAIN,
     ACTIVITY_NAME,
     demangled,
-    idle_gaps,
     launch_latency,
-    recorded_windows,
     short_name,
     top_kernels,
 )
@@ -78,20 +83,25 @@ SORTS: list[tuple[str, str, bool]] = [
 
 
 def analysis_notes(
-    kernels: pd.DataFrame, api: pd.DataFrame, markers: pd.DataFrame | None = None
+    kernels: pd.DataFrame,
+    api: pd.DataFrame,
+    markers: pd.DataFrame | None = None,
+    threads: pd.DataFrame | None = None,
 ) -> str:
-    """GPU idle gaps and launch-to-start latency, in one line ("" when neither applies).
+    """GPU idle time by cause with its worst actionable gap, and launch-to-start latency, in
+    one line ("" when neither applies; `kdash report` spells the same findings out).
 
     With a duty-cycled agent only gaps inside its recording windows count as idle.
     """
-    windows = recorded_windows(markers) if markers is not None else None
-    gaps = idle_gaps(kernels, windows=windows)
-    lat = launch_latency(kernels, api)
+    names = thread_names(threads)
     notes = []
-    if not gaps.empty:
-        notes.append(
-            f"GPU idle gaps ≥100 µs: {len(gaps)}, longest {gaps['gap_us'].max() / 1e3:.2f} ms"
-        )
+    for d in idle_summaries(kernels, api, markers):
+        line = f"GPU{d.device} idle {100 * d.share:.0f}% ({causes_text(d.by_cause)})"
+        if d.top in ACTIONABLE:
+            ex = d.example
+            line += f" · worst {d.top} gap {ex['gap_us'] / 1e3:.1f} ms: {gap_brief(ex, names)}"
+        notes.append(line)
+    lat = launch_latency(kernels, api)
     if not lat.empty:
         p50, p99 = np.percentile(lat["latency_us"].to_numpy(dtype=float), [50, 99])
         notes.append(f"launch→start p50 {p50:.1f} µs, p99 {p99:.1f} µs")
@@ -459,7 +469,8 @@ class KernelPane(Pane):
         if self._analysed_key != key and due:
             self._analysed_key, self._analysed_at = key, now
             api = view.store.get("api", view.since_ns, view.until_ns)
-            self._analyse(key, batch, api, markers)
+            threads = view.store.get("threads", view.since_ns, view.until_ns)
+            self._analyse(key, batch, api, markers, threads)
         self._draw_lanes(view, batch, markers, all_markers)
 
     def _draw_lanes(self, view: View, batch: dict, markers: dict, all_markers: dict) -> None:
@@ -500,13 +511,18 @@ class KernelPane(Pane):
         )
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="kernel-analysis")
-    def _analyse(self, key: tuple, batch: dict, api: dict, markers: dict) -> None:
+    def _analyse(
+        self, key: tuple, batch: dict, api: dict, markers: dict, threads: dict | None = None
+    ) -> None:
         """Per-name summary of every kernel of the window (the table sorts and filters all of
-        them), GPU idle gaps and launch-to-start latency, off the UI thread."""
+        them), GPU idle time by cause and launch-to-start latency, off the UI thread."""
         kernels = schema.to_frame("kernels", batch)
         top = top_kernels(kernels)
         notes = analysis_notes(
-            kernels, schema.to_frame("api", api), schema.to_frame("markers", markers)
+            kernels,
+            schema.to_frame("api", api),
+            schema.to_frame("markers", markers),
+            schema.to_frame("threads", threads) if threads is not None else None,
         )
         self.app.call_from_thread(self._apply_analysis, key, top, notes)
 

@@ -1,0 +1,448 @@
+"""Kernel findings: why the GPU sat idle, and how long launched kernels waited to start.
+
+Pure functions over the `kernels`, `api`, `memcpy`, `markers` and `threads` tables, giving
+`findings` rows (severity, kind, subject, evidence, advice) like `kdash.analyses.findings`.
+The kernel pane shows them under its lanes; `kdash report` lists them with the CPU findings.
+
+An idle gap is only worth a line if it says what to change, so each gap is explained by what
+came before the kernel that ended it, from the CUPTI records alone:
+
+- `sync`: that kernel's launch call came after the launching thread returned from a
+  synchronize (or a blocking copy): the host emptied the GPU's queue on purpose, then spent the
+  rest of the gap getting the next launch out (the "sync after every step" pathology);
+- `host`: the launch came late with no synchronize before it, after a silence (no CUDA call
+  on that thread) shorter than `QUIET_US`: the launching thread was busy on the CPU between
+  launches (Python, scheduling) or descheduled, and the GPU ran dry;
+- `quiet`: the same with a longer silence: the host had no work for the GPU (a server between
+  requests) or ran a long CPU phase; a detail for a server, a finding for a training loop;
+- `gpu`: the launch call had returned before the GPU went idle, yet the kernel started late:
+  it waited on the GPU side (a copy, an event on another stream);
+- `unknown`: the launch call was not recorded (API activity off, or outside a sampling window).
+
+The idle share is taken over recorded time only: with a duty-cycled agent, the time between
+its sampling windows is not idle, it is unseen.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kdash.analyses.kernels import (
+    demangle_all,
+    idle_gaps,
+    launch_latency,
+    recorded_windows,
+    short_name,
+)
+
+Finding = dict[str, object]
+
+MIN_GAP_US = 100.0
+# Below this share of recorded time idle, the gaps are a detail, not a finding.
+IDLE_INFO_SHARE = 0.05
+IDLE_WARN_SHARE = 0.20
+# Launch-to-start latency on a GPU that had nothing else to run; above this at p99, a finding.
+LATENCY_WARN_US = 50.0
+# An OS thread id is at most 2^22 (pid_max's ceiling); CUPTI's API records carry
+# pthread_self() cut to 32 bits instead, which is larger unless the agent translated it.
+MAX_OS_TID = 1 << 22
+
+# A launching thread silent for this long before its launch was not trying to feed the GPU.
+QUIET_US = 10_000.0
+
+CAUSES = ("sync", "host", "quiet", "gpu", "unknown")
+ACTIONABLE = ("sync", "host")
+_SYNC = re.compile(r"Synchroniz|^cudaMemcpy(_v\d+)?$|^cuMemcpy(DtoH|HtoD|DtoD)?(_v\d+)?$")
+
+ADVICE = {
+    "sync": "the host empties the GPU's queue before it queues more: drop the synchronize (or "
+    "the .item()/.cpu()/.tolist() that hides one) from the step loop, or queue the next step "
+    "before waiting on this one",
+    "host": "the launching thread is too slow between launches: replay the step from a CUDA "
+    "graph, move Python work (scheduling, tokenising) off that thread, and check its row in the "
+    "CPU pane for run-queue delay or a core shared with a busy thread",
+    "quiet": "the host queued nothing for long stretches: if requests were waiting, look at the "
+    "scheduler thread in the CPU pane; a server between requests is idle by design",
+    "gpu": "kernels were queued but waited on the GPU side: look at copies and event waits "
+    "between streams before them",
+    "unknown": "record API calls too (the agent's default) to see what the host did before",
+}
+
+
+def api_short(name: str) -> str:
+    """`cudaLaunchKernel_v7000` -> `cudaLaunchKernel`: the version suffix says nothing here."""
+    return re.sub(r"_v\d+$", "", str(name))
+
+
+def is_sync_call(name: str) -> bool:
+    """Calls that block the host until the GPU has caught up."""
+    return bool(_SYNC.search(api_short(name)))
+
+
+def thread_label(tid: int, names: Mapping[int, str] | None = None) -> str:
+    """A thread as the user can find it: its OS tid and name, or the raw id CUPTI gave."""
+    tid = int(tid)
+    if tid < 0:
+        return "an unknown thread"
+    if tid >= MAX_OS_TID:
+        return f"thread 0x{tid:x} (pthread id; no OS tid recorded)"
+    name = (names or {}).get(tid)
+    return f"thread {tid} ({name})" if name else f"thread {tid}"
+
+
+def thread_names(threads: pd.DataFrame | None) -> dict[int, str]:
+    """tid -> the last name the scheduler collector saw for it."""
+    if threads is None or threads.empty:
+        return {}
+    last = threads.sort_values("t_ns").drop_duplicates("tid", keep="last")
+    return {int(t): str(n) for t, n in zip(last["tid"], last["name"], strict=True)}
+
+
+def gap_causes(gaps: pd.DataFrame, kernels: pd.DataFrame, api: pd.DataFrame) -> pd.DataFrame:
+    """Each gap (from `idle_gaps`) with its cause, the launching thread, the call before the
+    launch on that thread, and when the launch call started (µs after the gap began).
+
+    Added columns: next_name, cause, tid, prev_call, prev_end_us (the previous call's end,
+    µs after the gap began; negative: before), launch_us, silence_us (the launching thread's
+    longest stretch without a CUDA call between the gap's start and the launch).
+    """
+    out = gaps.copy()
+    n = len(out)
+    out["next_name"] = ""
+    out["cause"] = "unknown"
+    out["tid"] = -1
+    out["prev_call"] = ""
+    out["prev_end_us"] = np.nan
+    out["launch_us"] = np.nan
+    out["silence_us"] = np.nan
+    if n == 0 or kernels.empty:
+        return out
+    # The kernel that ended each gap: the first to start at the gap's end on its device.
+    k = kernels[["device", "start_ns", "name", "correlation_id"]].sort_values(
+        ["device", "start_ns"], kind="stable"
+    )
+    nxt = pd.merge(
+        out[["device", "end_ns"]].reset_index(),
+        k.drop_duplicates(["device", "start_ns"]),
+        left_on=["device", "end_ns"],
+        right_on=["device", "start_ns"],
+        how="left",
+    ).set_index("index")
+    out["next_name"] = nxt["name"].fillna("").astype(str)
+    if api.empty:
+        return out
+    calls = api[api["tid"] != -1]  # SYNCHRONIZATION records have no thread: their API call has
+    launch = calls.drop_duplicates("correlation_id", keep="first").set_index("correlation_id")
+    corr = nxt["correlation_id"]
+    found = corr.notna() & corr.isin(launch.index)
+    if not found.any():
+        return out
+    rows = launch.loc[corr[found].astype(np.int64)]
+    idx = corr[found].index
+    l_start = rows["start_ns"].to_numpy(np.int64)
+    l_end = rows["end_ns"].to_numpy(np.int64)
+    tids = rows["tid"].to_numpy(np.int64)
+    a = out.loc[idx, "start_ns"].to_numpy(np.int64)
+    out.loc[idx, "tid"] = tids
+    out.loc[idx, "launch_us"] = (l_start - a) / 1e3
+    causes = np.full(len(idx), "host", dtype=object)
+    prev_call = np.full(len(idx), "", dtype=object)
+    prev_end = np.full(len(idx), np.nan)
+    silence = np.full(len(idx), np.nan)
+    causes[l_end <= a] = "gpu"  # queued before the GPU ran dry, yet started late
+    late = l_end > a
+    sorted_calls = calls.sort_values("end_ns", kind="stable")
+    for tid, g in sorted_calls.groupby("tid"):
+        sel = np.nonzero(late & (tids == tid))[0]
+        if not sel.size:
+            continue
+        starts = g["start_ns"].to_numpy(np.int64)
+        ends = g["end_ns"].to_numpy(np.int64)
+        names = g["name"].to_numpy(object)
+        codes, uniq = pd.factorize(names)
+        sync = np.array([is_sync_call(n) for n in uniq], dtype=bool)[codes]
+        # The silence before each call (since the thread's previous call ended).
+        quiet_before = np.zeros_like(starts)
+        quiet_before[1:] = starts[1:] - ends[:-1]
+        ga, gl = a[sel], l_start[sel]
+        prev = np.searchsorted(ends, gl, side="right") - 1  # the call before the launch
+        first = np.searchsorted(ends, ga, side="left")  # the first call ending in the gap
+        has_prev = prev >= 0
+        prev_call[sel[has_prev]] = [api_short(n) for n in names[prev[has_prev]]]
+        prev_end[sel[has_prev]] = (ends[prev[has_prev]] - ga[has_prev]) / 1e3
+        inside = first <= prev  # at least one call ended inside the gap before the launch
+        fi = np.minimum(first, len(ends) - 1)
+        waiting = inside & (starts[fi] <= ga) & sync[fi]  # draining the GPU when it went idle
+        causes[sel[waiting]] = "sync"
+        prev_call[sel[waiting]] = [api_short(n) for n in names[fi[waiting]]]
+        prev_end[sel[waiting]] = (ends[fi[waiting]] - ga[waiting]) / 1e3
+        # The longest stretch without a CUDA call between the gap's start and the launch:
+        # calls inside the gap (a late copy, a late sync) break it up.
+        sil = (gl - ga).astype(float)
+        for j in np.nonzero(inside & ~waiting)[0]:
+            lo, hi = int(first[j]), int(prev[j])
+            parts = [starts[lo] - ga[j], gl[j] - ends[hi]]
+            if hi > lo:
+                parts.append(int(quiet_before[lo + 1 : hi + 1].max()))
+            sil[j] = max(parts)
+        rest = ~waiting
+        silence[sel[rest]] = sil[rest] / 1e3
+        causes[sel[rest & (sil / 1e3 >= QUIET_US)]] = "quiet"
+    out.loc[idx, "cause"] = causes
+    out.loc[idx, "prev_call"] = prev_call
+    out.loc[idx, "prev_end_us"] = prev_end
+    out.loc[idx, "silence_us"] = silence
+    return out
+
+
+def _recorded_ns(kernels: pd.DataFrame, windows: pd.DataFrame | None) -> int:
+    lo, hi = int(kernels["start_ns"].min()), int(kernels["end_ns"].max())
+    if windows is None:
+        return max(hi - lo, 1)
+    w = windows.to_numpy(np.int64)
+    return max(int((np.minimum(w[:, 1], hi) - np.maximum(w[:, 0], lo)).clip(0).sum()), 1)
+
+
+def explain_gap(g, names: Mapping[int, str] | None = None) -> str:
+    """One gap in words: what came before the kernel that ended it."""
+    nxt = short_name(g.next_name, 40) if g.next_name else "the next kernel"
+    who = thread_label(g.tid, names)
+    if g.cause == "sync":
+        return (
+            f"{who} returned from {g.prev_call} {g.prev_end_us / 1e3:.2f} ms into it and "
+            f"launched {nxt} {(g.launch_us - g.prev_end_us) / 1e3:.2f} ms later"
+        )
+    if g.cause == "host":
+        before = (
+            f" (its call before: {g.prev_call}, {-g.prev_end_us / 1e3:.2f} ms before the gap)"
+            if g.prev_call and g.prev_end_us < 0
+            else f" (its call before: {g.prev_call})"
+            if g.prev_call
+            else ""
+        )
+        return f"{who} launched {nxt} {g.launch_us / 1e3:.2f} ms into it{before}"
+    if g.cause == "quiet":
+        return (
+            f"{who} made no CUDA call for {g.silence_us / 1e3:.2f} ms, then launched {nxt} "
+            f"{g.launch_us / 1e3:.2f} ms into it"
+        )
+    if g.cause == "gpu":
+        return f"{nxt} was launched by {who} before the GPU went idle, yet started late"
+    return f"the launch of {nxt} was not recorded"
+
+
+@dataclass(frozen=True)
+class IdleSummary:
+    """One device's idle time over the recorded window, by cause (see the module docstring)."""
+
+    device: int
+    recorded_ns: int
+    gaps: int
+    share: float  # idle / recorded
+    by_cause: dict[str, float]  # cause -> share of the idle time, largest first
+    top: str  # the cause the finding is about: the largest actionable one when it matters
+    actionable_share: float  # idle time of ACTIONABLE causes / recorded
+    example: Any  # the longest gap of `top` (a row of `gap_causes`)
+    example_at_s: float  # its start, seconds after the device's first kernel
+    feeder: int  # the thread behind most `top` gaps (-1: none)
+    feeder_call: str  # its most common call before them
+
+    @property
+    def severity(self) -> str | None:
+        if self.share < IDLE_INFO_SHARE:
+            return None
+        return "warning" if self.actionable_share >= IDLE_WARN_SHARE else "info"
+
+
+def idle_summaries(
+    kernels: pd.DataFrame,
+    api: pd.DataFrame,
+    markers: pd.DataFrame | None = None,
+    min_gap_us: float = MIN_GAP_US,
+) -> list[IdleSummary]:
+    """Per device: how much of the recorded time the GPU sat idle, and why."""
+    if kernels.empty:
+        return []
+    windows = recorded_windows(markers) if markers is not None else None
+    gaps = idle_gaps(kernels, min_gap_us=min_gap_us, windows=windows)
+    if gaps.empty:
+        return []
+    gaps = gap_causes(gaps, kernels, api)
+    out = []
+    for dev, g in gaps.groupby("device"):
+        kd = kernels[kernels["device"] == dev]
+        recorded = _recorded_ns(kd, windows)
+        idle = float(g["gap_us"].sum()) * 1e3
+        by_cause = g.groupby("cause")["gap_us"].sum().sort_values(ascending=False) * 1e3
+        # The finding is about what the user can change: the host's part when it matters,
+        # even where quiet stretches (no work queued) hold more of the idle time.
+        act = by_cause[[c for c in by_cause.index if c in ACTIONABLE]]
+        act_share = float(act.sum()) / recorded
+        top = str(act.index[0]) if act_share >= IDLE_INFO_SHARE else str(by_cause.index[0])
+        focus = g[g["cause"] == top]
+        example = focus.loc[focus["gap_us"].idxmax()]
+        demangle_all([str(example["next_name"])])
+        feeder, call = -1, ""
+        if top in ACTIONABLE:
+            feeder = int(focus["tid"].mode().iloc[0])
+            calls = focus.loc[focus["tid"] == feeder, "prev_call"]
+            calls = calls[calls != ""]
+            call = str(calls.mode().iloc[0]) if not calls.empty else ""
+        out.append(
+            IdleSummary(
+                device=int(dev),
+                recorded_ns=recorded,
+                gaps=len(g),
+                share=idle / recorded,
+                by_cause={str(c): float(v) / idle for c, v in by_cause.items() if v > 0},
+                top=top,
+                actionable_share=act_share,
+                example=example,
+                example_at_s=(int(example["start_ns"]) - int(kd["start_ns"].min())) / 1e9,
+                feeder=feeder,
+                feeder_call=call,
+            )
+        )
+    return out
+
+
+def causes_text(by_cause: Mapping[str, float]) -> str:
+    """ "host 62%, quiet 38%, sync <1%": shares of the idle time, largest first."""
+    return ", ".join(f"{c} {'<1' if v < 0.005 else f'{100 * v:.0f}'}%" for c, v in by_cause.items())
+
+
+def gap_brief(g, names: Mapping[int, str] | None = None) -> str:
+    """A gap's cause in a few words, for the pane's one line (the report has `explain_gap`)."""
+    who = thread_label(g.tid, names).split(" (pthread")[0]
+    if g.cause == "sync":
+        return f"{who} was in {g.prev_call}"
+    if g.cause == "host":
+        after = f" after {g.prev_call}" if g.prev_call else ""
+        return f"{who} launched {g.launch_us / 1e3:.1f} ms late{after}"
+    if g.cause == "quiet":
+        return f"{who} made no CUDA call for {g.silence_us / 1e3:.1f} ms"
+    if g.cause == "gpu":
+        return "queued, waited on the GPU side"
+    return "its launch was not recorded"
+
+
+def idle_findings(
+    kernels: pd.DataFrame,
+    api: pd.DataFrame,
+    markers: pd.DataFrame | None = None,
+    threads: pd.DataFrame | None = None,
+    min_gap_us: float = MIN_GAP_US,
+) -> list[Finding]:
+    """One finding per device whose GPU sat idle for a noticeable share of the recorded time,
+    split by cause, with the longest gap of the main cause spelt out."""
+    names = thread_names(threads)
+    out: list[Finding] = []
+    for d in idle_summaries(kernels, api, markers, min_gap_us):
+        if d.severity is None:
+            continue
+        parts = causes_text(d.by_cause)
+        lead = ""
+        if d.feeder >= 0:
+            lead = f" {thread_label(d.feeder, names)} fed most of the {d.top} gaps"
+            lead += f", mostly after {d.feeder_call}." if d.feeder_call else "."
+        out.append(
+            {
+                "t_ns": int(d.example["end_ns"]),
+                "severity": d.severity,
+                "kind": "gpu-idle-gaps",
+                "subject": f"GPU {d.device}",
+                "evidence": (
+                    f"idle {100 * d.share:.0f}% of the {d.recorded_ns / 1e9:.1f} s recorded, in "
+                    f"{d.gaps} gaps ≥{min_gap_us:.0f} µs; by cause: {parts}.{lead} "
+                    f"Longest {d.top} gap {d.example['gap_us'] / 1e3:.2f} ms at "
+                    f"+{d.example_at_s:.1f} s: {explain_gap(d.example, names)}"
+                ),
+                "advice": ADVICE[d.top],
+            }
+        )
+    return out
+
+
+def latency_findings(
+    kernels: pd.DataFrame,
+    api: pd.DataFrame,
+    memcpy: pd.DataFrame | None = None,
+    threads: pd.DataFrame | None = None,
+    warn_us: float = LATENCY_WARN_US,
+) -> list[Finding]:
+    """Launch-to-start latency that is not queueing: a kernel whose launch call returned while
+    the GPU had nothing else to run, and still started late.
+
+    Time spent behind earlier kernels is the queue doing its job (the host is ahead), so each
+    kernel's wait is counted from the later of its launch call's end and the end of the kernel
+    before it on its device.
+    """
+    lat = launch_latency(kernels, api[api["tid"] != -1] if not api.empty else api)
+    if lat.empty:
+        return []
+    k = kernels[["device", "start_ns", "end_ns", "correlation_id"]].sort_values(
+        ["device", "start_ns"], kind="stable"
+    )
+    prev_end = k.groupby("device")["end_ns"].transform(lambda e: e.cummax().shift(1))
+    k = k.assign(prev_end=prev_end.fillna(np.iinfo(np.int64).min).astype(np.int64))
+    m = lat.merge(
+        k[["correlation_id", "start_ns", "device", "prev_end"]], on=["correlation_id", "start_ns"]
+    )
+    ready = np.maximum(m["api_end_ns"].to_numpy(np.int64), m["prev_end"].to_numpy(np.int64))
+    m["idle_wait_us"] = (m["start_ns"].to_numpy(np.int64) - ready) / 1e3
+    m = m[m["idle_wait_us"] >= 0]
+    if m.empty:
+        return []
+    names = thread_names(threads)
+    out: list[Finding] = []
+    for dev, g in m.groupby("device"):
+        p50, p99 = np.percentile(g["idle_wait_us"].to_numpy(float), [50, 99])
+        if p99 < warn_us:
+            continue
+        worst = g.loc[g["idle_wait_us"].idxmax()]
+        before = ""
+        if memcpy is not None and not memcpy.empty:
+            cp = memcpy[
+                (memcpy["device"] == dev)
+                & (memcpy["end_ns"] > int(worst["api_end_ns"]))
+                & (memcpy["start_ns"] < int(worst["start_ns"]))
+            ]
+            if not cp.empty:
+                c = cp.iloc[-1]
+                before = f"; a {c['kind']} copy of {int(c['bytes'])} B ran before it"
+        out.append(
+            {
+                "t_ns": int(worst["start_ns"]),
+                "severity": "warning",
+                "kind": "launch-latency",
+                "subject": f"GPU {int(dev)}",
+                "evidence": (
+                    f"kernels launched onto an idle GPU waited p50 {p50:.1f} µs, p99 {p99:.1f} "
+                    f"µs to start ({len(g)} launches); worst {worst['idle_wait_us']:.1f} µs: "
+                    f"{short_name(str(worst['name']), 40)} from "
+                    f"{thread_label(int(worst['tid']), names)}{before}"
+                ),
+                "advice": "a wait after the launch returned is the driver or a dependency, not "
+                "the host: look for copies, event waits or another process on this GPU",
+            }
+        )
+    return out
+
+
+def kernel_findings(tables: Mapping[str, pd.DataFrame]) -> list[Finding]:
+    """Every kernel finding over the given tables (missing tables: no finding of that kind)."""
+    kernels = tables.get("kernels")
+    if kernels is None or kernels.empty:
+        return []
+    api = tables.get("api")
+    if api is None:
+        api = pd.DataFrame(columns=["start_ns", "end_ns", "name", "pid", "tid", "correlation_id"])
+    return idle_findings(
+        kernels, api, tables.get("markers"), tables.get("threads")
+    ) + latency_findings(kernels, api, tables.get("memcpy"), tables.get("threads"))
