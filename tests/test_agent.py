@@ -20,6 +20,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -174,6 +175,10 @@ def activity_enable_runtime_api(cbid, enable):
 def get_callback_name(domain, cbid):
     return {1: "cuLaunchKernel", 2: "cudaLaunchKernel"}[int(domain)]
 
+# CUPTI names a record's thread by pthread_self() cut to 32 bits: the main thread's here.
+import threading as _threading
+_PTHREAD = _threading.main_thread().ident & 0xFFFFFFFF
+
 def generated_specs(now, n=1000):
     pid = os.getpid()
     recs = []
@@ -181,7 +186,7 @@ def generated_specs(now, n=1000):
         _corr[0] += 1
         c = _corr[0]
         recs.append(dict(kind=5, cbid=7, start=now - 5000, end=now - 4000, process_id=pid,
-                         thread_id=1234, correlation_id=c))
+                         thread_id=_PTHREAD, correlation_id=c))
         recs.append(dict(kind=10, start=now - 3000 + i, end=now - 1000 + i,
                          name=f"fake_gemm_{i % 3}", device_id=0, stream_id=7, grid_x=128,
                          grid_y=1, grid_z=1, block_x=256, block_y=1, block_z=1,
@@ -194,7 +199,7 @@ def generated_specs(now, n=1000):
                      stream_id=7, correlation_id=2))
     recs.append(dict(kind=38, type=3, start=now - 600, end=now - 100, correlation_id=3,
                      stream_id=7))
-    pt = NS(pt=NS(process_id=pid, thread_id=99))
+    pt = NS(pt=NS(process_id=pid, thread_id=_PTHREAD))
     recs.append(dict(kind=12, flags_=2, timestamp=now - 950, id=_corr[0], name="decode_step",
                      domain="sglang", object_id=pt))
     recs.append(dict(kind=12, flags_=4, timestamp=now - 50, id=_corr[0], name="", domain="",
@@ -497,7 +502,13 @@ def test_records_flow_from_activity_to_batches(fake_cupti):
         assert kinds == {"HtoD", "memset"}
         m = nvtx_rows(got)
         assert m["name"][0] == "decode_step" and m["domain"][0] == "sglang"
-        assert m["end_ns"][0] - m["start_ns"][0] == 900 and m["tid"][0] == 99
+        assert m["end_ns"][0] - m["start_ns"][0] == 900
+        # CUPTI's thread ids (pthread_self cut to 32 bits) arrive as OS tids: the main
+        # thread's is the pid; SYNCHRONIZATION rows have no thread
+        assert m["tid"][0] == p.pid
+        tids = np.concatenate([b["tid"] for b in got["api"]])
+        launches = api == "cudaLaunchKernel"
+        assert set(tids[launches]) == {p.pid} and set(tids[~launches]) == {-1}
         assert wait_for(lambda: src.stats.get("agent_dropped_cupti", 0) > 0, 3)
         assert src.dropped() >= src.stats["agent_dropped_cupti"]
         assert src.stats["agent_callback_errors"] == 0
@@ -1438,3 +1449,19 @@ def test_attach_injects_into_a_tree_without_agent_or_says_why():
         tree.stop()
     finally:
         q.communicate(timeout=30)
+
+
+def test_thread_ids_map_cupti_pthread_ids_to_os_tids():
+    done = threading.Event()
+    t = threading.Thread(target=done.wait, name="launcher")
+    t.start()
+    try:
+        ids = server.ThreadIds()
+        mask = server.ThreadIds.MASK
+        raw = np.array([t.ident & mask, -1, 123_456_789_0 & mask, t.ident & mask], dtype=np.int64)
+        got = ids.translate(raw)
+        assert list(got) == [t.native_id, -1, raw[2], t.native_id]  # unknown ids stay as given
+        assert ids.translate(np.array([], dtype=np.int64)).size == 0
+    finally:
+        done.set()
+        t.join()

@@ -753,6 +753,42 @@ class RecordConverter:
             out.append((ts, ts, name, domain, tid))
 
 
+class ThreadIds:
+    """CUPTI names the thread of an API or NVTX record by `pthread_self()` cut to 32 bits; the
+    dashboard knows threads by OS tid (the scheduler collector's, the CPU pane's). Python knows
+    both for its own threads (`threading.enumerate()`: `ident` and `native_id`), which are the
+    ones that launch kernels in a Python server. Ids of threads Python never saw (a C++ worker)
+    are left as they are: above 2^22, no OS tid can be mistaken for one.
+    """
+
+    MASK = 0xFFFFFFFF
+    REFRESH_S = 1.0  # an unknown id looks the threads up again at most this often
+
+    def __init__(self) -> None:
+        self._map: dict[int, int] = {}
+        self._looked = -1e9
+
+    def _refresh(self) -> None:
+        self._looked = time.monotonic()
+        for t in threading.enumerate():
+            if t.ident is not None and getattr(t, "native_id", None) is not None:
+                self._map[t.ident & self.MASK] = int(t.native_id)
+
+    def translate(self, tids: Any) -> Any:
+        """The array with every known pthread id replaced by its OS tid (-1 stays -1)."""
+        import numpy as np
+
+        if not len(tids):
+            return tids
+        uniq, inv = np.unique(tids, return_inverse=True)
+        if any(int(u) >= 0 and int(u) not in self._map for u in uniq) and (
+            time.monotonic() - self._looked >= self.REFRESH_S
+        ):
+            self._refresh()
+        mapped = np.array([self._map.get(int(u), int(u)) for u in uniq], dtype=np.int64)
+        return mapped[inv]
+
+
 # Tuple layouts made by RecordConverter.convert, per table; columns not listed get the pid or n/a.
 ROW_COLUMNS: dict[str, tuple[str, ...]] = {
     "kernels": (
@@ -1662,6 +1698,7 @@ class Agent:
         self._closing = False
         self._cupti: CuptiActivity | None = None
         self._pending: list[dict[str, dict[str, Any]]] = []
+        self._thread_ids = ThreadIds()  # CUPTI's pthread ids -> OS tids, for api/markers rows
         self._pending_rows = 0
         self._pending_lock = threading.Lock()
         self.dropped_rows = 0
@@ -2272,6 +2309,8 @@ class Agent:
             cols = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
             cols["start_ns"] = cols["start_ns"] + offset
             cols["end_ns"] = cols["end_ns"] + offset
+            if "tid" in cols:
+                cols["tid"] = self._thread_ids.translate(cols["tid"])
             n = len(cols["start_ns"])
             for i in range(0, n, 200_000):
                 part = {c: v[i : i + 200_000] for c, v in cols.items()}
