@@ -30,11 +30,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kdash.collectors.agent import server
 from kdash.collectors.agent.client import AgentSource, agent_failure_note, find_agent_socket
 from kdash.collectors.base import OK, Health, safe_call, safe_poll
 
 from kdash import schema
-from kdash.analyses.cost import duty_fraction, estimated_cost
+from kdash.analyses.cost import DEFAULT_BUDGET, duty_for_budget, duty_fraction, estimated_cost
 from kdash.schema import Batch
 from kdash.target import Target
 
@@ -169,6 +170,13 @@ class CostMeter:
             for pid in [p for p in d if p not in keep]:
                 del d[pid]
 
+    def current(self, pid: int) -> tuple[AgentRates, float] | None:
+        """The newest rates of one agent and its duty fraction, or None while unknown."""
+        r, last = self._rates.get(pid), self._last.get(pid)
+        if r is None or last is None or last.duty is None:
+            return None
+        return r, last.duty
+
     def estimate(self) -> float | None:
         """The largest per-process estimate (a TP server runs as fast as its slowest rank),
         or None while no agent has rates and a mode yet."""
@@ -194,8 +202,13 @@ class AgentTreeSource:
         inject_allowed: bool = True,
         try_inject: bool = True,
         pc_sampling: bool = False,
+        cost_budget: float | None = DEFAULT_BUDGET,
     ) -> None:
         self.target = target
+        # While sampling, each agent's duty cycle is lowered (never raised past the default)
+        # so that the cost estimate stays at this fraction; None or 0: the fixed default.
+        self.cost_budget = cost_budget or None
+        self._tuned_on: dict[int, AgentRates] = {}  # pid -> the rates its cycle was set from
         self.inject_allowed = inject_allowed  # False: `attach --no-inject`
         # False under `kdash run`: every Python process there starts its own agent, and an
         # injection racing a child's start-up hook would only be wasted ptrace work
@@ -325,10 +338,37 @@ class AgentTreeSource:
                 for table, batch in safe_poll(src, now_ns).items():
                     parts.setdefault(table, []).append(batch)
                 self.cost.update(pid, dict(src.stats), mono_ns)
+                self._keep_budget(pid, src)
             self.cost.retain(self.agents)
+            for pid in [p for p in self._tuned_on if p not in self.agents]:
+                del self._tuned_on[pid]
             if not self.paused:
                 self._update_health()
         return {t: schema.concat(t, bs) for t, bs in parts.items()}
+
+    def _keep_budget(self, pid: int, src: AgentSource) -> None:
+        """Retune one agent's duty cycle to the cost budget, once per new rate estimate."""
+        if self.cost_budget is None or self.continuous or not src.health.ok:
+            return
+        cur = self.cost.current(pid)
+        if cur is None or self._tuned_on.get(pid) is cur[0]:
+            return
+        rates, duty = cur
+        self._tuned_on[pid] = rates
+        if abs(duty - src.on_ms / src.period_ms) > 1e-6:
+            return  # the agent has not yet applied the last cycle asked of it
+        cycle = duty_for_budget(
+            rates.kernels_per_on_s,
+            rates.api_per_on_s,
+            rates.cpu_ns_per_s,
+            duty,
+            self.cost_budget,
+            server.DUTY_PERIOD_MS,
+            server.DUTY_ON_MS,
+            server.MIN_ON_MS,
+        )
+        if cycle is not None and cycle != (src.period_ms, src.on_ms):
+            src.set_duty(*cycle)
 
     def stop(self) -> None:
         with self._lock:
@@ -358,7 +398,11 @@ class AgentTreeSource:
         active = [p for p, h in states.items() if h.ok]
         bad = {p: h for p, h in states.items() if h.state in ("unavailable", "degraded")}
         if active and not bad:
-            sampling = self.agents[active[0]].sampling()
+            first = self.agents[active[0]]
+            sampling = first.sampling()
+            budgeted = (first.period_ms, first.on_ms) != (server.DUTY_PERIOD_MS, server.DUTY_ON_MS)
+            if sampling and budgeted and not first.continuous and self.cost_budget:
+                sampling += f", lowered to keep kdash's cost ≈ {100 * self.cost_budget:g}%"
             self.health = Health("ok", sampling) if sampling else OK
         elif active:
             p, h = next(iter(bad.items()))

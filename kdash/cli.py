@@ -121,6 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
             "live): 200 ms ranges every 2 s, kernel activity paused during each",
         )
         sp.add_argument(
+            "--cost-budget",
+            type=_non_negative("--cost-budget"),
+            default=None,
+            metavar="PCT",
+            help="while sampling, lower each agent's duty cycle so kdash's estimated cost of "
+            "the target stays at PCT percent (default 1.5; 0: always 10%% of each second)",
+        )
+        sp.add_argument(
             "--headless",
             action="store_true",
             help="record without a UI (needs --duration and --output)",

@@ -22,6 +22,7 @@ def build_sources(
     inject_allowed: bool = True,
     try_inject: bool = True,
     pc_sampling: bool = False,
+    cost_budget: float | None = None,
 ) -> list:
     """Host sources that work against any pid (scheduler, NVML) and the tree's kdash agents.
 
@@ -37,9 +38,22 @@ def build_sources(
         SchedSource(target, interval_s=interval_s),
         NvmlSource(target, gpus=gpus, interval_s=interval_s),
         AgentTreeSource(
-            target, inject_allowed=inject_allowed, try_inject=try_inject, pc_sampling=pc_sampling
+            target,
+            inject_allowed=inject_allowed,
+            try_inject=try_inject,
+            pc_sampling=pc_sampling,
+            **({} if cost_budget is None else {"cost_budget": cost_budget}),
         ),
     ]
+
+
+def _agent_opts(args) -> dict:
+    """The agent options of `attach`, `run` and `demo` (absent on a command: the defaults)."""
+    budget = getattr(args, "cost_budget", None)
+    return {
+        "pc_sampling": getattr(args, "pc_sampling", False),
+        "cost_budget": None if budget is None else budget / 100,
+    }
 
 
 def _check_output(path: Path) -> Path:
@@ -199,7 +213,7 @@ def cmd_attach(args) -> int:
         args.gpus,
         args.interval,
         inject_allowed,
-        pc_sampling=getattr(args, "pc_sampling", False),
+        **_agent_opts(args),
     )
     sources += _sglang_sources(server, args)
     if args.headless:
@@ -236,9 +250,7 @@ def _run_live(
         thresholds=cfg.thresholds,
     )
     if sources is None:
-        sources = build_sources(
-            target, args.gpus, args.interval, pc_sampling=getattr(args, "pc_sampling", False)
-        )
+        sources = build_sources(target, args.gpus, args.interval, **_agent_opts(args))
     rec = _make_recorder(sources, store, target, opts, server)
     meta = {"target": target.describe(), "title": title}
     if server is not None:
@@ -301,7 +313,7 @@ def cmd_run(args, title: str | None = None, extra_meta: dict | None = None) -> i
             args.gpus,
             args.interval,
             try_inject=False,
-            pc_sampling=getattr(args, "pc_sampling", False),
+            **_agent_opts(args),
         )
         sources += _sglang_sources(server, args)
         if server is not None and title is None:

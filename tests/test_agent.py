@@ -1465,3 +1465,42 @@ def test_thread_ids_map_cupti_pthread_ids_to_os_tids():
     finally:
         done.set()
         t.join()
+
+
+def test_tree_source_lowers_the_duty_cycle_to_its_cost_budget(fake_cupti):
+    """The tree source learns each agent's record rates (CostMeter) and, while sampling, asks
+    for the duty cycle that keeps the cost estimate at its budget; continuous mode is left
+    alone, and the lowered cycle comes back when sampling resumes. The budget here is tiny so
+    that the stand-in CUPTI's ~5,000 kernels per second of activity exceed it."""
+    from kdash.collectors.agents import AgentTreeSource
+
+    from kdash.target import Target
+
+    p = start_target(14.0, fake_cupti)
+    try:
+        wait_socket(p.pid)
+        tree = AgentTreeSource(Target.from_pid(p.pid), rescan_s=0.1, cost_budget=1e-4)
+        tree.start()
+
+        def sampling_on_ms():
+            tree.poll(0)
+            src = tree.agents.get(p.pid)
+            s = (src.stats.get("sampling") or {}) if src else {}
+            return s.get("on_ms") if not s.get("continuous") else None
+
+        assert wait_for(lambda: (sampling_on_ms() or 100) < 100, 9), tree.agents[p.pid].stats
+        src = tree.agents[p.pid]
+        on, period = src.on_ms, src.period_ms
+        assert server.MIN_ON_MS <= on < server.DUTY_ON_MS and period >= server.DUTY_PERIOD_MS
+        assert "lowered to keep kdash's cost ≈ 0.01%" in str(tree.health), str(tree.health)
+        # continuous: no budget applies
+        tree.set_continuous(True)
+        assert wait_for(lambda: tree.poll(0) is not None and src.sampling() == "continuous", 3)
+        assert "lowered" not in str(tree.health)
+        # and back to the lowered cycle, not the default
+        tree.set_continuous(False)
+        assert wait_for(lambda: sampling_on_ms() == on, 3), src.stats.get("sampling")
+        tree.stop()
+    finally:
+        rc, out, err = finish(p)
+    assert rc == 0, err

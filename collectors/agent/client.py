@@ -218,6 +218,16 @@ class AgentSource:
             return
         self._send(wire.encode_control(wire.MsgType.SET, self._duty_fields()))
 
+    def set_duty(self, period_ms: int, on_ms: int) -> None:
+        """Ask for another duty cycle (the tree source's cost budget); sent at once when
+        sampling, else kept for the next switch back from continuous."""
+        self.period_ms, self.on_ms = int(period_ms), int(on_ms)
+        if self._sock is None or not self.hello or self.continuous:
+            return
+        if int(self.hello.get("agent_version", 1)) < 2:
+            return  # an old agent keeps its own cycle; its health already says it is old
+        self._send(wire.encode_control(wire.MsgType.SET, self._duty_fields()))
+
     def sampling(self) -> str:
         """ "sampling 10% (100 ms/s)", "continuous", or "" before the agent has said."""
         with self._lock:

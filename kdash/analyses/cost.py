@@ -60,6 +60,52 @@ def estimated_cost(
     return duty * per_on_s + max(0.0, agent_cpu_ns_per_s) / 1e9
 
 
+# The default budget sits under the issue's 2% floor because the model read low on the H200:
+# at the 10% duty cycle it predicted ~3.3% for the graph-replayed decode loop that measured
+# 4.7% against its unattached neighbours (agent-cost-h200.json).
+DEFAULT_BUDGET = 0.015
+MAX_BUDGET_PERIOD_MS = 10_000  # a longer period than this leaves the timeline mostly gaps
+RETUNE_RATIO = 1.25  # a new cycle is asked for only when on/period moves by more than this
+
+
+def duty_for_budget(
+    kernels_per_on_s: float,
+    api_per_on_s: float,
+    cpu_ns_per_s: float,
+    duty_now: float,
+    budget: float,
+    period_ms: int,
+    on_ms: int,
+    min_on_ms: int,
+) -> tuple[int, int] | None:
+    """The duty cycle (period_ms, on_ms) that keeps the estimated cost at `budget`, never more
+    on than the default (`on_ms` of `period_ms`, which is also what it returns to when the
+    load drops), or None when the current cycle is close enough (within RETUNE_RATIO).
+
+    The agent's CPU time is paid per window of activity, so it is scaled from the duty it was
+    measured at (`duty_now`) to the cost of one second of activity. Short of `min_on_ms` per
+    period the period stretches instead (up to MAX_BUDGET_PERIOD_MS): a window shorter than
+    that records more enable/flush overhead than kernels.
+    """
+    if budget <= 0 or duty_now <= 0:
+        return None
+    per_on_s = (
+        max(0.0, kernels_per_on_s) * KERNEL_RECORD_S
+        + max(0.0, api_per_on_s) * API_RECORD_S
+        + max(0.0, cpu_ns_per_s) / 1e9 / duty_now
+    )
+    default = on_ms / period_ms
+    want = default if per_on_s <= 0 else min(default, budget / per_on_s)
+    if max(want, duty_now) / max(min(want, duty_now), 1e-9) <= RETUNE_RATIO:
+        return None
+    if want >= default:
+        return period_ms, on_ms
+    on = round(period_ms * want)
+    if on >= min_on_ms:
+        return period_ms, on
+    return min(MAX_BUDGET_PERIOD_MS, max(period_ms, round(min_on_ms / want))), min_on_ms
+
+
 def cost_text(fraction: float | None) -> str:
     """ "kdash cost ≈ 3%" for the status bar ("" when unknown); under 1% reads "<1%" so a
     small cost is not shown as zero."""
