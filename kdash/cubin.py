@@ -447,6 +447,36 @@ def hot_lines(samples: pd.DataFrame, lt: LineTable) -> pd.DataFrame:
 SASS_COLUMNS = ["kernel", "pc_offset", "sass", "file", "line", "samples", "share", "top_stalls"]
 
 
+PC_HEAT_COLUMNS = ["pc_offset", "samples", "share", "top_stalls"]
+
+NO_LINE_TABLE = (
+    "no line table: kdash gets a cubin from Triton's cache only; a CUDA kernel's cubin needs "
+    "CUPTI's module-load callback, which kdash leaves alone (it blinds torch.profiler), and "
+    "lines need it built with -lineinfo"
+)
+
+
+def pc_heat(samples: pd.DataFrame, kernel: str) -> pd.DataFrame:
+    """Per sampled PC of one kernel, in PC order: samples, share, top stall reasons.
+
+    For kernels kdash has no cubin of (cuBLAS, ATen): the offsets still say where in the
+    kernel the warps wait, and which stalls, without the instruction text.
+    """
+    s = samples[
+        (samples["kernel"] == kernel)
+        & ~samples["stall_reason"].astype(str).str.endswith("_not_issued")
+    ]
+    if s.empty:
+        return pd.DataFrame(columns=PC_HEAT_COLUMNS)
+    s = s.assign(pc_offset=s["pc_offset"].astype("int64"), stall=s["stall_reason"].map(stall_name))
+    total = float(s["count"].sum()) or 1.0
+    rows = [
+        (int(pc), int(g["count"].sum()), float(g["count"].sum()) / total, _top_stalls(g))
+        for pc, g in s.groupby("pc_offset", sort=True)
+    ]
+    return pd.DataFrame(rows, columns=PC_HEAT_COLUMNS)
+
+
 def sass_heat(samples: pd.DataFrame, lt: LineTable) -> pd.DataFrame:
     """Every instruction of the table in PC order with its samples and share (0 when none)."""
     table = lt.frame().rename(columns={"function": "kernel"})
@@ -567,20 +597,24 @@ def hot_lines_by_kernel(
     tables = from_frame(source_lines) if source_lines is not None else []
     out: list[dict] = []
     per = real.groupby("kernel")["count"].sum().sort_values(ascending=False)
-    for kernel, n in per.items():
+    for kernel in per.index:
         lt = table_for_kernel(tables, str(kernel))
         if lt is None:
-            out.append(
-                {
-                    "kernel": str(kernel),
-                    "file": "",
-                    "line": -1,
-                    "samples": int(n),
-                    "share": 1.0,
-                    "top_stalls": "",
-                    "note": "no line table for this kernel in the capture",
-                }
-            )
+            # No lines to name: its hottest PCs instead (offsets from the kernel's start).
+            pcs = pc_heat(real, str(kernel)).sort_values("samples", ascending=False, kind="stable")
+            for r in pcs.head(per_kernel).itertuples(index=False):
+                out.append(
+                    {
+                        "kernel": str(kernel),
+                        "file": "",
+                        "line": -1,
+                        "pc_offset": int(r.pc_offset),
+                        "samples": int(r.samples),
+                        "share": round(float(r.share), 4),
+                        "top_stalls": str(r.top_stalls),
+                        "note": "no line table for this kernel in the capture",
+                    }
+                )
             continue
         hot = hot_lines(real[real["kernel"] == kernel], lt).head(per_kernel)
         note = lt.no_lines_hint or lt.match_note
@@ -590,6 +624,7 @@ def hot_lines_by_kernel(
                     "kernel": str(kernel),
                     "file": str(r.file),
                     "line": int(r.line),
+                    "pc_offset": -1,
                     "samples": int(r.samples),
                     "share": round(float(r.share), 4),
                     "top_stalls": str(r.top_stalls),

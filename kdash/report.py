@@ -273,7 +273,12 @@ def render(summary: dict, console) -> None:
         from kdash.analyses.kernels import short_name
 
         for h in summary["hot_lines"]:
-            where = f"{Path(h['file']).name}:{h['line']}" if h["file"] else h["note"] or "no line"
+            if h["file"]:
+                where = f"{Path(h['file']).name}:{h['line']}"
+            elif h.get("pc_offset", -1) >= 0:
+                where = f"+0x{h['pc_offset']:x} (no line table)"
+            else:
+                where = h["note"] or "no line"
             ht.add_row(
                 short_name(h["kernel"], 32),
                 where,

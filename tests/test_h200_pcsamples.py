@@ -150,6 +150,51 @@ def test_report_hot_lines_from_real_samples(samples, tables):
     assert set(TRITON_KERNELS) <= set(kernels)
     no_lines = [r for r in rows if r["kernel"].startswith(("nvjet", "_ZN2at"))]
     assert no_lines and all(r["line"] == -1 and "no line table" in r["note"] for r in no_lines)
+    # without lines, their hottest PCs: the same numbers pc_heat gives
+    for kernel in {r["kernel"] for r in no_lines}:
+        mine = [r for r in no_lines if r["kernel"] == kernel]
+        heat = cubin.pc_heat(samples, kernel).sort_values(
+            "samples", ascending=False, kind="stable"
+        )[:3]
+        assert [r["pc_offset"] for r in mine] == list(heat["pc_offset"])
+        assert [r["samples"] for r in mine] == list(heat["samples"])
+        assert all(r["top_stalls"] for r in mine)
+    assert all(r["pc_offset"] == -1 for r in rows if r["line"] > 0)
+
+
+def test_pc_heat_of_a_kernel_without_a_cubin(samples):
+    """cuBLAS's kernel: no line table anywhere, but its sampled PCs still say where it waits."""
+    kernel = next(k for k in samples["kernel"].unique() if k.startswith("nvjet"))
+    h = cubin.pc_heat(samples, kernel)
+    real = samples[(samples["kernel"] == kernel) & ~samples["stall_reason"].str.endswith(
+        "_not_issued")]  # fmt: skip
+    assert list(h["pc_offset"]) == sorted(set(real["pc_offset"]))
+    assert h["samples"].sum() == real["count"].sum() and h["share"].sum() == pytest.approx(1.0)
+    top = h.loc[h["samples"].idxmax()]
+    assert top["top_stalls"].startswith("long_scoreboard")
+
+
+async def test_source_pane_pcs_view_for_a_kernel_without_a_cubin(real_app, samples):
+    """Pinned on the cuBLAS kernel, the pane lists its sampled PCs with heat and says why there
+    is no instruction text or line; n walks the hottest PCs."""
+    kernel = next(k for k in samples["kernel"].unique() if k.startswith("nvjet"))
+    h = cubin.pc_heat(samples, kernel).sort_values("samples", ascending=False, kind="stable")
+    app = real_app
+    async with app.run_test(size=(120, 40)) as pilot:
+        pane = app.query_one("#source", SourcePane)
+        await _maximised(pilot)
+        pane.pinned = kernel
+        pane._redraw()
+        await pilot.pause()
+        text = plain(pane.body)
+        assert "no line table: kdash gets a cubin from Triton's cache only" in text
+        first = int(h["pc_offset"].iloc[0])
+        assert f"PC +0x{first:x}" in text.splitlines()[0]
+        assert f"+0x{first:05x} ▶" in text
+        pane.action_next_hot(1)
+        await pilot.pause()
+        second = int(h["pc_offset"].iloc[1])
+        assert f"PC +0x{second:x}" in plain(pane.body).splitlines()[0]
 
 
 def plain(static) -> str:

@@ -190,6 +190,7 @@ class SourcePane(Pane):
         self.body = Static("", classes="source-body", markup=False)
         self.pinned: str | None = None
         self.sass_mode = False
+        self._pc_view = False  # the shown kernel has samples but no line table: PCs only
         self.kernel: str | None = None  # the kernel shown
         self.window_names: list[str] = []  # kernels in the window, hottest first
         self._selected: dict[tuple[str, bool], int] = {}  # (kernel, sass) -> line / row
@@ -314,12 +315,20 @@ class SourcePane(Pane):
         lt = cubin.table_for_kernel(self._line_tables(view), kernel)
         ks = samples[samples["kernel"] == kernel]
         loc = self._locate(kernel, lt, view)
+        self._pc_view = False
         if loc is None and (lt is None or not lt.instrs):
-            self.set_empty(
-                f"Source: {short_name(kernel, 40)} ({_pct(pct)} of GPU time) — no source here: "
-                "not a Triton kernel found on this machine and no line table in the data"
-                f" · {why_no_samples(view.health) if ks.empty else 'samples without lines'}"
-            )
+            if ks.empty:
+                self.set_empty(
+                    f"Source: {short_name(kernel, 40)} ({_pct(pct)} of GPU time) — no source "
+                    "here: not a Triton kernel found on this machine and no line table in the "
+                    f"data · {why_no_samples(view.health)}"
+                )
+                return
+            # Samples but nothing to map them to: where in the kernel they fall, by PC.
+            self.set_empty(None)
+            self._pc_view = True
+            height = max(4, (self.content_region.height or 16))
+            self.body.update(self._draw_pcs(kernel, pct, ks, height))
             return
         self.set_empty(None)
         height = max(4, (self.content_region.height or 16))
@@ -528,6 +537,47 @@ class SourcePane(Pane):
         out.append_text(foot)
         return out
 
+    def _draw_pcs(self, kernel: str, pct: float, ks: pd.DataFrame, height: int) -> Text:
+        """A kernel with samples but no cubin: its sampled PCs in order, with heat and stalls
+        (the SASS view without the instruction text), and why there is no text."""
+        heat_style = self.get_component_rich_style("source-pane--heat")
+        note_style = self.get_component_rich_style("source-pane--note")
+        sel_style = self.get_component_rich_style("source-pane--selected")
+        h = cubin.pc_heat(ks, kernel)
+        self._n_rows = len(h)
+        order = h.sort_values("samples", ascending=False, kind="stable")
+        self._hot_rows = [int(i) + 1 for i in order.index]
+        sel = self._selected.setdefault((kernel, True), self._hot_rows[0])
+        sel = min(max(1, sel), len(h))
+        self._selected[(kernel, True)] = sel
+        cur = h.iloc[sel - 1]
+        out = Text(no_wrap=True, overflow="ellipsis")
+        out.append_text(self._header(kernel, pct, f"PC +0x{int(cur['pc_offset']):x}", ""))
+        out.append("\n")
+        out.append(cubin.NO_LINE_TABLE, note_style)
+        code_h = max(1, height - 3)
+        top = min(max(1, sel - code_h // 2), max(1, len(h) - code_h + 1))
+        vmax = float(h["share"].max())
+        for i in range(top, min(len(h), top + code_h - 1) + 1):
+            r = h.iloc[i - 1]
+            share = float(r["share"])
+            shade = SHADES[min(4, max(1, round(4 * share / vmax)))] if vmax else " "
+            row = Text(no_wrap=True, overflow="ellipsis")
+            row.append(f"{_share(share):>6}{shade} ", heat_style)
+            row.append(f"+0x{int(r['pc_offset']):05x} {'▶' if i == sel else ' '} ")
+            row.append(str(r["top_stalls"]), note_style)
+            if i == sel:
+                row.stylize(sel_style)
+            out.append("\n")
+            out.append_text(row)
+        out.append("\n")
+        out.append(
+            f"+0x{int(cur['pc_offset']):x}: {int(cur['samples'])} samples, "
+            f"{_share(float(cur['share']))} of the kernel's · n/N: hottest PCs",
+            note_style,
+        )
+        return out
+
     # -- keys -------------------------------------------------------------------------------
     def _redraw(self) -> None:
         if self._last_view is not None:
@@ -536,7 +586,7 @@ class SourcePane(Pane):
     def action_move(self, delta: int) -> None:
         if self.kernel is None:
             return
-        key = (self.kernel, self.sass_mode)
+        key = (self.kernel, self.sass_mode or self._pc_view)
         cur = self._selected.get(key, 1)
         self._selected[key] = min(max(1, cur + delta), max(1, self._n_rows))
         self._redraw()
@@ -544,7 +594,7 @@ class SourcePane(Pane):
     def action_next_hot(self, delta: int) -> None:
         if self.kernel is None or not self._hot_rows:
             return
-        key = (self.kernel, self.sass_mode)
+        key = (self.kernel, self.sass_mode or self._pc_view)
         cur = self._selected.get(key, self._hot_rows[0])
         i = self._hot_rows.index(cur) + delta if cur in self._hot_rows else 0
         self._selected[key] = self._hot_rows[i % len(self._hot_rows)]
