@@ -432,7 +432,8 @@ async def test_kernel_pane_draws_kernels_made_up_data(make_app):
         assert table.get_row_at(1)[0] == "attn<…>"
         lanes = plain(pane.lanes)
         assert "GPU0 s7" in lanes and "GPU0 s-1" in lanes
-        assert "GPU idle gaps ≥100 µs: 1, longest 2.02 ms" in lanes
+        # the 2.02 ms hole of ~12 ms recorded; no API rows here, so its cause is unknown
+        assert "GPU0 idle 17% (unknown 100%)" in lanes
 
 
 # -- live -----------------------------------------------------------------------------------------
