@@ -167,6 +167,7 @@ def gap_causes(gaps: pd.DataFrame, kernels: pd.DataFrame, api: pd.DataFrame) -> 
         names = g["name"].to_numpy(object)
         codes, uniq = pd.factorize(names)
         sync = np.array([is_sync_call(n) for n in uniq], dtype=bool)[codes]
+        short = np.array([api_short(n) for n in uniq], dtype=object)[codes]
         # The silence before each call (since the thread's previous call ended).
         quiet_before = np.zeros_like(starts)
         quiet_before[1:] = starts[1:] - ends[:-1]
@@ -174,13 +175,13 @@ def gap_causes(gaps: pd.DataFrame, kernels: pd.DataFrame, api: pd.DataFrame) -> 
         prev = np.searchsorted(ends, gl, side="right") - 1  # the call before the launch
         first = np.searchsorted(ends, ga, side="left")  # the first call ending in the gap
         has_prev = prev >= 0
-        prev_call[sel[has_prev]] = [api_short(n) for n in names[prev[has_prev]]]
+        prev_call[sel[has_prev]] = short[prev[has_prev]]
         prev_end[sel[has_prev]] = (ends[prev[has_prev]] - ga[has_prev]) / 1e3
         inside = first <= prev  # at least one call ended inside the gap before the launch
         fi = np.minimum(first, len(ends) - 1)
         waiting = inside & (starts[fi] <= ga) & sync[fi]  # draining the GPU when it went idle
         causes[sel[waiting]] = "sync"
-        prev_call[sel[waiting]] = [api_short(n) for n in names[fi[waiting]]]
+        prev_call[sel[waiting]] = short[fi[waiting]]
         prev_end[sel[waiting]] = (ends[fi[waiting]] - ga[waiting]) / 1e3
         # The longest stretch without a CUDA call between the gap's start and the launch:
         # calls inside the gap (a late copy, a late sync) break it up.
