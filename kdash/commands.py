@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -327,6 +328,10 @@ def cmd_run(args, title: str | None = None, extra_meta: dict | None = None) -> i
     finally:
         _stop_child(proc)
         log.close()
+        # a command that printed nothing leaves no empty log behind in the user's folder
+        with contextlib.suppress(OSError):
+            if log_path.stat().st_size == 0:
+                log_path.unlink()
 
 
 def _stop_child(proc: subprocess.Popen) -> None:

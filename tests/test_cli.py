@@ -237,6 +237,25 @@ def test_run_headless_arms_the_agent(tmp_path):
     assert len(k.read_capture(out)["threads"]) > 0
 
 
+def test_run_removes_an_empty_command_log(tmp_path):
+    """A command that printed nothing leaves no empty `kdash-run-<pid>.log` behind."""
+    import os
+
+    log = tmp_path / "quiet.log"
+    # quiet even when kdash stops it with SIGINT (a traceback would be output worth keeping)
+    QUIET = "import signal, sys, time; signal.signal(2, lambda *a: sys.exit(0)); time.sleep(30)"
+    r = subprocess.run(
+        [sys.executable, "-m", "kdash.cli", "run", "--headless", "--duration", "1", "--output",
+         str(tmp_path / "q.kdash"), "--", sys.executable, "-c", QUIET],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "KDASH_RUN_LOG": str(log)},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "q.kdash").exists() and not log.exists()
+
+
 def test_attach_no_inject(tmp_path, busy_pid):
     """`--no-inject` is accepted and documented, and a tree without an agent records the one
     line that says the flag is why there are no kernels (the host sources go on)."""

@@ -783,3 +783,11 @@ def test_kernel_pane_line_under_no_inject():
     why = "pid 42 runs as uid 7 and kdash as uid 0: run kdash as that user"
     line = kernel_empty_line(f"unavailable: no kdash agent in pid 42 or its children: {why}")
     assert line == f"Kernel timeline: no agent — {why}"
+    # an agent that is there but cannot record says why (under `kdash run` the generic advice
+    # to use `kdash run` would be wrong)
+    why = "pid 42: no NVIDIA driver here (no /dev/nvidiactl, no /proc/driver/nvidia)"
+    line = kernel_empty_line(f"unavailable: {why}")
+    assert line == f"Kernel timeline: no kernels yet — agent {why}"
+    line = kernel_empty_line("starting: waiting for CUDA in pid 42")
+    assert line == "Kernel timeline: no kernels yet — agent waiting for CUDA in pid 42"
+    assert kernel_empty_line("starting: looking for kdash agents in the target") == NO_KERNELS

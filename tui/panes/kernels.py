@@ -28,6 +28,7 @@ name cell has to cut.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -119,6 +120,11 @@ def empty_line(agent_health: str) -> str:
     # did not hold): say that, not the generic advice
     if "or its children: " in agent_health:
         return "Kernel timeline: no agent — " + agent_health.split("or its children: ", 1)[1]
+    # an agent is there but cannot record (no driver, CUPTI held by a profiler, busy): its
+    # reason, not the advice to start one
+    m = re.match(r"(unavailable|degraded|starting): (.*)", agent_health)
+    if m and re.search(r"\bpid \d+", m.group(2)) and "no kdash agent" not in m.group(2):
+        return f"Kernel timeline: no kernels yet — agent {m.group(2)}"
     return NO_KERNELS
 
 
