@@ -896,6 +896,55 @@ def test_inject_into_a_sleeping_python_child():
     assert out.startswith("done") and out.strip().endswith("[]"), out  # __main__ left clean
 
 
+BLOCKED = textwrap.dedent(
+    """
+    import select, sys, time
+    t0 = time.monotonic()
+    if sys.argv[1] == "sleep":
+        time.sleep(float(sys.argv[2]))  # one clock_nanosleep: no bytecode until it ends
+    else:
+        select.select([], [], [], float(sys.argv[2]))
+    print("done", round(time.monotonic() - t0, 2), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["sleep", "select"])
+def test_inject_into_a_main_thread_blocked_in_a_long_wait(how):
+    """A main thread in one long sleep (or an idle event loop's wait) runs no bytecode, so a
+    pending call would wait for it; the boot code runs inside the stop instead, and the wait
+    goes on to its end as if nothing happened."""
+    from kdash.collectors.agent import inject
+
+    p = subprocess.Popen(
+        [sys.executable, "-c", BLOCKED, how, "6"],
+        env=bootstrap.disarmed_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(0.5)
+        v = inject.check_injectable(p.pid, probe=False)
+        if not v.ok:
+            pytest.skip(f"injection not possible on this machine: {v.reason}")
+        if v.method != "ptrace":
+            pytest.skip(f"this interpreter is injected by {v.method}, not ptrace")
+        assert inject.blocked_in(p.pid) in ("clock_nanosleep", "select", "pselect6")
+        t0 = time.monotonic()
+        assert inject.inject(p.pid, checked=v) is None
+        assert time.monotonic() - t0 < 3.0
+        src = AgentSource(p.pid)
+        src.start()
+        assert wait_for(lambda: src.hello.get("pid") == p.pid, 5)
+        src.stop()
+        assert p.poll() is None  # still waiting
+    finally:
+        out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert out.startswith("done") and 5.9 <= float(out.split()[1]) < 9, out  # the whole wait
+
+
 SPAWNER = textwrap.dedent(
     """
     import os, subprocess, sys, time

@@ -32,6 +32,13 @@ Mechanisms:
   The boot code catches everything (a pending call that fails without an exception set would
   raise SystemError into the target) and records failures in `<socket folder>/<pid>.unavailable`.
   One 4 KiB page stays mapped in the target afterwards.
+  A main thread stopped inside a sleep or poll syscall (`WAITING_SYSCALLS`: one long
+  `time.sleep`, an idle event loop's epoll_wait, a blocking zmq poll) runs no bytecode until it
+  wakes, which may be never on an idle server; there the thread is made to call
+  `PyGILState_Ensure`, `PyRun_SimpleString` and `PyGILState_Release` instead, as a C callback
+  would. Those syscalls are made with the GIL released, at a point where the interpreter is
+  between operations, and the syscall is restarted with the saved registers afterwards, so the
+  wait goes on to its end.
 """
 
 from __future__ import annotations
@@ -598,25 +605,68 @@ class _Tracee:
             self._pt(PTRACE_DETACH, 0, self.pending_signal)
 
 
-def inject_ptrace(pid: int) -> None:
-    """Make pid's main thread queue the boot code as a CPython pending call (see module doc)."""
+# x86_64 syscalls that CPython (time.sleep, select, selectors/asyncio, socket timeouts) and
+# well-behaved extensions (pyzmq, grpc) make with the GIL released, waiting for time or I/O.
+# A main thread stopped in one of these may wait there for minutes (an idle server's event
+# loop), so a pending call would not run until it wakes; there the boot code runs at once,
+# inside the stop, with the GIL taken as any C callback takes it (PyGILState_Ensure).
+# futex is not here: it is also how a thread waits for the GIL itself.
+WAITING_SYSCALLS = {
+    7: "poll",
+    23: "select",
+    35: "nanosleep",
+    230: "clock_nanosleep",
+    232: "epoll_wait",
+    270: "pselect6",
+    271: "ppoll",
+    281: "epoll_pwait",
+    441: "epoll_pwait2",
+}
+
+
+def blocked_in(pid: int) -> str | None:
+    """The waiting syscall the (stopped) main thread is in, by name, or None."""
+    try:
+        first = Path(f"/proc/{pid}/syscall").read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+    return WAITING_SYSCALLS.get(int(first)) if first.lstrip("-").isdigit() else None
+
+
+def inject_ptrace(pid: int) -> str:
+    """Run the boot code in pid's main thread: at once when the thread waits in a sleep/poll
+    syscall (see WAITING_SYSCALLS), else as a CPython pending call at its next bytecode (see
+    the module doc). Returns how: "pending call" or "run in <syscall>"."""
     code = boot_code(pid).encode() + b"\0"
     if len(code) > 4096:
         raise InjectError(f"boot code is {len(code)} bytes, more than one page")
     py = resolve_symbols(
-        pid, {"Py_AddPendingCall", "PyRun_SimpleString"}, re.compile(r"libpython3|python3")
+        pid,
+        {"Py_AddPendingCall", "PyRun_SimpleString", "PyGILState_Ensure", "PyGILState_Release"},
+        re.compile(r"libpython3|python3"),
     )
     libc = resolve_symbols(pid, {"mmap"}, re.compile(r"^libc[.-]"))
     t = _Tracee(pid)
     t.attach()
     try:
+        waiting = blocked_in(pid)
         page = t.call(libc["mmap"], 0, 4096, 3, 0x22, -1, 0)  # RW, MAP_PRIVATE|MAP_ANONYMOUS
         if page in (-1, 0) or page < 0:
             raise InjectError(f"mmap in pid {pid} failed ({page})")
         t.write(page, code)
+        if waiting and "PyGILState_Ensure" in py and "PyGILState_Release" in py:
+            # The boot code catches everything itself; its own imports and the agent thread's
+            # start take well under a second, the GIL may be busy for a while.
+            state = t.call(py["PyGILState_Ensure"], timeout=30.0)
+            try:
+                t.call(py["PyRun_SimpleString"], page, timeout=30.0)
+            finally:
+                t.call(py["PyGILState_Release"], state & 0xFFFFFFFF, timeout=10.0)
+            return f"run in {waiting}"
         rc = t.call(py["Py_AddPendingCall"], py["PyRun_SimpleString"], page)
         if rc != 0:
             raise InjectError(f"Py_AddPendingCall in pid {pid} returned {rc} (queue full?)")
+        return "pending call"
     finally:
         t.detach()
 
@@ -641,8 +691,9 @@ def inject_remote_exec(pid: int, exe: str) -> None:
 def inject(pid: int, wait_s: float = 5.0, checked: Injectability | None = None) -> str | None:
     """Start the agent in `pid`; None once its socket is there, else the reason (one line).
 
-    The boot code runs when the target's main thread next executes Python bytecode, so a
-    target whose main thread is blocked in C for long may take longer than `wait_s`.
+    The boot code runs when the target's main thread next executes Python bytecode (or at
+    once when it waits in a sleep/poll syscall), so a target whose main thread is blocked in
+    other C code for long may take longer than `wait_s`.
     """
     v = checked or check_injectable(pid)
     if not v.ok:
