@@ -774,6 +774,18 @@ def test_without_dtypes_the_attribute_path_is_used(monkeypatch):
 
 # ---- injection into processes started without kdash --------------------------------------------
 
+
+def start_unarmed(script: str, *args: str) -> subprocess.Popen:
+    """A Python child started without kdash (no agent armed): what injection is for."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        env=bootstrap.disarmed_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 SLEEPER = textwrap.dedent(
     """
     import time
@@ -864,13 +876,7 @@ def test_inject_into_a_sleeping_python_child():
     """ptrace injection where this machine allows it (skipped with the reason where not)."""
     from kdash.collectors.agent import inject
 
-    p = subprocess.Popen(
-        [sys.executable, "-c", SLEEPER, "5"],
-        env=bootstrap.disarmed_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    p = start_unarmed(SLEEPER, "5")
     try:
         time.sleep(0.3)
         assert find_agent_socket(p.pid) is None
@@ -916,13 +922,7 @@ def test_inject_into_a_main_thread_blocked_in_a_long_wait(how):
     goes on to its end as if nothing happened."""
     from kdash.collectors.agent import inject
 
-    p = subprocess.Popen(
-        [sys.executable, "-c", BLOCKED, how, "6"],
-        env=bootstrap.disarmed_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    p = start_unarmed(BLOCKED, how, "6")
     try:
         time.sleep(0.5)
         v = inject.check_injectable(p.pid, probe=False)
@@ -1457,13 +1457,7 @@ def test_attach_injects_into_a_tree_without_agent_or_says_why():
     from kdash.target import Target
 
     def sleeper() -> subprocess.Popen:
-        return subprocess.Popen(
-            [sys.executable, "-c", SLEEPER, "8"],
-            env=bootstrap.disarmed_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        return start_unarmed(SLEEPER, "8")
 
     p = sleeper()
     try:
