@@ -35,7 +35,13 @@ from kdash.collectors.agent.client import AgentSource, agent_failure_note, find_
 from kdash.collectors.base import OK, Health, safe_call, safe_poll
 
 from kdash import schema
-from kdash.analyses.cost import DEFAULT_BUDGET, duty_for_budget, duty_fraction, estimated_cost
+from kdash.analyses.cost import (
+    DEFAULT_BUDGET,
+    PC_GPU_SHARE,
+    duty_for_budget,
+    duty_fraction,
+    estimated_cost,
+)
 from kdash.schema import Batch
 from kdash.target import Target
 
@@ -73,6 +79,7 @@ class AgentCounters:
     on_ns: int  # total time activity was on
     cpu_ns: int  # agent callback CPU time in the target
     duty: float | None  # fraction of time activity is on now (None: not said yet)
+    pc_share: float = 0.0  # PC sampling's cost now: agent CPU per range / range period
 
     def same_counts(self, other: AgentCounters) -> bool:
         return (self.kernels, self.api, self.on_ns, self.cpu_ns) == (
@@ -101,9 +108,30 @@ def counters_from_stats(stats: dict[str, Any], t_ns: int) -> AgentCounters | Non
             on_ns=int(on_ns),
             cpu_ns=int(cpu_ns),
             duty=duty_fraction(stats.get("sampling") or stats.get("agent_sampling")),
+            pc_share=pc_sampling_cost(stats),
         )
     except (TypeError, ValueError):
         return None
+
+
+def pc_sampling_cost(stats: dict[str, Any]) -> float:
+    """What PC sampling costs the target now, as a fraction: 0 unless its ranges run.
+
+    Each range's Stop decodes the samples with the target's GIL held (the agent's measured
+    CPU per range, `pc_cpu_ms_per_range`), once per `pc_period_ms`; on the GPU, sampling cost
+    at most PC_GPU_SHARE while a range runs (H200, periods 8-20).
+    """
+    if stats.get("pc_on") is not True or stats.get("agent_pc_state") != "ok":
+        return 0.0
+    try:
+        period = float(stats.get("pc_period_ms") or 0)
+        on = float(stats.get("pc_on_ms") or 0)
+        cpu_ms = float(stats.get("agent_pc_cpu_ms_per_range") or 0)
+    except (TypeError, ValueError):
+        return 0.0
+    if period <= 0:
+        return 0.0
+    return max(0.0, cpu_ms) / period + PC_GPU_SHARE * min(1.0, max(0.0, on / period))
 
 
 @dataclass(frozen=True)
@@ -148,8 +176,9 @@ class CostMeter:
             return
         last = self._last.get(pid)
         if last is not None and last.same_counts(snap):
-            if snap.duty != last.duty:  # a mode switch: keep the first-seen time
-                self._last[pid] = replace(last, duty=snap.duty)
+            if (snap.duty, snap.pc_share) != (last.duty, last.pc_share):
+                # a mode switch (activity, PC sampling): keep the first-seen time
+                self._last[pid] = replace(last, duty=snap.duty, pc_share=snap.pc_share)
             return
         self._last[pid] = snap
         base = self._base.get(pid)
@@ -187,6 +216,7 @@ class CostMeter:
                 continue
             costs.append(
                 estimated_cost(r.kernels_per_on_s, r.api_per_on_s, last.duty, r.cpu_ns_per_s)
+                + last.pc_share
             )
         return max(costs) if costs else None
 
@@ -337,7 +367,9 @@ class AgentTreeSource:
             for pid, src in self.agents.items():
                 for table, batch in safe_poll(src, now_ns).items():
                     parts.setdefault(table, []).append(batch)
-                self.cost.update(pid, dict(src.stats), mono_ns)
+                pc = {"pc_on": src.pc_sampling, "pc_on_ms": src.pc_on_ms}
+                pc["pc_period_ms"] = src.pc_period_ms
+                self.cost.update(pid, {**src.stats, **pc}, mono_ns)
                 self._keep_budget(pid, src)
             self.cost.retain(self.agents)
             for pid in [p for p in self._tuned_on if p not in self.agents]:

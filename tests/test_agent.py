@@ -1410,8 +1410,14 @@ def test_pc_sampling_ranges_alternate_with_activity_windows(fake_cupti, pcs_stan
         got2 = drain(src, 0.4)
         for t, bs in got2.items():
             got.setdefault(t, []).extend(bs)
-        assert src.pc_status() == "ok", src.stats.get("agent_pc_state")
+        assert src.pc_status().startswith("ok"), src.stats.get("agent_pc_state")
         assert src.stats["agent_pc_ranges"] >= 3
+        # what a range costs the target (its Stop holds the GIL) is measured and said
+        cpu_ms = src.stats["agent_pc_cpu_ms_per_range"]
+        assert cpu_ms is not None and cpu_ms >= 0
+        assert src.pc_status() == (
+            f"ok: {src.stats['agent_pc_ranges']} ranges, {cpu_ms:.0f} ms of the target's CPU each"
+        )
         assert src.stats["agent_pc_last"]["total_samples"] == 100
         pcs_rows = columns(got, "pc_samples")
         assert set(pcs_rows["pc_offset"].tolist()) == {0x40, 0x50, 0x60, 0x70}

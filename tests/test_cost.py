@@ -165,3 +165,24 @@ def test_budget_lowers_the_graph_decode_cycle_and_leaves_light_loads_alone():
     # no budget, or no measured duty: nothing to do
     assert duty_for_budget(243_000, 0, 0, 0.1, 0, 1000, 100, 10) is None
     assert duty_for_budget(243_000, 0, 0, 0.0, 0.015, 1000, 100, 10) is None
+
+
+def test_pc_sampling_cost_is_its_cpu_per_range_over_the_period():
+    from kdash.collectors.agents import pc_sampling_cost
+
+    from kdash.analyses.cost import PC_GPU_SHARE
+
+    on = {"pc_on": True, "agent_pc_state": "ok", "pc_on_ms": 200, "pc_period_ms": 2000,
+          "agent_pc_cpu_ms_per_range": 80.0}  # fmt: skip
+    # 80 ms of GIL-held decode every 2 s, plus the GPU-side share while a range runs
+    assert pc_sampling_cost(on) == pytest.approx(0.04 + PC_GPU_SHARE * 0.1)
+    assert pc_sampling_cost({**on, "pc_on": False}) == 0.0
+    assert pc_sampling_cost({**on, "agent_pc_state": "unavailable: no GPU"}) == 0.0
+    assert pc_sampling_cost({**on, "pc_period_ms": 0}) == 0.0
+    # the meter adds it to the activity estimate at once, without a new span
+    m = CostMeter(min_span_s=1.0)
+    m.update(1, stats(0, 0, 0, 0, CONT), 0)
+    m.update(1, stats(10_000, 0, S, 0, CONT), S)
+    base = m.estimate()
+    m.update(1, {**stats(10_000, 0, S, 0, CONT), **on}, 2 * S)
+    assert m.estimate() == pytest.approx(base + pc_sampling_cost(on))

@@ -248,6 +248,13 @@ class AgentSource:
             state = self.stats.get("agent_pc_state")
         if not self.hello.get("pc_sampling"):
             return "unavailable: the agent in this process has no PC sampling (older kdash)"
+        if state == "ok":
+            with self._lock:
+                ranges = self.stats.get("agent_pc_ranges")
+                cpu_ms = self.stats.get("agent_pc_cpu_ms_per_range")
+            if ranges and cpu_ms is not None:
+                # the range's Stop decodes the samples holding the target's GIL: its cost
+                return f"ok: {ranges} ranges, {cpu_ms:.0f} ms of the target's CPU each"
         return str(state or ("starting" if self.pc_sampling else "off"))
 
     def _duty_fields(self) -> dict[str, Any]:

@@ -23,6 +23,7 @@ the estimate leans high rather than low.
 
 from __future__ import annotations
 
+PC_GPU_SHARE = 0.016  # PC sampling's cost on the GPU while a range runs (H200, at most)
 KERNEL_RECORD_S = 1.2e-6  # GPU-stream time per kernel record while activity is on (H200)
 API_RECORD_S = 1.0e-6  # launching thread's time per API record (H200)
 
