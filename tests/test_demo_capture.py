@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from kdash.analyses.kernels import idle_gaps, launch_latency, top_kernels
@@ -35,6 +36,27 @@ def test_top_kernels_are_ours(demo):
     assert (tk["p99_us"] >= tk["p50_us"]).all()
     d1 = tk[tk["name"] == "_decode_stage1"].iloc[0]
     assert d1["registers"] > 0 and d1["calls"] > 100
+
+
+def test_top_kernels_match_a_plain_per_name_computation(demo):
+    """The vectorised table against the obvious loop over names (np.percentile per name, the
+    launch shape of each name's last launch), on the real records."""
+    k = demo.tables["kernels"]
+    tk = top_kernels(k).set_index("name")
+    dur = (k["end_ns"] - k["start_ns"]).clip(lower=0).astype(float)
+    names = k["name"].unique()
+    for name in names[:: max(1, len(names) // 40)]:  # ~40 names, rare and common
+        sel = (k["name"] == name).to_numpy()
+        d = dur[sel].to_numpy()
+        row, last = tk.loc[name], k[sel].iloc[-1]
+        assert row["calls"] == len(d)
+        assert row["total_ms"] == pytest.approx(d.sum() / 1e6)
+        assert row["mean_us"] == pytest.approx(d.mean() / 1e3)
+        assert row["p50_us"] == pytest.approx(np.percentile(d, 50) / 1e3)
+        assert row["p99_us"] == pytest.approx(np.percentile(d, 99) / 1e3)
+        assert row["grid"] == f"{last['grid_x']},{last['grid_y']},{last['grid_z']}"
+        assert row["registers"] == last["registers"]
+    assert list(tk["total_ms"]) == sorted(tk["total_ms"], reverse=True)
 
 
 def test_latency_and_gaps(demo):

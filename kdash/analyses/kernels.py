@@ -77,38 +77,75 @@ def _smem(static: int, dynamic: int) -> int:
     return max(static, 0) + max(dynamic, 0)
 
 
+def _group_percentile(sorted_vals: np.ndarray, starts: np.ndarray, counts: np.ndarray, q: float):
+    """np.percentile's linear interpolation, for every group of a value array sorted within
+    contiguous groups (`starts`, `counts`) at once."""
+    pos = q / 100.0 * (counts - 1)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, counts - 1)
+    v_lo, v_hi = sorted_vals[starts + lo], sorted_vals[starts + hi]
+    return v_lo + (v_hi - v_lo) * (pos - lo)
+
+
 def top_kernels(kernels: pd.DataFrame, limit: int | None = None) -> pd.DataFrame:
     """Per kernel name: calls, total GPU time and its share, mean/p50/p99, launch shape.
 
     Shares are of the summed kernel time in the table (concurrent kernels on several streams
-    can add up to more than the wall window, so wall time would mislead).
+    can add up to more than the wall window, so wall time would mislead). The launch shape is
+    the name's last launch. Vectorised over all names at once: the pane runs this every
+    second on the whole window (bench/kernel_analysis_cost.py).
     """
     if kernels.empty:
         return pd.DataFrame(columns=TOP_COLUMNS)
-    k = kernels.assign(dur_ns=(kernels["end_ns"] - kernels["start_ns"]).clip(lower=0))
-    demangle_all(k["name"].unique().tolist())
-    total = float(k["dur_ns"].sum()) or 1.0
-    rows = []
-    for name, g in k.groupby("name", sort=False):
-        d = g["dur_ns"].to_numpy(dtype=np.float64)
-        last = g.iloc[-1]
-        rows.append(
-            {
-                "name": name,
-                "calls": len(g),
-                "total_ms": d.sum() / 1e6,
-                "pct": 100.0 * d.sum() / total,
-                "mean_us": d.mean() / 1e3,
-                "p50_us": float(np.percentile(d, 50)) / 1e3,
-                "p99_us": float(np.percentile(d, 99)) / 1e3,
-                "grid": f"{last['grid_x']},{last['grid_y']},{last['grid_z']}",
-                "block": f"{last['block_x']},{last['block_y']},{last['block_z']}",
-                "registers": int(last["registers"]),
-                "smem": _smem(int(last["static_smem"]), int(last["dynamic_smem"])),
-            }
-        )
-    out = pd.DataFrame(rows, columns=TOP_COLUMNS).sort_values("total_ms", ascending=False)
-    out = out.reset_index(drop=True)
+    dur = np.clip(
+        kernels["end_ns"].to_numpy(np.int64) - kernels["start_ns"].to_numpy(np.int64), 0, None
+    ).astype(np.float64)
+    codes, names = pd.factorize(kernels["name"], sort=False)
+    names = np.asarray(names, dtype=object)
+    demangle_all(names.tolist())
+    n_names = len(names)
+    total = float(dur.sum()) or 1.0
+    counts = np.bincount(codes, minlength=n_names)
+    sums = np.bincount(codes, weights=dur, minlength=n_names)
+    order = np.lexsort((dur, codes))  # by name, then duration
+    sorted_dur = dur[order]
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    p50 = _group_percentile(sorted_dur, starts, counts, 50)
+    p99 = _group_percentile(sorted_dur, starts, counts, 99)
+    _u, first_from_end = np.unique(codes[::-1], return_index=True)  # codes 0..n-1, in order
+    last = len(codes) - 1 - first_from_end  # each name's last launch
+    lk = kernels.iloc[last]
+
+    def col(c: str) -> np.ndarray:
+        return lk[c].to_numpy()
+
+    grid = [
+        f"{x},{y},{z}" for x, y, z in zip(col("grid_x"), col("grid_y"), col("grid_z"), strict=True)
+    ]
+    block = [
+        f"{x},{y},{z}"
+        for x, y, z in zip(col("block_x"), col("block_y"), col("block_z"), strict=True)
+    ]
+    smem = [
+        _smem(int(a), int(b)) for a, b in zip(col("static_smem"), col("dynamic_smem"), strict=True)
+    ]
+    out = pd.DataFrame(
+        {
+            "name": names,
+            "calls": counts,
+            "total_ms": sums / 1e6,
+            "pct": 100.0 * sums / total,
+            "mean_us": sums / counts / 1e3,
+            "p50_us": p50 / 1e3,
+            "p99_us": p99 / 1e3,
+            "grid": grid,
+            "block": block,
+            "registers": col("registers").astype(np.int64),
+            "smem": smem,
+        },
+        columns=TOP_COLUMNS,
+    )
+    out = out.sort_values("total_ms", ascending=False, kind="stable").reset_index(drop=True)
     return out.head(limit) if limit else out
 
 
