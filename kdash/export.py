@@ -1,7 +1,9 @@
 """`kdash export --perfetto`: a capture as a Chrome trace (JSON, optionally gzipped).
 
-Tracks: one process per GPU with a thread per stream for kernels and copies, one process per
-watched pid with its API calls and NVTX ranges per thread, and counter tracks for the GPU's
+Tracks: one process per GPU with a thread per stream for kernels and copies and one for its
+idle gaps named by cause (`idle: host`, `idle: sync`, ...: kdash.analyses.kernel_findings),
+one process per watched pid with its API calls and NVTX ranges per thread, and counter
+tracks for the GPU's
 clocks, temperature, power and utilisation, and the busiest threads' CPU %. Timestamps are
 microseconds from the capture window's start, so the trace opens at zero.
 
@@ -106,6 +108,8 @@ def trace_events(cap: Capture, top_threads: int = 8) -> list[dict]:
     for (dev, tid), name in lane_names.items():
         ev.append(_meta("thread_name", GPU_PID_BASE + dev, tid, name))
 
+    ev += _idle_gap_events(t, us)
+
     m = t["memcpy"]
     for row in m.itertuples(index=False):
         ev.append(
@@ -187,6 +191,49 @@ def trace_events(cap: Capture, top_threads: int = 8) -> list[dict]:
                 )
         for pid in sorted(set(th["pid"].astype(int).tolist())):
             ev.append(_meta("process_name", pid, 0, f"pid {pid}"))
+    return ev
+
+
+IDLE_TID = -2  # the GPU process's track of idle gaps, named by cause
+
+
+def _idle_gap_events(t, us) -> list[dict]:
+    """The GPU's idle gaps (>= 100 us, inside recorded time) as slices named by their cause
+    (kdash.analyses.kernel_findings), on one track per GPU under its kernels: in the trace
+    the user sees where the GPU waited and on what, next to the host thread's calls."""
+    from kdash.analyses.kernel_findings import gap_causes
+    from kdash.analyses.kernels import idle_gaps, recorded_windows
+
+    k = t["kernels"]
+    if k.empty:
+        return []
+    gaps = idle_gaps(k, windows=recorded_windows(t["markers"]))
+    if gaps.empty:
+        return []
+    gaps = gap_causes(gaps, k, t["api"])
+    ev = []
+    for dev in sorted(set(gaps["device"].astype(int).tolist())):
+        ev.append(_meta("thread_name", GPU_PID_BASE + dev, IDLE_TID, "idle gaps (cause)"))
+    for g in gaps.itertuples(index=False):
+        args = {"cause": g.cause, "next_kernel": g.next_name}
+        if g.tid >= 0:
+            args["launching_tid"] = int(g.tid)
+        if g.prev_call:
+            args["call_before_launch"] = g.prev_call
+        if g.launch_us == g.launch_us:  # not NaN
+            args["launch_after_us"] = round(float(g.launch_us), 1)
+        ev.append(
+            {
+                "ph": "X",
+                "cat": "gpu_idle",
+                "name": f"idle: {g.cause}",
+                "pid": GPU_PID_BASE + int(g.device),
+                "tid": IDLE_TID,
+                "ts": us(g.start_ns),
+                "dur": max(0.0, (g.end_ns - g.start_ns) / 1e3),
+                "args": args,
+            }
+        )
     return ev
 
 

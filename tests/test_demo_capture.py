@@ -4,6 +4,7 @@ Real kernels from the project's own attention workload, so the kernel analyses, 
 the Perfetto export are checked on real CUPTI records here, without a GPU.
 """
 
+import bisect
 import gzip
 import json
 import subprocess
@@ -12,9 +13,11 @@ import sys
 import numpy as np
 import pytest
 
+from kdash.analyses.kernel_findings import CAUSES
 from kdash.analyses.kernels import idle_gaps, launch_latency, top_kernels
 from kdash.capture import load_capture
 from kdash.commands import bundled_demo
+from kdash.export import IDLE_TID
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +104,20 @@ def test_report_and_export(tmp_path):
         spans.sort()
         for (_s0, e0), (s1, e1) in zip(spans, spans[1:], strict=False):
             assert s1 >= e0 - 1e-3 or e1 <= e0 + 1e-3
+    # the GPU's idle gaps, on their own track, named by cause, never overlapping a kernel of
+    # the same GPU
+    idle = [e for e in ev if e.get("cat") == "gpu_idle"]
+    assert len(idle) == len(idle_gaps(load_capture(path).tables["kernels"]))
+    assert {e["name"] for e in idle} <= {f"idle: {c}" for c in CAUSES}
+    assert {e["tid"] for e in idle} == {IDLE_TID}
+    busy = sorted((e["ts"], e["ts"] + e["dur"]) for e in kernels)
+    starts = [b[0] for b in busy]
+    for e in idle[:: max(1, len(idle) // 200)]:
+        i = bisect.bisect_left(starts, e["ts"] + e["dur"] - 1e-3)
+        assert all(b_end <= e["ts"] + 1e-3 or b_start >= e["ts"] + e["dur"] - 1e-3
+                   for b_start, b_end in busy[max(0, i - 50) : i + 1])  # fmt: skip
+    host = [e for e in idle if e["name"] == "idle: host"]
+    assert host and all("launching_tid" in e["args"] for e in host)
 
 
 def test_demo_headless_without_gpu_is_refused():
