@@ -236,3 +236,22 @@ def test_launch_latency_counts_only_waits_on_an_idle_gpu():
     ev = str(f["evidence"])
     assert "worst 80.0 µs: k3 from thread 42" in ev and "HtoD copy of 1048576 B" in ev
     assert latency_findings(k, api, copies, warn_us=100) == []  # p99 80 < 100: no finding
+
+
+def test_report_prints_kernel_findings_as_blocks_at_80_and_a_table_when_wide(demo):
+    import io
+
+    from rich.console import Console
+
+    from kdash.report import render, summarize
+
+    s = summarize(demo)
+    narrow, wide = io.StringIO(), io.StringIO()
+    render(s, Console(file=narrow, width=80, color_system=None))
+    render(s, Console(file=wide, width=160, color_system=None))
+    text = narrow.getvalue()
+    assert "WARNING gpu-idle-gaps · GPU 0" in text
+    assert "→ the launching thread is too slow between launches" in text
+    # the kernel name column keeps its width at 80: the top kernel's name is whole
+    assert "_decode_stage1" in text
+    assert "gpu-idle-gaps" in wide.getvalue() and "WARNING gpu-idle-gaps" not in wide.getvalue()
