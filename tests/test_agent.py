@@ -1553,3 +1553,24 @@ def test_tree_source_lowers_the_duty_cycle_to_its_cost_budget(fake_cupti):
     finally:
         rc, out, err = finish(p)
     assert rc == 0, err
+
+
+def test_kdash_exit_waits_for_an_open_ptrace_session():
+    """Exiting mid-injection would detach the target with our call's return address (0) on its
+    stack: a SIGSEGV. The atexit hook waits for the session to close."""
+    from kdash.collectors.agent import inject
+
+    held = threading.Event()
+
+    def session():
+        with inject._IN_FLIGHT:
+            held.set()
+            time.sleep(0.4)
+
+    t = threading.Thread(target=session)
+    t.start()
+    assert held.wait(2)
+    t0 = time.monotonic()
+    inject._wait_for_injection_at_exit()
+    assert time.monotonic() - t0 >= 0.3 and not inject._IN_FLIGHT.locked()
+    t.join()

@@ -43,6 +43,7 @@ Mechanisms:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import json
@@ -51,6 +52,7 @@ import platform
 import re
 import struct
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -633,6 +635,21 @@ def blocked_in(pid: int) -> str | None:
     return WAITING_SYSCALLS.get(int(first)) if first.lstrip("-").isdigit() else None
 
 
+# While a ptrace session is open the target's main thread may be running a call of ours whose
+# return lands on address 0; were kdash to exit then, the kernel would detach and that return
+# would kill the target with SIGSEGV. So kdash's exit waits for an open session (atexit).
+_IN_FLIGHT = threading.Lock()
+EXIT_WAIT_S = 120.0
+
+
+def _wait_for_injection_at_exit() -> None:
+    if _IN_FLIGHT.acquire(timeout=EXIT_WAIT_S):
+        _IN_FLIGHT.release()
+
+
+atexit.register(_wait_for_injection_at_exit)
+
+
 def inject_ptrace(pid: int) -> str:
     """Run the boot code in pid's main thread: at once when the thread waits in a sleep/poll
     syscall (see WAITING_SYSCALLS), else as a CPython pending call at its next bytecode (see
@@ -646,6 +663,11 @@ def inject_ptrace(pid: int) -> str:
         re.compile(r"libpython3|python3"),
     )
     libc = resolve_symbols(pid, {"mmap"}, re.compile(r"^libc[.-]"))
+    with _IN_FLIGHT:
+        return _inject_ptrace(pid, code, py, libc)
+
+
+def _inject_ptrace(pid: int, code: bytes, py: dict[str, int], libc: dict[str, int]) -> str:
     t = _Tracee(pid)
     t.attach()
     try:
@@ -656,12 +678,14 @@ def inject_ptrace(pid: int) -> str:
         t.write(page, code)
         if waiting and "PyGILState_Ensure" in py and "PyGILState_Release" in py:
             # The boot code catches everything itself; its own imports and the agent thread's
-            # start take well under a second, the GIL may be busy for a while.
-            state = t.call(py["PyGILState_Ensure"], timeout=30.0)
+            # start take well under a second, the GIL may be busy for a while. A call that
+            # has begun cannot be abandoned (restoring the registers mid-call would corrupt
+            # the thread), so the limits are generous: a timeout here is a stuck target.
+            state = t.call(py["PyGILState_Ensure"], timeout=300.0)
             try:
-                t.call(py["PyRun_SimpleString"], page, timeout=30.0)
+                t.call(py["PyRun_SimpleString"], page, timeout=300.0)
             finally:
-                t.call(py["PyGILState_Release"], state & 0xFFFFFFFF, timeout=10.0)
+                t.call(py["PyGILState_Release"], state & 0xFFFFFFFF, timeout=300.0)
             return f"run in {waiting}"
         rc = t.call(py["Py_AddPendingCall"], py["PyRun_SimpleString"], page)
         if rc != 0:
