@@ -23,6 +23,8 @@ the estimate leans high rather than low.
 
 from __future__ import annotations
 
+import math
+
 PC_GPU_SHARE = 0.016  # PC sampling's cost on the GPU while a range runs (H200, at most)
 KERNEL_RECORD_S = 1.2e-6  # GPU-stream time per kernel record while activity is on (H200)
 API_RECORD_S = 1.0e-6  # launching thread's time per API record (H200)
@@ -105,7 +107,7 @@ def duty_for_budget(
     # cost the decode graph no less than the 10% one of 100 ms windows, both once a second
     # (agent-cost-h200.json), so part of the cost comes with each window (enable, flush,
     # disable), and only a longer period cuts that part too.
-    period = round(on_ms / want)
+    period = 100 * math.ceil(on_ms / want / 100)  # whole tenths of a second: readable cycles
     if period <= MAX_BUDGET_PERIOD_MS:
         return period, on_ms
     return MAX_BUDGET_PERIOD_MS, max(min_on_ms, round(MAX_BUDGET_PERIOD_MS * want))
