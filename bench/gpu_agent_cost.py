@@ -16,6 +16,7 @@ iterations/s from its tick lines; `after_X` is the rate once X has detached): `b
 switch calls; 50 ms of every second); `duty` (all kinds with API records narrowed to launch
 and sync calls, 100 ms of every second: kdash's default), `duty_again` (the same, to see the
 spread), `duty_long` (500 ms of every 5 s: the same 10% with a fifth of the window edges);
+`budget` (100 ms every 2.1 s: what `--cost-budget` 1.5% picks for the decode graph);
 `continuous` (all kinds, always on); each followed by its `after_`, and the SM clock (NVML)
 taken at every segment's end. `vs_neighbours_pct` compares each attached segment with the
 unattached ones on either side. The earlier runs' per-kind ablation on the
@@ -278,7 +279,11 @@ def run_target(mode: str, env: dict, script: Path) -> dict:
         # the default again, and a longer period at the same 10%: per-window costs (enable,
         # flush, disable) weigh a fifth as much at 500 ms every 5 s
         ("duty_again", {}),
-        ("duty_long", {"period_ms": 5000, "on_ms": 500}),
+        # (segments of whole periods: 3 s of a 5 s period would hold one window or none)
+        ("duty_long", {"period_ms": 5000, "on_ms": 500, "seconds": 10.0}),
+        # what the cost budget picks for the decode graph (kdash.analyses.cost.duty_for_budget):
+        # the 100 ms window every 2.1 s
+        ("budget", {"period_ms": 2100, "on_ms": 100, "seconds": 6.3}),
         ("continuous", {"continuous": True}),
     ]
     clocks: dict[str, int | None] = {"before": sm_clock_mhz()}
