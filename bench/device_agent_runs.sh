@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # On the GPU machine (device tool), from the repository root: the agent's evidence runs of
-# issue 3 and 5 in one go (each script writes its JSON under $OUT; a failure of one does not
-# stop the others). Build the kdash wheel into .whl/ first (see bench/device_setup.sh).
+# issue 3 and 5 (each script writes its JSON under $OUT; a failure of one does not stop the
+# others). Build the kdash wheel into .whl/ first (see bench/device_setup.sh).
+#
+# A device command may run 10 minutes: `bash bench/device_agent_runs.sh gpu_agent_cost.py`
+# alone (~4-5 min: three targets, seven segments each), the two others in a second call.
 set -uo pipefail
 bash bench/device_setup.sh >/dev/null || exit 1
 export PYTHONPATH=/tmp/site
 cd bench  # not the repository root: `python -m kdash...` must find the installed kdash
-for s in gpu_attach_inject.py gpu_pcs_agent.py gpu_agent_cost.py; do
+if [ "$#" -eq 0 ]; then
+    set -- gpu_attach_inject.py gpu_pcs_agent.py
+fi
+for s in "$@"; do
     echo "== $s"
-    timeout 300 python3 -u "$s" > "$OUT/${s%.py}.log" 2>&1
+    timeout 540 python3 -u "$s" > "$OUT/${s%.py}.log" 2>&1
     echo "rc=$?"; tail -c 600 "$OUT/${s%.py}.log"; echo
 done
