@@ -276,3 +276,41 @@ def test_top_summary_is_the_table_in_one_line(demo):
     # Namespaces go: the short name's last component is kept.
     assert "at::native::" not in line
     assert top_summary(rows.iloc[0:0], "total %") == "top: no kernel name matches the filter"
+
+
+def test_idle_lane_letters_the_cause_that_idled_each_bin():
+    """MADE-UP gaps on GPU 0 over a 10-bin window: host in bins 0-4, sync in bin 7, a gap too
+    short to mark bin 9; GPU 1's gaps stay off GPU 0's lane."""
+    from kdash.tui.panes.kernels import idle_chars
+
+    idle = {
+        "device": np.array([0, 0, 0, 1]),
+        "start_ns": np.array([0, 700, 990, 0]),
+        "end_ns": np.array([500, 800, 993, 1000]),
+        "cause": np.array(["host", "sync", "gpu", "quiet"], dtype=object),
+    }
+    assert idle_chars(idle, 0, 0, 1000, 10) == "hhhhh  s  "
+    assert idle_chars(idle, 1, 0, 1000, 10) == "q" * 10
+    assert idle_chars(idle, 2, 0, 1000, 10) == " " * 10
+
+
+async def test_idle_lane_in_the_app_not_at_80x24_but_maximised(make_app, demo):
+    app = _demo_app(make_app, demo)
+    async with app.run_test(size=(120, 40)) as pilot:
+        pane = app.query_one(KernelPane)
+        await _ready(pilot, pane)
+        await pilot.pause()
+        rows = plain(pane.lanes).splitlines()
+        idle = [r for r in rows if r.startswith("GPU0 idle   ")]
+        assert idle, rows
+        letters = set(idle[0][12:].strip())
+        assert letters and letters <= set("hsqgu ") and "h" in letters
+    app = _demo_app(make_app, demo)
+    async with app.run_test(size=(80, 24)) as pilot:
+        pane = app.query_one(KernelPane)
+        await _ready(pilot, pane)
+        await pilot.pause()
+        assert not [r for r in plain(pane.lanes).splitlines() if r.startswith("GPU0 idle   ")]
+        await pilot.press("1")
+        await pilot.pause()
+        assert [r for r in plain(pane.lanes).splitlines() if r.startswith("GPU0 idle   ")]

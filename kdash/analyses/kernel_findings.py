@@ -261,20 +261,34 @@ class IdleSummary:
         return "warning" if self.actionable_share >= IDLE_WARN_SHARE else "info"
 
 
+def explained_gaps(
+    kernels: pd.DataFrame,
+    api: pd.DataFrame,
+    markers: pd.DataFrame | None = None,
+    min_gap_us: float = MIN_GAP_US,
+) -> pd.DataFrame:
+    """Every idle gap inside recorded time, with its cause (`gap_causes`' columns)."""
+    windows = recorded_windows(markers) if markers is not None else None
+    gaps = idle_gaps(kernels, min_gap_us=min_gap_us, windows=windows)
+    return gap_causes(gaps, kernels, api)
+
+
 def idle_summaries(
     kernels: pd.DataFrame,
     api: pd.DataFrame,
     markers: pd.DataFrame | None = None,
     min_gap_us: float = MIN_GAP_US,
+    gaps: pd.DataFrame | None = None,
 ) -> list[IdleSummary]:
-    """Per device: how much of the recorded time the GPU sat idle, and why."""
+    """Per device: how much of the recorded time the GPU sat idle, and why (`gaps`: the
+    `explained_gaps` of the same tables, when the caller has them already)."""
     if kernels.empty:
         return []
     windows = recorded_windows(markers) if markers is not None else None
-    gaps = idle_gaps(kernels, min_gap_us=min_gap_us, windows=windows)
+    if gaps is None:
+        gaps = explained_gaps(kernels, api, markers, min_gap_us)
     if gaps.empty:
         return []
-    gaps = gap_causes(gaps, kernels, api)
     out = []
     for dev, g in gaps.groupby("device"):
         kd = kernels[kernels["device"] == dev]

@@ -45,7 +45,9 @@ from textual.widgets import DataTable, Input, Static
 from kdash import schema
 from kdash.analyses.kernel_findings import (
     ACTIONABLE,
+    CAUSES,
     causes_text,
+    explained_gaps,
     gap_brief,
     idle_summaries,
     thread_names,
@@ -88,15 +90,17 @@ def analysis_notes(
     api: pd.DataFrame,
     markers: pd.DataFrame | None = None,
     threads: pd.DataFrame | None = None,
+    gaps: pd.DataFrame | None = None,
 ) -> str:
     """GPU idle time by cause with its worst actionable gap, and launch-to-start latency, in
-    one line ("" when neither applies; `kdash report` spells the same findings out).
+    one line ("" when neither applies; `kdash report` spells the same findings out). `gaps`:
+    the tables' `explained_gaps`, when the caller has them.
 
     With a duty-cycled agent only gaps inside its recording windows count as idle.
     """
     names = thread_names(threads)
     notes = []
-    for d in idle_summaries(kernels, api, markers):
+    for d in idle_summaries(kernels, api, markers, gaps=gaps):
         line = f"GPU{d.device} idle {100 * d.share:.0f}% ({causes_text(d.by_cause)})"
         if d.top in ACTIONABLE:
             ex = d.example
@@ -226,8 +230,11 @@ def render_lanes(
     styles: LaneStyles | None = None,
     notes: str | None = None,
     duty_cycled: bool | None = None,
+    idle: dict[str, np.ndarray] | None = None,
 ) -> Text:
-    """The strip: NVTX lanes, kernel lanes (one per GPU and stream), the axis, the notes.
+    """The strip: NVTX lanes, kernel lanes (one per GPU and stream), an idle lane per GPU
+    (`idle`: its explained gaps, each bin lettered by the cause that idled it most: h host,
+    s sync, q quiet, g gpu, u unknown), the axis, the notes.
 
     `kernels` and `markers` are store batches (column -> array); `markers` may hold rows that
     start before `since_ns` (a window or range reaching into the view). `axis(bins)` draws
@@ -313,6 +320,11 @@ def render_lanes(
         k = int(keys[n])
         label = f"GPU{k >> 40} s{k - ((k >> 40) << 40) - 1}"
         rows.append((label, lane_chars(busy[n], unrecorded), st.lane, unrec_runs))
+    if idle is not None and len(idle["start_ns"]):
+        for d in sorted({int(k) >> 40 for k in keys[:shown]}):
+            chars = idle_chars(idle, d, since_ns, until_ns, bins)
+            if chars.strip():
+                rows.append((f"GPU{d} idle", chars, st.note, []))
 
     for i, (label, chars, style, runs) in enumerate(rows):
         if i:
@@ -336,6 +348,26 @@ def render_lanes(
     if line:
         out.append("\n" + " · ".join(line), st.note)
     return out
+
+
+IDLE_MARK_SHARE = 0.05  # a bin gets a cause letter when that cause idled >= 5% of it
+CAUSE_LETTERS = np.array([c[0] for c in CAUSES])
+
+
+def idle_chars(
+    idle: dict[str, np.ndarray], device: int, since_ns: int, until_ns: int, bins: int
+) -> str:
+    """One GPU's idle lane: per bin, the first letter of the cause that idled it most."""
+    m = idle["device"] == device
+    if not m.any():
+        return " " * bins
+    index = {c: i for i, c in enumerate(CAUSES)}
+    codes = np.array([index.get(str(c), len(CAUSES) - 1) for c in idle["cause"][m]])
+    frac = coverage(
+        codes, len(CAUSES), idle["start_ns"][m], idle["end_ns"][m], since_ns, until_ns, bins
+    )
+    marked = frac.max(axis=0) >= IDLE_MARK_SHARE
+    return "".join(np.where(marked, CAUSE_LETTERS[frac.argmax(axis=0)], " "))
 
 
 def _bare_name(name: str, width: int = 28) -> str:
@@ -412,6 +444,7 @@ class KernelPane(Pane):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self._notes: str | None = None
+        self._idle: dict | None = None  # the analysed window's explained gaps (idle lane)
         self._analysed_key: tuple = ()
         self._analysed_at = 0.0
         self._lanes_key: tuple = ()
@@ -494,10 +527,13 @@ class KernelPane(Pane):
         )
         width = self.content_region.width or 60
         n = len(batch["start_ns"])
+        # 80x24 has four rows for the pane: no idle lane there (key 1 shows it)
+        app = self.app
+        idle = None if app.has_class("-compact") and not app.has_class("-maximized") else self._idle
         key = (
             view.since_ns, view.until_ns, view.mode, view.anchor_ns, n,
             int(batch["start_ns"][-1]) if n else 0, len(markers["start_ns"]), self._duty,
-            width, self._notes, styles,
+            width, self._notes, styles, id(idle),
         )  # fmt: skip
         if key == self._lanes_key:
             return
@@ -513,6 +549,7 @@ class KernelPane(Pane):
                 styles,
                 self._notes,
                 self._duty,
+                idle,
             )  # fmt: skip
         )
 
@@ -524,18 +561,25 @@ class KernelPane(Pane):
         them), GPU idle time by cause and launch-to-start latency, off the UI thread."""
         kernels = schema.to_frame("kernels", batch)
         top = top_kernels(kernels)
+        api_f, markers_f = schema.to_frame("api", api), schema.to_frame("markers", markers)
+        gaps = explained_gaps(kernels, api_f, markers_f)
         notes = analysis_notes(
             kernels,
-            schema.to_frame("api", api),
-            schema.to_frame("markers", markers),
+            api_f,
+            markers_f,
             schema.to_frame("threads", threads) if threads is not None else None,
+            gaps=gaps,
         )
-        self.app.call_from_thread(self._apply_analysis, key, top, notes)
+        idle = {c: gaps[c].to_numpy() for c in ("device", "start_ns", "end_ns", "cause")}
+        self.app.call_from_thread(self._apply_analysis, key, top, notes, idle)
 
-    def _apply_analysis(self, key: tuple, top: pd.DataFrame, notes: str) -> None:
+    def _apply_analysis(
+        self, key: tuple, top: pd.DataFrame, notes: str, idle: dict | None = None
+    ) -> None:
         if key != self._analysed_key:
             return  # a newer window's analysis is on its way
         self._notes = notes
+        self._idle = idle
         self._top = top
         self._fill_table()
         self.analyses_applied += 1
