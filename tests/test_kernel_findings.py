@@ -255,3 +255,53 @@ def test_report_prints_kernel_findings_as_blocks_at_80_and_a_table_when_wide(dem
     # the kernel name column keeps its width at 80: the top kernel's name is whole
     assert "_decode_stage1" in text
     assert "gpu-idle-gaps" in wide.getvalue() and "WARNING gpu-idle-gaps" not in wide.getvalue()
+
+
+def _threads(tid: int, cpu_pct: float, runq: float):
+    """MADE-UP scheduler rows for one thread over the gaps' second."""
+    n = 4
+    return schema.to_frame(
+        "threads",
+        schema.make_batch(
+            "threads",
+            t_ns=np.arange(n, dtype=np.int64) * 250 * US * 1000,
+            pid=np.full(n, 100),
+            tid=np.full(n, tid),
+            name=["launcher"] * n,
+            cpu_pct=np.full(n, cpu_pct, dtype=np.float32),
+            cpu=np.zeros(n, dtype=np.int32),
+            allowed_cpus=["0-3"] * n,
+            runq_ms_per_s=np.full(n, runq, dtype=np.float32),
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("cpu_pct", "runq", "advice"),
+    [(40.0, 300.0, "waits for a CPU"), (97.0, 1.0, "busy all the time"), (40.0, 1.0, "too slow")],
+)
+def test_host_gaps_name_the_feeding_threads_own_state(cpu_pct, runq, advice):
+    """MADE-UP: one thread (OS tid 4242) launches every kernel and comes late each time; its
+    scheduler rows decide which advice the finding gives."""
+    ks = [(i * 1000, i * 1000 + 200, i + 1) for i in range(10)]
+    calls = [(i * 1000 - 20 if i else 0, i * 1000 - 15 if i else 5, "cudaLaunchKernel", 4242,
+              i + 1) for i in range(10)]  # fmt: skip
+    k, api = _kernels(ks), _api(calls)
+    (f,) = idle_findings(k, api, threads=_threads(4242, cpu_pct, runq))
+    ev = str(f["evidence"])
+    assert "thread 4242 (launcher) fed most of the host gaps" in ev
+    assert f"ran {cpu_pct:.0f}% of the time and waited {runq:.1f} ms/s for a CPU" in ev
+    assert "allowed CPUs 0-3" in ev and advice in str(f["advice"])
+    # without scheduler rows for it (or with a pthread id) the finding says what it knows
+    (bare,) = idle_findings(k, api)
+    assert "ran " not in str(bare["evidence"]) and "too slow" in str(bare["advice"])
+
+
+def test_notes_line_says_when_the_feeder_waits_for_a_cpu():
+    ks = [(i * 1000, i * 1000 + 200, i + 1) for i in range(10)]
+    calls = [(i * 1000 - 20 if i else 0, i * 1000 - 15 if i else 5, "cudaLaunchKernel", 4242,
+              i + 1) for i in range(10)]  # fmt: skip
+    k, api = _kernels(ks), _api(calls)
+    line = analysis_notes(k, api, None, _threads(4242, 40.0, 300.0))
+    assert "worst host gap" in line and "its feeder waits 300 ms/s for a CPU" in line
+    assert "feeder" not in analysis_notes(k, api, None, _threads(4242, 40.0, 1.0))

@@ -327,6 +327,60 @@ def idle_summaries(
     return out
 
 
+# The launching thread's own state, from the scheduler collector's rows: when it waited this
+# long for a CPU, or ran nearly all the time, the host gaps have a host-side reason to name.
+FEEDER_RUNQ_MS = 50.0
+FEEDER_BUSY_PCT = 90.0
+
+FEEDER_ADVICE = {
+    "runq": "the thread that feeds this GPU waits for a CPU: give it a core of its own "
+    "(taskset/cpuset, or move the busy threads that share its CPUs away), then look again",
+    "busy": "the thread that feeds this GPU is busy all the time: it cannot launch faster, so "
+    "launch less (replay steps from a CUDA graph, fuse small kernels) or move its other work "
+    "to another thread",
+}
+
+
+@dataclass(frozen=True)
+class FeederState:
+    """The launching thread as the scheduler collector saw it over the window."""
+
+    cpu_pct: float  # mean on-CPU %
+    runq_ms_per_s: float  # mean run-queue wait
+    allowed: str  # its last allowed-CPU list
+
+    @property
+    def problem(self) -> str | None:
+        if self.runq_ms_per_s >= FEEDER_RUNQ_MS:
+            return "runq"
+        if self.cpu_pct >= FEEDER_BUSY_PCT:
+            return "busy"
+        return None
+
+    def text(self) -> str:
+        return (
+            f"over the window it ran {self.cpu_pct:.0f}% of the time and waited "
+            f"{self.runq_ms_per_s:.1f} ms/s for a CPU (allowed CPUs {self.allowed or 'n/a'})"
+        )
+
+
+def feeder_state(threads: pd.DataFrame | None, tid: int) -> FeederState | None:
+    """The thread's mean CPU % and run-queue wait over the rows given, or None when the
+    scheduler collector has no rows for it (or the id is a pthread id, not an OS tid)."""
+    if threads is None or threads.empty or tid < 0 or tid >= MAX_OS_TID:
+        return None
+    rows = threads[threads["tid"] == tid]
+    cpu = rows["cpu_pct"].astype(float).dropna()
+    if cpu.empty:
+        return None
+    runq = rows["runq_ms_per_s"].astype(float).dropna()
+    return FeederState(
+        cpu_pct=float(cpu.mean()),
+        runq_ms_per_s=float(runq.mean()) if len(runq) else 0.0,
+        allowed=str(rows["allowed_cpus"].iloc[-1]),
+    )
+
+
 def causes_text(by_cause: Mapping[str, float]) -> str:
     """ "host 62%, quiet 38%, sync <1%": shares of the idle time, largest first."""
     return ", ".join(f"{c} {'<1' if v < 0.005 else f'{100 * v:.0f}'}%" for c, v in by_cause.items())
@@ -363,9 +417,16 @@ def idle_findings(
             continue
         parts = causes_text(d.by_cause)
         lead = ""
+        advice = ADVICE[d.top]
         if d.feeder >= 0:
             lead = f" {thread_label(d.feeder, names)} fed most of the {d.top} gaps"
-            lead += f", mostly after {d.feeder_call}." if d.feeder_call else "."
+            lead += f", mostly after {d.feeder_call}" if d.feeder_call else ""
+            state = feeder_state(threads, d.feeder)
+            if state is not None:
+                lead += f"; {state.text()}"
+                if d.top == "host" and state.problem:
+                    advice = FEEDER_ADVICE[state.problem]
+            lead += "."
         out.append(
             {
                 "t_ns": int(d.example["end_ns"]),
@@ -378,7 +439,7 @@ def idle_findings(
                     f"Longest {d.top} gap {d.example['gap_us'] / 1e3:.2f} ms at "
                     f"+{d.example_at_s:.1f} s: {explain_gap(d.example, names)}"
                 ),
-                "advice": ADVICE[d.top],
+                "advice": advice,
             }
         )
     return out

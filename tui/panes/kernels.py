@@ -48,6 +48,7 @@ from kdash.analyses.kernel_findings import (
     CAUSES,
     causes_text,
     explained_gaps,
+    feeder_state,
     gap_brief,
     idle_summaries,
     thread_names,
@@ -105,6 +106,11 @@ def analysis_notes(
         if d.top in ACTIONABLE:
             ex = d.example
             line += f" · worst {d.top} gap {ex['gap_us'] / 1e3:.1f} ms: {gap_brief(ex, names)}"
+            state = feeder_state(threads, d.feeder)
+            if state is not None and state.problem == "runq":
+                line += f" · its feeder waits {state.runq_ms_per_s:.0f} ms/s for a CPU"
+            elif state is not None and state.problem == "busy":
+                line += f" · its feeder is on a CPU {state.cpu_pct:.0f}% of the time"
         notes.append(line)
     lat = launch_latency(kernels, api)
     if not lat.empty:
