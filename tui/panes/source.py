@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from rich.style import Style
 from rich.syntax import Syntax
 from rich.text import Text
 from textual import work
@@ -432,11 +433,7 @@ class SourcePane(Pane):
     ) -> Text:
         heat_style = self.get_component_rich_style("source-pane--heat")
         row = Text(no_wrap=True, overflow="ellipsis")
-        if share > 0:
-            shade = SHADES[min(4, max(1, round(4 * share / vmax)))] if vmax else " "
-            row.append(f"{_share(share):>6}{shade}", heat_style)
-        else:
-            row.append(" " * 7)
+        append_heat(row, share, vmax, heat_style)
         mark = "▶" if selected else ("·" if no_heat and loc and ln == loc.def_line else " ")
         row.append(f"{ln:5d} {mark} ")
         row.append_text(code)
@@ -491,13 +488,7 @@ class SourcePane(Pane):
         sel_style = self.get_component_rich_style("source-pane--selected")
         h = cubin.sass_heat(ks, lt)
         h = h[h["kernel"] == kernel].reset_index(drop=True)
-        self._n_rows = len(h)
-        order = h.sort_values("samples", ascending=False, kind="stable")
-        self._hot_rows = [int(i) + 1 for i in order.index[order["samples"] > 0]]
-        default = self._hot_rows[0] if self._hot_rows else 1
-        sel = self._selected.setdefault((kernel, True), default)
-        sel = min(max(1, sel), max(1, len(h)))
-        self._selected[(kernel, True)] = sel
+        sel = self._select_row(kernel, h, hot_only=True)
         cur = h.iloc[sel - 1] if len(h) else None
         where = f"SASS +0x{int(cur['pc_offset']):x}" if cur is not None else "SASS"
         out = Text(no_wrap=True, overflow="ellipsis")
@@ -514,17 +505,12 @@ class SourcePane(Pane):
         else:
             foot.append("no samples on this instruction (n/N: hot instructions)", note_style)
         code_h = max(1, height - 2)
-        top = min(max(1, sel - code_h // 2), max(1, len(h) - code_h + 1))
+        top = scroll_top(sel, len(h), code_h)
         vmax = float(h["share"].max()) if len(h) else 0.0
         for i in range(top, min(len(h), top + code_h - 1) + 1):
             r = h.iloc[i - 1]
             row = Text(no_wrap=True, overflow="ellipsis")
-            share = float(r["share"])
-            if share > 0:
-                shade = SHADES[min(4, max(1, round(4 * share / vmax)))] if vmax else " "
-                row.append(f"{_share(share):>6}{shade} ", heat_style)
-            else:
-                row.append(" " * 8)
+            append_heat(row, float(r["share"]), vmax, heat_style, " ")
             row.append(f"{int(r['pc_offset']):05x} {'▶' if i == sel else ' '} ")
             src = f"{Path(str(r['file'])).name}:{int(r['line'])}" if r["file"] else ""
             row.append(f"{str(r['sass']):<44} ")
@@ -537,6 +523,18 @@ class SourcePane(Pane):
         out.append_text(foot)
         return out
 
+    def _select_row(self, kernel: str, h: pd.DataFrame, hot_only: bool) -> int:
+        """The selected row (1-based) of the SASS or PC view of `kernel`, hottest first by
+        default; also sets the rows n/N walk (`hot_only`: rows with samples)."""
+        self._n_rows = len(h)
+        order = h.sort_values("samples", ascending=False, kind="stable")
+        hot = order.index[order["samples"] > 0] if hot_only else order.index
+        self._hot_rows = [int(i) + 1 for i in hot]
+        sel = self._selected.setdefault((kernel, True), self._hot_rows[0] if self._hot_rows else 1)
+        sel = min(max(1, sel), max(1, len(h)))
+        self._selected[(kernel, True)] = sel
+        return sel
+
     def _draw_pcs(self, kernel: str, pct: float, ks: pd.DataFrame, height: int) -> Text:
         """A kernel with samples but no cubin: its sampled PCs in order, with heat and stalls
         (the SASS view without the instruction text), and why there is no text."""
@@ -544,26 +542,19 @@ class SourcePane(Pane):
         note_style = self.get_component_rich_style("source-pane--note")
         sel_style = self.get_component_rich_style("source-pane--selected")
         h = cubin.pc_heat(ks, kernel)
-        self._n_rows = len(h)
-        order = h.sort_values("samples", ascending=False, kind="stable")
-        self._hot_rows = [int(i) + 1 for i in order.index]
-        sel = self._selected.setdefault((kernel, True), self._hot_rows[0])
-        sel = min(max(1, sel), len(h))
-        self._selected[(kernel, True)] = sel
+        sel = self._select_row(kernel, h, hot_only=False)
         cur = h.iloc[sel - 1]
         out = Text(no_wrap=True, overflow="ellipsis")
         out.append_text(self._header(kernel, pct, f"PC +0x{int(cur['pc_offset']):x}", ""))
         out.append("\n")
         out.append(cubin.NO_LINE_TABLE, note_style)
         code_h = max(1, height - 3)
-        top = min(max(1, sel - code_h // 2), max(1, len(h) - code_h + 1))
+        top = scroll_top(sel, len(h), code_h)
         vmax = float(h["share"].max())
         for i in range(top, min(len(h), top + code_h - 1) + 1):
             r = h.iloc[i - 1]
-            share = float(r["share"])
-            shade = SHADES[min(4, max(1, round(4 * share / vmax)))] if vmax else " "
             row = Text(no_wrap=True, overflow="ellipsis")
-            row.append(f"{_share(share):>6}{shade} ", heat_style)
+            append_heat(row, float(r["share"]), vmax, heat_style, " ")
             row.append(f"+0x{int(r['pc_offset']):05x} {'▶' if i == sel else ' '} ")
             row.append(str(r["top_stalls"]), note_style)
             if i == sel:
@@ -631,3 +622,18 @@ def _pct(p: float) -> str:
 def _share(f: float) -> str:
     """A share of samples as a percentage; "<0.1%" rather than a misleading "0.0%"."""
     return "<0.1%" if 0 < f < 0.0005 else f"{100 * f:.1f}%"
+
+
+def append_heat(row: Text, share: float, vmax: float, style: Style, gap: str = "") -> None:
+    """The gutter of a line, an instruction or a PC: its share and a shade scaled to the
+    hottest shown, in the heat style (blank, unstyled, when it has no samples)."""
+    if share <= 0:
+        row.append(" " * (7 + len(gap)))
+        return
+    shade = SHADES[min(4, max(1, round(4 * share / vmax)))] if vmax else " "
+    row.append(f"{_share(share):>6}{shade}{gap}", style)
+
+
+def scroll_top(sel: int, rows: int, height: int) -> int:
+    """The first row (1-based) of a `height`-row view of `rows` that keeps `sel` centred."""
+    return min(max(1, sel - height // 2), max(1, rows - height + 1))
