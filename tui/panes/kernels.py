@@ -360,15 +360,23 @@ IDLE_MARK_SHARE = 0.05  # a bin gets a cause letter when that cause idled >= 5% 
 CAUSE_LETTERS = np.array([c[0] for c in CAUSES])
 
 
+def cause_codes(causes: np.ndarray) -> np.ndarray:
+    """Cause names as indexes into CAUSES (an unknown name counts as the last, "unknown")."""
+    index = {c: i for i, c in enumerate(CAUSES)}
+    return np.array([index.get(str(c), len(CAUSES) - 1) for c in causes], dtype=np.int64)
+
+
 def idle_chars(
     idle: dict[str, np.ndarray], device: int, since_ns: int, until_ns: int, bins: int
 ) -> str:
-    """One GPU's idle lane: per bin, the first letter of the cause that idled it most."""
+    """One GPU's idle lane: per bin, the first letter of the cause that idled it most.
+
+    `idle`: device, start_ns, end_ns and either "code" (`cause_codes`, what the pane passes)
+    or "cause" names."""
     m = idle["device"] == device
     if not m.any():
         return " " * bins
-    index = {c: i for i, c in enumerate(CAUSES)}
-    codes = np.array([index.get(str(c), len(CAUSES) - 1) for c in idle["cause"][m]])
+    codes = idle["code"][m] if "code" in idle else cause_codes(idle["cause"][m])
     frac = coverage(
         codes, len(CAUSES), idle["start_ns"][m], idle["end_ns"][m], since_ns, until_ns, bins
     )
@@ -576,7 +584,9 @@ class KernelPane(Pane):
             schema.to_frame("threads", threads) if threads is not None else None,
             gaps=gaps,
         )
-        idle = {c: gaps[c].to_numpy() for c in ("device", "start_ns", "end_ns", "cause")}
+        # the lane is redrawn far more often than analysed: cause names become codes once here
+        idle = {c: gaps[c].to_numpy() for c in ("device", "start_ns", "end_ns")}
+        idle["code"] = cause_codes(gaps["cause"].to_numpy())
         self.app.call_from_thread(self._apply_analysis, key, top, notes, idle)
 
     def _apply_analysis(
