@@ -142,6 +142,7 @@ def _record_headless(
     target, args, sources: list, extra_meta: dict | None = None, server=None
 ) -> int:
     from kdash import clock
+    from kdash.analyses.cost import cost_text
     from kdash.session import RecorderOptions
     from kdash.store import Store
 
@@ -150,17 +151,34 @@ def _record_headless(
     opts = RecorderOptions(interval_s=getattr(args, "interval", 0.25))
     rec = _make_recorder(sources, store, target, opts, server)
     start = clock.now_ns()
-    rec.run_for(args.duration, progress=_progress(args.duration))
+    show = _progress(args.duration)
+    costs: list[float] = []
+
+    def progress(elapsed: float) -> None:
+        # the estimate exists only while the agents are connected: read it as the run goes
+        for s in sources:
+            estimate = getattr(s, "cost_estimate", None)
+            value = estimate() if estimate is not None else None
+            if value is not None:
+                costs.append(value)
+        show(elapsed)
+
+    rec.run_for(args.duration, progress=progress)
     end = clock.now_ns()
     if sys.stderr.isatty():
         print(file=sys.stderr)
     path = rec.write_window(start, end, out)
-    if extra_meta:
-        _patch_meta(path, extra_meta)
+    extra = dict(extra_meta or {})
+    if costs:
+        extra["cost_estimate"] = {"last": costs[-1], "max": max(costs)}
+    if extra:
+        _patch_meta(path, extra)
     rows = {k: v["rows"] for k, v in store.stats().items() if v["rows"]}
     health = ", ".join(f"{s.name}: {s.health}" for s in sources)
+    cost = f"; {cost_text(costs[-1])}" if costs else ""
     print(
-        f"kdash: saved {path} ({(end - start) / 1e9:.1f} s; rows {rows}; {health})", file=sys.stderr
+        f"kdash: saved {path} ({(end - start) / 1e9:.1f} s; rows {rows}{cost}; {health})",
+        file=sys.stderr,
     )
     if not target.alive():
         print(f"kdash: note: pid {target.pid} exited during the recording", file=sys.stderr)

@@ -1,0 +1,444 @@
+"""What watching costs a target, against a never-attached twin (the project's cost method).
+
+Two processes of the same loop (bench/ab_target.py) run one after the other: a control that
+nothing touches, and a treated one that kdash attaches to and detaches from mid-run. Rates are
+counted in 2-s bins from each process's `ready`; the treated/control ratio per bin is
+normalised by its median over the bins before the first attach; bins are then grouped by phase
+(`before`, `attached`: wholly inside an attach, `after`: wholly after a detach and outside any
+attach; bins that straddle an edge are left out). The SM clock (NVML) is kept per bin so a
+clock drift can be told from kdash's cost.
+
+`python bench/gpu_ab_cost.py [--targets eager,graph_tiny,decode_graph] [--pc]` runs the A/B:
+per target a control and a treated run of 40 s with `kdash attach --pid PID --headless
+--duration 6` at 8 s and at 22 s (injection at the first, the agent found at the second);
+`--pc` adds a treated run with `--pc-sampling`. Output: $OUT/agent-ab-h200.json (else
+bench/results/) with a `summary` per target: `attached_vs_twin_pct`, `after_detach_vs_twin_pct`
+(median of the phase's bins), `estimate_pct` (what kdash said), `max_stall_ms` (the longest
+iteration of the treated loop during the attaches, less the control's longest).
+
+`python bench/gpu_ab_cost.py --screen graph_tiny` runs the factor screen instead: one treated
+run per factor of bench/ab_target.py (and `agent`, `agent_idle`: the real attach, and the
+injection alone), 20 s each, the factor on from 6 s for 4 s, a control before every four.
+Output: $OUT/agent-factors-h200.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OUT = Path(os.environ.get("OUT") or HERE / "results")
+BIN_S = 2.0
+SCREEN_FACTORS = [
+    "thread",
+    "register",
+    "kernel",
+    "kernel_cont",
+    "runtime",
+    "driver",
+    "narrow",
+    "narrow_restore",
+    "sync",
+    "copies_markers",
+    "perapi",
+    "agent_idle",
+    "agent",
+]
+
+
+class Clocks:
+    """GPU 0's SM clock every 0.5 s on a thread (NVML), to join rates by bin."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[int, int]] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception as e:  # noqa: BLE001 - the clocks are a figure beside the rates
+            print("no NVML:", e, flush=True)
+            return
+        while not self._stop.wait(0.5):
+            mhz = int(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM))
+            self.samples.append((time.monotonic_ns(), mhz))
+
+    def __enter__(self) -> Clocks:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join(2)
+
+
+def kdash_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kdash.cli", *args]
+
+
+def run_target(
+    mode: str,
+    seconds: float,
+    factor: str = "none",
+    on_s: float = 0.0,
+    hold_s: float = 0.0,
+    attaches: list[tuple[float, float]] | None = None,
+    attach_extra: list[str] | None = None,
+) -> dict:
+    """One process of the loop; kdash attaches at each (t, duration) of `attaches`."""
+    inproc = factor not in ("none", "agent", "agent_idle")
+    argv = [sys.executable, "-u", str(HERE / "ab_target.py"), mode, str(seconds)]
+    if inproc:
+        argv += [factor, str(on_s), str(hold_s)]
+    env = dict(os.environ)
+    env.pop("KDASH_AGENT", None)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=HERE
+    )
+    ticks: list[tuple[int, int, int]] = []
+    lines: list[str] = []
+    ready = threading.Event()
+    t_ready = [0]
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            parts = line.split()
+            if parts[:1] == ["tick"] and len(parts) == 4:
+                ticks.append((int(parts[1]), int(parts[2]), int(parts[3])))
+            elif parts[:1] == ["ready"]:
+                t_ready[0] = int(parts[2])
+                ready.set()
+            else:
+                lines.append(line.rstrip())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    err: list[str] = []
+    threading.Thread(
+        target=lambda: err.extend(proc.stderr or []),
+        daemon=True,  # type: ignore[arg-type]
+    ).start()
+    events: list[dict] = []
+    with Clocks() as clocks:
+        if not ready.wait(240):
+            proc.kill()
+            raise RuntimeError(f"{mode} never ready: {''.join(err)[-2000:]}")
+        t0 = t_ready[0]
+        todo = list(attaches or [])
+        if factor in ("agent", "agent_idle"):
+            todo = [(on_s, hold_s)]
+        for at, dur in todo:
+            delay = t0 / 1e9 + at - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            a = time.monotonic_ns()
+            if factor == "agent_idle":
+                code = (
+                    "from kdash.collectors.agent import inject; import sys; "
+                    f"print(inject.inject({proc.pid}))"
+                )
+                r = subprocess.run(
+                    [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+                )
+            else:
+                cap = Path(f"/tmp/ab-{proc.pid}-{int(at)}.kdash")
+                cap.unlink(missing_ok=True)
+                r = subprocess.run(
+                    kdash_cmd(
+                        "attach",
+                        "--pid",
+                        str(proc.pid),
+                        "--headless",
+                        "--duration",
+                        str(dur),
+                        "--output",
+                        str(cap),
+                        *(attach_extra or []),
+                    ),
+                    capture_output=True,
+                    text=True,
+                    timeout=dur + 90,
+                )
+            b = time.monotonic_ns()
+            events.append(
+                {
+                    "at_s": at,
+                    "start_s": (a - t0) / 1e9,
+                    "end_s": (b - t0) / 1e9,
+                    "rc": r.returncode,
+                    "out": (r.stdout + r.stderr)[-1500:],
+                }
+            )
+        rc = proc.wait(seconds + 120)
+    reader.join(5)
+    return {
+        "mode": mode,
+        "factor": factor,
+        "rc": rc,
+        "t0": t0,
+        "ticks": ticks,
+        "events": events,
+        "lines": lines[-20:],
+        "stderr": "".join(err)[-1500:],
+        "clocks": [((t - t0) / 1e9, mhz) for t, mhz in clocks.samples],
+        "on_s": on_s,
+        "hold_s": hold_s,
+    }
+
+
+def bin_rates(run: dict, seconds: float) -> list[float | None]:
+    """Iterations per second in each BIN_S bin after `ready` (interpolated between ticks)."""
+    t0, ticks = run["t0"], run["ticks"]
+    if len(ticks) < 2:
+        return []
+    xs = [0.0] + [(t - t0) / 1e9 for t, _, _ in ticks]  # no iteration had ended at `ready`
+    ys = [0] + [n for _, n, _ in ticks]
+
+    def at(x: float) -> float | None:
+        if x < xs[0] or x > xs[-1]:
+            return None
+        lo, hi = 0, len(xs) - 1
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if xs[mid] <= x:
+                lo = mid
+            else:
+                hi = mid
+        if xs[hi] == xs[lo]:
+            return float(ys[lo])
+        return ys[lo] + (ys[hi] - ys[lo]) * (x - xs[lo]) / (xs[hi] - xs[lo])
+
+    out: list[float | None] = []
+    for k in range(int(seconds // BIN_S)):
+        a, b = at(k * BIN_S), at((k + 1) * BIN_S)
+        out.append(None if a is None or b is None else (b - a) / BIN_S)
+    return out
+
+
+def bin_clocks(run: dict, nbins: int) -> list[float | None]:
+    out: list[float | None] = []
+    for k in range(nbins):
+        vals = [m for t, m in run["clocks"] if k * BIN_S <= t < (k + 1) * BIN_S]
+        out.append(round(statistics.mean(vals)) if vals else None)
+    return out
+
+
+def intervals(run: dict) -> list[tuple[float, float]]:
+    """The treated process's attach intervals, seconds after ready."""
+    if run["events"]:
+        return [(e["start_s"], e["end_s"]) for e in run["events"]]
+    if run["factor"] != "none":
+        return [(run["on_s"], run["on_s"] + run["hold_s"])]
+    return []
+
+
+def phases(ivals: list[tuple[float, float]], nbins: int) -> list[str]:
+    out = []
+    for k in range(nbins):
+        a, b = k * BIN_S, (k + 1) * BIN_S
+        if not ivals or b <= ivals[0][0]:
+            out.append("before")
+        elif any(s <= a and b <= e for s, e in ivals):
+            out.append("attached")
+        elif any(a < e and s < b for s, e in ivals):
+            out.append("edge")
+        else:
+            out.append("after")
+    return out
+
+
+def compare(treated: dict, control: dict, seconds: float) -> dict:
+    rt, rc = bin_rates(treated, seconds), bin_rates(control, seconds)
+    n = min(len(rt), len(rc))
+    ratio = [rt[k] / rc[k] if rt[k] and rc[k] else None for k in range(n)]
+    ph = phases(intervals(treated), n)
+    base = [r for r, p in zip(ratio, ph, strict=True) if p == "before" and r]
+    norm = statistics.median(base) if base else 1.0
+    rel = [None if r is None else round(100 * (r / norm - 1), 2) for r in ratio]
+
+    def med(p: str) -> float | None:
+        vals = [v for v, q in zip(rel, ph, strict=True) if q == p and v is not None]
+        return round(statistics.median(vals), 2) if vals else None
+
+    stall = None
+    ivals = intervals(treated)
+    if ivals:
+
+        def worst(run: dict, lo: float, hi: float) -> int:
+            return max(
+                (w for t, _, w in run["ticks"] if lo <= (t - run["t0"]) / 1e9 <= hi), default=0
+            )
+
+        st = max(worst(treated, s, e + 0.2) for s, e in ivals)
+        ct = max(worst(control, s, e + 0.2) for s, e in ivals)
+        stall = round((st - ct) / 1e6, 1)
+    return {
+        "bins_pct": rel,
+        "phases": ph,
+        "before_spread_pct": [
+            min(v for v, q in zip(rel, ph, strict=True) if q == "before" and v is not None),
+            max(v for v, q in zip(rel, ph, strict=True) if q == "before" and v is not None),
+        ]
+        if base
+        else None,
+        "before_pct": med("before"),
+        "attached_pct": med("attached"),
+        "after_pct": med("after"),
+        "max_stall_ms": stall,
+        "sm_clock_treated": bin_clocks(treated, n),
+        "sm_clock_control": bin_clocks(control, n),
+    }
+
+
+def estimate_from(events: list[dict]) -> float | None:
+    """The `kdash cost ≈ N%` that each attach printed (the largest of them), if any."""
+    import re
+
+    vals = []
+    for e in events:
+        for m in re.finditer(r"kdash cost ≈ (<?)(\d+(?:\.\d+)?)%", e.get("out", "")):
+            vals.append(0.5 if m.group(1) else float(m.group(2)))
+    return max(vals) if vals else None
+
+
+def slim(run: dict) -> dict:
+    keep = {k: v for k, v in run.items() if k not in ("ticks", "clocks")}
+    keep["iters"] = run["ticks"][-1][1] if run["ticks"] else 0
+    return keep
+
+
+FINALIZE_FACTORS = {
+    "graph_tiny": ["fin_exit", "fin_windows", "fin_windows_all", "fin_direct"],
+    "decode_graph": ["fin_exit", "fin_windows", "fin_windows_all", "fin_direct"],
+    "eager": ["register", "fin_exit"],
+}
+
+
+def screen(mode: str) -> int:
+    if mode == "finalize":
+        return screen_many(FINALIZE_FACTORS, "agent-finalize-h200.json")
+    return screen_many({mode: SCREEN_FACTORS}, "agent-factors-h200.json")
+
+
+def screen_many(plan: dict[str, list[str]], name: str) -> int:
+    seconds, on_s, hold_s = 20.0, 6.0, 4.0
+    os.environ["AB_PROFILER_CHECK"] = "1"
+    res: dict = {
+        "command": "python bench/gpu_ab_cost.py " + " ".join(sys.argv[1:]),
+        "method": "twin: control never attached; factor on at 6 s for 4 s; 2-s bins",
+        "machine": machine(),
+        "factors": {},
+        "controls": [],
+    }
+    path = OUT / name
+    for mode, factors in plan.items():
+        control = None
+        for i, f in enumerate(factors):
+            key = f if len(plan) == 1 else f"{mode}/{f}"
+            try:
+                if i % 4 == 0:
+                    control = run_target(mode, seconds)
+                    res["controls"].append(slim(control))
+                run = run_target(mode, seconds, f, on_s, hold_s)
+                cmp = compare(run, control, seconds)
+                res["factors"][key] = {**cmp, "run": slim(run)}
+                brief = {k: cmp[k] for k in ("before_pct", "attached_pct", "after_pct")}
+                print(key, brief, run["rc"], run["lines"][-3:], flush=True)
+            except Exception:  # noqa: BLE001 - keep the other factors' figures
+                res["factors"][key] = {"error": traceback.format_exc()[-2000:]}
+                print(key, "failed", traceback.format_exc()[-600:], flush=True)
+            path.write_text(json.dumps(res, indent=1))
+    res["summary"] = {
+        f: {k: v.get(k) for k in ("attached_pct", "after_pct", "before_spread_pct")}
+        for f, v in res["factors"].items()
+    }
+    path.write_text(json.dumps(res, indent=1))
+    print(json.dumps(res["summary"], indent=1))
+    return 0
+
+
+def machine() -> dict:
+    info: dict = {"python": sys.version.split()[0]}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["gpu"] = torch.cuda.get_device_name(0)
+    except Exception as e:  # noqa: BLE001
+        info["torch"] = f"unavailable: {e}"
+    return info
+
+
+def ab(targets: list[str], with_pc: bool, extra: list[str]) -> int:
+    seconds = 40.0
+    attaches = [(8.0, 6.0), (22.0, 6.0)]
+    res: dict = {
+        "command": "python bench/gpu_ab_cost.py " + " ".join(sys.argv[1:]),
+        "method": "twin: control never attached; treated attached at 8 s and 22 s for 6 s "
+        "(`kdash attach --pid --headless --duration 6`); 2-s bins; ratio normalised by the "
+        "bins before the first attach",
+        "machine": machine(),
+        "runs": {},
+        "summary": {},
+    }
+    path = OUT / "agent-ab-h200.json"
+    for mode in targets:
+        variants = [("default", extra)]
+        if with_pc:
+            variants.append(("pc_sampling", [*extra, "--pc-sampling"]))
+        try:
+            control = run_target(mode, seconds)
+            res["runs"][f"{mode}/control"] = slim(control)
+            for name, args in variants:
+                run = run_target(mode, seconds, attaches=attaches, attach_extra=args)
+                cmp = compare(run, control, seconds)
+                key = mode if name == "default" else f"{mode}_{name}"
+                res["runs"][f"{mode}/{name}"] = {**cmp, "run": slim(run)}
+                res["summary"][key] = {
+                    "attached_vs_twin_pct": cmp["attached_pct"],
+                    "after_detach_vs_twin_pct": cmp["after_pct"],
+                    "before_spread_pct": cmp["before_spread_pct"],
+                    "estimate_pct": estimate_from(run["events"]),
+                    "max_stall_ms": cmp["max_stall_ms"],
+                    "attach_rc": [e["rc"] for e in run["events"]],
+                }
+                print(key, res["summary"][key], flush=True)
+                path.write_text(json.dumps(res, indent=1))
+        except Exception:  # noqa: BLE001 - keep the other targets' figures
+            res["runs"][f"{mode}/error"] = traceback.format_exc()[-2000:]
+            print(mode, "failed", traceback.format_exc()[-800:], flush=True)
+        path.write_text(json.dumps(res, indent=1))
+    print(json.dumps(res["summary"], indent=1))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--screen", metavar="MODE")
+    p.add_argument("--targets", default="eager,graph_tiny,decode_graph")
+    p.add_argument("--pc", action="store_true")
+    p.add_argument("extra", nargs="*", help="more `kdash attach` options")
+    a = p.parse_args(argv)
+    OUT.mkdir(parents=True, exist_ok=True)
+    if a.screen:
+        return screen(a.screen)
+    return ab(a.targets.split(","), a.pc, a.extra)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
