@@ -7,6 +7,7 @@ kdash (one line too; set KDASH_DEBUG=1 for the traceback).
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from pathlib import Path
@@ -190,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="print a capture's summary tables")
     r.add_argument("path", type=Path)
     r.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    r.add_argument("--top", type=int, metavar="N", help="rows of each list (default 20)")
 
     e = sub.add_parser("export", help="convert a capture to another format")
     e.add_argument("path", type=Path)
@@ -229,11 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.command is None:
-            build_parser().print_help()
-            return 2
+            build_parser().print_usage(sys.stdout)
+            raise UserError("give a command: attach, run, open, report, export, import, demo")
         return _dispatch(args)
     except UserError as e:
-        print(f"kdash: {e}", file=sys.stderr)
+        print(f"kdash: {one_line(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kdash: interrupted", file=sys.stderr)
@@ -242,14 +244,44 @@ def main(argv: list[str] | None = None) -> int:
         # `kdash report X | head`: the reader left; not an error of ours.
         sys.stderr.close()
         return 0
-    except Exception as e:  # noqa: BLE001 - the last line of defence: one line, exit 1
+    except MemoryError:
         if os.environ.get("KDASH_DEBUG"):
             raise
-        print(
-            f"kdash: internal error: {type(e).__name__}: {e} (KDASH_DEBUG=1 shows the traceback)",
-            file=sys.stderr,
-        )
-        return 1
+        # the limits of kdash.limits keep real inputs far below this: the machine (or its
+        # ulimit) gives less memory than the input needs
+        print("kdash: out of memory (KDASH_DEBUG=1 shows where)", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in _MACHINE_ERRNOS or os.environ.get("KDASH_DEBUG"):
+            return _internal_error(e)
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"kdash: {one_line(e.strerror or str(e))}{where}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - the last line of defence: one line, exit 1
+        return _internal_error(e)
+
+
+# A full disk, a read-only or unreadable place, a machine out of descriptors: not kdash's bug.
+_MACHINE_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
+    | {errno.EMFILE, errno.ENFILE, errno.ENOMEM}
+)
+
+
+def one_line(text: str) -> str:
+    """A message as one line (pyarrow's and others' errors span several)."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def _internal_error(e: BaseException) -> int:
+    if os.environ.get("KDASH_DEBUG"):
+        raise e
+    print(
+        f"kdash: internal error: {type(e).__name__}: {one_line(str(e))} "
+        "(KDASH_DEBUG=1 shows the traceback)",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -167,12 +167,10 @@ def _record_headless(
     end = clock.now_ns()
     if sys.stderr.isatty():
         print(file=sys.stderr)
-    path = rec.write_window(start, end, out)
     extra = dict(extra_meta or {})
     if costs:
         extra["cost_estimate"] = {"last": costs[-1], "max": max(costs)}
-    if extra:
-        _patch_meta(path, extra)
+    path = rec.write_window(start, end, out, extra_meta=extra)
     rows = {k: v["rows"] for k, v in store.stats().items() if v["rows"]}
     health = ", ".join(f"{s.name}: {s.health}" for s in sources)
     cost = f"; {cost_text(costs[-1])}" if costs else ""
@@ -183,20 +181,6 @@ def _record_headless(
     if not target.alive():
         print(f"kdash: note: pid {target.pid} exited during the recording", file=sys.stderr)
     return 0
-
-
-def _patch_meta(path: Path, extra: dict) -> None:
-    """Rewrite a capture with extra metadata keys (same atomic writer)."""
-    from kdash import schema
-    from kdash.capture import load_capture, write_capture
-
-    cap = load_capture(path)
-    meta = dict(cap.meta)
-    meta.update(extra)
-    tables = {t: cap.batch(t) for t in schema.TABLES}
-    tmp = path.with_name(path.name + ".rewrite.kdash")
-    write_capture(tmp, meta, tables)
-    os.replace(tmp, path)
 
 
 # -- attach ----------------------------------------------------------------------------------
@@ -416,9 +400,12 @@ def cmd_report(args) -> int:
 
     from rich.console import Console
 
-    from kdash.report import render, summarize
+    from kdash.report import DEFAULT_TOP, render, summarize
 
-    summary = summarize(_load(args.path))
+    top = getattr(args, "top", None)
+    if top is not None and top < 1:
+        raise UserError(f"--top must be at least 1, not {top}")
+    summary = summarize(_load(args.path), top=top or DEFAULT_TOP)
     if args.json:
         sys.stdout.write(json.dumps(summary, indent=1, default=str) + "\n")
     else:

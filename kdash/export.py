@@ -1,7 +1,8 @@
 """`kdash export --perfetto`: a capture as a Chrome trace (JSON, optionally gzipped).
 
 Tracks: one process per GPU with a thread per stream for kernels and copies and one for its
-idle gaps named by cause (`idle: host`, `idle: sync`, ...: kdash.analyses.kernel_findings),
+idle gaps named by cause (`idle: host`, `idle: sync`, ...: kdash.analyses.gpu_time; the same
+accounting's busy and idle time per GPU is in `otherData.gpu_time`),
 one process per watched pid with its API calls and NVTX ranges per thread, and counter
 tracks for the GPU's
 clocks, temperature, power and utilisation, and the busiest threads' CPU %. Timestamps are
@@ -15,9 +16,8 @@ H200) go to an overflow lane; NVTX ranges get their own track per thread.
 from __future__ import annotations
 
 import gzip
+import heapq
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -33,18 +33,25 @@ OVERLAP_TID_STEP = 1 << 32
 
 
 def _lanes(starts, ends) -> list[int]:
-    """Greedy lane per slice (sorted by start) so that slices on one lane never overlap."""
-    lane_end: list[int] = []
+    """Lane per slice (sorted by start) so that slices on one lane never overlap: the lowest
+    lane whose last slice has ended, in O(n log n) (a capture whose kernels all overlap, real
+    or damaged, needs as many lanes as kernels; a scan of the lanes per kernel was quadratic).
+    """
+    busy: list[tuple[int, int]] = []  # (end, lane) of lanes whose last slice may still run
+    free: list[int] = []  # lanes whose last slice ended before the current start
     out = []
+    count = 0
     for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-        for i, end in enumerate(lane_end):
-            if s >= end:
-                lane_end[i] = e
-                out.append(i)
-                break
+        # starts ascend, so a lane that is free now stays free for every later slice
+        while busy and busy[0][0] <= s:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        if free:
+            lane = heapq.heappop(free)
         else:
-            lane_end.append(e)
-            out.append(len(lane_end) - 1)
+            lane = count
+            count += 1
+        heapq.heappush(busy, (e, lane))
+        out.append(lane)
     return out
 
 
@@ -198,19 +205,18 @@ IDLE_TID = -2  # the GPU process's track of idle gaps, named by cause
 
 
 def _idle_gap_events(t, us) -> list[dict]:
-    """The GPU's idle gaps (>= 100 us, inside recorded time) as slices named by their cause
-    (kdash.analyses.kernel_findings), on one track per GPU under its kernels: in the trace
-    the user sees where the GPU waited and on what, next to the host thread's calls."""
-    from kdash.analyses.kernel_findings import gap_causes
-    from kdash.analyses.kernels import idle_gaps, recorded_windows
+    """The GPU's idle gaps (>= 100 us, inside recorded time; copies are busy) as slices named by
+    their cause (kdash.analyses.gpu_time, the accounting the pane and the report use), on one
+    track per GPU under its kernels: in the trace the user sees where the GPU waited and on
+    what, next to the host thread's calls."""
+    from kdash.analyses.gpu_time import account
 
     k = t["kernels"]
     if k.empty:
         return []
-    gaps = idle_gaps(k, windows=recorded_windows(t["markers"]))
+    gaps = account(k, t.get("memcpy"), t.get("markers"), t.get("api")).gaps
     if gaps.empty:
         return []
-    gaps = gap_causes(gaps, k, t["api"])
     ev = []
     for dev in sorted(set(gaps["device"].astype(int).tolist())):
         ev.append(_meta("thread_name", GPU_PID_BASE + dev, IDLE_TID, "idle gaps (cause)"))
@@ -235,6 +241,16 @@ def _idle_gap_events(t, us) -> list[dict]:
             }
         )
     return ev
+
+
+def _gpu_time(cap: Capture) -> list[dict]:
+    """Busy and idle time per GPU, as `kdash report --json` gives it."""
+    from kdash.analyses.gpu_time import gpu_time
+
+    t = cap.tables
+    return [
+        g.to_json() for g in gpu_time(t["kernels"], t.get("memcpy"), t.get("markers"), t.get("api"))
+    ]
 
 
 def _time_cols(tables):
@@ -264,18 +280,16 @@ def write_perfetto(cap: Capture, out: Path) -> tuple[Path, int]:
             "kdash_version": cap.meta.get("kdash_version"),
             "target": cap.meta.get("target"),
             "window": cap.meta.get("window"),
+            "gpu_time": _gpu_time(cap),
         },
     }
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            if out.name.endswith(".gz"):
-                with gzip.GzipFile(fileobj=raw, mode="wb") as gz:
-                    gz.write(json.dumps(doc, separators=(",", ":")).encode())
-            else:
-                raw.write(json.dumps(doc, separators=(",", ":")).encode())
-        os.replace(tmp, out)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise UserError(f"cannot write {out}: {e.strerror or e}") from None
+    from kdash.atomic import new_file
+
+    data = json.dumps(doc, separators=(",", ":")).encode()
+    with new_file(out, exclusive=False) as raw:  # a trace, not a capture: replaced, atomically
+        if out.name.endswith(".gz"):
+            with gzip.GzipFile(fileobj=raw, mode="wb") as gz:
+                gz.write(data)
+        else:
+            raw.write(data)
     return out, len(events)

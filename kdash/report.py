@@ -1,6 +1,9 @@
 """`kdash report`: a capture's summary as one dict (for --json) and as rich tables.
 
 Built from the same analyses the panes use, so the report and the dashboard never disagree.
+The dict is the `--json` document, described by kdash/data/report.schema.json and versioned by
+its own `REPORT_SCHEMA_VERSION` (the capture's `schema_version` is the capture format's):
+raise it when a field changes meaning or goes; adding a field keeps it.
 """
 
 from __future__ import annotations
@@ -13,10 +16,20 @@ import pandas as pd
 
 from kdash import gpu_reasons, schema
 from kdash.analyses.findings import SEVERITY_ORDER
-from kdash.analyses.kernel_findings import kernel_findings
+from kdash.analyses.gpu_time import account, gpu_time_text
+from kdash.analyses.kernel_findings import idle_findings, latency_findings
 from kdash.analyses.kernels import top_kernels
 from kdash.capture import Capture
 from kdash.cubin import hot_lines_by_kernel
+
+REPORT_SCHEMA_VERSION = 1
+DEFAULT_TOP = 20
+FINDING_FIELDS = ("severity", "kind", "subject", "evidence", "advice")
+
+
+def schema_path() -> Path:
+    """The JSON Schema of the `--json` document (shipped as package data)."""
+    return Path(__file__).resolve().parent / "data" / "report.schema.json"
 
 
 def _num(v, nd: int = 1):
@@ -86,21 +99,16 @@ def thread_summary(th: pd.DataFrame, limit: int = 10) -> list[dict]:
     return rows[:limit]
 
 
-def summarize(cap: Capture) -> dict:
+def summarize(cap: Capture, top: int = DEFAULT_TOP) -> dict:
+    """The report as one JSON-ready dict; `top` cuts each list (kernels, threads, hot lines)."""
     meta = cap.meta
     t = cap.tables
     target = meta.get("target") or {}
     window = meta.get("window") or {}
-    tk = top_kernels(t["kernels"], limit=20)
-    # The capture's findings are the CPU/GPU-state ones made while recording; the kernel ones
-    # (idle time by cause, launch latency) are judged here, over the whole window.
-    findings = pd.concat(
-        [t["findings"], schema.to_frame("findings", _kernel_findings_batch(t))], ignore_index=True
-    )
-    findings = findings.sort_values(
-        "severity", key=lambda s: s.map(SEVERITY_ORDER).fillna(9), kind="stable"
-    )
+    tk = top_kernels(t["kernels"], limit=top)
+    acc = account(t["kernels"], t.get("memcpy"), t.get("markers"), t.get("api"))
     return {
+        "report_schema_version": REPORT_SCHEMA_VERSION,
         "schema_version": meta.get("schema_version"),
         "kdash_version": meta.get("kdash_version"),
         "title": meta.get("title"),
@@ -119,22 +127,56 @@ def summarize(cap: Capture) -> dict:
         "sources": meta.get("sources") or {},
         "tables": {name: int(len(df)) for name, df in t.items()},
         "gpu_summary": gpu_summary(t["gpu_samples"]),
-        "threads_top": thread_summary(t["threads"]),
-        "findings": [
-            {k: str(r[k]) for k in ("severity", "kind", "subject", "evidence", "advice")}
-            for _, r in findings.iterrows()
-        ],
+        "gpu_time": [g.to_json() for g in acc.gpus],
+        "threads_top": thread_summary(t["threads"], limit=top),
+        "findings": _findings(t, acc),
         "top_kernels": [
             {k: (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()}
             for row in tk.to_dict("records")
         ],
-        "hot_lines": hot_lines_by_kernel(t["pc_samples"], t.get("source_lines")),
+        "hot_lines": hot_lines_by_kernel(t["pc_samples"], t.get("source_lines"))[:top],
     }
 
 
-def _kernel_findings_batch(tables: dict[str, pd.DataFrame]) -> dict:
-    rows = kernel_findings(tables)
-    return schema.make_batch("findings", rows=rows) if rows else schema.empty("findings")
+def _findings(tables: dict[str, pd.DataFrame], acc) -> list[dict]:
+    """The capture's findings (the CPU/GPU-state ones made while recording; their numbers are in
+    the prose only, as stored) and the kernel ones judged here over the whole window (idle time
+    by class, launch latency; their numbers also in `data`), most severe first."""
+    stored = [
+        {"t_ns": int(r["t_ns"]), **{k: str(r[k]) for k in FINDING_FIELDS}, "data": {}}
+        for _, r in tables["findings"].iterrows()
+    ]
+    kernels = tables["kernels"]
+    judged = []
+    if not kernels.empty:
+        api = tables.get("api")
+        if api is None:
+            api = schema.to_frame("api", schema.empty("api"))
+        memcpy = tables.get("memcpy")
+        judged = idle_findings(
+            kernels, api, tables.get("markers"), tables.get("threads"), memcpy=memcpy,
+            accounting=acc,
+        ) + latency_findings(kernels, api, memcpy, tables.get("threads"))  # fmt: skip
+    rows = stored + [
+        {"t_ns": int(f["t_ns"]), **{k: str(f[k]) for k in FINDING_FIELDS},
+         "data": _plain(f.get("data") or {})}
+        for f in judged
+    ]  # fmt: skip
+    rows.sort(key=lambda r: SEVERITY_ORDER.get(r["severity"], 9))
+    return rows
+
+
+def _plain(v):
+    """numpy scalars and NaN made JSON-plain (NaN -> null), recursively."""
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    return v
 
 
 def render(summary: dict, console) -> None:
@@ -192,6 +234,9 @@ def render(summary: dict, console) -> None:
             )
         console.print(gt)
         console.print("  (util % = share of time a kernel was running, not SM occupancy)")
+
+    for g in summary.get("gpu_time") or []:
+        console.print("  " + _gpu_time_line(g))
 
     if summary["findings"] and console.width < 120:
         # A five-column table at 80 wide folds every cell into a narrow strip: a block each.
@@ -289,6 +334,27 @@ def render(summary: dict, console) -> None:
         console.print(ht)
     else:
         console.print("Hot source lines: no PC samples in this capture (PC sampling was off)")
+
+
+def _gpu_time_line(g: dict) -> str:
+    """A `gpu_time` object back in the kernel pane's words (the same text function)."""
+    from kdash.analyses.gpu_time import GpuTime
+
+    ns = 1e9
+    t = GpuTime(
+        gpu=g["gpu"],
+        recorded_ns=round(g["recorded_s"] * ns),
+        busy_ns=round(g["busy_s"] * ns),
+        kernel_ns=round(g["kernel_s"] * ns),
+        copy_ns=round(g["copy_s"] * ns),
+        short_gaps=g["short_gaps"],
+        short_gap_idle_ns=round(g["short_gap_idle_s"] * ns),
+        short_gap_median_us=g["short_gap_median_us"] or math.nan,
+        long_gaps=g["long_gaps"],
+        idle_by_cause_ns={c: round(v * ns) for c, v in g["idle_by_cause_s"].items()},
+    )
+    how = ", the agent's recording windows" if g["duty_cycled"] else ""
+    return f"{gpu_time_text(t)} (of {g['recorded_s']:.2f} s recorded{how})"
 
 
 def _fmt(v, nd: int = 0) -> str:

@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+from kdash.analyses.gpu_time import account
 from kdash.analyses.kernel_findings import CAUSES
 from kdash.analyses.kernels import idle_gaps, launch_latency, top_kernels
 from kdash.capture import load_capture
@@ -104,10 +105,13 @@ def test_report_and_export(tmp_path):
         spans.sort()
         for (_s0, e0), (s1, e1) in zip(spans, spans[1:], strict=False):
             assert s1 >= e0 - 1e-3 or e1 <= e0 + 1e-3
-    # the GPU's idle gaps, on their own track, named by cause, never overlapping a kernel of
-    # the same GPU
+    # the GPU's idle gaps (the report's accounting: copies are busy), on their own track,
+    # named by cause, never overlapping a kernel of the same GPU
+    t = load_capture(path).tables
     idle = [e for e in ev if e.get("cat") == "gpu_idle"]
-    assert len(idle) == len(idle_gaps(load_capture(path).tables["kernels"]))
+    assert len(idle) == len(account(t["kernels"], t["memcpy"], t["markers"], t["api"]).gaps)
+    doc_trace = json.loads(gzip.decompress(out.read_bytes()))
+    assert doc_trace["otherData"]["gpu_time"] == doc["gpu_time"]
     assert {e["name"] for e in idle} <= {f"idle: {c}" for c in CAUSES}
     assert {e["tid"] for e in idle} == {IDLE_TID}
     busy = sorted((e["ts"], e["ts"] + e["dur"]) for e in kernels)

@@ -84,8 +84,11 @@ def test_demo_is_host_bound_and_says_by_whom(demo):
 
 def test_demo_notes_line_and_report(demo, tmp_path):
     t = demo.tables
-    notes = analysis_notes(t["kernels"], t["api"], t["markers"], t["threads"])
-    assert notes.startswith("GPU0 idle ") and "worst host gap" in notes
+    notes = analysis_notes(t["kernels"], t["api"], t["markers"], t["threads"], memcpy=t["memcpy"])
+    # the accounting leads: busy (kernels, copies), then idle by class
+    assert notes.startswith("GPU0 busy 3% (kernels 3%, copies <1%) · idle 97%: 12% in 76k gaps")
+    assert "<100 µs, 85% longer (host 60%, quiet 35%, sync 4%)" in notes
+    assert "worst host gap" in notes
     assert "launch→start p50" in notes
     from kdash.report import summarize
 

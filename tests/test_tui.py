@@ -432,8 +432,12 @@ async def test_kernel_pane_draws_kernels_made_up_data(make_app):
         assert table.get_row_at(1)[0] == "attn<…>"
         lanes = plain(pane.lanes)
         assert "GPU0 s7" in lanes and "GPU0 s-1" in lanes
-        # the 2.02 ms hole of ~12 ms recorded; no API rows here, so its cause is unknown
-        assert "GPU0 idle 17% (unknown 100%)" in lanes
+        # 5 ms of kernels in ~12 ms recorded; idle: 198 short gaps between kernels and the
+        # 2.02 ms hole, whose cause is unknown (no API rows here)
+        assert (
+            "GPU0 busy 42% (kernels 42%, copies 0%) · idle 58%: 41% in 198 gaps <100 µs, 17% "
+            "longer (unknown 100%)"
+        ) in lanes
 
 
 # -- live -----------------------------------------------------------------------------------------

@@ -4,8 +4,11 @@ Pure functions over the `kernels`, `api`, `memcpy`, `markers` and `threads` tabl
 `findings` rows (severity, kind, subject, evidence, advice) like `kdash.analyses.findings`.
 The kernel pane shows them under its lanes; `kdash report` lists them with the CPU findings.
 
-An idle gap is only worth a line if it says what to change, so each gap is explained by what
-came before the kernel that ended it, from the CUPTI records alone:
+How much of the recorded time the GPU was busy and idle is `kdash.analyses.gpu_time`'s
+accounting (kernels and copies are busy; idle splits into gaps under `MIN_GAP_US`, the `short`
+class: launch-bound, and longer gaps). A long gap is only worth a line if it says what to
+change, so each is explained by what came before the kernel (or copy) that ended it, from the
+CUPTI records alone:
 
 - `sync`: that kernel's launch call came after the launching thread returned from a
   synchronize (or a blocking copy): the host emptied the GPU's queue on purpose, then spent the
@@ -17,7 +20,8 @@ came before the kernel that ended it, from the CUPTI records alone:
   requests) or ran a long CPU phase; a detail for a server, a finding for a training loop;
 - `gpu`: the launch call had returned before the GPU went idle, yet the kernel started late:
   it waited on the GPU side (a copy, an event on another stream);
-- `unknown`: the launch call was not recorded (API activity off, or outside a sampling window).
+- `unknown`: the launch call was not recorded (API activity off, or outside a sampling window),
+  or the gap ran to the end of a recording window, so what ended it was not recorded.
 
 The idle share is taken over recorded time only: with a duty-cycled agent, the time between
 its sampling windows is not idle, it is unseen.
@@ -28,18 +32,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from kdash.analyses.kernels import (
-    demangle_all,
-    idle_gaps,
-    launch_latency,
-    recorded_windows,
-    short_name,
-)
+from kdash.analyses.kernels import demangle_all, launch_latency, short_name
+
+if TYPE_CHECKING:  # gpu_time builds on this module's gap causes: imported where used
+    from kdash.analyses.gpu_time import Accounting, GpuTime
 
 Finding = dict[str, object]
 
@@ -58,9 +59,14 @@ QUIET_US = 10_000.0
 
 CAUSES = ("sync", "host", "quiet", "gpu", "unknown")
 ACTIONABLE = ("sync", "host")
+# Idle time in gaps shorter than MIN_GAP_US: a class of its own beside the long-gap causes.
+SHORT = "short"
 _SYNC = re.compile(r"Synchroniz|^cudaMemcpy(_v\d+)?$|^cuMemcpy(DtoH|HtoD|DtoD)?(_v\d+)?$")
 
 ADVICE = {
+    "short": "the GPU finishes each kernel before the host has submitted the next (launch-"
+    "bound): replay the step from a CUDA graph, fuse small kernels (torch.compile), or give "
+    "each kernel more work (a larger batch)",
     "sync": "the host empties the GPU's queue before it queues more: drop the synchronize (or "
     "the .item()/.cpu()/.tolist() that hides one) from the step loop, or queue the next step "
     "before waiting on this one",
@@ -202,14 +208,6 @@ def gap_causes(gaps: pd.DataFrame, kernels: pd.DataFrame, api: pd.DataFrame) -> 
     return out
 
 
-def _recorded_ns(kernels: pd.DataFrame, windows: pd.DataFrame | None) -> int:
-    lo, hi = int(kernels["start_ns"].min()), int(kernels["end_ns"].max())
-    if windows is None:
-        return max(hi - lo, 1)
-    w = windows.to_numpy(np.int64)
-    return max(int((np.minimum(w[:, 1], hi) - np.maximum(w[:, 0], lo)).clip(0).sum()), 1)
-
-
 def explain_gap(g, names: Mapping[int, str] | None = None) -> str:
     """One gap in words: what came before the kernel that ended it."""
     nxt = short_name(g.next_name, 40) if g.next_name else "the next kernel"
@@ -240,19 +238,25 @@ def explain_gap(g, names: Mapping[int, str] | None = None) -> str:
 
 @dataclass(frozen=True)
 class IdleSummary:
-    """One device's idle time over the recorded window, by cause (see the module docstring)."""
+    """One device's recorded time (`kdash.analyses.gpu_time`) and the finding made of it: which
+    class of idle time it is about (`top`: `SHORT` gaps or a long-gap cause) and who fed it."""
 
     device: int
-    recorded_ns: int
-    gaps: int
+    time: GpuTime
+    gaps: int  # long gaps (>= MIN_GAP_US)
     share: float  # idle / recorded
-    by_cause: dict[str, float]  # cause -> share of the idle time, largest first
-    top: str  # the cause the finding is about: the largest actionable one when it matters
-    actionable_share: float  # idle time of ACTIONABLE causes / recorded
-    example: Any  # the longest gap of `top` (a row of `gap_causes`)
-    example_at_s: float  # its start, seconds after the device's first kernel
+    by_cause: dict[str, float]  # long-gap cause -> share of the long-gap idle time, largest first
+    top: str  # the class the finding is about: the largest actionable one when it matters
+    actionable_share: float  # idle time of ACTIONABLE causes and short gaps / recorded
+    example: Any  # the longest gap of `top` (a row of `gap_causes`); None for short gaps
+    example_at_s: float  # its start, seconds after the device's first record
     feeder: int  # the thread behind most `top` gaps (-1: none)
     feeder_call: str  # its most common call before them
+    t_ns: int  # when the finding is stamped: the example gap's end, else the last record
+
+    @property
+    def recorded_ns(self) -> int:
+        return self.time.recorded_ns
 
     @property
     def severity(self) -> str | None:
@@ -266,11 +270,22 @@ def explained_gaps(
     api: pd.DataFrame,
     markers: pd.DataFrame | None = None,
     min_gap_us: float = MIN_GAP_US,
+    memcpy: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """Every idle gap inside recorded time, with its cause (`gap_causes`' columns)."""
-    windows = recorded_windows(markers) if markers is not None else None
-    gaps = idle_gaps(kernels, min_gap_us=min_gap_us, windows=windows)
-    return gap_causes(gaps, kernels, api)
+    """Every idle gap of at least `min_gap_us` inside recorded time (copies count as busy), with
+    its cause (`gap_causes`' columns)."""
+    from kdash.analyses.gpu_time import account
+
+    return account(kernels, memcpy, markers, api, min_gap_us).gaps
+
+
+def _launcher(kernels: pd.DataFrame, api: pd.DataFrame, device: int) -> int:
+    """The thread that launched most of the device's kernels (-1: no launch call recorded)."""
+    if api.empty or kernels.empty:
+        return -1
+    corr = kernels.loc[kernels["device"] == device, "correlation_id"].unique()
+    tids = api.loc[(api["tid"] != -1) & api["correlation_id"].isin(corr), "tid"]
+    return int(tids.mode().iloc[0]) if len(tids) else -1
 
 
 def idle_summaries(
@@ -278,50 +293,64 @@ def idle_summaries(
     api: pd.DataFrame,
     markers: pd.DataFrame | None = None,
     min_gap_us: float = MIN_GAP_US,
-    gaps: pd.DataFrame | None = None,
+    accounting: Accounting | None = None,
+    memcpy: pd.DataFrame | None = None,
 ) -> list[IdleSummary]:
-    """Per device: how much of the recorded time the GPU sat idle, and why (`gaps`: the
-    `explained_gaps` of the same tables, when the caller has them already)."""
+    """Per device: the recorded time's accounting, and which idle class matters and why
+    (`accounting`: `gpu_time.account` of the same tables, when the caller has it already)."""
+    from kdash.analyses.gpu_time import account
+
     if kernels.empty:
         return []
-    windows = recorded_windows(markers) if markers is not None else None
-    if gaps is None:
-        gaps = explained_gaps(kernels, api, markers, min_gap_us)
-    if gaps.empty:
-        return []
+    acc = accounting or account(kernels, memcpy, markers, api, min_gap_us)
     out = []
-    for dev, g in gaps.groupby("device"):
-        kd = kernels[kernels["device"] == dev]
-        recorded = _recorded_ns(kd, windows)
-        idle = float(g["gap_us"].sum()) * 1e3
-        by_cause = g.groupby("cause")["gap_us"].sum().sort_values(ascending=False) * 1e3
-        # The finding is about what the user can change: the host's part when it matters,
-        # even where quiet stretches (no work queued) hold more of the idle time.
-        act = by_cause[[c for c in by_cause.index if c in ACTIONABLE]]
-        act_share = float(act.sum()) / recorded
-        top = str(act.index[0]) if act_share >= IDLE_INFO_SHARE else str(by_cause.index[0])
-        focus = g[g["cause"] == top]
-        example = focus.loc[focus["gap_us"].idxmax()]
-        demangle_all([str(example["next_name"])])
+    for t in acc.gpus:
+        g = acc.gaps[acc.gaps["device"] == t.gpu]
+        idle = t.idle_ns
+        classes = t.classes_ns()
+        # The finding is about what the user can change: the host's part (short gaps: the
+        # launch rate; sync and host gaps) when it matters, even where quiet stretches (no
+        # work queued) hold more of the idle time.
+        act = {c: v for c, v in classes.items() if c in (SHORT, *ACTIONABLE)}
+        act_share = t.share(sum(act.values()))
+        if act and act_share >= IDLE_INFO_SHARE:
+            top = next(iter(act))
+        elif classes:
+            top = next(iter(classes))
+        else:
+            top = SHORT
+        example, at_s, t_ns = None, 0.0, t.last_ns
         feeder, call = -1, ""
-        if top in ACTIONABLE:
-            feeder = int(focus["tid"].mode().iloc[0])
-            calls = focus.loc[focus["tid"] == feeder, "prev_call"]
-            calls = calls[calls != ""]
-            call = str(calls.mode().iloc[0]) if not calls.empty else ""
+        if top != SHORT and len(g):
+            focus = g[g["cause"] == top]
+            example = focus.loc[focus["gap_us"].idxmax()]
+            demangle_all([str(example["next_name"])])
+            at_s = (int(example["start_ns"]) - t.first_ns) / 1e9
+            t_ns = int(example["end_ns"])
+            if top in ACTIONABLE:
+                feeder = int(focus["tid"].mode().iloc[0])
+                calls = focus.loc[focus["tid"] == feeder, "prev_call"]
+                calls = calls[calls != ""]
+                call = str(calls.mode().iloc[0]) if not calls.empty else ""
+        elif top == SHORT:
+            feeder = _launcher(kernels, api, t.gpu)
+        long_idle = t.long_gap_idle_ns
         out.append(
             IdleSummary(
-                device=int(dev),
-                recorded_ns=recorded,
-                gaps=len(g),
-                share=idle / recorded,
-                by_cause={str(c): float(v) / idle for c, v in by_cause.items() if v > 0},
+                device=t.gpu,
+                time=t,
+                gaps=t.long_gaps,
+                share=t.share(idle),
+                by_cause={c: v / long_idle for c, v in t.idle_by_cause_ns.items()}
+                if long_idle
+                else {},
                 top=top,
                 actionable_share=act_share,
                 example=example,
-                example_at_s=(int(example["start_ns"]) - int(kd["start_ns"].min())) / 1e9,
+                example_at_s=at_s,
                 feeder=feeder,
                 feeder_call=call,
+                t_ns=t_ns,
             )
         )
     return out
@@ -333,6 +362,9 @@ FEEDER_RUNQ_MS = 50.0
 FEEDER_BUSY_PCT = 90.0
 
 FEEDER_ADVICE = {
+    "short": "the GPU finishes each kernel before the host has submitted the next (launch-"
+    "bound): replay the step from a CUDA graph, fuse small kernels (torch.compile), or give "
+    "each kernel more work (a larger batch)",
     "runq": "the thread that feeds this GPU waits for a CPU: give it a core of its own "
     "(taskset/cpuset, or move the busy threads that share its CPUs away), then look again",
     "busy": "the thread that feeds this GPU is busy all the time: it cannot launch faster, so "
@@ -407,39 +439,75 @@ def idle_findings(
     markers: pd.DataFrame | None = None,
     threads: pd.DataFrame | None = None,
     min_gap_us: float = MIN_GAP_US,
+    memcpy: pd.DataFrame | None = None,
+    accounting: Accounting | None = None,
 ) -> list[Finding]:
-    """One finding per device whose GPU sat idle for a noticeable share of the recorded time,
-    split by cause, with the longest gap of the main cause spelt out."""
+    """One finding per device whose GPU sat idle for a noticeable share of the recorded time:
+    the accounting of busy and idle time, split by class, with the main class spelt out (the
+    longest gap of a long-gap cause, or the count and median of the short gaps).
+
+    Each finding carries its numbers in `data` (the report's `--json`), besides the prose."""
+    from kdash.analyses.gpu_time import time_text
+
     names = thread_names(threads)
     out: list[Finding] = []
-    for d in idle_summaries(kernels, api, markers, min_gap_us):
+    for d in idle_summaries(kernels, api, markers, min_gap_us, accounting, memcpy):
         if d.severity is None:
             continue
-        parts = causes_text(d.by_cause)
         lead = ""
         advice = ADVICE[d.top]
+        state = None
         if d.feeder >= 0:
-            lead = f" {thread_label(d.feeder, names)} fed most of the {d.top} gaps"
+            what = (
+                "launched most of its kernels"
+                if d.top == SHORT
+                else f"fed most of the {d.top} gaps"
+            )
+            lead = f" {thread_label(d.feeder, names)} {what}"
             lead += f", mostly after {d.feeder_call}" if d.feeder_call else ""
             state = feeder_state(threads, d.feeder)
             if state is not None:
                 lead += f"; {state.text()}"
-                if d.top == "host" and state.problem:
+                if d.top in ("host", SHORT) and state.problem:
                     advice = FEEDER_ADVICE[state.problem]
             lead += "."
+        t = d.time
+        evidence = (
+            f"over the {t.recorded_ns / 1e9:.1f} s recorded, {time_text(t, memcpy is not None)}."
+        )
+        data: dict[str, Any] = {
+            "gpu": d.device,
+            "about": d.top,
+            "idle_share": d.share,
+            "actionable_share": d.actionable_share,
+            "gpu_time": t.to_json(),
+            "feeder_tid": d.feeder if d.feeder >= 0 else None,
+            "feeder_call": d.feeder_call or None,
+        }
+        if d.top == SHORT:
+            evidence += (
+                f" The short gaps are the GPU finishing each kernel before the next is "
+                f"submitted (median {t.short_gap_median_us:.1f} µs).{lead}"
+            )
+        else:
+            evidence += (
+                f"{lead} Longest {d.top} gap {d.example['gap_us'] / 1e3:.2f} ms at "
+                f"+{d.example_at_s:.1f} s: {explain_gap(d.example, names)}"
+            )
+            data["longest_gap_us"] = float(d.example["gap_us"])
+            data["longest_gap_at_s"] = d.example_at_s
+        if state is not None:
+            data["feeder_cpu_pct"] = state.cpu_pct
+            data["feeder_runq_ms_per_s"] = state.runq_ms_per_s
         out.append(
             {
-                "t_ns": int(d.example["end_ns"]),
+                "t_ns": d.t_ns,
                 "severity": d.severity,
                 "kind": "gpu-idle-gaps",
                 "subject": f"GPU {d.device}",
-                "evidence": (
-                    f"idle {100 * d.share:.0f}% of the {d.recorded_ns / 1e9:.1f} s recorded, in "
-                    f"{d.gaps} gaps ≥{min_gap_us:.0f} µs; by cause: {parts}.{lead} "
-                    f"Longest {d.top} gap {d.example['gap_us'] / 1e3:.2f} ms at "
-                    f"+{d.example_at_s:.1f} s: {explain_gap(d.example, names)}"
-                ),
+                "evidence": evidence,
                 "advice": advice,
+                "data": data,
             }
         )
     return out
@@ -506,6 +574,15 @@ def latency_findings(
                 ),
                 "advice": "a wait after the launch returned is the driver or a dependency, not "
                 "the host: look for copies, event waits or another process on this GPU",
+                "data": {
+                    "gpu": int(dev),
+                    "p50_us": float(p50),
+                    "p99_us": float(p99),
+                    "launches": len(g),
+                    "worst_us": float(worst["idle_wait_us"]),
+                    "worst_kernel": str(worst["name"]),
+                    "worst_tid": int(worst["tid"]),
+                },
             }
         )
     return out
@@ -519,6 +596,7 @@ def kernel_findings(tables: Mapping[str, pd.DataFrame]) -> list[Finding]:
     api = tables.get("api")
     if api is None:
         api = pd.DataFrame(columns=["start_ns", "end_ns", "name", "pid", "tid", "correlation_id"])
+    memcpy = tables.get("memcpy")
     return idle_findings(
-        kernels, api, tables.get("markers"), tables.get("threads")
-    ) + latency_findings(kernels, api, tables.get("memcpy"), tables.get("threads"))
+        kernels, api, tables.get("markers"), tables.get("threads"), memcpy=memcpy
+    ) + latency_findings(kernels, api, memcpy, tables.get("threads"))

@@ -43,11 +43,12 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Input, Static
 
 from kdash import schema
+from kdash.analyses.gpu_time import Accounting, account, gpu_time_text
 from kdash.analyses.kernel_findings import (
     ACTIONABLE,
     CAUSES,
-    causes_text,
-    explained_gaps,
+    IDLE_INFO_SHARE,
+    SHORT,
     feeder_state,
     gap_brief,
     idle_summaries,
@@ -91,25 +92,27 @@ def analysis_notes(
     api: pd.DataFrame,
     markers: pd.DataFrame | None = None,
     threads: pd.DataFrame | None = None,
-    gaps: pd.DataFrame | None = None,
+    accounting: Accounting | None = None,
+    memcpy: pd.DataFrame | None = None,
 ) -> str:
-    """GPU idle time by cause with its worst actionable gap, and launch-to-start latency, in
-    one line ("" when neither applies; `kdash report` spells the same findings out). `gaps`:
-    the tables' `explained_gaps`, when the caller has them.
+    """Per GPU, busy and idle time (`kdash.analyses.gpu_time`) with its worst actionable gap,
+    and launch-to-start latency, in one line ("" without kernels; `kdash report` spells the
+    same findings out). `accounting`: the tables' `gpu_time.account`, when the caller has it.
 
-    With a duty-cycled agent only gaps inside its recording windows count as idle.
+    With a duty-cycled agent only its recording windows count as recorded time.
     """
     names = thread_names(threads)
     notes = []
-    for d in idle_summaries(kernels, api, markers, gaps=gaps):
-        line = f"GPU{d.device} idle {100 * d.share:.0f}% ({causes_text(d.by_cause)})"
+    for d in idle_summaries(kernels, api, markers, accounting=accounting, memcpy=memcpy):
+        line = gpu_time_text(d.time, with_copies=memcpy is not None)
+        state = feeder_state(threads, d.feeder)
         if d.top in ACTIONABLE:
             ex = d.example
             line += f" · worst {d.top} gap {ex['gap_us'] / 1e3:.1f} ms: {gap_brief(ex, names)}"
-            state = feeder_state(threads, d.feeder)
-            if state is not None and state.problem == "runq":
+        if d.top in (*ACTIONABLE, SHORT) and state is not None and d.share >= IDLE_INFO_SHARE:
+            if state.problem == "runq":
                 line += f" · its feeder waits {state.runq_ms_per_s:.0f} ms/s for a CPU"
-            elif state is not None and state.problem == "busy":
+            elif state.problem == "busy":
                 line += f" · its feeder is on a CPU {state.cpu_pct:.0f}% of the time"
         notes.append(line)
     lat = launch_latency(kernels, api)
@@ -523,7 +526,8 @@ class KernelPane(Pane):
             self._analysed_key, self._analysed_at = key, now
             api = view.store.get("api", view.since_ns, view.until_ns)
             threads = view.store.get("threads", view.since_ns, view.until_ns)
-            self._analyse(key, batch, api, markers, threads)
+            memcpy = view.store.get("memcpy", view.since_ns, view.until_ns)
+            self._analyse(key, batch, api, markers, threads, memcpy)
         self._draw_lanes(view, batch, markers, all_markers)
 
     def _draw_lanes(self, view: View, batch: dict, markers: dict, all_markers: dict) -> None:
@@ -569,20 +573,31 @@ class KernelPane(Pane):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="kernel-analysis")
     def _analyse(
-        self, key: tuple, batch: dict, api: dict, markers: dict, threads: dict | None = None
+        self,
+        key: tuple,
+        batch: dict,
+        api: dict,
+        markers: dict,
+        threads: dict | None = None,
+        memcpy: dict | None = None,
     ) -> None:
         """Per-name summary of every kernel of the window (the table sorts and filters all of
-        them), GPU idle time by cause and launch-to-start latency, off the UI thread."""
+        them), GPU busy and idle time by cause and launch-to-start latency, off the UI thread."""
         kernels = schema.to_frame("kernels", batch)
         top = top_kernels(kernels)
         api_f, markers_f = schema.to_frame("api", api), schema.to_frame("markers", markers)
-        gaps = explained_gaps(kernels, api_f, markers_f)
+        memcpy_f = schema.to_frame(
+            "memcpy", memcpy if memcpy is not None else schema.empty("memcpy")
+        )
+        acc = account(kernels, memcpy_f, markers_f, api_f)
+        gaps = acc.gaps
         notes = analysis_notes(
             kernels,
             api_f,
             markers_f,
             schema.to_frame("threads", threads) if threads is not None else None,
-            gaps=gaps,
+            accounting=acc,
+            memcpy=memcpy_f,
         )
         # the lane is redrawn far more often than analysed: cause names become codes once here
         idle = {c: gaps[c].to_numpy() for c in ("device", "start_ns", "end_ns")}
