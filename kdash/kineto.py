@@ -23,6 +23,11 @@ file: a 1 GB trace does not need 10 GB. The header is read by a first, short pas
 at `traceEvents`; the events by a second pass. gzip is recognised by its magic bytes, not the
 suffix.
 
+**Bounds.** Every byte passes a `kdash.limits.JsonGuard` before the parser sees it (nesting
+and string length), each table stops at `kdash.limits.MAX_ROWS` rows, and only regular files
+are read (a pipe cannot be read twice): what a hostile or damaged trace asks for is refused
+before it is allocated.
+
 **Times.** Stored in ns. Without `wall_offset_ns` they stay on the trace's own (wall) clock and
 the capture's metadata says so; a live session that takes a capture through SGLang's
 `/start_profile` passes its `wall_offset_ns` (wall - monotonic, kdash.clock) and gets rows on
@@ -41,6 +46,7 @@ import gzip
 import io
 import os
 import re
+import stat
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -50,11 +56,16 @@ from typing import IO, Any
 
 import numpy as np
 
-from kdash import schema
+from kdash import limits, schema
 from kdash.errors import UserError
 from kdash.schema import Batch
 
 CHUNK = 65_536  # rows per table before a chunk is turned into numpy columns
+# |ts| and dur in microseconds beyond this (31 years) are not times: base + ts * 1000 would
+# leave int64 nanoseconds
+MAX_TIME_US = 1e15
+MAX_BASE_NS = 4 * 10**18  # baseTimeNanoseconds: Unix ns until 2096, with room for ts
+MAX_SKIP_KEYS = 1_000  # distinct skipped categories counted by name; the rest as "(other)"
 
 _STAGE_RE = r"(?:-(?P<stage>[A-Z][A-Z_]*))?"
 _TRACE_NAME = re.compile(
@@ -129,25 +140,47 @@ class TraceInfo:
 
 
 # -- opening and the header ----------------------------------------------------------------
-def _open_binary(path: Path) -> IO[bytes]:
-    """The file's JSON bytes: gunzipped when it starts with gzip's magic number."""
-    if not path.exists():
-        raise UserError(f"no such file: {path}")
-    if path.is_dir():
-        raise UserError(f"{path} is a folder, not a trace file")
+def check_trace_file(path: Path) -> os.stat_result:
+    """UserError unless `path` is a regular file (a trace is read twice: header, events)."""
     try:
-        fh = open(path, "rb")  # noqa: SIM115 - handed to the caller, closed there
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise UserError(f"no such file: {path}") from None
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror or e}") from None
-    magic = fh.read(2)
-    fh.seek(0)
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{path} is a folder, not a trace file")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(
+            f"{path} is not a regular file (a pipe, e.g. <(zcat ...)?): kdash reads a trace "
+            "twice; save it to a file first (.json.gz is read as it is)"
+        )
+    return st
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    """The file's JSON bytes, checked against kdash.limits as they are read: gunzipped when
+    it starts with gzip's magic number."""
+    check_trace_file(path)
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - handed to the caller, closed there
+        magic = fh.read(2)
+        fh.seek(0)
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror or e}") from None
     if magic == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=fh, mode="rb")  # type: ignore[return-value]
-    return io.BufferedReader(fh, buffer_size=1 << 20)  # type: ignore[arg-type]
+        inner: IO[bytes] = gzip.GzipFile(fileobj=fh, mode="rb")  # type: ignore[assignment]
+    else:
+        inner = io.BufferedReader(fh, buffer_size=1 << 20)  # type: ignore[arg-type]
+    return limits.GuardedReader(inner)  # type: ignore[return-value]
 
 
 def _stream_error(path: Path, e: BaseException, events: int) -> UserError:
     where = f" after {events} events" if events else ""
+    if isinstance(e, limits.LimitError):
+        return limits.LimitError(f"{path}: {e}{where}; kdash does not read such traces")
+    if isinstance(e, MemoryError):
+        return UserError(f"{path}: out of memory reading the trace{where}")
     if isinstance(e, EOFError):
         return UserError(f"{path}: truncated gzip file{where} (copy it again)")
     if isinstance(e, gzip.BadGzipFile | zlib.error):
@@ -156,22 +189,32 @@ def _stream_error(path: Path, e: BaseException, events: int) -> UserError:
         return UserError(f"{path}: not a JSON trace (bytes that are not text{where})")
     import ijson
 
-    if isinstance(e, ijson.IncompleteJSONError) and events:
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if isinstance(e, ijson.JSONError) and "integer overflow" in msg:
+        return UserError(
+            f"{path}: an integer too large for 64 bits{where} (kdash's JSON parser reads "
+            "integers up to 2**63-1; write it as a float or a string)"
+        )
+    truncated = "premature EOF" in msg or not str(e)
+    if isinstance(e, ijson.IncompleteJSONError) and events and truncated:
         return UserError(f"{path}: truncated JSON{where} (the trace was cut short)")
     if isinstance(e, ijson.JSONError):
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if events:
             return UserError(f"{path}: broken JSON{where} ({msg})")
         return UserError(f"{path} is not a JSON trace ({msg})")
     return UserError(f"{path}: cannot read trace{where} ({type(e).__name__}: {e})")
 
 
+_BUF = 1 << 16  # bytes per read: ijson builds all events of one read before it yields any
+
 _READ_ERRORS: tuple[type[BaseException], ...] = (
+    limits.LimitError,
     EOFError,
     OSError,
     zlib.error,
     UnicodeDecodeError,
     ValueError,
+    MemoryError,
 )
 
 
@@ -182,11 +225,11 @@ def read_header(path: Path) -> tuple[dict[str, Any], str]:
 
     header: dict[str, Any] = {}
     errors = (*_READ_ERRORS, ijson.JSONError)
-    if path.is_file() and path.stat().st_size == 0:
+    if check_trace_file(path).st_size == 0:
         raise UserError(f"{path} is empty, not a trace")
     with _open_binary(path) as fh:
         try:
-            events = ijson.parse(fh, use_float=True)
+            events = ijson.parse(fh, use_float=True, buf_size=_BUF)
             first = next(events, None)
             if first is None:
                 raise UserError(f"{path} is empty, not a trace")
@@ -234,6 +277,7 @@ class _Table:
         self.cols = {c: [] for c in cols}
         self.batches: list[Batch] = []
         self.n = 0
+        self.total = 0  # rows in self.batches
 
     def flush(self, base_ns: int, wall_offset_ns: int, pid: int | None) -> None:
         """Turn the row lists into one numpy batch. Values were appended raw (the reading loop
@@ -250,9 +294,14 @@ class _Table:
             dur = np.asarray(
                 [d if isinstance(d, int | float) else 0.0 for d in durs], dtype=np.float64
             )
-        np.nan_to_num(dur, copy=False, nan=0.0)
+        if self.total + self.n > limits.MAX_ROWS:
+            raise limits.LimitError(
+                f"more than {limits.MAX_ROWS} {self.table} rows (kdash's limit for one table)"
+            )
+        np.nan_to_num(dur, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
+        np.clip(dur, 0.0, MAX_TIME_US, out=dur)
         start = np.rint(ts * 1000.0).astype(np.int64) + (base_ns - wall_offset_ns)
-        end = start + np.maximum(np.rint(dur * 1000.0), 0).astype(np.int64)
+        end = start + np.rint(dur * 1000.0).astype(np.int64)
         types = dict(schema.TABLES[self.table])
         cols: dict[str, Any] = {}
         for k, v in c.items():
@@ -262,6 +311,7 @@ class _Table:
             cols["static_smem"] = np.where(cols["dynamic_smem"] >= 0, 0, -1)
         self.batches.append(schema.make_batch(self.table, start_ns=start, end_ns=end, **cols))
         self.cols = {k: [] for k in ("ts", "dur", *c)}
+        self.total += self.n
         self.n = 0
 
 
@@ -274,15 +324,19 @@ def _ints(values: list, fill: int | None) -> np.ndarray:
         return np.asarray([default if v is None else _int(v) for v in values], dtype=np.int64)
 
 
+_I64 = 2**63
+
+
 def _int(v: Any, default: int = -1) -> int:
+    """An int64 from a JSON value; `default` for what is not one (out of range included)."""
     if isinstance(v, bool):
         return default
+    if isinstance(v, float):
+        v = int(v) if -_I64 < v < _I64 else default  # NaN and inf fail the comparison
+    elif isinstance(v, str) and 0 < len(v) < 21 and v.lstrip("-").isdigit():
+        v = int(v)
     if isinstance(v, int):
-        return v
-    if isinstance(v, float) and v == v:
-        return int(v)
-    if isinstance(v, str) and v.lstrip("-").isdigit():
-        return int(v)
+        return v if -_I64 <= v < _I64 else default
     return default
 
 
@@ -355,7 +409,9 @@ def _read_one(path: Path, tables: dict[str, _Table], offset: int, chunk: int) ->
     header, where = read_header(path)
     info = TraceInfo(path=str(path), name=parse_trace_name(path.name))
     base = header.get("baseTimeNanoseconds")
-    info.base_ns = int(base) if isinstance(base, int | float) else 0
+    info.base_ns = _int(base, 0) if isinstance(base, int | float) else 0
+    if not -MAX_BASE_NS < info.base_ns < MAX_BASE_NS:
+        raise UserError(f"{path}: baseTimeNanoseconds {base} is not a time")
     host = header.get("host_name")
     info.host_name = host if isinstance(host, str) else None
     devs = header.get("deviceProperties")
@@ -371,15 +427,20 @@ def _read_one(path: Path, tables: dict[str, _Table], offset: int, chunk: int) ->
     errors = (*_READ_ERRORS, ijson.JSONError)
     with _open_binary(path) as fh:
         try:
-            for ev in ijson.items(fh, where, use_float=True):
+            for ev in ijson.items(fh, where, use_float=True, buf_size=_BUF):
                 n += 1
                 if not isinstance(ev, dict) or ev.get("ph") != "X":
                     continue
                 cat = ev.get("cat")
                 cat = cat.lower() if isinstance(cat, str) else ""
-                if cat in _STORED and not isinstance(ev.get("ts"), int | float):
-                    skipped[f"{cat} without ts"] += 1
-                    continue
+                if cat in _STORED:
+                    ts = ev.get("ts")
+                    if not isinstance(ts, int | float) or isinstance(ts, bool):
+                        skipped[f"{cat} without ts"] += 1
+                        continue
+                    if not -MAX_TIME_US < ts < MAX_TIME_US:  # NaN fails too
+                        skipped[f"{cat} with a ts that is not a time"] += 1
+                        continue
                 name = ev.get("name")
                 name = interned.setdefault(name, name) if isinstance(name, str) else ""
                 args = ev.get("args")
@@ -457,7 +518,10 @@ def _read_one(path: Path, tables: dict[str, _Table], offset: int, chunk: int) ->
                     if host_pid is None and cat in HOST_CATS:
                         p = _int(ev.get("pid"))
                         host_pid = p if p >= 0 else None
-                    skipped[cat or "(none)"] += 1
+                    key = cat or "(none)"
+                    if key not in skipped and len(skipped) >= MAX_SKIP_KEYS:
+                        key = "(other)"
+                    skipped[key] += 1
         except UserError:
             raise
         except errors as e:
@@ -627,6 +691,7 @@ def expand_trace_args(paths: Sequence[Path]) -> list[Path]:
                 raise UserError(f"no trace files (*.json, *.json.gz) in {p}")
             out.extend(found)
         else:
+            check_trace_file(p)
             out.append(p)
     if not out:
         raise UserError("give at least one trace file")
@@ -724,7 +789,7 @@ def iter_events(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
     n = 0
     with _open_binary(p) as fh:
         try:
-            for ev in ijson.items(fh, where, use_float=True):
+            for ev in ijson.items(fh, where, use_float=True, buf_size=_BUF):
                 n += 1
                 yield ev
         except (*_READ_ERRORS, ijson.JSONError) as e:

@@ -180,6 +180,16 @@ def _fill(code: str):
     return -1
 
 
+def np_dtype(code: str) -> np.dtype:
+    """The numpy dtype of a column type code ("i8", "f4", STR ...)."""
+    return _np_dtype(code)
+
+
+def empty_column(code: str, n: int) -> np.ndarray:
+    """`n` n/a values of a column type code (what a missing column reads as)."""
+    return np.full(n, _fill(code), dtype=_np_dtype(code))
+
+
 def columns(table: str) -> list[str]:
     return [c for c, _ in TABLES[table]]
 

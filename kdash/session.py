@@ -287,8 +287,15 @@ class Recorder:
         self._emit("capture-failed" if failure else "capture-saved", cap)
 
     def write_window(
-        self, start_ns: int, end_ns: int, path: Path, trigger_ns: int | None = None
+        self,
+        start_ns: int,
+        end_ns: int,
+        path: Path,
+        trigger_ns: int | None = None,
+        extra_meta: dict | None = None,
     ) -> Path:
+        """Write the window [start_ns, end_ns] as a capture at `path` (never replacing a
+        file); `extra_meta` keys are added to its metadata."""
         tables = {
             t: self.store.get(t)
             if t in schema.STATIC_TABLES
@@ -299,6 +306,7 @@ class Recorder:
         findings = self.compute_findings(start_ns, end_ns)
         tables["findings"] = schema.from_frame("findings", findings)
         meta = self.build_meta(start_ns, end_ns, trigger_ns)
+        meta.update(extra_meta or {})
         return write_capture(path, meta, tables)
 
     def build_meta(self, start_ns: int, end_ns: int, trigger_ns: int | None = None) -> dict:

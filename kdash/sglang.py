@@ -471,11 +471,16 @@ class SglangRecorder(Recorder):
             job.done.set()
 
     def write_window(
-        self, start_ns: int, end_ns: int, path: Path, trigger_ns: int | None = None
+        self,
+        start_ns: int,
+        end_ns: int,
+        path: Path,
+        trigger_ns: int | None = None,
+        extra_meta: dict | None = None,
     ) -> Path:
         job = self._job_for(self.capture.seq) if trigger_ns is not None else None
         if job is None or job.result is None:
-            return super().write_window(start_ns, end_ns, path, trigger_ns)
+            return super().write_window(start_ns, end_ns, path, trigger_ns, extra_meta)
         from kdash.capture import write_capture
 
         imported = job.result.tables
@@ -489,7 +494,9 @@ class SglangRecorder(Recorder):
         for t in IMPORTED_TABLES:
             tables[t] = schema.concat(t, [tables[t], imported[t]])
         tables["findings"] = schema.from_frame("findings", self.compute_findings(start_ns, end_ns))
-        written = write_capture(path, self.build_meta(start_ns, end_ns, trigger_ns), tables)
+        meta = self.build_meta(start_ns, end_ns, trigger_ns)
+        meta.update(extra_meta or {})
+        written = write_capture(path, meta, tables)
         if not self.capture_opts.keep_traces:
             for f in job.result.files:
                 try:
