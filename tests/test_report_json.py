@@ -1,0 +1,101 @@
+"""`kdash report --json`: the document validates against kdash/data/report.schema.json for every
+shipped capture and trace, carries `report_schema_version`, GPU time per GPU and the findings'
+numbers as fields, and `--top N` cuts its lists."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kdash import kineto, schema
+from kdash.capture import Capture, load_capture
+from kdash.report import REPORT_SCHEMA_VERSION, schema_path, summarize
+
+sys.path.insert(0, str(Path(__file__).parent))
+from jsonschema_subset import errors  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CAPTURES = sorted((ROOT / "tests" / "data").glob("*.kdash")) + [
+    ROOT / "kdash" / "data" / "demo-h200.kdash"
+]
+TRACES = sorted((ROOT / "tests" / "data").glob("*.trace.json.gz"))
+
+
+@pytest.fixture(scope="module")
+def report_schema() -> dict:
+    return json.loads(schema_path().read_text())
+
+
+def _doc(cap: Capture, **kw) -> dict:
+    """The summary as `--json` writes it (json.dumps with default=str), read back."""
+    return json.loads(json.dumps(summarize(cap, **kw), default=str))
+
+
+def _trace_capture(path: Path) -> Capture:
+    tables, infos = kineto.read_traces([path])
+    frames = {n: schema.to_frame(n, tables.get(n, schema.empty(n))) for n in schema.TABLES}
+    return Capture(meta=kineto.build_meta(infos, None), tables=frames)
+
+
+@pytest.mark.parametrize("path", CAPTURES + TRACES, ids=lambda p: p.name)
+def test_every_shipped_capture_validates(path, report_schema):
+    cap = _trace_capture(path) if path.name.endswith(".json.gz") else load_capture(path)
+    doc = _doc(cap)
+    assert errors(doc, report_schema) == []
+    assert doc["report_schema_version"] == REPORT_SCHEMA_VERSION
+    for g in doc["gpu_time"]:
+        assert g["idle_s"] == pytest.approx(g["recorded_s"] - g["busy_s"], abs=1e-9)
+        parts = g["short_gap_idle_s"] + sum(g["idle_by_cause_s"].values())
+        assert parts == pytest.approx(g["idle_s"], abs=1e-8)
+    for f in doc["findings"]:
+        if f["kind"] == "gpu-idle-gaps":
+            assert f["data"]["gpu_time"] in doc["gpu_time"]
+
+
+def test_the_schema_checker_catches_a_broken_document(report_schema):
+    doc = _doc(load_capture(CAPTURES[-1]))
+    doc["gpu_time"][0]["busy_share"] = 1.5
+    del doc["gpu_time"][0]["short_gaps"]
+    doc["findings"][0]["data"]["about"] = "nonsense"
+    doc["report_schema_version"] = 0
+    found = "\n".join(errors(doc, report_schema))
+    assert "gpu_time[0].busy_share: 1.5 > 1" in found
+    assert "gpu_time[0]: missing 'short_gaps'" in found
+    assert "findings[0].data.about" in found
+    assert "report_schema_version: 0 != 1" in found
+
+
+def test_findings_carry_their_numbers():
+    doc = _doc(load_capture(CAPTURES[-1]))
+    (idle,) = [f for f in doc["findings"] if f["kind"] == "gpu-idle-gaps"]
+    d = idle["data"]
+    assert d["about"] == "host" and d["longest_gap_us"] > 1000
+    assert d["gpu_time"]["short_gaps"] > 10_000 and d["feeder_tid"] > 0
+    assert f"{d['longest_gap_us'] / 1e3:.2f} ms" in idle["evidence"]
+    stored = [f for f in doc["findings"] if f["kind"] not in ("gpu-idle-gaps", "launch-latency")]
+    assert all(f["data"] == {} and isinstance(f["t_ns"], int) for f in stored)
+
+
+def test_top_cuts_the_lists():
+    path = CAPTURES[-1]
+    r = subprocess.run(
+        [sys.executable, "-m", "kdash.cli", "report", str(path), "--json", "--top", "3"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert len(doc["top_kernels"]) == 3 and len(doc["threads_top"]) == 3
+    r = subprocess.run(
+        [sys.executable, "-m", "kdash.cli", "report", str(path), "--top", "0"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and r.stderr == "kdash: --top must be at least 1, not 0\n"
+
+
+def test_schema_is_package_data():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert '"data/*.json"' in text and schema_path().parent.name == "data"
