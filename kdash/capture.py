@@ -470,6 +470,8 @@ def _check(value: object, spec: Any, where: str) -> str:
                 if isinstance(value, dict if not isinstance(alt, _List) else list):
                     return _check(value, alt, where)
             elif isinstance(value, alt) and not (isinstance(value, bool) and alt in (int, float)):
+                if isinstance(value, int) and not -(2**63) <= value < 2**63:
+                    return f"{here} is an integer beyond 64 bits"
                 return ""
         return f"{here} is {_json_type(value)}, not {_spec_name(spec)}"
     if isinstance(spec, _Obj):

@@ -261,6 +261,8 @@ def read_header(path: Path) -> tuple[dict[str, Any], str]:
                     builder.event(ev, value)
                 elif ev in ("string", "number", "boolean", "null"):
                     header[prefix] = value
+        except limits.LimitError as e:
+            raise _stream_error(path, e, 0) from None
         except UserError:
             raise
         except errors as e:
@@ -522,12 +524,17 @@ def _read_one(path: Path, tables: dict[str, _Table], offset: int, chunk: int) ->
                     if key not in skipped and len(skipped) >= MAX_SKIP_KEYS:
                         key = "(other)"
                     skipped[key] += 1
+        except limits.LimitError as e:
+            raise _stream_error(path, e, n) from None
         except UserError:
             raise
         except errors as e:
             raise _stream_error(path, e, n) from None
     for t in tables.values():
-        t.flush(info.base_ns, offset, host_pid)
+        try:
+            t.flush(info.base_ns, offset, host_pid)
+        except limits.LimitError as e:
+            raise _stream_error(path, e, n) from None
         for b in t.batches[first_batch[t.table] :]:
             if "pid" in b and host_pid is not None:
                 b["pid"][b["pid"] < 0] = host_pid  # device rows belong to the trace's process
