@@ -16,7 +16,9 @@ Per thread and poll (table `threads`):
 - allowed_cpus: its affinity mask as a cpulist (`"0-31,64-95"`). Read with the
   `sched_getaffinity(tid)` system call, which returns the same mask as `Cpus_allowed_list` in
   `status` (intersected with the active CPUs) at a tenth of the cost of generating `status`.
-- runq_ms_per_s: `schedstat` field 2 (ns spent runnable but waiting for a CPU) per wall second.
+- runq_ms_per_s: `schedstat` field 2 (ns spent runnable but waiting for a CPU) per wall second,
+  at most the part of the interval the thread was not on a CPU (`runq_rate`: the kernel adds
+  a wait when it ends, so one poll can receive a wait that began polls before).
 - vol_switches / invol_switches / migrations: cumulative counters from `sched`
   (`nr_voluntary_switches`, `nr_involuntary_switches`, `se.nr_migrations`). `sched` exists only
   on kernels built with CONFIG_SCHED_DEBUG; without it switches come from `status` and
@@ -427,9 +429,10 @@ class SchedSource:
         cpu_pct = runq = _NAN
         if th.prev_t_ns >= 0 and t_ns > th.prev_t_ns:
             dt = t_ns - th.prev_t_ns
-            cpu_pct = max(0.0, (exec_ns - th.prev_exec_ns) * 100.0 / dt)
+            ran = max(0, exec_ns - th.prev_exec_ns)
+            cpu_pct = ran * 100.0 / dt
             if wait_ns >= 0 and th.prev_wait_ns >= 0:
-                runq = max(0.0, (wait_ns - th.prev_wait_ns) * 1000.0 / dt)
+                runq = runq_rate(wait_ns - th.prev_wait_ns, ran, dt)
         th.prev_t_ns = t_ns
         th.prev_exec_ns = exec_ns
         th.prev_wait_ns = wait_ns
@@ -550,6 +553,21 @@ class SchedSource:
                 "run-queue delay n/a"
             )
         self.health = Health.degraded("; ".join(notes.values())) if notes else OK
+
+
+def runq_rate(waited_ns: int, ran_ns: int, dt_ns: int) -> float:
+    """Run-queue wait in ms per wall second over one poll interval, from schedstat deltas.
+
+    The kernel adds a wait to `run_delay` when it ends (the thread gets a CPU), not while it
+    lasts: a thread kept runnable for 1.5 s (a throttled cgroup, a crowded CPU) reads 0 for
+    the polls it waited through and then 1.5 s in one 250 ms poll, which is 6000 ms/s. Within
+    one interval it can have waited only the time it did not run, so the rate is capped there
+    (at most 1000 ms/s); the part cut off happened in the earlier intervals.
+    """
+    if dt_ns <= 0:
+        return _NAN
+    waited = min(max(0, waited_ns), max(0, dt_ns - max(0, ran_ns)))
+    return waited * 1000.0 / dt_ns
 
 
 def _read_int(path: str) -> int:

@@ -89,7 +89,9 @@ def thread_summary(th: pd.DataFrame, limit: int = 10) -> list[dict]:
                 "tid": int(tid),
                 "name": str(last["name"]),
                 "cpu_pct_mean": _num(g["cpu_pct"].mean()),
-                "runq_ms_per_s_mean": _num(g["runq_ms_per_s"].mean(), 2),
+                "runq_ms_per_s_mean": _num(
+                    g["runq_ms_per_s"].clip(upper=schema.RUNQ_MAX_MS_PER_S).mean(), 2
+                ),
                 "cpus_seen": sorted({int(c) for c in cpus if c >= 0}),
                 "allowed_cpus": str(last["allowed_cpus"]),
                 "invol_switches": int(g["invol_switches"].max() - g["invol_switches"].min()),

@@ -19,6 +19,11 @@ Batch = dict[str, np.ndarray]
 
 STR = "str"  # stored as object arrays of Python str
 
+# One thread waits at most the whole of a second for a CPU. Captures recorded before the
+# scheduler source capped its rate hold larger values (a wait credited all at once when it
+# ended); analyses clip them to this.
+RUNQ_MAX_MS_PER_S = 1000.0
+
 SCHEMA_VERSION = 1
 
 TABLES: dict[str, list[tuple[str, str]]] = {
@@ -60,7 +65,7 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("cpu_pct", "f4"),
         ("cpu", "i4"),  # CPU last run on
         ("allowed_cpus", STR),  # cpulist, e.g. "0-31,64-95"
-        ("runq_ms_per_s", "f4"),  # schedstat run-queue wait
+        ("runq_ms_per_s", "f4"),  # schedstat run-queue wait; <= RUNQ_MAX_MS_PER_S
         ("vol_switches", "i8"),  # cumulative
         ("invol_switches", "i8"),  # cumulative
         ("migrations", "i8"),  # cumulative se.nr_migrations; -1 = n/a

@@ -398,3 +398,84 @@ def test_sleeping_thread_is_cheap_but_not_stale():
         p.kill()
         p.wait(timeout=10)
     assert names[-1] == "renamed"
+
+
+# -- run-queue rates that cannot exceed a second per second ----------------------------------------
+class _FakeTarget:
+    """The process tree of a made-up /proc (below): one process, whatever psutil says."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def pids(self) -> list[int]:
+        return [self.pid]
+
+
+def _fake_thread(proc, pid: int, tid: int, exec_ns: int, wait_ns: int, slices: int) -> None:
+    """MADE-UP /proc/<pid>/task/<tid> files in the kernel's formats (stat fields 14-15 hold
+    utime/stime in ticks; schedstat is on-CPU ns, run-queue wait ns, timeslices)."""
+    d = proc / str(pid) / "task" / str(tid)
+    d.mkdir(parents=True, exist_ok=True)
+    fields = ["R"] + ["0"] * 50
+    fields[11] = fields[12] = "5"  # fields 14 and 15: it has run
+    (d / "stat").write_text(f"{tid} (launcher) " + " ".join(fields) + "\n")
+    (d / "schedstat").write_text(f"{exec_ns} {wait_ns} {slices}\n")
+    (d / "sched").write_text(
+        "nr_voluntary_switches : 1\nnr_involuntary_switches : 2\nse.nr_migrations : 0\n"
+    )
+
+
+def test_a_wait_credited_when_it_ends_never_reads_over_1000_ms_per_s(tmp_path):
+    """The newcomer's 1890 and 6053.9 ms/s: the kernel adds a wait to schedstat's run_delay
+    when the thread gets a CPU, so a thread kept runnable for 1.5 s shows the whole wait in
+    the one poll where it finally ran. MADE-UP /proc files replay that: between two polls
+    ~20 ms apart the wait counter jumps by 1.5 s while the thread ran 1 ms. The rate is the
+    part of the interval it did not run, not 75,000 ms/s. (The tid is this process's own, so
+    the affinity system call has a real thread to ask.)"""
+    from kdash.collectors.sched import runq_rate
+
+    pid = tid = os.getpid()
+    _fake_thread(tmp_path, pid, tid, 1_000_000, 0, 5)
+    src = SchedSource(_FakeTarget(pid), proc=str(tmp_path), sysfs=str(tmp_path / "sys"))
+    src.start()
+    first = src.poll(time.monotonic_ns())["threads"]
+    assert np.isnan(first["runq_ms_per_s"][0])  # a thread's first row has no rate
+    time.sleep(0.02)
+    _fake_thread(tmp_path, pid, tid, 2_000_000, 1_500_000_000, 6)
+    b = src.poll(time.monotonic_ns())["threads"]
+    src.stop()
+    runq, cpu = float(b["runq_ms_per_s"][0]), float(b["cpu_pct"][0])
+    assert 0 < runq <= 1000.0
+    assert runq + 10 * cpu == pytest.approx(1000.0, rel=1e-3)  # waited all it did not run
+    assert runq_rate(1_500_000_000, 0, 250_000_000) == 1000.0
+    assert runq_rate(50_000_000, 10_000_000, 250_000_000) == pytest.approx(200.0)
+    assert runq_rate(-5, 0, 250_000_000) == 0.0 and np.isnan(runq_rate(1, 0, 0))
+
+
+def test_findings_and_report_clip_rates_of_older_captures():
+    """MADE-UP rows as a capture recorded before the cap holds them (the newcomer's 1890 and
+    6053.9): the finding's numbers and the report's mean stay within 1000 ms/s."""
+    from kdash.analyses.kernel_findings import feeder_state
+    from kdash.report import thread_summary
+
+    n = 40
+    runq = np.where(np.arange(n) % 2 == 0, 1890.0, 6053.9).astype(np.float32)
+    rows = schema.to_frame(
+        "threads",
+        schema.make_batch(
+            "threads",
+            t_ns=np.arange(n, dtype=np.int64) * 250_000_000,
+            pid=np.full(n, 100),
+            tid=np.full(n, 4242),
+            name=["launcher"] * n,
+            cpu_pct=np.full(n, 30.0, dtype=np.float32),
+            cpu=np.zeros(n, dtype=np.int32),
+            allowed_cpus=["0"] * n,
+            runq_ms_per_s=runq,
+        ),
+    )
+    f = find_all({"threads": rows}, {}, Thresholds())
+    (ev,) = f.loc[f["kind"] == "run-queue-delay", "evidence"]
+    assert "run-queue delay 1000.0 ms/s (median; max 1000.0)" in ev
+    assert feeder_state(rows, 4242).runq_ms_per_s == 1000.0
+    assert thread_summary(rows)[0]["runq_ms_per_s_mean"] == 1000.0

@@ -209,7 +209,9 @@ class ThreadView:
         self.allowed = df["allowed_cpus"].to_numpy(dtype=object)[order]
         self.cpu = df["cpu"].to_numpy(dtype=np.int64)[order]
         self.cpu_pct = df["cpu_pct"].to_numpy(dtype=float)[order]
-        self.runq = df["runq_ms_per_s"].to_numpy(dtype=float)[order]
+        self.runq = np.minimum(
+            df["runq_ms_per_s"].to_numpy(dtype=float)[order], schema.RUNQ_MAX_MS_PER_S
+        )
         self.invol = df["invol_switches"].to_numpy(dtype=np.int64)[order]
         self.mig = df["migrations"].to_numpy(dtype=np.int64)[order]
         both_nan = np.isnan(self.cpu_pct) & np.isnan(self.runq)

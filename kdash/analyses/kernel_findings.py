@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from kdash.analyses.kernels import demangle_all, launch_latency, short_name
+from kdash.schema import RUNQ_MAX_MS_PER_S
 
 if TYPE_CHECKING:  # gpu_time builds on this module's gap causes: imported where used
     from kdash.analyses.gpu_time import Accounting, GpuTime
@@ -405,7 +406,7 @@ def feeder_state(threads: pd.DataFrame | None, tid: int) -> FeederState | None:
     cpu = rows["cpu_pct"].astype(float).dropna()
     if cpu.empty:
         return None
-    runq = rows["runq_ms_per_s"].astype(float).dropna()
+    runq = rows["runq_ms_per_s"].astype(float).dropna().clip(upper=RUNQ_MAX_MS_PER_S)
     return FeederState(
         cpu_pct=float(cpu.mean()),
         runq_ms_per_s=float(runq.mean()) if len(runq) else 0.0,
