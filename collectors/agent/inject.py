@@ -22,42 +22,47 @@ Preconditions (why each matters):
 Mechanisms:
 
 * Python 3.14+: `sys.remote_exec(pid, script)`, run by the target's own interpreter binary.
-* Python 3.10-3.13 on x86_64 Linux: ptrace. The main thread is stopped (PTRACE_SEIZE +
-  PTRACE_INTERRUPT, no SIGSTOP), made to call libc `mmap` for one page, the boot code is
-  written there, and the thread is made to call `Py_AddPendingCall(PyRun_SimpleString, page)`,
-  then its registers are restored and it is released. CPython runs pending calls in the main
-  thread at its next bytecode boundary, with the GIL held, so the boot code runs as ordinary
-  Python: it loads the agent's server.py by path and calls `start_agent()`. Py_AddPendingCall
-  needs neither the GIL nor a thread state, which is why no other thread has to be stopped.
-  The boot code catches everything (a pending call that fails without an exception set would
-  raise SystemError into the target) and records failures in `<socket folder>/<pid>.unavailable`.
-  One 4 KiB page stays mapped in the target afterwards.
+* Python 3.10-3.13 on x86_64 Linux: ptrace (`ptrace_session.py`). The main thread is
+  stopped (PTRACE_SEIZE + PTRACE_INTERRUPT, no SIGSTOP), made to `mmap` two pages (the stub
+  code, made read+execute only, and the data: boot code and result), and then pointed at a
+  stub that calls `Py_AddPendingCall(PyRun_SimpleString, boot code)` and restores the thread's
+  own registers, FPU state and signal mask with `rt_sigreturn`, and is released. CPython runs
+  pending calls in the main thread at its next bytecode boundary, with the GIL held, so the
+  boot code runs as ordinary Python: it loads the agent's server.py by path and calls
+  `start_agent()`. Py_AddPendingCall needs neither the GIL nor a thread state, which is why no
+  other thread has to be stopped. The boot code catches everything (a pending call that fails
+  without an exception set would raise SystemError into the target) and records failures in
+  `<socket folder>/<pid>.unavailable`. Two 4 KiB pages stay mapped in the target afterwards.
   A main thread stopped inside a sleep or poll syscall (`WAITING_SYSCALLS`: one long
   `time.sleep`, an idle event loop's epoll_wait, a blocking zmq poll) runs no bytecode until it
-  wakes, which may be never on an idle server; there the thread is made to call
-  `PyGILState_Ensure`, `PyRun_SimpleString` and `PyGILState_Release` instead, as a C callback
-  would. Those syscalls are made with the GIL released, at a point where the interpreter is
-  between operations, and the syscall is restarted with the saved registers afterwards, so the
-  wait goes on to its end.
+  wakes, which may be never on an idle server; there the stub calls `PyGILState_Ensure`,
+  `PyRun_SimpleString` and `PyGILState_Release` instead, as a C callback would. Those
+  syscalls are made with the GIL released, at a point where the interpreter is between
+  operations, and the syscall is re-issued when the thread's state is restored, so the wait
+  goes on to its end.
+  Every call the thread makes for us returns into code that restores its state, and the
+  session runs in a helper process of its own session with terminal signals blocked: killing
+  kdash, or the helper, at any moment leaves the target running (see ptrace_session.py).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import json
 import os
 import platform
 import re
+import signal
 import struct
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kdash.collectors.agent import bootstrap, server
+from kdash.collectors.agent import bootstrap, ptrace_session, server
 from kdash.collectors.agent.client import agent_failure_note, find_agent_socket
 
 CAP_SYS_PTRACE = 19
@@ -159,18 +164,7 @@ def ptrace_refusal(scope: int, descendant: bool, cap: bool) -> str | None:
     )
 
 
-def _maps(pid: int) -> list[tuple[int, int, str, int, str]]:
-    """(start, end, perms, file offset, path) per mapping of `pid`."""
-    out = []
-    with open(f"/proc/{pid}/maps") as f:
-        for line in f:
-            parts = line.split(None, 5)
-            if len(parts) < 5:
-                continue
-            lo, hi = (int(x, 16) for x in parts[0].split("-"))
-            path = parts[5].strip() if len(parts) == 6 else ""
-            out.append((lo, hi, parts[1], int(parts[2], 16), path))
-    return out
+_maps = ptrace_session.read_maps
 
 
 _LIBPY = re.compile(r"libpython(3\.\d+)")
@@ -483,161 +477,16 @@ class InjectError(Exception):
     """Injection failed; the message is the one line to show."""
 
 
-PTRACE_PEEKDATA = 2
-PTRACE_CONT = 7
-PTRACE_GETREGS = 12
-PTRACE_SETREGS = 13
-PTRACE_DETACH = 17
-PTRACE_SEIZE = 0x4206
-PTRACE_INTERRUPT = 0x4207
-WALL = 0x40000000
-SIGSEGV = 11
-_PTRACE_NAMES = {
-    PTRACE_CONT: "PTRACE_CONT",
-    PTRACE_GETREGS: "PTRACE_GETREGS",
-    PTRACE_SETREGS: "PTRACE_SETREGS",
-    PTRACE_DETACH: "PTRACE_DETACH",
-    PTRACE_SEIZE: "PTRACE_SEIZE",
-    PTRACE_INTERRUPT: "PTRACE_INTERRUPT",
-}
+WAITING_SYSCALLS = ptrace_session.WAITING_SYSCALLS
+blocked_in = ptrace_session.blocked_in
+SESSION_PY = Path(ptrace_session.__file__).resolve()
+# The helper's own work takes milliseconds; the rest is waiting for the stub's done mark
+# (a main thread that waits in a syscall first takes the GIL, which may be busy for a while).
+DONE_WAIT_S = 30.0
+HELPER_WAIT_S = DONE_WAIT_S + 60.0
 
-# struct user_regs_struct (x86_64), in order
-_REGS = [
-    *("r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8", "rax", "rcx"),
-    *("rdx", "rsi", "rdi", "orig_rax", "rip", "cs", "eflags", "rsp", "ss", "fs_base"),
-    *("gs_base", "ds", "es", "fs", "gs"),
-]
-
-
-class _Regs(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_ulonglong) for n in _REGS]
-
-
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.ptrace.restype = ctypes.c_long
-    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-    return libc
-
-
-class _Tracee:
-    """One seized thread; `call` runs a function in it and returns rax."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.libc = _libc()
-        self.saved: _Regs | None = None
-        self.pending_signal = 0
-
-    def _pt(self, req: int, addr: int = 0, data: int = 0) -> int:
-        ctypes.set_errno(0)
-        r = self.libc.ptrace(req, self.pid, ctypes.c_void_p(addr), ctypes.c_void_p(data))
-        err = ctypes.get_errno()
-        if r == -1 and err:
-            what = _PTRACE_NAMES.get(req, str(req))
-            hint = ""
-            if req == PTRACE_SEIZE and err in (1, 13):  # EPERM, EACCES
-                hint = (
-                    " (another debugger such as py-spy or gdb may be attached, or a seccomp "
-                    "policy forbids ptrace: containers need --cap-add SYS_PTRACE)"
-                )
-            raise InjectError(f"{what} on pid {self.pid}: {os.strerror(err)}{hint}")
-        return r
-
-    def _wait_stop(self, timeout: float) -> int:
-        end = time.monotonic() + timeout
-        while True:
-            wpid, status = os.waitpid(self.pid, os.WNOHANG | WALL)
-            if wpid == self.pid:
-                if os.WIFEXITED(status) or os.WIFSIGNALED(status):
-                    raise InjectError(f"pid {self.pid} exited during injection")
-                if os.WIFSTOPPED(status):
-                    return status
-            if time.monotonic() > end:
-                raise InjectError(f"pid {self.pid} did not stop within {timeout:.0f} s")
-            time.sleep(0.001)
-
-    def attach(self) -> None:
-        self._pt(PTRACE_SEIZE)
-        self._pt(PTRACE_INTERRUPT)
-        self._wait_stop(5.0)
-        regs = _Regs()
-        self._pt(PTRACE_GETREGS, 0, ctypes.addressof(regs))
-        self.saved = regs
-
-    def write(self, addr: int, data: bytes) -> None:
-        with open(f"/proc/{self.pid}/mem", "r+b", buffering=0) as f:
-            f.seek(addr)
-            f.write(data)
-
-    def call(self, func: int, *args: int, timeout: float = 3.0) -> int:
-        assert self.saved is not None
-        regs = _Regs.from_buffer_copy(self.saved)
-        sp = ((self.saved.rsp - 4096) & ~0xF) - 8  # below the red zone; rsp+8 16-aligned
-        self.write(sp, b"\0" * 8)  # return address 0: the call ends in a SIGSEGV at rip 0
-        regs.rsp = sp
-        regs.rip = func
-        regs.rax = 0
-        regs.orig_rax = 0xFFFFFFFFFFFFFFFF  # not in a syscall: no restart logic on resume
-        for name, value in zip(("rdi", "rsi", "rdx", "rcx", "r8", "r9"), args, strict=False):
-            setattr(regs, name, value & 0xFFFFFFFFFFFFFFFF)
-        self._pt(PTRACE_SETREGS, 0, ctypes.addressof(regs))
-        self._pt(PTRACE_CONT, 0, 0)
-        end = time.monotonic() + timeout
-        while True:
-            status = self._wait_stop(max(0.1, end - time.monotonic()))
-            sig = os.WSTOPSIG(status)
-            out = _Regs()
-            self._pt(PTRACE_GETREGS, 0, ctypes.addressof(out))
-            if sig == SIGSEGV and out.rip == 0:
-                return ctypes.c_long(out.rax).value
-            if sig == SIGSEGV:
-                raise InjectError(f"the injected call crashed at {out.rip:#x} in pid {self.pid}")
-            if status >> 16:  # a ptrace event stop: just go on
-                self._pt(PTRACE_CONT, 0, 0)
-            else:  # a real signal for the target: hold it, deliver it after we detach
-                self.pending_signal = sig
-                self._pt(PTRACE_CONT, 0, 0)
-
-    def detach(self) -> None:
-        try:
-            if self.saved is not None:
-                self._pt(PTRACE_SETREGS, 0, ctypes.addressof(self.saved))
-        finally:
-            self._pt(PTRACE_DETACH, 0, self.pending_signal)
-
-
-# x86_64 syscalls that CPython (time.sleep, select, selectors/asyncio, socket timeouts) and
-# well-behaved extensions (pyzmq, grpc) make with the GIL released, waiting for time or I/O.
-# A main thread stopped in one of these may wait there for minutes (an idle server's event
-# loop), so a pending call would not run until it wakes; there the boot code runs at once,
-# inside the stop, with the GIL taken as any C callback takes it (PyGILState_Ensure).
-# futex is not here: it is also how a thread waits for the GIL itself.
-WAITING_SYSCALLS = {
-    7: "poll",
-    23: "select",
-    35: "nanosleep",
-    230: "clock_nanosleep",
-    232: "epoll_wait",
-    270: "pselect6",
-    271: "ppoll",
-    281: "epoll_pwait",
-    441: "epoll_pwait2",
-}
-
-
-def blocked_in(pid: int) -> str | None:
-    """The waiting syscall the (stopped) main thread is in, by name, or None."""
-    try:
-        first = Path(f"/proc/{pid}/syscall").read_text().split()[0]
-    except (OSError, IndexError):
-        return None
-    return WAITING_SYSCALLS.get(int(first)) if first.lstrip("-").isdigit() else None
-
-
-# While a ptrace session is open the target's main thread may be running a call of ours whose
-# return lands on address 0; were kdash to exit then, the kernel would detach and that return
-# would kill the target with SIGSEGV. So kdash's exit waits for an open session (atexit).
+# An in-process session (see `_session`) is safe to abandon at any instant, but abandoning it
+# leaves the agent unstarted; kdash's exit waits for an open one so the injection completes.
 _IN_FLIGHT = threading.Lock()
 EXIT_WAIT_S = 120.0
 
@@ -650,49 +499,86 @@ def _wait_for_injection_at_exit() -> None:
 atexit.register(_wait_for_injection_at_exit)
 
 
-def inject_ptrace(pid: int) -> str:
+def helper_can_trace() -> bool:
+    """Whether a helper process (a child of kdash, not an ancestor of the target) may trace:
+    Yama's ptrace_scope=1 lets only ancestors trace without CAP_SYS_PTRACE, and the target,
+    which passed `ptrace_refusal` as kdash's descendant, is no descendant of the helper."""
+    scope = ptrace_scope()
+    return scope <= 0 or has_cap_sys_ptrace()
+
+
+def _run_helper(request: dict) -> dict:
+    """The session in a helper process in its own session (setsid): a hang-up of kdash's
+    terminal or a signal to kdash's process group does not reach it, and it finishes the
+    session and exits if kdash dies meanwhile. It is never killed from here: abandoning it
+    is safe, killing it would only leave the agent unstarted."""
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-S", str(SESSION_PY)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        close_fds=True,
+    )
+    try:
+        out, err = proc.communicate(json.dumps(request).encode(), timeout=HELPER_WAIT_S)
+    except subprocess.TimeoutExpired:
+        return {"error": f"the injection helper (pid {proc.pid}) did not finish in "
+                f"{HELPER_WAIT_S:.0f} s"}  # fmt: skip
+    try:
+        return json.loads(out.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = err.decode(errors="replace").strip()[-300:]
+        return {"error": f"the injection helper exited with {proc.returncode}: {tail}"}
+
+
+def _run_in_process(request: dict) -> dict:
+    """The session in this thread, with the signals a terminal or supervisor sends blocked in
+    it (other threads of kdash may still take them; the session is safe if kdash dies)."""
+    with _IN_FLIGHT:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, ptrace_session.HELPER_BLOCKED)
+        try:
+            return ptrace_session.run_session(request)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _session(request: dict, helper: bool | None) -> dict:
+    if helper is None:
+        helper = helper_can_trace()
+    if helper:
+        result = _run_helper(request)
+        if not result.get("seize_refused"):
+            return result
+        # the helper may lack a right kdash has (capabilities not inherited over exec):
+        # nothing was changed in the target when the seize failed, so try from here
+    return _run_in_process(request)
+
+
+def inject_ptrace(pid: int, helper: bool | None = None) -> str:
     """Run the boot code in pid's main thread: at once when the thread waits in a sleep/poll
     syscall (see WAITING_SYSCALLS), else as a CPython pending call at its next bytecode (see
-    the module doc). Returns how: "pending call" or "run in <syscall>"."""
-    code = boot_code(pid).encode() + b"\0"
-    if len(code) > 4096:
-        raise InjectError(f"boot code is {len(code)} bytes, more than one page")
+    the module doc and ptrace_session.py). Returns how: "pending call" or "run in <syscall>".
+
+    `helper`: run the session in a helper process (True), here (False), or whichever the
+    kernel allows (None)."""
+    code = boot_code(pid)
+    if len(code.encode()) + 1 > 4096 - ptrace_session.D_CODE:
+        raise InjectError(f"boot code is {len(code.encode())} bytes, more than one page")
     py = resolve_symbols(
         pid,
         {"Py_AddPendingCall", "PyRun_SimpleString", "PyGILState_Ensure", "PyGILState_Release"},
         re.compile(r"libpython3|python3"),
     )
-    libc = resolve_symbols(pid, {"mmap"}, re.compile(r"^libc[.-]"))
-    with _IN_FLIGHT:
-        return _inject_ptrace(pid, code, py, libc)
-
-
-def _inject_ptrace(pid: int, code: bytes, py: dict[str, int], libc: dict[str, int]) -> str:
-    t = _Tracee(pid)
-    t.attach()
-    try:
-        waiting = blocked_in(pid)
-        page = t.call(libc["mmap"], 0, 4096, 3, 0x22, -1, 0)  # RW, MAP_PRIVATE|MAP_ANONYMOUS
-        if page in (-1, 0) or page < 0:
-            raise InjectError(f"mmap in pid {pid} failed ({page})")
-        t.write(page, code)
-        if waiting and "PyGILState_Ensure" in py and "PyGILState_Release" in py:
-            # The boot code catches everything itself; its own imports and the agent thread's
-            # start take well under a second, the GIL may be busy for a while. A call that
-            # has begun cannot be abandoned (restoring the registers mid-call would corrupt
-            # the thread), so the limits are generous: a timeout here is a stuck target.
-            state = t.call(py["PyGILState_Ensure"], timeout=300.0)
-            try:
-                t.call(py["PyRun_SimpleString"], page, timeout=300.0)
-            finally:
-                t.call(py["PyGILState_Release"], state & 0xFFFFFFFF, timeout=300.0)
-            return f"run in {waiting}"
-        rc = t.call(py["Py_AddPendingCall"], py["PyRun_SimpleString"], page)
-        if rc != 0:
-            raise InjectError(f"Py_AddPendingCall in pid {pid} returned {rc} (queue full?)")
-        return "pending call"
-    finally:
-        t.detach()
+    libc = resolve_symbols(pid, {"mmap", "mprotect"}, re.compile(r"^libc[.-]"))
+    request = {"pid": pid, "code": code, "fn": {**py, **libc}, "done_wait_s": DONE_WAIT_S}
+    result = _session(request, helper)
+    if "error" in result:
+        raise InjectError(result["error"])
+    rc = result.get("rc")
+    if result["how"] == "pending call" and rc not in (0, None):
+        raise InjectError(f"Py_AddPendingCall in pid {pid} returned {rc} (queue full?)")
+    return result["how"]
 
 
 def inject_remote_exec(pid: int, exe: str) -> None:
