@@ -13,6 +13,7 @@ This machine has no GPU and no cupti-python, so two kinds of target are used:
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -1574,3 +1575,81 @@ def test_kdash_exit_waits_for_an_open_ptrace_session():
     inject._wait_for_injection_at_exit()
     assert time.monotonic() - t0 >= 0.3 and not inject._IN_FLIGHT.locked()
     t.join()
+
+
+def _load_inject_kill():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "inject_kill.py"
+    spec = importlib.util.spec_from_file_location("inject_kill", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.slow
+def test_killing_kdash_or_its_tracer_mid_injection_leaves_the_target_running():
+    """SIGKILL, SIGTERM or SIGHUP to kdash at a random moment of an injection (seeded, spread
+    over its measured duration), and SIGKILL to the tracer itself, with gaps between the
+    session's steps so the moments land in each: every target is alive and beating after.
+    (Before the sigreturn frames and the helper, about half of the kdash cases were killed
+    with SIGSEGV.)"""
+    bench = _load_inject_kill()
+    try:
+        kdash = bench.run(["kdash"], per_signal=5, seed=7)
+        tracer = bench.run(["tracer"], per_signal=3, seed=8, pause_s=0.02)
+    except bench.SkipCase as e:
+        pytest.skip(f"injection not possible on this machine: {e}")
+    for res, n in ((kdash, 15), (tracer, 9)):
+        harmed = [c for c in res["cases"] if c["harmed"]]
+        assert res["total"]["cases"] == len(res["cases"]) == n and not harmed, harmed
+
+
+def _thread_state(pid: int) -> tuple[dict[str, int], bytes, int]:
+    """The stopped main thread's registers, XSAVE image and signal mask, then let it go."""
+    from kdash.collectors.agent import ptrace_session as ps
+
+    t = ps.Tracee(pid)
+    t.seize()
+    try:
+        t.stop()
+        regs = t.getregs()
+        buf = ctypes.create_string_buffer(1 << 16)
+        iov = ps._IoVec(ctypes.addressof(buf), len(buf))
+        t._pt(ps.PTRACE_GETREGSET, ps.NT_X86_XSTATE, ctypes.addressof(iov))
+        return {n: getattr(regs, n) for n in ps._REGS}, buf.raw[: iov.len], t.sigmask()
+    finally:
+        t.detach()
+
+
+def test_injection_restores_the_waiting_thread_exactly():
+    """A main thread in one long sleep is back in the same syscall with the same registers,
+    FPU/SSE/AVX state and signal mask after the agent ran inside it (the syscall's scratch
+    registers rcx and r11 aside)."""
+    from kdash.collectors.agent import inject
+    from kdash.collectors.agent import ptrace_session as ps
+
+    p = start_unarmed(BLOCKED, "sleep", "6")
+    try:
+        time.sleep(0.5)
+        v = inject.check_injectable(p.pid, probe=False)
+        if not v.ok:
+            pytest.skip(f"injection not possible on this machine: {v.reason}")
+        if v.method != "ptrace":
+            pytest.skip(f"this interpreter is injected by {v.method}, not ptrace")
+        try:
+            before = _thread_state(p.pid)
+        except ps.SessionError as e:
+            pytest.skip(f"no XSAVE state through ptrace here: {e}")
+        assert inject.inject(p.pid, checked=v) is None
+        assert wait_for(lambda: inject.blocked_in(p.pid) == "clock_nanosleep", 10)
+        after = _thread_state(p.pid)
+        for name in ("rcx", "r11"):
+            before[0].pop(name), after[0].pop(name)
+        assert after[0] == before[0]
+        assert after[1] == before[1] and after[2] == before[2]
+    finally:
+        out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert out.startswith("done") and 5.9 <= float(out.split()[1]) < 9, out
