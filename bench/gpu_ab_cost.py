@@ -327,7 +327,14 @@ FINALIZE_FACTORS = {
 }
 
 
+FINALIZE2_FACTORS = {
+    "graph_tiny": ["import_only", "register_fin", "kernel_sync_fin", "graph_trace"],
+}
+
+
 def screen(mode: str) -> int:
+    if mode == "finalize2":
+        return screen_many(FINALIZE2_FACTORS, "agent-finalize2-h200.json")
     if mode == "finalize":
         return screen_many(FINALIZE_FACTORS, "agent-finalize-h200.json")
     return screen_many({mode: SCREEN_FACTORS}, "agent-factors-h200.json")
@@ -385,6 +392,7 @@ def machine() -> dict:
 def ab(targets: list[str], with_pc: bool, extra: list[str]) -> int:
     seconds = 40.0
     attaches = [(8.0, 6.0), (22.0, 6.0)]
+    os.environ["AB_PROFILER_CHECK"] = "1"  # does torch.profiler still see kernels afterwards?
     res: dict = {
         "command": "python bench/gpu_ab_cost.py " + " ".join(sys.argv[1:]),
         "method": "twin: control never attached; treated attached at 8 s and 22 s for 6 s "

@@ -233,8 +233,12 @@ class AgentTreeSource:
         try_inject: bool = True,
         pc_sampling: bool = False,
         cost_budget: float | None = DEFAULT_BUDGET,
+        graph_kernels: bool = False,
     ) -> None:
         self.target = target
+        # record kernels in processes that replay CUDA graphs too (server.CuptiActivity says
+        # why that is not the default)
+        self.graph_kernels = graph_kernels
         # While sampling, each agent's duty cycle is lowered (never raised past the default)
         # so that the cost estimate stays at this fraction; None or 0: the fixed default.
         self.cost_budget = cost_budget or None
@@ -323,7 +327,12 @@ class AgentTreeSource:
         for pid in pids:
             if pid in self.agents or find_agent_socket(pid) is None:
                 continue
-            src = AgentSource(pid, continuous=self.continuous, pc_sampling=self.pc_sampling)
+            src = AgentSource(
+                pid,
+                continuous=self.continuous,
+                pc_sampling=self.pc_sampling,
+                graph_kernels=self.graph_kernels,
+            )
             safe_call(src, "start")
             self.agents[pid] = src
         if self.try_inject:

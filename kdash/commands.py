@@ -24,6 +24,7 @@ def build_sources(
     try_inject: bool = True,
     pc_sampling: bool = False,
     cost_budget: float | None = None,
+    graph_kernels: bool = False,
 ) -> list:
     """Host sources that work against any pid (scheduler, NVML) and the tree's kdash agents.
 
@@ -43,6 +44,7 @@ def build_sources(
             inject_allowed=inject_allowed,
             try_inject=try_inject,
             pc_sampling=pc_sampling,
+            graph_kernels=graph_kernels,
             **({} if cost_budget is None else {"cost_budget": cost_budget}),
         ),
     ]
@@ -53,6 +55,7 @@ def _agent_opts(args) -> dict:
     budget = getattr(args, "cost_budget", None)
     return {
         "pc_sampling": getattr(args, "pc_sampling", False),
+        "graph_kernels": getattr(args, "graph_kernels", False),
         "cost_budget": None if budget is None else budget / 100,
     }
 

@@ -168,7 +168,7 @@ def activity_get_num_dropped_records(context, stream_id, addr):
 
 class runtime_api_trace_cbid(enum.IntEnum):
     INVALID = 0; cudaGetDevice_v3020 = 17; cudaStreamSynchronize_v3020 = 131
-    cudaLaunchKernel_v7000 = 211
+    cudaLaunchKernel_v7000 = 211; cudaGraphLaunch_v10000 = 311
 
 def activity_enable_runtime_api(cbid, enable):
     _log(f"rtapi {int(cbid)} {int(enable)}")
@@ -193,7 +193,7 @@ def generated_specs(now, n=1000):
                          grid_y=1, grid_z=1, block_x=256, block_y=1, block_z=1,
                          registers_per_thread=64, static_shared_memory=1024,
                          dynamic_shared_memory=49152, correlation_id=c,
-                         graph_id=(5 if i % 2 else 0)))
+                         graph_id=(5 if i % 2 and os.environ.get("FAKE_CUPTI_GRAPHS") else 0)))
     recs.append(dict(kind=1, copy_kind=1, bytes=4096, start=now - 900, end=now - 800,
                      device_id=0, stream_id=7, correlation_id=1))
     recs.append(dict(kind=2, bytes=64, start=now - 700, end=now - 650, device_id=0,
@@ -479,11 +479,12 @@ def window_rows(got: dict[str, list]) -> list[tuple[int, int]]:
 
 
 def test_records_flow_from_activity_to_batches(fake_cupti):
-    p = start_target(8.0, fake_cupti)
+    # kernels of graph replays too: recorded only when the user asks (--graph-kernels)
+    p = start_target(8.0, {**fake_cupti, "FAKE_CUPTI_GRAPHS": "1"})
     try:
         wait_socket(p.pid)
         t_before = time.monotonic_ns()
-        src = AgentSource(p.pid, continuous=True)  # the records path; duty cycle tested below
+        src = AgentSource(p.pid, continuous=True, graph_kernels=True)  # duty cycle: below
         src.start()
         assert wait_for(lambda: src.health.ok, 5), str(src.health)
         got = drain(src, 1.5)
@@ -731,7 +732,8 @@ def _same_batches(a: dict, b: dict) -> None:
             assert list(a[table][col]) == list(b[table][col]), (table, col)
 
 
-def test_buffer_reader_matches_the_attribute_path():
+def test_buffer_reader_matches_the_attribute_path(monkeypatch):
+    monkeypatch.setenv("FAKE_CUPTI_GRAPHS", "1")
     fake = _fake_module()
     buf, objs = fake.materialize(fake.generated_specs(10**12, n=300))
     fast = server.RecordConverter(fake, pid=11)
@@ -1040,12 +1042,48 @@ FAKE_LIBCUPTI_C = r"""
 #include <stdint.h>
 #include <string.h>
 #include <stddef.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+#include <pthread.h>
 typedef void (*req_t)(uint8_t **buffer, size_t *size, size_t *max_records);
 typedef void (*done_t)(void *ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid);
 static req_t g_req; static done_t g_done;
 static const char *names[3] = {"raw_gemm_0", "raw_gemm_1", "raw_gemm_2"};
 static const char *mname = "raw_range", *mdomain = "rawdomain";
 int cuptiActivityRegisterCallbacks(req_t r, done_t d) { g_req = r; g_done = d; return 0; }
+/* The callback API of detach.py: one subscriber; a "target thread" makes its next call 30 ms
+   after a callback is enabled: a graph launch (id 311) when FAKE_CUPTI_GRAPHS is set and that
+   id is enabled, else a kernel launch (211) if enabled. Events go to FAKE_CUPTI_LOG. */
+typedef void (*cb_t)(void *ud, int domain, uint32_t cbid, const void *data);
+static cb_t g_cb; static int g_sub, g_en211, g_en311, g_firing;
+static void logline(const char *what) {
+    const char *p = getenv("FAKE_CUPTI_LOG"); struct timespec t; FILE *f;
+    if (!p || !(f = fopen(p, "a"))) return;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    fprintf(f, "%.6f %s\n", t.tv_sec + t.tv_nsec / 1e9, what); fclose(f);
+}
+int cuptiSubscribe(void **sub, cb_t cb, void *ud) {
+    if (g_cb) return 39; /* MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED */
+    g_cb = cb; g_en211 = g_en311 = 0; *sub = &g_sub; logline("subscribe"); return 0;
+}
+int cuptiUnsubscribe(void *sub) { g_cb = 0; logline("unsubscribe"); return 0; }
+int cuptiFinalize(void) { logline("cupti finalize"); return 0; }
+static void *fire(void *arg) {
+    int site_enter = 0, site_exit = 1; cb_t c; uint32_t id = 0;
+    usleep(30000);
+    c = g_cb;
+    if (getenv("FAKE_CUPTI_GRAPHS") && g_en311) id = 311; else if (g_en211) id = 211;
+    if (c && id) { c(0, 2, id, &site_enter); c(0, 2, id, &site_exit); }
+    g_firing = 0; return 0;
+}
+int cuptiEnableCallback(uint32_t en, void *sub, int domain, uint32_t cbid) {
+    pthread_t t;
+    if (cbid == 211) g_en211 = en; if (cbid == 311) g_en311 = en;
+    if (en && !g_firing) { g_firing = 1; pthread_create(&t, 0, fire, 0); pthread_detach(t); }
+    return 0;
+}
 int fake_registered(void) { return g_req != 0; }
 void fake_clear(void) { g_req = 0; g_done = 0; }
 static void p16(uint8_t *p, size_t o, uint16_t v) { memcpy(p + o, &v, 2); }
@@ -1068,7 +1106,8 @@ int fake_emit(int n, uint64_t now, int with_api, uint32_t marker_id, int bad) {
         p64(k, 24, (bad == 2 && i % 50 == 49) ? 0 : now - 1000 + i); p32(k, 48, 7);
         p32(k, 52, 128); p32(k, 56, 1); p32(k, 60, 1); p32(k, 64, 256); p32(k, 68, 1);
         p32(k, 72, 1); p32(k, 76, 1024); p32(k, 80, 49152); p32(k, 92, i + 1);
-        p64(k, 104, (uint64_t)(uintptr_t)names[i % 3]); p32(k, 156, (i % 2) ? 5 : 0);
+        p64(k, 104, (uint64_t)(uintptr_t)names[i % 3]);
+        p32(k, 156, (i % 2 && getenv("FAKE_CUPTI_GRAPHS")) ? 5 : 0);
         off += 216;
     }
     if (marker_id) {
@@ -1097,15 +1136,17 @@ def fake_libcupti(tmp_path: Path, fake_cupti: dict[str, str]) -> dict[str, str]:
     src = tmp_path / "fake_libcupti.c"
     src.write_text(FAKE_LIBCUPTI_C)
     lib = tmp_path / "libcupti.so.13"
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(src)], check=True)
+    subprocess.run(
+        [cc, "-shared", "-fPIC", "-O1", "-pthread", "-o", str(lib), str(src)], check=True
+    )
     return {**fake_cupti, "FAKE_CUPTI_LIB": str(lib)}
 
 
 def test_raw_buffers_flow_without_per_record_objects(fake_libcupti):
-    p = start_target(8.0, fake_libcupti)
+    p = start_target(8.0, {**fake_libcupti, "FAKE_CUPTI_GRAPHS": "1"})
     try:
         wait_socket(p.pid)
-        src = AgentSource(p.pid, continuous=True)
+        src = AgentSource(p.pid, continuous=True, graph_kernels=True)
         src.start()
         assert wait_for(lambda: src.health.ok, 5), str(src.health)
         got = drain(src, 1.5)
@@ -1304,26 +1345,103 @@ def test_switching_to_continuous_and_back(fake_cupti):
     assert rc == 0 and out.startswith("done"), err
 
 
-def test_finalize_on_detach_is_opt_in_and_comes_last(fake_cupti):
-    p = start_target(6.0, fake_cupti)
+def agent_stats(pid: int) -> dict:
+    """STATS of an idle agent, through a fresh connection (no START)."""
+    from kdash.collectors.agent import wire
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(server.socket_path_for(pid))
+        dec = wire.Decoder()
+        assert wire.recv_message(s, dec).type == wire.MsgType.HELLO
+        s.sendall(wire.encode_control(wire.MsgType.STATS, {}))
+        while True:
+            msg = wire.recv_message(s, dec)
+            if msg.type == wire.MsgType.STATS:
+                return msg.body
+
+
+def test_detach_finalizes_cupti_at_the_targets_next_call(fake_libcupti):
+    """CUPTI merely attached slows a graph-replaying process for its whole life (H200,
+    agent-factors-h200.json): the detach takes it out again, at the exit of the target's next
+    launch (the stand-in libcupti makes that call from a thread of its own), after every
+    disable and the forced flush; the next client brings CUPTI back and records again."""
+    p = start_target(8.0, fake_libcupti)
     try:
         wait_socket(p.pid)
-        src = AgentSource(p.pid, finalize_on_detach=True)
+        src = AgentSource(p.pid, continuous=True)
         src.start()
         assert wait_for(lambda: src.health.ok, 5), str(src.health)
-        drain(src, 0.5)
+        assert wait_for(lambda: drain(src, 0.3).get("kernels"), 3)
         src.stop()
-        assert wait_for(lambda: any(w == "finalize" for _, w in log_lines(fake_cupti)), 2)
-        events = [w for _, w in log_lines(fake_cupti)]
+        assert wait_for(lambda: "cupti finalize" in [w for _, w in log_lines(fake_libcupti)], 3)
+        events = [w for _, w in log_lines(fake_libcupti)]
         assert kinds_left_on(events) == {}
-        assert events[-1] == "finalize"  # after every disable and the forced flush
-        # the next client re-registers CUPTI's buffer callbacks and records again
+        last_off = max(i for i, w in enumerate(events) if w.startswith(("disable", "flush 1")))
+        fin = events.index("cupti finalize", last_off)
+        assert "unsubscribe" in events[last_off:fin]  # the hook let go before finalizing
+        stats = wait_for(lambda: (st := agent_stats(p.pid))["cupti_detached"] >= 1 and st, 3)
+        assert stats and stats["cupti_state"] == "detached" and not stats["graphs_seen"]
         again = AgentSource(p.pid, continuous=True)
         again.start()
-        assert wait_for(lambda: again.health.ok, 3), str(again.health)
+        assert wait_for(lambda: again.health.ok, 5), str(again.health)
         assert wait_for(lambda: drain(again, 0.3).get("kernels"), 3)
-        assert [w for _, w in log_lines(fake_cupti)].count("register") == 2
         again.stop()
+        assert wait_for(
+            lambda: [w for _, w in log_lines(fake_libcupti)].count("cupti finalize") == 2, 3
+        )
+    finally:
+        rc, out, err = finish(p)
+    assert rc == 0 and out.startswith("done"), err
+
+
+def test_a_graph_replaying_target_gets_no_kernel_activity(fake_libcupti):
+    """Once kernel activity has been on during CUDA-graph replays, cuptiFinalize kills the
+    process (H200, agent-finalize-h200.json), so START listens for graph launches first: one
+    comes, CUPTI is finalized at its exit and no kind is ever switched on; the line says why
+    and names `--graph-kernels`. A second client is told at once, without touching CUPTI."""
+    env = {**fake_libcupti, "FAKE_CUPTI_GRAPHS": "1"}
+    p = start_target(8.0, env)
+    try:
+        wait_socket(p.pid)
+        src = AgentSource(p.pid)
+        src.start()
+        assert wait_for(lambda: "replays CUDA graphs" in str(src.health), 5), str(src.health)
+        assert not src.health.ok and "--graph-kernels" in str(src.health)
+        events = [w for _, w in log_lines(env)]
+        assert not [w for w in events if w.startswith("enable")]
+        assert "cupti finalize" in events
+        src.stop()
+        again = AgentSource(p.pid)
+        again.start()
+        assert wait_for(lambda: "replays CUDA graphs" in str(again.health), 5)
+        again.stop()
+        assert [w for _, w in log_lines(env)].count("subscribe") == 1
+        stats = agent_stats(p.pid)
+        assert stats["graphs_seen"] and not stats["graph_kernels_recorded"]
+    finally:
+        rc, out, err = finish(p)
+    assert rc == 0 and out.startswith("done"), err
+
+
+def test_graph_kernels_seen_later_stop_kernel_activity_for_good(fake_cupti):
+    """A process that begins replaying graphs after START (the stand-in cupti here has no
+    libcupti to probe with): its first graph kernel record stops kernel activity, every kind
+    goes off, and CUPTI stays (finalizing would kill it); the line says so."""
+    env = {**fake_cupti, "FAKE_CUPTI_GRAPHS": "1"}
+    p = start_target(8.0, env)
+    try:
+        wait_socket(p.pid)
+        src = AgentSource(p.pid, continuous=True)
+        src.start()
+        assert wait_for(lambda: "began replaying CUDA graphs" in str(src.health), 5), str(
+            src.health
+        )
+        src.stop()
+        assert wait_for(lambda: kinds_left_on([w for _, w in log_lines(env)]) == {}, 3)
+        stats = agent_stats(p.pid)
+        assert stats["graph_kernels_recorded"] and stats["cupti_detached"] == 0
+        assert stats["cupti_state"].startswith("attached for good")
     finally:
         rc, out, err = finish(p)
     assert rc == 0 and out.startswith("done"), err

@@ -93,6 +93,7 @@ class AgentSource:
         pc_sampling: bool = False,
         pc_on_ms: int = server.PC_ON_MS,
         pc_period_ms: int = server.PC_PERIOD_MS,
+        graph_kernels: bool = False,
     ) -> None:
         self.pid = pid
         self.socket_path = socket_path
@@ -103,6 +104,7 @@ class AgentSource:
         self.period_ms = period_ms
         self.on_ms = on_ms
         self.finalize_on_detach = finalize_on_detach
+        self.graph_kernels = graph_kernels  # START "graph_kernels": see server.CuptiActivity
         # PC sampling (issue 5): off unless asked; ranges of pc_on_ms every pc_period_ms
         self.pc_sampling = pc_sampling
         self.pc_on_ms = pc_on_ms
@@ -317,6 +319,8 @@ class AgentSource:
             start = {"activities": self.activities, **self._duty_fields()}
             if self.finalize_on_detach:
                 start["finalize_on_detach"] = True
+            if self.graph_kernels:
+                start["graph_kernels"] = True
             if int(hello.body.get("agent_version", 1)) < 2:
                 start = {"activities": self.activities}  # an old agent: always continuous
             self._send(wire.encode_control(wire.MsgType.START, start))

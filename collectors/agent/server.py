@@ -26,11 +26,17 @@ CUPTI, no numpy import, nothing the target could notice. Why each rule below exi
   the recorded span) and back.
 * When the client says STOP, disconnects, or dies (SIGKILL closes its socket, which the agent
   sees as EOF or a send error within its 50 ms poll), every enabled activity kind is disabled
-  and the buffers are flushed, so the target runs on as if it had never been watched. Every
-  enable and disable goes through a per-kind ledger (`kinds_on` in STATS: empty after a
-  detach); kinds left on for another CUPTI client (torch.profiler, see step_aside) are switched
-  off at the end of the session once that client has finished. cuptiFinalize on detach is
-  opt-in (START `finalize_on_detach`; see CuptiActivity.finalize for why it is not default).
+  and the buffers are flushed; then CUPTI is finalized at the exit of the target's next launch
+  or synchronize call (detach.py), because CUPTI merely attached costs a graph-replaying
+  process up to 17% for as long as it stays (`cupti_state` in STATS). Every enable and disable
+  goes through a per-kind ledger (`kinds_on` in STATS: empty after a detach); kinds left on for
+  another CUPTI client (torch.profiler, see step_aside) are switched off at the end of the
+  session once that client has finished, and CUPTI is then left to that client.
+* CUDA graphs: once kernel activity has been on while a process replays CUDA graphs, finalizing
+  kills it, so CUPTI could never leave it again. START therefore first listens for graph
+  launches (GRAPH_PROBE_S); a process that replays graphs gets no kernel activity, and CUPTI is
+  finalized at that launch's exit, unless START says `graph_kernels` (`--graph-kernels`). A
+  graph kernel that shows up later (graphs begun after START) stops kernel activity for good.
 * Nothing may raise into the target: every callback CUPTI calls catches its own errors and
   records them (`callback_errors`, `last_error` in STATS and STATUS); every agent thread ends
   in a handler that records why.
@@ -79,6 +85,8 @@ MAX_PENDING_ROWS = 2_000_000  # agent-side queue bound; rows beyond it are count
 BUFFER_BYTES = 4 * 1024 * 1024
 SEND_TIMEOUT_S = 5.0  # a client that reads nothing for this long is treated as gone
 ADMIT_WAIT_S = 1.0  # how long a new client waits for the previous session's teardown
+DETACH_WAIT_S = 1.0  # how long a detach waits for the target's next CUDA call (detach.py)
+GRAPH_PROBE_S = 1.0  # how long START listens for CUDA-graph launches before enabling kernels
 
 # Duty cycle (issue 3 item 4): CUPTI activity on for ON_MS of every PERIOD_MS by default, because
 # continuous activity cost the H200 target 12.7% (eager) and 59% (CUDA-graph replays of tiny
@@ -1235,6 +1243,15 @@ class CuptiActivity:
         self.finalized = 0
         self.narrow_ns = 0  # agent-thread time re-narrowing API records at window starts
         self.resumes = 0
+        # CUPTI out of the process again after a detach (detach.py says why and when it is
+        # safe): the user may ask for kernels of graph replays anyway (START "graph_kernels")
+        self.graph_kernels = False
+        self.graphs_seen = False  # this process replays CUDA graphs (probe or a kernel record)
+        self.graph_kernels_recorded = False  # kernel activity was on during graph replays
+        self.hook: Any = None  # the detach.ExitHook of the last detach or probe
+        self.cupti_detached = 0  # finalized after a detach or a probe
+        self.detach_state = "never attached"
+        self._lib: Any = None
 
     def note(self, text: str) -> None:
         """Add a STATUS note once: the duty cycle repeats enable/narrow every window, and the
@@ -1648,12 +1665,86 @@ class CuptiActivity:
                 self.discarded_bytes += valid
                 return
             self.records_seen += sum(_batch_rows(b) for b in batches.values())
+            self._note_graphs(batches)
             sink(batches)
             self.callback_cpu_ns += time.thread_time_ns() - c0
             self.callback_ns += time.perf_counter_ns() - t0
         except BaseException as e:  # noqa: BLE001 - nothing may raise into CUPTI or the target
             self.callback_errors += 1
             self.last_error = f"raw buffer callback: {type(e).__name__}: {e}"
+
+    def _note_graphs(self, batches: dict[str, Batch]) -> None:
+        """A kernel record with a graph id: kernel activity has now been on during a graph
+        replay, after which finalizing kills the process (detach.py)."""
+        k = batches.get("kernels")
+        if k is not None and len(k.get("graph_id", ())) and bool((k["graph_id"] > 0).any()):
+            self.graphs_seen = self.graph_kernels_recorded = True
+
+    # taking CUPTI out again (detach.py)
+    def libcupti(self) -> Any:
+        """The libcupti that cupti-python loaded, through ctypes (None where none is mapped)."""
+        if self._lib is None:
+            if self.raw is not None:
+                self._lib = self.raw.lib
+            else:
+                import ctypes
+
+                path, _why = find_libcupti()
+                self._lib = ctypes.CDLL(path) if path else None
+        return self._lib
+
+    def cancel_hook(self) -> None:
+        """A START while a detach still waits for the target's next call: CUPTI stays."""
+        if self.hook is not None and self.hook.cancel():
+            self.detach_state = "attached (the pending finalize was cancelled by a new client)"
+
+    def probe_graphs(self, seconds: float) -> bool:
+        """True when the target launches a CUDA graph within `seconds` (CUPTI is then
+        finalized at that launch's exit, so the probe leaves nothing behind)."""
+        from . import detach
+
+        lib = self.libcupti()
+        if lib is None or self.cupti is None:
+            return False
+        hook = detach.probe_graphs(lib, self.cupti, seconds)
+        self.hook = hook
+        if hook.state.startswith("failed"):
+            self.note(f"CUDA-graph probe: {hook.state}")
+        if hook.state == "finalized":
+            self.cupti_detached += 1
+            self.detach_state = "detached (finalized at a graph launch)"
+        self.graphs_seen = self.graphs_seen or hook.graph_seen
+        return hook.graph_seen
+
+    def detach_cupti(self, wait_s: float) -> str:
+        """After every kind is off: finalize CUPTI at the target's next launch or synchronize
+        call, unless kernels of graph replays were recorded (then CUPTI must stay). "" or why
+        CUPTI stays attached."""
+        from . import detach
+
+        if self.cupti is None:
+            return ""
+        if self.graph_kernels_recorded:
+            self.detach_state = "attached for good (kernels of CUDA-graph replays were recorded)"
+            return "CUPTI stays attached: kernels of CUDA-graph replays were recorded"
+        if self.kinds_on():
+            self.detach_state = "attached (kinds still on)"
+            return "CUPTI stays attached: activity kinds still on"
+        lib = self.libcupti()
+        if lib is None:
+            self.detach_state = "attached (no libcupti handle)"
+            return "CUPTI stays attached: libcupti not found in this process"
+        hook = detach.finalize_at_next_call(lib, self.cupti, wait_s)
+        self.hook = hook
+        if hook.state == "finalized":
+            self.cupti_detached += 1
+            self.detach_state = "detached"
+        elif hook.state == "armed":
+            self.detach_state = "detaching at the target's next CUDA call"
+        else:
+            self.detach_state = f"attached ({hook.state})"
+            return f"CUPTI stays attached: {hook.state}"
+        return ""
 
     def _buffer_requested(self) -> tuple[int, int]:
         return BUFFER_BYTES, 0
@@ -1670,6 +1761,7 @@ class CuptiActivity:
                 return
             batches = self.converter.batches(activities)
             self.records_seen += n
+            self._note_graphs(batches)
             sink(batches)
             self.callback_cpu_ns += time.thread_time_ns() - c0
             self.callback_ns += time.perf_counter_ns() - t0
@@ -1722,6 +1814,7 @@ class Agent:
         self.pc_rows = 0
         self.pc_last: dict = {}
         self.pc_device_hint: int | None = None
+        self._graph_kernels = False  # START "graph_kernels" of the current session
 
     # lifecycle
     def listen(self) -> None:
@@ -1752,6 +1845,9 @@ class Agent:
         # wait (bounded) for a running session to disable CUPTI before the process goes on
         if self._session_lock.acquire(timeout=2.0):
             self._session_lock.release()
+        if self._cupti is not None:  # no finalize waiting for a call during interpreter exit
+            with contextlib.suppress(Exception):
+                self._cupti.cancel_hook()
         if self._listener is not None:
             with contextlib.suppress(OSError):
                 self._listener.close()
@@ -1857,6 +1953,10 @@ class Agent:
             "kinds_on": c.kinds_on() if c else [],
             "buffers_requested": c.raw.requested if c and c.raw else 0,
             "finalized": c.finalized if c else 0,
+            "cupti_detached": c.cupti_detached if c else 0,
+            "cupti_state": c.detach_state if c else "never attached",
+            "graphs_seen": c.graphs_seen if c else False,
+            "graph_kernels_recorded": c.graph_kernels_recorded if c else False,
             "narrow_us_per_window": round(c.narrow_ns / c.resumes / 1e3, 1)
             if c and c.resumes
             else None,
@@ -1956,7 +2056,6 @@ class Agent:
         active = False
         waiting: list[str] | None = None  # START received, CUPTI not on yet (or paused)
         last_sent: tuple[str, str] | None = None
-        finalize_on_detach = False
         self._duty = DutyCycle()
         pc_cfg = PCConfig()
         next_pc = 0.0  # when the next PC-sampling range may start
@@ -2071,7 +2170,7 @@ class Agent:
                         pc_cfg = pcc
                         self.pc_state = "starting" if pcc.on else "off"
                         self._duty = duty
-                        finalize_on_detach = msg.body.get("finalize_on_detach") is True
+                        self._graph_kernels = msg.body.get("graph_kernels") is True
                         waiting = acts
                         self._next_try = 0.0
                         if self._cupti is not None:
@@ -2116,8 +2215,8 @@ class Agent:
                             active = False
                             err = self._cupti.disable() if self._cupti else ""
                             end_window(self._cupti.disabled_at_ns if self._cupti else 0)
-                            if finalize_on_detach and self._cupti is not None and not err:
-                                err = self._cupti.finalize()
+                            if self._cupti is not None and not err:
+                                err = self._cupti.detach_cupti(DETACH_WAIT_S)
                             self._send_pending(send, strings)
                             status("idle", "idle: stopped" + (f" ({err})" if err else ""))
                         else:
@@ -2152,6 +2251,14 @@ class Agent:
                             waiting = [a for a, _ in self._cupti.last_enabled]
                             self._next_try = now + 1.0
                             continue
+                    if self._cupti.graph_kernels_recorded and not self._cupti.graph_kernels:
+                        active = False
+                        self._cupti.disable()
+                        end_window(self._cupti.disabled_at_ns)
+                        self._cupti.detach_state = "attached for good (graph kernels recorded)"
+                        self._send_pending(send, strings)
+                        status("unavailable", f"unavailable: {self._tainted_line()}")
+                        continue
                     if self._cupti.raw_failed and self._cupti.mode == "raw" and phase_on:
                         # a buffer we could not read: go on with cupti-python's record objects
                         acts_now = [a for a, _ in self._cupti.enabled]
@@ -2202,15 +2309,13 @@ class Agent:
         except BaseException as e:  # noqa: BLE001 - never into the target
             self.last_error = f"session: {type(e).__name__}: {e}"
         finally:
-            self._end_session(active, phase_on, win_start_ns, finalize_on_detach)
+            self._end_session(active, phase_on, win_start_ns)
             self._conn = None
             with contextlib.suppress(OSError):
                 conn.close()
             self._session_lock.release()
 
-    def _end_session(
-        self, active: bool, phase_on: bool, win_start_ns: int, finalize_on_detach: bool
-    ) -> None:
+    def _end_session(self, active: bool, phase_on: bool, win_start_ns: int) -> None:
         """Whatever way the session ended, leave CUPTI as if it had never been touched."""
         self._pc_stop()
         if self.pc_state == "ok" or self.pc_state == "starting":
@@ -2221,8 +2326,8 @@ class Agent:
                 err = c.disable()
                 if phase_on:
                     self._add_window(win_start_ns, c.disabled_at_ns)
-                if not err and finalize_on_detach:
-                    err = c.finalize()
+                if not err and not self._closing:  # at exit there is no "afterwards" to spare
+                    err = c.detach_cupti(DETACH_WAIT_S)
                 if err:
                     self.last_error = err
             elif c is not None and c.kinds_on() and other_cupti_client() is None:
@@ -2239,6 +2344,21 @@ class Agent:
         with self._pending_lock:
             self._windows = []
         self.state, self.line = "idle", "idle: no client"
+
+    def _graphs_line(self) -> str:
+        return (
+            f"kernel activity off: pid {self.pid} replays CUDA graphs, and once CUPTI has "
+            "recorded their kernels it cannot be taken out of the process again on this "
+            "driver (it would stay 8-25% slower until it restarts); CUPTI was detached. "
+            "`--graph-kernels` records them anyway"
+        )
+
+    def _tainted_line(self) -> str:
+        return (
+            f"kernel activity stopped: pid {self.pid} began replaying CUDA graphs; with their "
+            "kernels recorded CUPTI cannot be taken out of it again on this driver, so it "
+            "stays attached, idle, until the process exits. `--graph-kernels` keeps recording"
+        )
 
     def _active_line(self, names: str) -> str:
         return f"ok: CUPTI activity on, {sampling_text(self._duty.describe())} ({names})"
@@ -2270,6 +2390,10 @@ class Agent:
                 held = other_cupti_client()
                 if held:
                     raise Unavailable(f"{held}; kdash waits until it ends", retry=True)
+            c.cancel_hook()
+            c.graph_kernels = self._graph_kernels
+            if not c.graph_kernels and (c.graphs_seen or c.probe_graphs(GRAPH_PROBE_S)):
+                raise Unavailable(self._graphs_line())
             c.enable(acts, self._sink)
         except Unavailable as e:
             status("unavailable", f"unavailable: {e}")

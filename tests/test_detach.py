@@ -1,0 +1,141 @@
+"""The agent's way out of CUPTI (collectors/agent/detach.py), in process.
+
+`FakeLib` stands in for libcupti's four callback-API functions, since no GPU or CUPTI runs
+here; `call()` plays the target's CUDA call reaching CUPTI at its entry and exit. The real
+library's behaviour that this is built on was measured on the H200
+(bench/results/agent-finalize*-h200.json).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import threading
+import types
+
+from kdash.collectors.agent import detach
+
+
+class FakeLib:
+    """Stand-in for libcupti's callback API (test only: there is no CUPTI here)."""
+
+    def __init__(self, subscribe_rc: int = 0) -> None:
+        self.subscribe_rc = subscribe_rc
+        self.cb = None
+        self.enabled: set[tuple[int, int]] = set()
+        self.events: list[str] = []
+
+    def cuptiSubscribe(self, pp_sub, cb, userdata) -> int:
+        self.events.append("subscribe")
+        if self.subscribe_rc:
+            return self.subscribe_rc
+        self.cb = detach._CALLBACK_T(cb.value)
+        return 0
+
+    def cuptiEnableCallback(self, enable, sub, domain, cbid) -> int:
+        if enable:
+            self.enabled.add((domain, cbid))
+        return 0
+
+    def cuptiUnsubscribe(self, sub) -> int:
+        self.events.append("unsubscribe")
+        self.cb = None
+        self.enabled.clear()
+        return 0
+
+    def cuptiFinalize(self) -> int:
+        self.events.append("finalize")
+        return 0
+
+    def call(self, domain: int, cbid: int) -> None:
+        """The target makes a CUDA call: CUPTI calls back at its entry, then at its exit."""
+        for site in (0, detach.API_EXIT):
+            data = ctypes.c_int(site)
+            if self.cb is not None and (domain, cbid) in self.enabled:
+                self.cb(None, domain, cbid, ctypes.addressof(data))
+
+
+LAUNCH, GRAPH, MALLOC, SYNC = 211, 311, 20, 131
+CUPTI = types.SimpleNamespace(
+    runtime_api_trace_cbid=enum.IntEnum(
+        "runtime_api_trace_cbid",
+        {
+            "INVALID": 0,
+            "cudaMalloc_v3020": MALLOC,
+            "cudaStreamSynchronize_v3020": SYNC,
+            "cudaLaunchKernel_v7000": LAUNCH,
+            "cudaGraphLaunch_v10000": GRAPH,
+        },
+    ),
+    driver_api_trace_cbid=enum.IntEnum("driver_api_trace_cbid", {"cuLaunchKernelEx": 652}),
+)
+RT = detach.RUNTIME_DOMAIN
+
+
+def test_callback_ids_are_launches_and_synchronizes_only():
+    ids = detach.callback_ids(CUPTI)
+    assert set(ids) == {(RT, LAUNCH), (RT, GRAPH), (RT, SYNC), (detach.DRIVER_DOMAIN, 652)}
+    assert detach.callback_ids(CUPTI, detach.GRAPH_LAUNCH) == [(RT, GRAPH)]
+
+
+def test_finalized_at_the_exit_of_the_next_launch_not_before():
+    lib = FakeLib()
+    hook = detach.finalize_at_next_call(lib, CUPTI, wait_s=0.0)
+    assert hook.state == "armed" and lib.events == ["subscribe"]
+    lib.call(RT, MALLOC)  # not a call the hook listens to
+    assert hook.state == "armed"
+    lib.call(RT, LAUNCH)
+    assert hook.state == "finalized" and hook.wait(0)
+    assert lib.events == ["subscribe", "unsubscribe", "finalize"]  # let go, then finalize
+    lib.call(RT, LAUNCH)
+    assert lib.events.count("finalize") == 1
+
+
+def test_the_wait_sees_a_call_from_another_thread():
+    lib = FakeLib()
+    t = threading.Timer(0.05, lib.call, args=(RT, SYNC))
+    t.start()
+    hook = detach.finalize_at_next_call(lib, CUPTI, wait_s=30.0)
+    t.join()
+    assert hook.state == "finalized"
+
+
+def test_an_idle_target_stays_armed_until_a_new_client_cancels():
+    lib = FakeLib()
+    hook = detach.finalize_at_next_call(lib, CUPTI, wait_s=0.01)
+    assert hook.state == "armed"
+    assert hook.cancel() and hook.state == "cancelled"
+    lib.call(RT, LAUNCH)
+    assert "finalize" not in lib.events and not hook.cancel()
+
+
+def test_another_subscriber_means_no_finalize():
+    """torch.profiler or Nsight holds CUPTI: its state would go with a finalize."""
+    lib = FakeLib(subscribe_rc=39)
+    hook = detach.finalize_at_next_call(lib, CUPTI, wait_s=0.01)
+    assert hook.state.startswith("failed") and "39" in hook.state
+    assert lib.events == ["subscribe"] and not hook.cancel()
+
+
+def test_graph_probe_finalizes_at_the_graph_launch():
+    lib = FakeLib()
+    t = threading.Timer(0.05, lambda: (lib.call(RT, LAUNCH), lib.call(RT, GRAPH)))
+    t.start()
+    hook = detach.probe_graphs(lib, CUPTI, seconds=30.0)
+    t.join()
+    assert hook.graph_seen and hook.state == "finalized"
+    assert lib.events == ["subscribe", "unsubscribe", "finalize"]
+
+
+def test_graph_probe_without_graphs_leaves_cupti_to_the_caller():
+    lib = FakeLib()
+    hook = detach.probe_graphs(lib, CUPTI, seconds=0.05)
+    lib.call(RT, LAUNCH)
+    assert not hook.graph_seen and hook.state == "cancelled"
+    assert lib.events == ["subscribe", "unsubscribe"]
+
+
+def test_a_library_without_the_callback_api_arms_nothing():
+    lib = types.SimpleNamespace(cuptiSubscribe=lambda *a: 0)
+    hook = detach.finalize_at_next_call(lib, CUPTI, wait_s=0.01)
+    assert hook.state.startswith("failed: this libcupti has no")
