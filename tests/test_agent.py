@@ -1382,6 +1382,9 @@ def test_detach_finalizes_cupti_at_the_targets_next_call(fake_libcupti):
         assert "unsubscribe" in events[last_off:fin]  # the hook let go before finalizing
         stats = wait_for(lambda: (st := agent_stats(p.pid))["cupti_detached"] >= 1 and st, 3)
         assert stats and stats["cupti_state"] == "detached" and not stats["graphs_seen"]
+        # nothing of the agent's runs on after a detach but its accept loop (and the session
+        # answering STATS)
+        assert sorted(stats["threads"]) == ["kdash-agent", "kdash-agent-session"]
         again = AgentSource(p.pid, continuous=True)
         again.start()
         assert wait_for(lambda: again.health.ok, 5), str(again.health)

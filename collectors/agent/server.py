@@ -1957,6 +1957,9 @@ class Agent:
             "cupti_state": c.detach_state if c else "never attached",
             "graphs_seen": c.graphs_seen if c else False,
             "graph_kernels_recorded": c.graph_kernels_recorded if c else False,
+            # the agent's own threads now: after a detach only the accept loop (blocked in
+            # accept, never waking) and the session answering this request
+            "threads": sorted(t.name for t in threading.enumerate() if t.name.startswith("kdash")),
             "narrow_us_per_window": round(c.narrow_ns / c.resumes / 1e3, 1)
             if c and c.resumes
             else None,
