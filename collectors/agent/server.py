@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import os
 import select
 import socket
@@ -84,7 +85,19 @@ OFFSET_EVERY_S = 10.0
 MAX_PENDING_ROWS = 2_000_000  # agent-side queue bound; rows beyond it are counted as dropped
 BUFFER_BYTES = 4 * 1024 * 1024
 SEND_TIMEOUT_S = 5.0  # a client that reads nothing for this long is treated as gone
-ADMIT_WAIT_S = 1.0  # how long a new client waits for the previous session's teardown
+# Bounds on what a peer of our own user can make the agent hold (issue 11): connections that
+# wait for the session, the first frame's size, and per-session state (see Agent._accept_loop).
+SPEAK_WAIT_S = 5.0  # a connection that sends no request within this is closed
+LISTEN_BACKLOG = 64
+MAX_PENDING_CONNS = 16  # accepted connections waiting to speak (or for a teardown), at most
+MAX_CLIENT_PAYLOAD = 64 * 1024  # a client request (START, SET, STATS, STOP) is ~300 bytes
+MAX_ACTIVITIES = 32  # names in a START's activities list
+MAX_NOTES = 16  # STATUS/STATS notes kept; each cut to MAX_NOTE_CHARS
+MAX_NOTE_CHARS = 400
+# the session's string dictionary (kernel, API, NVTX names sent to the client)
+MAX_SESSION_NAMES = 500_000
+MAX_SESSION_NAME_BYTES = 128 * 1024 * 1024
+MAX_NAME_CHARS = 16 * 1024
 DETACH_WAIT_S = 1.0  # how long a detach waits for the target's next CUDA call (detach.py)
 GRAPH_PROBE_S = 1.0  # how long START listens for CUDA-graph launches before enabling kernels
 
@@ -142,9 +155,67 @@ API_KEEP = r"Launch|Synchroniz|Memcpy|Memset|StreamWaitEvent|EventRecord"
 # ---- where the socket lives ---------------------------------------------------------------------
 
 
+TMP_ROOT = "/tmp"  # where the shared-folder candidates live (tests point it elsewhere)
+
+
+def _foreign(path: str, uid: int) -> str | None:
+    """Why an existing `path` cannot be our socket folder (not a real folder, or another
+    user's), or None when it is usable or absent. Loose modes of our own folder do not count:
+    ensure_private_dir tightens them."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"{path}: {e.strerror or e}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} exists and is not a folder (a symlink?)"
+    if st.st_uid != uid:
+        return f"{path} belongs to uid {st.st_uid} (another user made it first)"
+    return None
+
+
+def fallback_dirs(uid: int | None = None) -> list[str]:
+    """Private folders `<TMP_ROOT>/kdash-<uid>-<suffix>` already made (by fallback_dir) for
+    when `/tmp/kdash-<uid>` is taken: only real folders of ours with mode 0700, by name."""
+    uid = os.getuid() if uid is None else uid
+    prefix = f"kdash-{uid}-"
+    try:
+        names = sorted(n for n in os.listdir(TMP_ROOT) if n.startswith(prefix))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        path = os.path.join(TMP_ROOT, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077:
+            out.append(path)
+    return out
+
+
+def fallback_dir() -> str:
+    """Make a new private folder `<TMP_ROOT>/kdash-<uid>-<random>` (0700, made by mkdir, so it
+    cannot be someone else's) for an agent whose usual folders are taken; the client finds it
+    with fallback_dirs()."""
+    uid = os.getuid()
+    for _ in range(8):
+        path = os.path.join(TMP_ROOT, f"kdash-{uid}-{os.urandom(4).hex()}")
+        try:
+            os.mkdir(path, 0o700)
+            return path
+        except FileExistsError:
+            continue
+    raise OSError(f"cannot make a private folder kdash-{uid}-* in {TMP_ROOT}")
+
+
 def socket_dirs(uid: int | None = None) -> list[str]:
-    """Candidate folders, best first: `$XDG_RUNTIME_DIR/kdash` (when that runtime dir is ours)
-    and `/tmp/kdash-<uid>`. The client looks in the same places."""
+    """Candidate folders, best first: `$XDG_RUNTIME_DIR/kdash` (when that runtime dir is ours),
+    `/tmp/kdash-<uid>`, then the private fallbacks of fallback_dirs(). A candidate that exists
+    but is not a folder of ours is left out: it could be a folder someone else made first to
+    plant a socket there. The client looks in the same places."""
     uid = os.getuid() if uid is None else uid
     out = []
     xdg = os.environ.get("XDG_RUNTIME_DIR")
@@ -155,7 +226,22 @@ def socket_dirs(uid: int | None = None) -> list[str]:
                 out.append(os.path.join(xdg, "kdash"))
         except OSError:
             pass  # a stale XDG_RUNTIME_DIR (e.g. after su): fall back to /tmp below
-    out.append(f"/tmp/kdash-{uid}")
+    out.append(os.path.join(TMP_ROOT, f"kdash-{uid}"))
+    usable = [d for d in out if _foreign(d, uid) is None] + fallback_dirs(uid)
+    # nothing usable: the taken folder stays first, so whatever uses it says why it failed
+    return usable or out
+
+
+def folder_problems(uid: int | None = None) -> list[str]:
+    """Why the usual socket folders cannot be used, one phrase each (empty when they can)."""
+    uid = os.getuid() if uid is None else uid
+    out = []
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    cands = [os.path.join(xdg, "kdash")] if xdg else []
+    for d in [*cands, os.path.join(TMP_ROOT, f"kdash-{uid}")]:
+        why = _foreign(d, uid)
+        if why:
+            out.append(why)
     return out
 
 
@@ -1255,8 +1341,10 @@ class CuptiActivity:
 
     def note(self, text: str) -> None:
         """Add a STATUS note once: the duty cycle repeats enable/narrow every window, and the
-        same complaint must not grow the list (and every STATUS frame) without bound."""
-        if text not in self.notes:
+        same complaint must not grow the list (and every STATUS frame) without bound; nor may
+        many different ones (MAX_NOTES of MAX_NOTE_CHARS at most)."""
+        text = text if len(text) <= MAX_NOTE_CHARS else text[: MAX_NOTE_CHARS - 3] + "..."
+        if text not in self.notes and len(self.notes) < MAX_NOTES:
             self.notes.append(text)
 
     def _kind_on(self, kind: Any) -> None:
@@ -1773,6 +1861,43 @@ class CuptiActivity:
 # ---- the agent ----------------------------------------------------------------------------------
 
 
+def _client_messages(wire: Any) -> frozenset:
+    """Frames a client may send: control requests only. Data frames (NAMES, BATCH) would have
+    the agent read and keep up to hundreds of megabytes a frame."""
+    return wire.CONTROL_TYPES
+
+
+_PENDING_SEQ = [0]
+
+
+class _Pending:
+    """An accepted connection that has been sent HELLO and not yet been given the session:
+    the bytes of its first frame read so far, and the frame once it is whole."""
+
+    __slots__ = ("buf", "conn", "deadline", "fd", "header", "msg", "need", "peer_pid", "seq")
+
+    def __init__(self, conn: socket.socket, peer_pid: int, deadline: float, need: int) -> None:
+        self.conn, self.fd, self.peer_pid, self.deadline = conn, conn.fileno(), peer_pid, deadline
+        self.buf = bytearray()
+        self.need = need  # bytes of the first frame to have: its header, then all of it
+        self.header: Any = None
+        self.msg: Any = None
+        _PENDING_SEQ[0] += 1
+        self.seq = _PENDING_SEQ[0]
+
+
+def _eviction_victim(pending: dict[int, _Pending]) -> _Pending:
+    """The waiting connection to close when too many wait: one that has not spoken, of the
+    peer process holding the most, its oldest. A kdash client holds one connection and
+    speaks at once, so another process's pile of idle connections cannot push it out."""
+    quiet = [p for p in pending.values() if p.msg is None] or list(pending.values())
+    counts: dict[int, int] = {}
+    for p in quiet:
+        counts[p.peer_pid] = counts.get(p.peer_pid, 0) + 1
+    worst = max(counts, key=lambda pid: counts[pid])
+    return min((p for p in quiet if p.peer_pid == worst), key=lambda p: p.seq)
+
+
 class Agent:
     """The listener and its one session at a time. See the module docstring for the rules."""
 
@@ -1787,6 +1912,10 @@ class Agent:
         self._thread: threading.Thread | None = None
         self._session_lock = threading.Lock()
         self._conn: socket.socket | None = None
+        self._live = False  # a session has a client (set by the accept loop, cleared at its end)
+        self._hello: bytes | None = None
+        self._strings: Any = None  # the session's wire.StringEncoder
+        self._act_note = ""  # the last START's unknown activities, if any
         self._closing = False
         self._cupti: CuptiActivity | None = None
         self._pending: list[dict[str, dict[str, Any]]] = []
@@ -1827,7 +1956,8 @@ class Agent:
         try:
             s.bind(self.path)
             os.chmod(self.path, 0o600)
-            s.listen(2)
+            s.listen(LISTEN_BACKLOG)
+            s.setblocking(False)  # the accept loop drains the backlog and never waits in accept
         except BaseException:
             s.close()
             raise
@@ -1850,61 +1980,227 @@ class Agent:
                 self._cupti.cancel_hook()
         if self._listener is not None:
             with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept loop's poll
+            with contextlib.suppress(OSError):
                 self._listener.close()
         if unlink:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
+            folder = os.path.dirname(self.path)
+            if os.path.basename(folder).startswith(f"kdash-{os.getuid()}-"):
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)  # a fallback folder of ours, if nobody else uses it
 
     # the accept loop
     def _serve(self) -> None:
+        pending: dict[int, _Pending] = {}
+        try:
+            self._accept_loop(pending)
+        except BaseException as e:  # noqa: BLE001 - the target must never see this
+            if not self._closing:
+                self.state, self.last_error = "error", f"accept loop: {type(e).__name__}: {e}"
+        finally:
+            for p in pending.values():
+                with contextlib.suppress(OSError):
+                    p.conn.close()
+
+    def _accept_loop(self, pending: dict[int, _Pending]) -> None:
+        """Accept, greet, and hand a connection to a session once it has spoken.
+
+        Why not one thread per connection, or a session per accepted connection: a process of
+        our own user holding many connections open (or opening them in a loop) must not lock
+        kdash out, nor cost the target threads or file descriptors. So: HELLO goes out at
+        accept; the connection then has SPEAK_WAIT_S to send its first request, read here
+        without blocking; at most MAX_PENDING_CONNS wait, and a new one beyond that closes a
+        waiting one of the peer process that holds the most; while a client is attached,
+        newcomers get STATUS "busy" and are closed at once. The loop sleeps in poll() with no
+        timeout while nothing is waiting: no wake-ups in an idle target.
+        """
+        wire = _wire()
+        lst = self._listener
+        assert lst is not None
+        lfd = lst.fileno()
+        poller = select.poll()
+        poller.register(lfd, select.POLLIN)
         while not self._closing:
+            timeout_ms: float | None = None
+            if pending:
+                nearest = min(p.deadline for p in pending.values())
+                if any(p.msg is not None for p in pending.values()):
+                    nearest = min(nearest, time.monotonic() + POLL_S)  # a teardown to await
+                timeout_ms = max(0.0, (nearest - time.monotonic()) * 1000)
+            for fd, _ev in poller.poll(timeout_ms):
+                if fd == lfd:
+                    if self._closing or not self._accept_some(wire, pending, poller):
+                        return
+                elif fd in pending:
+                    self._read_first(wire, pending[fd], pending, poller)
+            self._admit_ready(wire, pending, poller)
+            now = time.monotonic()
+            for p in [p for p in pending.values() if p.deadline <= now]:
+                if p.msg is not None:  # spoke, but the last session's teardown took too long
+                    self._send_busy(wire, p.conn)
+                self._drop(p, pending, poller)
+
+    def _accept_some(self, wire: Any, pending: dict[int, _Pending], poller: Any) -> bool:
+        """Accept what the backlog holds (a bounded number per call); False to stop serving."""
+        lst = self._listener
+        assert lst is not None
+        for _ in range(64):
             try:
-                conn, _ = self._listener.accept()  # type: ignore[union-attr]
+                conn, _ = lst.accept()
+            except BlockingIOError:
+                return True
             except OSError as e:
-                if not self._closing:
-                    self.state, self.last_error = "error", f"accept failed: {e}"
-                return
+                if self._closing:
+                    return False
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self.last_error = f"accept failed: {e}"
+                    time.sleep(0.1)  # the target is out of descriptors: do not spin on it
+                    return True
+                self.state, self.last_error = "error", f"accept failed: {e}"
+                return False
             try:
-                self._admit(conn)
+                self._greet(wire, conn, pending, poller)
             except BaseException as e:  # noqa: BLE001 - the target must never see this
                 self.last_error = f"session setup: {type(e).__name__}: {e}"
+                pending.pop(conn.fileno(), None)
+                with contextlib.suppress(OSError, KeyError, ValueError):
+                    poller.unregister(conn)
                 with contextlib.suppress(OSError):
                     conn.close()
+        return True
 
-    def _admit(self, conn: socket.socket) -> None:
-        wire = _wire()
-
+    def _greet(self, wire: Any, conn: socket.socket, pending: dict[int, _Pending], poller: Any):
         refusal = check_peer(conn)
         if refusal is not None:
             self.last_error = f"refused a client: {refusal}"
             conn.close()  # a stranger learns nothing, not even why
             return
-        # A client that has just left may still be tearing down (disable, the last flush,
-        # finalize): wait for that rather than turn its successor away as "busy".
-        if not self._session_lock.acquire(timeout=ADMIT_WAIT_S):
-            busy = {
-                "state": "busy",
-                "line": f"busy: another kdash client is attached to {self.pid}",
-            }
-            with contextlib.suppress(OSError):
-                conn.sendall(wire.encode_control(wire.MsgType.STATUS, busy), socket.MSG_NOSIGNAL)
+        if self._live:
+            self._send_busy(wire, conn)
             conn.close()
             return
-        t = threading.Thread(target=self._session, args=(conn,), name="kdash-agent-session")
-        t.daemon = True
-        t.start()
+        try:
+            peer_pid = peer_credentials(conn)[0]
+            conn.send(self._hello_frame(wire), socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+        except OSError:
+            conn.close()
+            return
+        p = _Pending(conn, peer_pid, time.monotonic() + SPEAK_WAIT_S, wire.HEADER.size)
+        pending[conn.fileno()] = p
+        poller.register(conn.fileno(), select.POLLIN)
+        if len(pending) > MAX_PENDING_CONNS:
+            self._drop(_eviction_victim(pending), pending, poller)
+
+    def _read_first(
+        self, wire: Any, p: _Pending, pending: dict[int, _Pending], poller: Any
+    ) -> None:
+        """Read what has arrived of a waiting connection's first frame, never past it: the
+        session reads the rest. A frame that is not a small control request closes it."""
+        try:
+            data = p.conn.recv(p.need - len(p.buf), socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(p, pending, poller)
+            return
+        p.buf += data
+        if len(p.buf) < p.need:
+            return
+        try:
+            if p.header is None:
+                p.header = wire.decode_header(p.buf)
+                wire.check_header(p.header, _client_messages(wire), MAX_CLIENT_PAYLOAD)
+                p.need += p.header.payload_len
+                if len(p.buf) < p.need:
+                    return
+            p.msg = wire.Decoder().decode_payload(p.header, memoryview(p.buf)[wire.HEADER.size :])
+        except wire.WireError as e:
+            self.last_error = f"refused a client: {e}"
+            self._drop(p, pending, poller)
+            return
+        with contextlib.suppress(KeyError, ValueError):
+            poller.unregister(p.conn)  # it has spoken: the session reads the rest
+
+    def _admit_ready(self, wire: Any, pending: dict[int, _Pending], poller: Any) -> None:
+        """Give the session to the first connection that has spoken, once the last session has
+        torn down (disable, the last flush, finalize); others that spoke are told busy."""
+        ready = sorted((p for p in pending.values() if p.msg is not None), key=lambda p: p.seq)
+        if not ready:
+            return
+        if not self._live:
+            if not self._session_lock.acquire(blocking=False):
+                return  # still tearing down: wait (until the connection's deadline)
+            first = ready.pop(0)
+            self._drop(first, pending, poller, close=False)
+            self._live = True
+            try:
+                t = threading.Thread(
+                    target=self._session, args=(first.conn, first.msg), name="kdash-agent-session"
+                )
+                t.daemon = True
+                t.start()
+            except BaseException:
+                self._live = False
+                self._session_lock.release()
+                with contextlib.suppress(OSError):
+                    first.conn.close()
+                raise
+        for p in ready:
+            self._send_busy(wire, p.conn)
+            self._drop(p, pending, poller)
+
+    def _drop(
+        self, p: _Pending, pending: dict[int, _Pending], poller: Any, close: bool = True
+    ) -> None:
+        pending.pop(p.fd, None)
+        with contextlib.suppress(KeyError, ValueError):
+            poller.unregister(p.fd)
+        if close:
+            with contextlib.suppress(OSError):
+                p.conn.close()
+
+    def _send_busy(self, wire: Any, conn: socket.socket) -> None:
+        busy = {"state": "busy", "line": f"busy: another kdash client is attached to {self.pid}"}
+        with contextlib.suppress(OSError):
+            conn.send(
+                wire.encode_control(wire.MsgType.STATUS, busy),
+                socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL,
+            )
+
+    def _hello_frame(self, wire: Any) -> bytes:
+        if self._hello is None:
+            self._hello = wire.encode_control(
+                wire.MsgType.HELLO,
+                {
+                    "agent_version": AGENT_VERSION,
+                    "wire_version": wire.VERSION,
+                    "schema_version": _schema_version(),
+                    "pid": self.pid,
+                    "python": sys.version.split()[0],
+                    "capabilities": list(DEFAULT_ACTIVITIES),
+                    "cupti_python": _dist_version("cupti-python"),
+                    "duty_cycle": True,
+                    "pc_sampling": True,
+                },
+            )
+        return self._hello
 
     # one client
     def _notes(self) -> list[str]:
         c = self._cupti
+        notes = [self._act_note] if self._act_note else []
         if c is None:
-            return []
-        notes = list(c.notes)
+            return notes
+        notes += c.notes
         if c.converter is not None and c.converter.fast_note:
             notes.append(c.converter.fast_note)
         for extra in (c.raw_note, c.raw_failed):
             if extra:
-                notes.append(extra)
+                notes.append(extra[:MAX_NOTE_CHARS])
         return notes
 
     def _status(self, state: str, line: str) -> dict:
@@ -1964,6 +2260,7 @@ class Agent:
             if c and c.resumes
             else None,
             "last_disconnect": self.last_disconnect,
+            "names_overflowed": self._strings.overflowed if self._strings is not None else 0,
             "pc_state": self.pc_state,
             "pc_ranges": self.pc_ranges,
             "pc_rows": self.pc_rows,
@@ -2051,7 +2348,8 @@ class Agent:
             self._windows.append((start_ns, end_ns))
         self.on_ns += end_ns - start_ns
 
-    def _session(self, conn: socket.socket) -> None:
+    def _session(self, conn: socket.socket, first: Any) -> None:
+        """One client, whose HELLO the accept loop sent and whose first request is `first`."""
         wire = _wire()
 
         self._conn = conn
@@ -2069,7 +2367,13 @@ class Agent:
         period_start = next_edge = 0.0
         try:
             conn.settimeout(SEND_TIMEOUT_S)
-            strings = wire.StringEncoder()
+            strings = wire.StringEncoder(MAX_SESSION_NAMES, MAX_SESSION_NAME_BYTES, MAX_NAME_CHARS)
+            self._strings = strings
+            accept = _client_messages(wire)
+            # poll, not select: select() cannot watch a descriptor numbered 1024 or more, and
+            # a target holding that many files gives its connections such numbers
+            poller = select.poll()
+            poller.register(conn.fileno(), select.POLLIN)
             decoder = wire.Decoder()
 
             def send(frame: bytes) -> None:
@@ -2128,39 +2432,25 @@ class Agent:
                     c.resume()
                     begin_windows(now)
 
-            send(
-                wire.encode_control(
-                    wire.MsgType.HELLO,
-                    {
-                        "agent_version": AGENT_VERSION,
-                        "wire_version": wire.VERSION,
-                        "schema_version": _schema_version(),
-                        "pid": self.pid,
-                        "python": sys.version.split()[0],
-                        "capabilities": list(DEFAULT_ACTIVITIES),
-                        "cupti_python": _dist_version("cupti-python"),
-                        "duty_cycle": True,
-                        "pc_sampling": True,
-                    },
-                )
-            )
             last_flush = last_offset = last_held_check = time.monotonic()
             while not self._closing:
                 timeout = POLL_S
                 if active:
                     timeout = max(0.0, min(POLL_S, next_edge - time.monotonic()))
-                readable, _, _ = select.select([conn], [], [], timeout)
-                if readable:
-                    msg = wire.recv_message(conn, decoder)
+                msg = first
+                first = None
+                if msg is None and poller.poll(timeout * 1000):
+                    msg = wire.recv_message(conn, decoder, accept, MAX_CLIENT_PAYLOAD)
                     if msg is None:
                         break  # the client closed or died
+                if msg is not None:
                     if msg.type == wire.MsgType.START:
                         if active or waiting is not None:
                             status(self.state, self.line, force=True)
                             continue
-                        acts = msg.body.get("activities") or list(DEFAULT_ACTIVITIES)
-                        if not isinstance(acts, list) or not all(isinstance(a, str) for a in acts):
-                            status("error", "error: START activities must be a list of names")
+                        acts, act_note = parse_activities(msg.body.get("activities"))
+                        if acts is None:
+                            status("error", f"error: START {act_note}")
                             continue
                         duty, why = DutyCycle.parse(msg.body, DutyCycle())
                         if duty is None:
@@ -2176,6 +2466,7 @@ class Agent:
                         self._graph_kernels = msg.body.get("graph_kernels") is True
                         waiting = acts
                         self._next_try = 0.0
+                        self._act_note = act_note
                         if self._cupti is not None:
                             self._cupti.notes = []
                     elif msg.type == wire.MsgType.SET:
@@ -2312,6 +2603,7 @@ class Agent:
         except BaseException as e:  # noqa: BLE001 - never into the target
             self.last_error = f"session: {type(e).__name__}: {e}"
         finally:
+            self._live = False  # newcomers wait for the teardown below, then get the session
             self._end_session(active, phase_on, win_start_ns)
             self._conn = None
             with contextlib.suppress(OSError):
@@ -2479,6 +2771,29 @@ class Agent:
         if name == WINDOW_NAME:
             self.windows_sent += n
         self.sent_rows["markers"] = self.sent_rows.get("markers", 0) + n
+
+
+def parse_activities(value: Any) -> tuple[list[str] | None, str]:
+    """The activities a START asks for (None or empty: the defaults) and a note naming the
+    unknown ones, which are ignored; or None and why the list is refused. At most
+    MAX_ACTIVITIES names: each is one CUPTI kind, and a list of thousands must cost the
+    agent neither a long loop nor a note per name."""
+    if not value:
+        return list(DEFAULT_ACTIVITIES), ""
+    if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+        return None, "activities must be a list of names"
+    if len(value) > MAX_ACTIVITIES:
+        return None, f"activities: {len(value)} names, at most {MAX_ACTIVITIES}"
+    known = [a for a in value if a in ACTIVITY_KINDS]
+    unknown = [a for a in value if a not in ACTIVITY_KINDS]
+    if not known:
+        return None, f"activities: none known (known: {', '.join(ACTIVITY_KINDS)})"
+    why = ""
+    if unknown:
+        shown = ", ".join(repr(a[:40]) for a in unknown[:4])
+        more = f" and {len(unknown) - 4} more" if len(unknown) > 4 else ""
+        why = f"unknown activities ignored: {shown}{more}"
+    return list(dict.fromkeys(known)), why
 
 
 def sampling_text(sampling: dict | None) -> str:
@@ -2651,13 +2966,17 @@ def start_agent() -> Agent | None:
         with _START_LOCK:
             if _AGENT is not None and _AGENT.pid == os.getpid():
                 return _AGENT
-            last_err = ""
-            for d in socket_dirs():
-                agent = Agent(os.path.join(d, f"{os.getpid()}.sock"))
+            errors = folder_problems()
+            for d in [*socket_dirs(), ""]:
                 try:
+                    if not d:  # every usual folder is taken: a private one of our own
+                        d = fallback_dir()
+                    agent = Agent(os.path.join(d, f"{os.getpid()}.sock"))
                     agent.listen()
                 except OSError as e:
-                    last_err = f"{d}: {e}"
+                    why = f"{d}: {e}" if d else str(e)
+                    if why not in errors:
+                        errors.append(why)
                     continue
                 _AGENT = agent
                 atexit.register(_at_exit, agent)
@@ -2665,7 +2984,7 @@ def start_agent() -> Agent | None:
                     os.register_at_fork(after_in_child=_after_fork_in_child)
                     _FORK_HOOKED = True
                 return agent
-            _LAST_START_ERROR = f"no usable socket folder ({last_err})"
+            _LAST_START_ERROR = f"no usable socket folder ({'; '.join(errors)})"
             return None
     except BaseException as e:  # noqa: BLE001 - the target must start regardless
         _LAST_START_ERROR = f"{type(e).__name__}: {e}"

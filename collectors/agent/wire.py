@@ -140,6 +140,19 @@ def decode_header(buf: bytes | bytearray | memoryview) -> Header:
     return Header(t, table_id, n_cols, n_rows, plen)
 
 
+def check_header(
+    h: Header, accept: frozenset[MsgType] | None = None, max_payload: int | None = None
+) -> None:
+    """WireError when a decoded header is not one of `accept` or its payload is too long."""
+    if accept is not None and h.msg_type not in accept:
+        raise WireError(f"{h.msg_type.name} frames are not accepted here")
+    if max_payload is not None and h.payload_len > max_payload:
+        raise WireError(
+            f"{h.msg_type.name} payload of {h.payload_len} bytes exceeds the {max_payload}-byte "
+            "limit for this peer"
+        )
+
+
 def _frame(mtype: MsgType, payload: bytes, table_id: int = 0, n_cols: int = 0, n_rows: int = 0):
     return HEADER.pack(MAGIC, VERSION, int(mtype), table_id, n_cols, n_rows, len(payload)) + payload
 
@@ -170,24 +183,71 @@ def _decode_control(h: Header, payload: memoryview) -> Message:
 # ---- the string dictionary ----------------------------------------------------------------------
 
 
-class StringEncoder:
-    """Sender side of the dictionary: string -> id, and the strings not yet sent."""
+OVERFLOW_NAME = "<kdash: name table full>"
 
-    def __init__(self) -> None:
+
+class StringEncoder:
+    """Sender side of the dictionary: string -> id, and the strings not yet sent.
+
+    `max_strings` / `max_bytes` bound the dictionary, which lives as long as the connection:
+    a target that names every NVTX range differently would otherwise grow it (and the
+    agent's memory) for the whole session. Past a bound every new string maps to one
+    OVERFLOW_NAME entry (each such use counted in `overflowed`); strings longer than
+    `max_chars` are cut. The defaults (None) keep everything.
+    """
+
+    def __init__(
+        self,
+        max_strings: int | None = None,
+        max_bytes: int | None = None,
+        max_chars: int | None = None,
+    ) -> None:
         self._ids: dict[str, int] = {}
         self._strings: list[str] = []
         self._sent = 0
+        self._max_strings = max_strings
+        self._max_bytes = max_bytes
+        self._max_chars = max_chars
+        self._bytes = 0
+        self._overflow_id: int | None = None
+        self.overflowed = 0
 
     def __len__(self) -> int:
         return len(self._strings)
 
     def intern(self, s: str) -> int:
         i = self._ids.get(s)
-        if i is None:
-            i = len(self._strings)
-            self._ids[s] = i
-            self._strings.append(s)
+        if i is not None:
+            return i
+        if self._max_chars is not None and len(s) > self._max_chars:
+            s = s[: self._max_chars]  # the long original is not kept as a key: no growth
+            i = self._ids.get(s)
+            if i is not None:
+                return i
+        if self._full(len(s)):
+            self.overflowed += 1
+            return self._overflow()
+        return self._add(s)
+
+    def _full(self, chars: int) -> bool:
+        # one slot and its bytes stay free for OVERFLOW_NAME
+        if self._max_strings is not None and len(self._strings) + 2 > self._max_strings:
+            return True
+        return self._max_bytes is not None and self._bytes + 4 * (chars + 32) > self._max_bytes
+
+    def _add(self, s: str) -> int:
+        i = len(self._strings)
+        self._ids[s] = i
+        self._strings.append(s)
+        self._bytes += 4 * len(s)  # upper bound of its UTF-8 length
         return i
+
+    def _overflow(self) -> int:
+        if self._overflow_id is None:
+            self._overflow_id = self._ids.get(OVERFLOW_NAME)
+            if self._overflow_id is None:
+                self._overflow_id = self._add(OVERFLOW_NAME)
+        return self._overflow_id
 
     def ids(self, values: Iterable[str]) -> np.ndarray:
         get = self._ids.get
@@ -400,16 +460,24 @@ def _recv_exact(sock: socket.socket, buf: bytearray | memoryview, what: str) -> 
     return True
 
 
-def recv_message(sock: socket.socket, decoder: Decoder) -> Message | None:
+def recv_message(
+    sock: socket.socket,
+    decoder: Decoder,
+    accept: frozenset[MsgType] | None = None,
+    max_payload: int | None = None,
+) -> Message | None:
     """Read and decode one frame from a blocking socket; None when the peer closed cleanly.
 
     The payload gets its own buffer, so the numpy columns of a BATCH are views of it (no copy)
-    and stay valid after the next read.
+    and stay valid after the next read. `accept` and `max_payload` are checked on the header,
+    before the payload is read: the agent takes only small control frames from its clients,
+    and must not allocate (or keep, for NAMES) whatever a peer claims to send.
     """
     head = bytearray(HEADER.size)
     if not _recv_exact(sock, head, "header"):
         return None
     h = decode_header(head)
+    check_header(h, accept, max_payload)
     payload = bytearray(h.payload_len)
     if h.payload_len and not _recv_exact(sock, payload, f"{h.msg_type.name} payload"):
         raise WireError(f"connection closed before the {h.msg_type.name} payload")
