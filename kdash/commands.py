@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 import subprocess
 import sys
 import time
 from importlib import resources
 from pathlib import Path
+from typing import BinaryIO
 
 from kdash.errors import UserError
 
@@ -202,15 +205,16 @@ def cmd_attach(args) -> int:
     server = None
     sglang_url = getattr(args, "sglang", None)
     api_key = getattr(args, "api_key", None)
+    admin_key = getattr(args, "admin_api_key", None)
     if sglang_url is not None:
         from kdash.sglang import discover_from_url
 
-        server = discover_from_url(sglang_url, api_key)
+        server = discover_from_url(sglang_url, api_key, admin_key)
     else:
         Target.from_pid(args.pid)  # a dead or bad pid is refused first, in its own words
         from kdash.sglang import discover_from_pid
 
-        server = discover_from_pid(args.pid, api_key)
+        server = discover_from_pid(args.pid, api_key, admin_key)
     root = server.tree.root.pid if server is not None and server.tree.root else args.pid
     target = Target.from_pid(root)
     inject_allowed = not getattr(args, "no_inject", False)
@@ -294,11 +298,9 @@ def cmd_run(args, title: str | None = None, extra_meta: dict | None = None) -> i
     cfg = theme = None
     if not args.headless:
         cfg, theme = _theme(args.theme)
-    log_path = Path(os.environ.get("KDASH_RUN_LOG", f"kdash-run-{os.getpid()}.log"))
-    try:
-        log = open(log_path, "ab")  # noqa: SIM115 - closed in the finally below
-    except OSError as e:
-        raise UserError(f"cannot write the command's log {log_path}: {e.strerror or e}") from None
+    chosen = os.environ.get("KDASH_RUN_LOG")
+    log_path = Path(chosen or f"kdash-run-{os.getpid()}.log")
+    log, created = open_run_log(log_path, chosen=bool(chosen))
     try:
         proc = subprocess.Popen(cmd, env=run_env(os.environ), stdout=log, stderr=subprocess.STDOUT)
     except OSError as e:
@@ -333,10 +335,55 @@ def cmd_run(args, title: str | None = None, extra_meta: dict | None = None) -> i
     finally:
         _stop_child(proc)
         log.close()
-        # a command that printed nothing leaves no empty log behind in the user's folder
+        # a command that printed nothing leaves no empty log behind in the user's folder; only
+        # the file made here, and only while the name still leads to it
         with contextlib.suppress(OSError):
-            if log_path.stat().st_size == 0:
+            st = log_path.lstat()
+            if created and st.st_size == 0 and (st.st_dev, st.st_ino) == created:
                 log_path.unlink()
+
+
+def open_run_log(path: Path, chosen: bool = False) -> tuple[BinaryIO, tuple[int, int] | None]:
+    """Open `kdash run`'s command log: the file, and its (device, inode) when made here.
+
+    The default name sits in the current folder, which may be world-writable (/tmp): someone
+    could plant a symlink or a file under the name for a root kdash to append to. So the
+    default is always a new file (O_EXCL, 0600) and no name is followed (O_NOFOLLOW). A path
+    the user chose with $KDASH_RUN_LOG may already exist: then it must be a plain file of
+    theirs with no other links, or a device such as /dev/null.
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    if not chosen:
+        flags |= os.O_EXCL
+    what = f"the command's log {path}"
+    existed = chosen and os.path.lexists(path)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileExistsError:
+        raise UserError(
+            f"cannot write {what}: the name is taken by something else (remove it, or set "
+            "KDASH_RUN_LOG to a new file)"
+        ) from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UserError(
+                f"cannot write {what}: it is a symlink, which kdash does not follow"
+            ) from None
+        raise UserError(f"cannot write {what}: {e.strerror or e}") from None
+    st = os.fstat(fd)
+    fresh = not existed and stat.S_ISREG(st.st_mode)
+    ok = stat.S_ISCHR(st.st_mode) or (
+        stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1
+    )
+    if not ok:
+        os.close(fd)
+        raise UserError(
+            f"cannot write {what}: it is not a plain file of yours (a FIFO, a file with other "
+            "links, or another user's); kdash does not append to it"
+        )
+    os.set_blocking(fd, True)  # O_NONBLOCK only kept a planted FIFO from blocking the open
+    created = (st.st_dev, st.st_ino) if fresh else None
+    return os.fdopen(fd, "ab"), created
 
 
 def _stop_child(proc: subprocess.Popen) -> None:

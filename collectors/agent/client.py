@@ -37,7 +37,7 @@ STATS_EVERY_S = 1.0
 
 def find_agent_socket(pid: int) -> str | None:
     """The agent socket of `pid` in the folders the agent uses for our uid, or None."""
-    for d in server.socket_dirs():
+    for d in _our_dirs():
         path = os.path.join(d, f"{pid}.sock")
         try:
             if stat.S_ISSOCK(os.stat(path).st_mode):
@@ -48,14 +48,49 @@ def find_agent_socket(pid: int) -> str | None:
 
 
 def agent_failure_note(pid: int) -> str | None:
-    """What the start-up hook wrote when the agent could not start in `pid`, if anything."""
-    for d in server.socket_dirs():
+    """Why `pid` has no agent, if anything says so: the note the start-up hook wrote when the
+    agent could not start, else, for a process that `kdash run` armed, what is wrong with the
+    socket folders (so the advice is not to use `kdash run`, which it already did)."""
+    for d in _our_dirs():
         try:
             with open(os.path.join(d, f"{pid}.unavailable")) as f:
                 return f.read().strip() or None
         except OSError:
             continue
+    if _armed(pid):
+        problems = server.folder_problems()
+        why = "; ".join(problems) if problems else "no socket in " + ", ".join(server.socket_dirs())
+        return f"pid {pid} was started by `kdash run` but its agent has no socket ({why})"
     return None
+
+
+def _our_dirs() -> list[str]:
+    """server.socket_dirs() without folders someone else made: a socket or note planted there
+    is not our agent's."""
+    return [d for d in server.socket_dirs() if server.folder_problem(d, os.getuid()) is None]
+
+
+def _armed(pid: int) -> bool:
+    """Does `pid`'s environment say `kdash run` armed it (KDASH_AGENT=1)?"""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"{server.ENV_FLAG}=1".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def _connect(s: socket.socket, path: str, timeout_s: float) -> None:
+    """connect(), retried while the agent's listen backlog is full: a Unix socket with a
+    timeout fails at once with EAGAIN then, and the agent drains its backlog quickly."""
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            s.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= end:
+                raise
+            time.sleep(0.02)
 
 
 def _health_from_status(body: dict[str, Any]) -> Health:
@@ -139,7 +174,7 @@ class AgentSource:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(self._connect_timeout)
         try:
-            s.connect(path)
+            _connect(s, path, self._connect_timeout)
         except ConnectionRefusedError:
             s.close()
             # nobody listens: the socket of an earlier process that had this pid, or of this
@@ -328,7 +363,7 @@ class AgentSource:
                 msg = wire.recv_message(sock, decoder)
                 if msg is None:
                     self._gone = True
-                    if not self._stopping:
+                    if not self._stopping and not self.status_line.startswith("busy"):
                         self.health = Health.unavailable(
                             f"the agent of pid {self.pid} went away (process exited?)"
                         )

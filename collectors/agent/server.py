@@ -88,6 +88,7 @@ SEND_TIMEOUT_S = 5.0  # a client that reads nothing for this long is treated as 
 # Bounds on what a peer of our own user can make the agent hold (issue 11): connections that
 # wait for the session, the first frame's size, and per-session state (see Agent._accept_loop).
 SPEAK_WAIT_S = 5.0  # a connection that sends no request within this is closed
+ADMIT_WAIT_S = 1.0  # how long a request waits for the previous session's teardown, then "busy"
 LISTEN_BACKLOG = 64
 MAX_PENDING_CONNS = 16  # accepted connections waiting to speak (or for a teardown), at most
 MAX_CLIENT_PAYLOAD = 64 * 1024  # a client request (START, SET, STATS, STOP) is ~300 bytes
@@ -158,7 +159,7 @@ API_KEEP = r"Launch|Synchroniz|Memcpy|Memset|StreamWaitEvent|EventRecord"
 TMP_ROOT = "/tmp"  # where the shared-folder candidates live (tests point it elsewhere)
 
 
-def _foreign(path: str, uid: int) -> str | None:
+def folder_problem(path: str, uid: int) -> str | None:
     """Why an existing `path` cannot be our socket folder (not a real folder, or another
     user's), or None when it is usable or absent. Loose modes of our own folder do not count:
     ensure_private_dir tightens them."""
@@ -227,7 +228,7 @@ def socket_dirs(uid: int | None = None) -> list[str]:
         except OSError:
             pass  # a stale XDG_RUNTIME_DIR (e.g. after su): fall back to /tmp below
     out.append(os.path.join(TMP_ROOT, f"kdash-{uid}"))
-    usable = [d for d in out if _foreign(d, uid) is None] + fallback_dirs(uid)
+    usable = [d for d in out if folder_problem(d, uid) is None] + fallback_dirs(uid)
     # nothing usable: the taken folder stays first, so whatever uses it says why it failed
     return usable or out
 
@@ -239,7 +240,7 @@ def folder_problems(uid: int | None = None) -> list[str]:
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     cands = [os.path.join(xdg, "kdash")] if xdg else []
     for d in [*cands, os.path.join(TMP_ROOT, f"kdash-{uid}")]:
-        why = _foreign(d, uid)
+        why = folder_problem(d, uid)
         if why:
             out.append(why)
     return out
@@ -1874,7 +1875,18 @@ class _Pending:
     """An accepted connection that has been sent HELLO and not yet been given the session:
     the bytes of its first frame read so far, and the frame once it is whole."""
 
-    __slots__ = ("buf", "conn", "deadline", "fd", "header", "msg", "need", "peer_pid", "seq")
+    __slots__ = (
+        "buf",
+        "conn",
+        "deadline",
+        "fd",
+        "header",
+        "msg",
+        "need",
+        "peer_pid",
+        "seq",
+        "spoke_at",
+    )
 
     def __init__(self, conn: socket.socket, peer_pid: int, deadline: float, need: int) -> None:
         self.conn, self.fd, self.peer_pid, self.deadline = conn, conn.fileno(), peer_pid, deadline
@@ -1882,6 +1894,7 @@ class _Pending:
         self.need = need  # bytes of the first frame to have: its header, then all of it
         self.header: Any = None
         self.msg: Any = None
+        self.spoke_at = 0.0
         _PENDING_SEQ[0] += 1
         self.seq = _PENDING_SEQ[0]
 
@@ -2012,8 +2025,9 @@ class Agent:
         kdash out, nor cost the target threads or file descriptors. So: HELLO goes out at
         accept; the connection then has SPEAK_WAIT_S to send its first request, read here
         without blocking; at most MAX_PENDING_CONNS wait, and a new one beyond that closes a
-        waiting one of the peer process that holds the most; while a client is attached,
-        newcomers get STATUS "busy" and are closed at once. The loop sleeps in poll() with no
+        waiting one of the peer process that holds the most; a request made while a client is
+        attached gets STATUS "busy" (after ADMIT_WAIT_S, in case that client has just left),
+        and the connection is closed. The loop sleeps in poll() with no
         timeout while nothing is waiting: no wake-ups in an idle target.
         """
         wire = _wire()
@@ -2077,10 +2091,6 @@ class Agent:
             self.last_error = f"refused a client: {refusal}"
             conn.close()  # a stranger learns nothing, not even why
             return
-        if self._live:
-            self._send_busy(wire, conn)
-            conn.close()
-            return
         try:
             peer_pid = peer_credentials(conn)[0]
             conn.send(self._hello_frame(wire), socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
@@ -2118,6 +2128,7 @@ class Agent:
                 if len(p.buf) < p.need:
                     return
             p.msg = wire.Decoder().decode_payload(p.header, memoryview(p.buf)[wire.HEADER.size :])
+            p.spoke_at = time.monotonic()
         except wire.WireError as e:
             self.last_error = f"refused a client: {e}"
             self._drop(p, pending, poller)
@@ -2131,7 +2142,10 @@ class Agent:
         ready = sorted((p for p in pending.values() if p.msg is not None), key=lambda p: p.seq)
         if not ready:
             return
-        if not self._live:
+        if self._live:  # a client is attached, or has just left and its session not seen it
+            now = time.monotonic()
+            ready = [p for p in ready if now - p.spoke_at >= ADMIT_WAIT_S]
+        else:
             if not self._session_lock.acquire(blocking=False):
                 return  # still tearing down: wait (until the connection's deadline)
             first = ready.pop(0)

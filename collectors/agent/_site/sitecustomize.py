@@ -10,27 +10,50 @@ import os
 import sys
 
 
-def _kdash_socket_dir():
+def _kdash_private(d):
+    """Is `d` a real folder of ours with mode 0700 (creating it if absent)?"""
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(d, 0o700)
+        st = os.lstat(d)
+    except OSError:
+        return False
+    return (
+        st.st_uid == os.getuid()
+        and os.path.isdir(d)
+        and not os.path.islink(d)
+        and not (st.st_mode & 0o077)
+    )
+
+
+def _kdash_note_dirs():
+    """Where the note may go, in the order the agent and the client use (server.socket_dirs):
+    `$XDG_RUNTIME_DIR/kdash`, `/tmp/kdash-<uid>`, then private `/tmp/kdash-<uid>-*` folders
+    (for when someone else made `/tmp/kdash-<uid>` first)."""
     uid = os.getuid()
+    out = []
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
         try:
             st = os.stat(xdg)
             if st.st_uid == uid and os.path.isdir(xdg):
-                return os.path.join(xdg, "kdash")
+                out.append(os.path.join(xdg, "kdash"))
         except OSError:
             pass  # unusable runtime dir: fall back to /tmp as the agent does
-    return f"/tmp/kdash-{uid}"
+    out.append(f"/tmp/kdash-{uid}")
+    with contextlib.suppress(OSError):
+        out += sorted(
+            os.path.join("/tmp", n) for n in os.listdir("/tmp") if n.startswith(f"kdash-{uid}-")
+        )
+    return out
 
 
 def _kdash_note_failure(reason):
     try:
-        d = _kdash_socket_dir()
-        with contextlib.suppress(FileExistsError):
+        d = next((d for d in _kdash_note_dirs() if _kdash_private(d)), None)
+        if d is None:  # every folder is taken: one of our own, which the client also lists
+            d = f"/tmp/kdash-{os.getuid()}-{os.urandom(4).hex()}"
             os.mkdir(d, 0o700)
-        st = os.lstat(d)
-        if st.st_uid != os.getuid() or (st.st_mode & 0o077):
-            return
         path = os.path.join(d, f"{os.getpid()}.unavailable")
         with open(path, "w") as f:
             f.write(reason[:2000])
