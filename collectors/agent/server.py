@@ -1,16 +1,23 @@
 """The agent: a listener inside the watched process that turns CUPTI activity into batches.
 
 Started by `start_agent()` (from the `kdash run` sitecustomize hook, or by injection). Until a
-client connects it is one daemon thread blocked in `accept()` on a Unix socket: no CUDA, no
+client connects it is one daemon thread blocked in `poll()` on a Unix socket: no CUDA, no
 CUPTI, no numpy import, nothing the target could notice. Why each rule below exists:
 
-* Socket only at `$XDG_RUNTIME_DIR/kdash/<pid>.sock`, else `/tmp/kdash-<uid>/<pid>.sock`; the
-  folder is 0700 and checked to be ours (a folder someone else made first is refused), the
-  socket 0600, and the peer's uid (SO_PEERCRED) must equal ours. Kernel names and API traces
-  reveal what a process runs, so only its own user may see them.
+* Socket only at `$XDG_RUNTIME_DIR/kdash/<pid>.sock`, else `/tmp/kdash-<uid>/<pid>.sock`, else
+  (when someone else made that folder first) in a private `/tmp/kdash-<uid>-<random>` that the
+  client finds by listing /tmp; every folder is 0700 and checked to be ours (a foreign one is
+  never used, nor searched by the client), the socket 0600, and the peer's uid (SO_PEERCRED)
+  must equal ours. Kernel names and API traces reveal what a process runs, so only its own
+  user may see them.
 * A fixed message set (`wire.MsgType`); control bodies are JSON and only ever read as data.
-  There is no way to make the agent run code, load a module or touch a file by name.
-* One client at a time; a second one gets STATUS "busy" and is closed.
+  There is no way to make the agent run code, load a module or touch a file by name. Clients
+  may send only small control frames (MAX_CLIENT_PAYLOAD), checked on the header before the
+  payload is read; per-session state is bounded (activities, notes, the name table).
+* One client at a time; a request made while one is attached gets STATUS "busy" and is closed.
+  Connections are greeted and read by the accept loop without threads; one that sends no
+  request within SPEAK_WAIT_S is closed, and at most MAX_PENDING_CONNS wait, so connections
+  held open by a process of the same user cannot lock kdash out.
 * CUPTI through cupti-python's Activity API only (`activity_register_callbacks`,
   `activity_enable`, `activity_flush_all`). Never `cuptiSubscribe`: a callback subscriber
   blinds torch.profiler for the life of the process, and a profiler the user starts later must
