@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine (device tool): install the carried wheels into /tmp/site, since nothing can
-# be fetched there. The kdash wheel itself is built here first, from the current tree:
+# be fetched there: textual and its small deps (platformdirs, mdit-py-plugins, linkify-it-py,
+# uc-micro-py), ijson, tomlkit and cupti-python 13.0.1, downloaded as the device README says.
+# The kdash wheel itself is built here first, from the current tree:
 #   rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .
 # Use: `bash bench/device_setup.sh && export PYTHONPATH=/tmp/site`.
 set -euo pipefail

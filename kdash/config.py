@@ -96,16 +96,56 @@ def load_config(path: Path | None = None) -> Config:
     return cfg
 
 
+def _updated_text(old: str | None, cfg: Config) -> str:
+    """The file's new text: the user's own file with our values set in it (its comments,
+    order, blank lines and unknown keys kept, through tomlkit's round-trip document), or a
+    fresh file when there is none or it does not parse."""
+    import tomlkit
+
+    doc = None
+    if old is not None:
+        try:
+            doc = tomlkit.parse(old)
+        except tomlkit.exceptions.ParseError:
+            doc = None  # load_config already said it was ignored; write a clean one
+    if doc is None:
+        doc = tomlkit.document()
+        doc.add("theme", cfg.theme)
+        table = tomlkit.table()
+        for k, v in asdict(cfg.thresholds).items():
+            table.add(k, float(v))
+        doc.add("thresholds", table)
+        return tomlkit.dumps(doc)
+    doc["theme"] = cfg.theme
+    th = doc.get("thresholds")
+    if not isinstance(th, dict):  # absent, or not a table (load_config ignored it)
+        th = tomlkit.table()
+        doc["thresholds"] = th
+    for k, v in asdict(cfg.thresholds).items():
+        # a value the user wrote and we did not change stays as written (1 stays 1, not 1.0)
+        if _as_float(th.get(k)) != float(v):
+            th[k] = float(v)
+    return tomlkit.dumps(doc)
+
+
+def _as_float(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
 def save_config(cfg: Config) -> None:
-    """Write atomically. Only our keys: the file is small and owned by kdash."""
+    """Write atomically, keeping what the user wrote in the file (comments included)."""
     path = cfg.path or config_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        lines = [f'theme = "{cfg.theme}"', "", "[thresholds]"]
-        for k, v in asdict(cfg.thresholds).items():
-            lines.append(f"{k} = {float(v)!r}")
+        try:
+            old = path.read_text()
+        except (FileNotFoundError, UnicodeDecodeError):
+            old = None
+        text = _updated_text(old, cfg)
         tmp = path.with_suffix(".toml.tmp")
-        tmp.write_text("\n".join(lines) + "\n")
+        tmp.write_text(text)
         os.replace(tmp, path)
     except OSError as e:
         raise UserError(f"cannot write config {path}: {e.strerror or e}") from None
