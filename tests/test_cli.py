@@ -293,3 +293,24 @@ def test_pc_sampling_flag_reaches_the_agent_source():
     assert isinstance(tree[0], AgentTreeSource) and tree[0].pc_sampling is True
     off = [s for s in build_sources(tgt, None, 0.5) if s.name == "agent"][0]
     assert off.pc_sampling is False
+
+
+def test_python_dash_m_kdash_is_the_cli(tmp_path):
+    """`python -m kdash` works where the console script is not on PATH (run from elsewhere
+    than the repository, so the installed package answers)."""
+    ok = subprocess.run(
+        [sys.executable, "-m", "kdash", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert ok.returncode == 0 and ok.stdout.startswith("kdash ")
+    bad = subprocess.run(
+        [sys.executable, "-m", "kdash", "report", str(tmp_path / "missing.kdash")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert bad.returncode == 2 and bad.stderr.count("kdash:") == 1
