@@ -200,6 +200,38 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="one JSON document on stdout")
     r.add_argument("--top", type=int, metavar="N", help="rows of each list (default 20)")
 
+    sn = sub.add_parser(
+        "snapshot",
+        help="watch a process for a few seconds, print what the panes would show, exit",
+        usage="kdash snapshot (--pid PID | --sglang URL) [--seconds S] [--json] [options]",
+    )
+    who_sn = sn.add_mutually_exclusive_group(required=True)
+    who_sn.add_argument("--pid", type=_pid, help="the process to look at (and its children)")
+    who_sn.add_argument("--sglang", metavar="URL", help="a live SGLang server on this machine")
+    sn.add_argument(
+        "--api-key",
+        default=os.environ.get("KDASH_SGLANG_API_KEY"),
+        metavar="KEY",
+        help="the server's --api-key (default: $KDASH_SGLANG_API_KEY)",
+    )
+    sn.add_argument(
+        "--seconds", type=float, default=2.0, metavar="S", help="how long to watch (default 2)"
+    )
+    sn.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    sn.add_argument("--top", type=int, metavar="N", help="rows of each list (default 20)")
+    sn.add_argument(
+        "--gpus", type=_gpu_list, default=None, metavar="I,J", help="only these GPU indices"
+    )
+    sn.add_argument(
+        "--interval", type=float, default=0.25, metavar="S", help="poll period (default 0.25)"
+    )
+    sn.add_argument(
+        "--inject",
+        action="store_true",
+        help="put a kdash agent into a Python target that has none, for its kernels "
+        "(default: only an agent already there is read)",
+    )
+
     e = sub.add_parser("export", help="convert a capture to another format")
     e.add_argument("path", type=Path)
     e.add_argument(
@@ -239,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command is None:
             build_parser().print_usage(sys.stdout)
-            raise UserError("give a command: attach, run, open, report, export, import, demo")
+            raise UserError(
+                "give a command: attach, run, snapshot, open, report, export, import, demo"
+            )
         return _dispatch(args)
     except UserError as e:
         print(f"kdash: {one_line(str(e))}", file=sys.stderr)
@@ -298,6 +332,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from kdash.kineto import cmd_import
 
         return cmd_import(args)
+    if args.command == "snapshot":
+        from kdash.snapshot import cmd_snapshot
+
+        return cmd_snapshot(args)
     return getattr(commands, f"cmd_{args.command}")(args)
 
 
