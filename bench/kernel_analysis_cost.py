@@ -22,7 +22,7 @@ from pathlib import Path
 from kdash.tui.panes.kernels import analysis_notes
 
 from kdash.analyses.kernel_findings import gap_causes, kernel_findings
-from kdash.analyses.kernels import demangle_all, idle_gaps, top_kernels
+from kdash.analyses.kernels import idle_gaps, top_kernels
 from kdash.capture import load_capture
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +45,6 @@ def main() -> int:
     cap = load_capture(ROOT / "kdash/data/demo-h200.kdash")
     t = cap.tables
     k, api = t["kernels"], t["api"]
-    demangle_all(k["name"])
     gaps = idle_gaps(k)
     figures = {
         "kernels": len(k),

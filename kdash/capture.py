@@ -36,6 +36,7 @@ from typing import Any
 
 from kdash import limits, schema
 from kdash.errors import CaptureError, UserError
+from kdash.names import demangle_kernel_frame, symbol_rows
 
 FORMAT_TAG = "kdash-capture"
 META_NAME = "kdash.json"
@@ -150,6 +151,16 @@ def load_capture(path: str | os.PathLike) -> Capture:
                 continue
             raw = _read_member(zf, info, p, limits.MAX_MEMBER_BYTES)
             tables[name] = _read_table(name, raw, expected, p, member)
+    # Captures written before kdash demangled at ingest hold CUPTI's symbols
+    done = demangle_kernel_frame(tables["kernels"])
+    known = set(tables["kernel_symbols"]["mangled"])
+    new = {m: d for m, d in done.items() if m not in known}
+    if new:
+        import pandas as pd
+
+        t0 = int(tables["kernels"]["start_ns"].min())
+        rows = schema.to_frame("kernel_symbols", symbol_rows(new, t0))
+        tables["kernel_symbols"] = pd.concat([tables["kernel_symbols"], rows], ignore_index=True)
     return Capture(meta=meta, tables=tables, path=p)
 
 

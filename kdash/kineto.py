@@ -58,6 +58,7 @@ import numpy as np
 
 from kdash import limits, schema
 from kdash.errors import UserError
+from kdash.names import demangle_kernels
 from kdash.schema import Batch
 
 CHUNK = 65_536  # rows per table before a chunk is turned into numpy columns
@@ -311,7 +312,10 @@ class _Table:
         if self.table == "kernels":
             # Kineto gives static + dynamic shared memory as one figure (see module docstring)
             cols["static_smem"] = np.where(cols["dynamic_smem"] >= 0, 0, -1)
-        self.batches.append(schema.make_batch(self.table, start_ns=start, end_ns=end, **cols))
+        batch = schema.make_batch(self.table, start_ns=start, end_ns=end, **cols)
+        if self.table == "kernels":
+            batch, _ = demangle_kernels(batch)  # Kineto writes names demangled; some tools do not
+        self.batches.append(batch)
         self.cols = {k: [] for k in ("ts", "dur", *c)}
         self.total += self.n
         self.n = 0

@@ -21,6 +21,7 @@ from kdash.analyses.kernel_findings import idle_findings, latency_findings
 from kdash.analyses.kernels import top_kernels
 from kdash.capture import Capture
 from kdash.cubin import hot_lines_by_kernel
+from kdash.names import demangle, short_names, symbols_of
 
 REPORT_SCHEMA_VERSION = 1
 DEFAULT_TOP = 20
@@ -132,12 +133,22 @@ def summarize(cap: Capture, top: int = DEFAULT_TOP) -> dict:
         "gpu_time": [g.to_json() for g in acc.gpus],
         "threads_top": thread_summary(t["threads"], limit=top),
         "findings": _findings(t, acc),
-        "top_kernels": [
-            {k: (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()}
-            for row in tk.to_dict("records")
-        ],
+        "top_kernels": _top_kernel_rows(tk, symbols_of(t["kernel_symbols"])),
         "hot_lines": hot_lines_by_kernel(t["pc_samples"], t.get("source_lines"))[:top],
     }
+
+
+def _top_kernel_rows(tk: pd.DataFrame, symbols: dict[str, str]) -> list[dict]:
+    """The top kernels as JSON rows: `name` demangled, `mangled` the symbol as recorded (null
+    when the name was never mangled), `label` what the tables show (kdash.names)."""
+    labels = short_names(tk["name"].astype(str), 48) if len(tk) else {}
+    rows = []
+    for row in tk.to_dict("records"):
+        r = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()}
+        r["mangled"] = symbols.get(str(r["name"]))
+        r["label"] = labels[str(r["name"])]
+        rows.append(r)
+    return rows
 
 
 def _findings(tables: dict[str, pd.DataFrame], acc) -> list[dict]:
@@ -294,11 +305,10 @@ def render(summary: dict, console) -> None:
             *(() if narrow else ("grid", "block", "regs", "smem")),
         ):
             kt.add_column(c, justify="right" if c not in ("grid", "block") else "left")
-        from kdash.analyses.kernels import short_name
-
+        labels = short_names([k["name"] for k in summary["top_kernels"]], 28 if narrow else 48)
         for k in summary["top_kernels"]:
             cells = [
-                short_name(k["name"], 28 if narrow else 48),
+                labels[k["name"]],
                 str(k["calls"]),
                 _fmt(k["total_ms"], 2),
                 _fmt(k["pct"]),
@@ -317,8 +327,7 @@ def render(summary: dict, console) -> None:
         ht = Table(title="Hot source lines (PC sampling)")
         for c in ("kernel", "file:line", "samples", "%", "top stalls"):
             ht.add_column(c, overflow="fold")
-        from kdash.analyses.kernels import short_name
-
+        hot = short_names([demangle(h["kernel"]) for h in summary["hot_lines"]], 32)
         for h in summary["hot_lines"]:
             if h["file"]:
                 where = f"{Path(h['file']).name}:{h['line']}"
@@ -327,7 +336,7 @@ def render(summary: dict, console) -> None:
             else:
                 where = h["note"] or "no line"
             ht.add_row(
-                short_name(h["kernel"], 32),
+                hot[demangle(h["kernel"])],
                 where,
                 str(h["samples"]),
                 _fmt(h["share"] * 100, 1),

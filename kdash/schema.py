@@ -97,6 +97,14 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("correlation_id", "i8"),
         ("graph_id", "i8"),
     ],
+    # One row per kernel symbol that was demangled at ingest (kdash.names): `kernels.name` holds
+    # the demangled name, this the symbol as recorded. Descriptive: see STATIC_TABLES. Older
+    # captures have none; loading them demangles and fills it.
+    "kernel_symbols": [
+        ("t_ns", "i8"),  # when the symbol was first seen
+        ("name", STR),
+        ("mangled", STR),
+    ],
     "api": [
         ("start_ns", "i8"),
         ("end_ns", "i8"),
@@ -166,7 +174,7 @@ TABLES: dict[str, list[tuple[str, str]]] = {
 # Tables that describe things rather than record events: the store never ages them out by
 # time, and a capture keeps them whole (a line table made before the window still maps the
 # window's samples).
-STATIC_TABLES: frozenset[str] = frozenset({"source_lines"})
+STATIC_TABLES: frozenset[str] = frozenset({"source_lines", "kernel_symbols"})
 
 TIME_COLUMN: dict[str, str] = {
     name: ("start_ns" if cols[0][0] == "start_ns" else "t_ns") for name, cols in TABLES.items()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kdash import schema
+from kdash.names import demangle_kernels, symbol_rows
 from kdash.schema import Batch
 
 
@@ -45,6 +46,7 @@ class Store:
         self._rings: dict[str, _Ring] = {t: _Ring() for t in schema.TABLES}
         self._lock = threading.Lock()
         self.latest_ns = 0  # newest time stamp seen in any table
+        self._symbols: set[str] = set()  # kernel symbols with a kernel_symbols row
 
     def max_rows(self, table: str) -> int:
         if isinstance(self._max_rows, dict):
@@ -55,6 +57,12 @@ class Store:
         n = schema.batch_len(batch)
         if n == 0:
             return
+        if table == "kernels":
+            batch, done = demangle_kernels(batch)
+            new = {m: d for m, d in done.items() if m not in self._symbols}
+            if new:
+                self._symbols.update(new)
+                self.append("kernel_symbols", symbol_rows(new, int(batch["start_ns"].min())))
         tcol = schema.TIME_COLUMN[table]
         newest = int(batch[tcol].max())
         with self._lock:

@@ -25,8 +25,8 @@ Why it is built this way:
   index is built from whatever version is installed (`site_packages_of_pid` finds the target's
   own site-packages from the shared libraries it has mapped, through /proc/PID/root so a
   containerised target's files are read, not ours).
-- **Demangling**: `c++filt` (binutils) when it is on PATH, one process for a whole batch of
-  names; else the `cxxfilt` module if installed; else the raw name. Never an error.
+- **Demangling**: kdash.names (the pure-Python `demangle` package, GNU spelling); a name it
+  cannot read stays as it is. Never an error, never a subprocess.
 """
 
 from __future__ import annotations
@@ -35,8 +35,6 @@ import ast
 import functools
 import os
 import re
-import shutil
-import subprocess
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -424,45 +422,13 @@ def site_packages_of_pid(pid: int, proc_root: str = "/proc") -> list[Path]:
 
 
 # -- demangling ----------------------------------------------------------------------------
-@functools.lru_cache(maxsize=1)
-def _cxxfilt_path() -> str | None:
-    return shutil.which("c++filt")
-
-
-@functools.lru_cache(maxsize=65_536)
 def demangle(name: str) -> str:
-    """Demangled C++ name, or `name` itself when it is not mangled or no demangler exists."""
-    if not name.startswith("_Z"):
-        return name
-    return demangle_many([name])[name]
+    """Demangled C++ name, or `name` itself when it is not mangled (kdash.names)."""
+    from kdash.names import demangle as _demangle
+
+    return _demangle(name)
 
 
 def demangle_many(names: Iterable[str]) -> dict[str, str]:
-    """Demangle a batch with one c++filt process; unmangled names map to themselves."""
-    names = list(dict.fromkeys(names))
-    out = {n: n for n in names}
-    todo = [n for n in names if n.startswith("_Z") and "\n" not in n]
-    if not todo:
-        return out
-    exe = _cxxfilt_path()
-    if exe:
-        try:
-            res = subprocess.run(
-                [exe], input="\n".join(todo) + "\n", capture_output=True, text=True, timeout=20
-            )
-            lines = res.stdout.splitlines()
-            if res.returncode == 0 and len(lines) == len(todo):
-                out.update(zip(todo, lines, strict=True))
-                return out
-        except (OSError, subprocess.SubprocessError):
-            pass
-    try:
-        import cxxfilt  # type: ignore[import-not-found]
-    except ImportError:
-        return out
-    for n in todo:
-        try:
-            out[n] = cxxfilt.demangle(n)
-        except Exception:  # noqa: BLE001 - cxxfilt raises its own types for bad names
-            out[n] = n
-    return out
+    """`demangle` for a batch; unmangled names map to themselves."""
+    return {n: demangle(n) for n in dict.fromkeys(names)}

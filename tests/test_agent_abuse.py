@@ -366,3 +366,34 @@ def test_run_default_log_name_taken_is_refused(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="taken by something else"):
         commands.cmd_run(args)
     assert victim.read_text() == "precious\n"
+
+
+def test_an_agent_in_a_process_with_2000_open_files_keeps_its_session(tmp_path):
+    """The same in this process: its session socket gets a descriptor above 1024, which
+    select() refused (`session: ValueError`, and the client lost the agent)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 2200:
+        pytest.skip("RLIMIT_NOFILE hard limit below 2200 here")
+    if soft < 2200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (2200, hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(2000)]
+    folder = tmp_path / "kd"
+    agent = server.Agent(str(folder / "me.sock"))
+    try:
+        agent.listen()
+        src = AgentSource(os.getpid(), socket_path=agent.path)
+        src.start()
+        assert src._sock is not None and src._sock.fileno() > 1024
+        assert wait_for(lambda: src.status_line, 10), str(src.health)
+        src.poll(0)  # asks for STATS
+        assert wait_for(lambda: "agent_state" in src.stats, 10), str(src.health)
+        assert "went away" not in str(src.health) and "ValueError" not in agent.last_error
+        src.stop()
+    finally:
+        agent.close()
+        for fd in held:
+            os.close(fd)
+        if soft < 2200:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

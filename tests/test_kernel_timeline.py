@@ -30,8 +30,9 @@ from kdash.tui.widgets.spark import busy_fraction
 from test_tui import plain
 
 from kdash import kineto, schema
-from kdash.analyses.kernels import demangled, short_name, top_kernels
+from kdash.analyses.kernels import top_kernels
 from kdash.capture import load_capture
+from kdash.names import short_names
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "kdash" / "data" / "demo-h200.kdash"
@@ -183,8 +184,9 @@ async def test_sort_filter_and_full_name_line(make_app, demo):
         assert calls == sorted(calls, reverse=True) and calls != [int(x) for x in pct]
         assert "by calls" in pane.table_line.render().plain
         await pilot.press("o", "o", "o")
+        labels = short_names(pane._top["name"], 200)
         names = [
-            short_name(table.coordinate_to_cell_key((r, 0)).row_key.value, 200).lower()
+            labels[table.coordinate_to_cell_key((r, 0)).row_key.value].lower()
             for r in range(table.row_count)
         ]  # the sort's key: the cell may elide the middle of a long name
         assert names == sorted(names) and "by name" in pane.table_line.render().plain
@@ -194,7 +196,7 @@ async def test_sort_filter_and_full_name_line(make_app, demo):
         await pilot.press("down")
         await pilot.pause()
         key = table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
-        assert pane.name_line.render().plain == demangled(key)
+        assert pane.name_line.render().plain == key
         # /: a name filter, case-insensitive; the line above the table says it is on.
         total = table.row_count
         await pilot.press("slash")
@@ -204,8 +206,8 @@ async def test_sort_filter_and_full_name_line(make_app, demo):
         await pilot.pause()
         kept = _column(table, 0)
         assert 0 < len(kept) < total
-        assert all("decode" in demangled(table.coordinate_to_cell_key((r, 0)).row_key.value)
-                   .lower() for r in range(table.row_count))  # fmt: skip
+        assert all("decode" in table.coordinate_to_cell_key((r, 0)).row_key.value.lower()
+                   for r in range(table.row_count))  # fmt: skip
         line = pane.table_line.render().plain
         assert "filter 'DECODE'" in line and f"{len(kept)} of" in line
         assert not pane.filter_input.display and app.focused is table
@@ -256,7 +258,7 @@ async def test_kernel_pane_at_80x24(make_app, demo):
         assert "filter 'stage'" in str(pane.border_title)
         names = [n for n in pane._top["name"] if "stage" in n.lower()]
         assert len(names) >= 2 and "elementwise" not in plain(top)
-        assert all(short_name(n, 400) in plain(top) for n in names)
+        assert all(short_names(names, 28)[n] in plain(top) for n in names)
         # Key 1 maximises the pane: the real table comes back, with rows.
         await pilot.press("1")
         await pilot.pause()

@@ -791,12 +791,13 @@ class KdashApp(App[None]):
         """`f`: the source pane shows the kernel under the kernel table's cursor (again: the
         hottest). The logic is the source pane's (`SourcePane.toggle_pin`)."""
         table = self.main_query(KernelPane).first().table
-        cell = None
+        kernel = None
         if table.row_count and table.cursor_row >= 0:
-            cell = str(table.get_row_at(table.cursor_row)[0])
+            # the row's key is its kernel's full name (the cell holds its label)
+            kernel = str(table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value)
         for pane in self.main_query(SourcePane):
-            kernel = pane.kernel_for_table_row(cell) if cell else None
-            self.notify(pane.toggle_pin(kernel), timeout=3)
+            known = kernel if kernel in pane.window_names else None
+            self.notify(pane.toggle_pin(known), timeout=3)
 
     def agent_source(self):
         """The live agent tree source (anything with `set_continuous`), or None (replay)."""

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from kdash.analyses.kernels import demangle_all, launch_latency, short_name
+from kdash.analyses.kernels import launch_latency, short_name
 from kdash.schema import RUNQ_MAX_MS_PER_S
 
 if TYPE_CHECKING:  # gpu_time builds on this module's gap causes: imported where used
@@ -325,7 +325,6 @@ def idle_summaries(
         if top != SHORT and len(g):
             focus = g[g["cause"] == top]
             example = focus.loc[focus["gap_us"].idxmax()]
-            demangle_all([str(example["next_name"])])
             at_s = (int(example["start_ns"]) - t.first_ns) / 1e9
             t_ns = int(example["end_ns"])
             if top in ACTIONABLE:

@@ -1,7 +1,7 @@
 """Kernel-table analyses: top kernels, GPU idle gaps, launch-to-start latency.
 
 Pure functions over the `kernels` and `api` tables (pandas DataFrames in the schema's columns),
-shared by the kernel pane and `kdash report`.
+shared by the kernel pane and `kdash report`. Names arrive demangled (kdash.names, at ingest).
 """
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from kdash.names import short_name as _short_name
+
 TOP_COLUMNS = [
-    "name",
+    "name",  # demangled at ingest (kdash.names)
     "calls",
     "total_ms",
     "pct",
@@ -24,50 +26,10 @@ TOP_COLUMNS = [
 ]
 
 
-_DEMANGLED: dict[str, str] = {}
-
-
-def demangle_all(names) -> None:
-    """Demangle the C++ names not seen before, in one batch (one c++filt run), into the cache.
-
-    Called where a table of kernels is summarised, so `short_name` never spawns a process per row.
-    """
-    from kdash.triton_index import demangle_many
-
-    todo = [n for n in dict.fromkeys(names) if n.startswith("_Z") and n not in _DEMANGLED]
-    if todo:
-        _DEMANGLED.update(demangle_many(todo))
-
-
-def demangled(name: str) -> str:
-    """The demangled name if known (see `demangle_all`), else the name as recorded."""
-    return _DEMANGLED.get(name, name)
-
-
 def short_name(name: str, width: int = 48) -> str:
-    """A readable kernel name: demangled, templates and argument lists cut, middle elided if long.
-
-    The full name stays in the table; this is for narrow columns.
-    """
-    s = demangled(name)
-    if s.startswith("void "):
-        s = s[5:]
-    depth = 0
-    out = []
-    for ch in s:
-        if ch in "<(":
-            if depth == 0:
-                out.append("<…>" if ch == "<" else "")
-            depth += 1
-        elif ch in ">)":
-            depth = max(0, depth - 1)
-        elif depth == 0:
-            out.append(ch)
-    s = "".join(out).strip() or name
-    if len(s) > width:
-        keep = width - 1
-        s = s[: keep // 2] + "…" + s[-(keep - keep // 2) :]
-    return s
+    """One kernel name's label (kdash.names.short_name); tables use `short_names`, which
+    tells the rows apart."""
+    return _short_name(name, width)
 
 
 def _smem(static: int, dynamic: int) -> int:
@@ -102,7 +64,6 @@ def top_kernels(kernels: pd.DataFrame, limit: int | None = None) -> pd.DataFrame
     ).astype(np.float64)
     codes, names = pd.factorize(kernels["name"], sort=False)
     names = np.asarray(names, dtype=object)
-    demangle_all(names.tolist())
     n_names = len(names)
     total = float(dur.sum()) or 1.0
     counts = np.bincount(codes, minlength=n_names)

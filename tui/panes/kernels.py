@@ -57,11 +57,10 @@ from kdash.analyses.kernel_findings import (
 from kdash.analyses.kernels import (
     ACTIVITY_DOMAIN,
     ACTIVITY_NAME,
-    demangled,
     launch_latency,
-    short_name,
     top_kernels,
 )
+from kdash.names import short_names
 
 from ..widgets.spark import SHADES
 from .base import Pane, View
@@ -387,22 +386,14 @@ def idle_chars(
     return "".join(np.where(marked, CAUSE_LETTERS[frac.argmax(axis=0)], " "))
 
 
-def _bare_name(name: str, width: int = 28) -> str:
-    """The short name without its namespaces: on one shared line "elementwise_kernel<…>" says
-    more than "at::native::e…wise_kernel<…>"."""
-    s = short_name(name, 400)
-    head, sep, rest = s.partition("<")
-    if "::" in head:
-        s = head.rsplit("::", 1)[1] + sep + rest
-    return short_name(s, width) if len(s) > width else s
-
-
 def top_summary(rows: pd.DataFrame, sort_label: str, n: int = 6) -> str:
     """The table squeezed into one line, for 80x24 where the pane has no room for rows: the
     leading names with their share, in the table's order (the table itself is one key away)."""
     if rows.empty:
         return "top: no kernel name matches the filter"
-    parts = [f"{_bare_name(str(r.name))} {r.pct:.1f}%" for r in rows.head(n).itertuples()]
+    head = rows.head(n)
+    labels = short_names(head["name"].astype(str), 28)
+    parts = [f"{labels[str(r.name)]} {r.pct:.1f}%" for r in head.itertuples()]
     return f"top by {sort_label} (1: table): " + " · ".join(parts)
 
 
@@ -420,11 +411,12 @@ def sort_top(top: pd.DataFrame, sort: int, needle: str) -> pd.DataFrame:
         return top
     shown = top
     if needle:
-        full = top["name"].map(lambda n: demangled(str(n)).lower())
+        full = top["name"].astype(str).str.lower()
         shown = top[full.str.contains(needle.lower(), regex=False)]
     _, col, ascending = SORTS[sort]
     if col == "name":
-        key = shown["name"].map(lambda n: short_name(str(n), 200).lower())
+        labels = short_names(top["name"].astype(str), 200)
+        key = shown["name"].map(lambda n: labels[str(n)].lower())
         shown = shown.assign(_key=key).sort_values("_key", kind="stable").drop(columns="_key")
     else:
         shown = shown.sort_values(col, ascending=ascending, kind="stable")
@@ -639,7 +631,7 @@ class KernelPane(Pane):
     @on(DataTable.RowHighlighted, ".top-kernels")
     def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         name = event.row_key.value if event.row_key is not None else None
-        self.name_line.update(demangled(name) if name else "")
+        self.name_line.update(name or "")
 
     @on(DataTable.HeaderSelected, ".top-kernels")
     def _header_selected(self, event: DataTable.HeaderSelected) -> None:
@@ -664,9 +656,11 @@ class KernelPane(Pane):
         keep = self.table.cursor_row
         self.table.clear()
         rows = sort_top(self._top, self.sort, self.name_filter)
+        # Labels over every name of the window, so a row reads the same whatever the filter
+        labels = short_names(self._top["name"].astype(str), 40) if len(rows) else {}
         for r in rows.itertuples(index=False):
             self.table.add_row(
-                short_name(str(r.name), 40),
+                labels[str(r.name)],
                 f"{r.calls}",
                 f"{r.total_ms:.2f}",
                 f"{r.pct:.1f}",

@@ -46,6 +46,7 @@ from textual.widgets import Static
 from kdash import cubin, schema
 from kdash import triton_index as ti
 from kdash.analyses.kernels import short_name
+from kdash.names import short_names
 
 from .base import Pane, View
 
@@ -607,10 +608,10 @@ class SourcePane(Pane):
         return msg
 
     def kernel_for_table_row(self, cell: str) -> str | None:
-        """The full kernel name behind a kernel-table row (the table shows `short_name(.., 40)`),
-        the hottest when several names shorten alike."""
-        for name in self.window_names:
-            if short_name(name, 40) == cell:
+        """The full kernel name behind a kernel-table label (the table's labels are
+        `kdash.names.short_names(.., 40)` over the window's names)."""
+        for name, label in short_names(self.window_names, 40).items():
+            if label == cell:
                 return name
         return None
 
