@@ -63,6 +63,16 @@ def _agent_opts(args) -> dict:
     }
 
 
+def _need_terminal(command: str, instead: str) -> None:
+    """The dashboard draws on a terminal: into a pipe or a file it would write screen codes
+    and never end. Say so at once, and what does work there."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UserError(f"`kdash {command}` draws a dashboard and needs a terminal; {instead}")
+
+
+LIVE_INSTEAD = "without one use `--headless --duration S --output PATH`, or `kdash snapshot`"
+
+
 def _check_output(path: Path) -> Path:
     from kdash.capture import check_new_path
 
@@ -230,6 +240,7 @@ def cmd_attach(args) -> int:
         return _record_headless(target, args, sources, server=server)
     cap_dir = _check_capture_dir(args.capture_dir)
     cfg, theme = _theme(args.theme)
+    _need_terminal("attach", LIVE_INSTEAD)  # after every check of the options and the target
     title = None
     if server is not None:
         tp = server.server_info.get("tp_size") or server.tree.tp_size() or "?"
@@ -298,6 +309,7 @@ def cmd_run(args, title: str | None = None, extra_meta: dict | None = None) -> i
     cfg = theme = None
     if not args.headless:
         cfg, theme = _theme(args.theme)
+        _need_terminal("run", "without one use `--headless --duration S --output PATH`")
     chosen = os.environ.get("KDASH_RUN_LOG")
     log_path = Path(chosen or f"kdash-run-{os.getpid()}.log")
     log, created = open_run_log(log_path, chosen=bool(chosen))
@@ -421,6 +433,7 @@ def _store_from_capture(cap):
 
 def open_capture(path: Path, theme_name: str | None, title: str | None = None) -> int:
     cap = _load(path)  # a bad file is reported before any UI starts
+    _need_terminal("open", f"without one use `kdash report {path}`")
 
     from kdash.tui.app import KdashApp
 

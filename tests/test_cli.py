@@ -314,3 +314,20 @@ def test_python_dash_m_kdash_is_the_cli(tmp_path):
         cwd=tmp_path,
     )
     assert bad.returncode == 2 and bad.stderr.count("kdash:") == 1
+
+
+def test_the_dashboard_without_a_terminal_says_what_works_instead(tmp_path):
+    """Into a pipe the app would write screen codes and never end (stdin/stdout are pipes
+    here): one line, exit 2, pointing at what does work without a terminal."""
+    import os
+    from pathlib import Path
+
+    from kdash.commands import DEMO_CAPTURE
+
+    demo = Path(__file__).resolve().parent.parent / "kdash" / "data" / DEMO_CAPTURE
+    r = kdash("open", demo)
+    assert_one_line_error(r, "needs a terminal", "kdash report")
+    r = kdash("attach", "--pid", str(os.getpid()))
+    assert_one_line_error(r, "needs a terminal", "--headless", "kdash snapshot")
+    r = kdash("run", "--", sys.executable, "-c", "pass")
+    assert_one_line_error(r, "needs a terminal", "--headless")
