@@ -143,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         sp.add_argument("--duration", type=_positive("--duration"), default=None, metavar="S")
         sp.add_argument(
+            "-o",
             "--output",
             type=Path,
             default=None,
@@ -245,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("import", help="a torch.profiler/Kineto trace (SGLang's too) into a capture")
     i.add_argument("traces", type=Path, nargs="+", metavar="TRACE", help=".json or .json.gz")
     i.add_argument(
+        "-o",
         "--output",
         type=Path,
         default=None,
@@ -261,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--headless", action="store_true")
     d.add_argument("--duration", type=_positive("--duration"), default=None, metavar="S")
-    d.add_argument("--output", type=Path, default=None, metavar="PATH")
+    d.add_argument("-o", "--output", type=Path, default=None, metavar="PATH")
     return p
 
 
