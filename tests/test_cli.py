@@ -331,3 +331,15 @@ def test_the_dashboard_without_a_terminal_says_what_works_instead(tmp_path):
     assert_one_line_error(r, "needs a terminal", "--headless", "kdash snapshot")
     r = kdash("run", "--", sys.executable, "-c", "pass")
     assert_one_line_error(r, "needs a terminal", "--headless")
+
+
+def test_dash_o_is_output(tmp_path):
+    """`-o` is `--output`, as in other Unix tools (here: import of a shipped trace)."""
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parent / "data"
+    trace = sorted(data.glob("*.trace.json.gz"))[0]
+    out = tmp_path / "t.kdash"
+    r = kdash("import", trace, "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert out.is_file() and str(out) in r.stdout + r.stderr
