@@ -242,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OUT",
         help="Chrome/Perfetto trace to write (.json or .json.gz)",
     )
+    e.add_argument("--force", action="store_true", help="replace OUT if it exists")
 
     i = sub.add_parser("import", help="a torch.profiler/Kineto trace (SGLang's too) into a capture")
     i.add_argument("traces", type=Path, nargs="+", metavar="TRACE", help=".json or .json.gz")

@@ -483,6 +483,8 @@ def cmd_export(args) -> int:
     out = args.perfetto
     if not (out.name.endswith(".json") or out.name.endswith(".json.gz")):
         raise UserError(f"--perfetto {out}: the name must end .json or .json.gz")
+    if (out.exists() or out.is_symlink()) and not getattr(args, "force", False):
+        raise UserError(f"{out} exists; remove it, choose another name, or pass --force")
     path, n = write_perfetto(cap, out)
     size = path.stat().st_size
     print(

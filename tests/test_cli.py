@@ -343,3 +343,16 @@ def test_dash_o_is_output(tmp_path):
     r = kdash("import", trace, "-o", out)
     assert r.returncode == 0, r.stderr
     assert out.is_file() and str(out) in r.stdout + r.stderr
+
+
+def test_export_refuses_an_existing_output_unless_forced(tmp_path):
+    from pathlib import Path
+
+    cap = Path(__file__).resolve().parent / "data" / "h200-matmul.kdash"
+    out = tmp_path / "t.json"
+    out.write_text("mine")
+    assert_one_line_error(kdash("export", cap, "--perfetto", out), "exists", "--force")
+    assert out.read_text() == "mine"
+    r = kdash("export", cap, "--perfetto", out, "--force")
+    assert r.returncode == 0, r.stderr
+    assert out.read_text().startswith('{"traceEvents"')
