@@ -200,6 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("path", type=Path)
     r.add_argument("--json", action="store_true", help="one JSON document on stdout")
     r.add_argument("--top", type=int, metavar="N", help="rows of each list (default 20)")
+    r.add_argument(
+        "--width",
+        type=int,
+        metavar="N",
+        help="columns of the text report (default: the terminal's; into a pipe $COLUMNS or 200)",
+    )
 
     sn = sub.add_parser(
         "snapshot",

@@ -472,8 +472,24 @@ def cmd_report(args) -> int:
     if args.json:
         sys.stdout.write(json.dumps(summary, indent=1, default=str) + "\n")
     else:
-        render(summary, Console())
+        render(summary, Console(width=report_width(getattr(args, "width", None))))
     return 0
+
+
+PIPE_WIDTH = 200  # into a pipe or file nobody's window cuts the tables: wide enough for them
+
+
+def report_width(asked: int | None) -> int | None:
+    """The text report's width: --width N, else the terminal's (None lets rich measure it),
+    else $COLUMNS, else PIPE_WIDTH (rich would take 80 and cut names and columns)."""
+    if asked is not None:
+        if asked < 40:
+            raise UserError(f"--width must be at least 40, not {asked}")
+        return asked
+    if sys.stdout.isatty():
+        return None
+    cols = os.environ.get("COLUMNS", "")
+    return int(cols) if cols.isdigit() and int(cols) >= 40 else PIPE_WIDTH
 
 
 def cmd_export(args) -> int:

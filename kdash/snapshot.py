@@ -73,7 +73,7 @@ def cmd_snapshot(args) -> int:
     else:
         from rich.console import Console
 
-        render(summary, Console())
+        render(summary, Console(width=commands.report_width(None)))
     return 0
 
 

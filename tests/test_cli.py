@@ -356,3 +356,24 @@ def test_export_refuses_an_existing_output_unless_forced(tmp_path):
     r = kdash("export", cap, "--perfetto", out, "--force")
     assert r.returncode == 0, r.stderr
     assert out.read_text().startswith('{"traceEvents"')
+
+
+def test_report_into_a_pipe_is_not_cut_to_80_columns():
+    import os
+    from pathlib import Path
+
+    demo = Path(__file__).resolve().parent.parent / "kdash" / "data" / "demo-h200.kdash"
+    # a clean environment: something under pytest puts COLUMNS=80 into children's
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    wide = subprocess.run(
+        [sys.executable, "-m", "kdash.cli", "report", str(demo)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert wide.returncode == 0, wide.stderr
+    assert max(len(line) for line in wide.stdout.splitlines()) > 80
+    narrow = kdash("report", demo, "--width", "80")
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 80
+    assert_one_line_error(kdash("report", demo, "--width", "3"), "--width")
