@@ -575,12 +575,13 @@ def cmd_demo(args) -> int:
         meta = read_meta(path)
         title = meta.get("title") or "replay of the kdash demo workload recorded on an H200"
         if why_not_live:
-            reason = f"replay: {why_not_live}"
+            reason = f"replay ({why_not_live})"
         elif args.replay:
             reason = "replay"
         else:
-            reason = "no GPU here: replay"
-        return open_capture(path, args.theme, title=f"{title} ({reason})")
+            reason = "replay (no GPU here)"
+        # "replay" first: an 80-column header cuts the end of a long title
+        return open_capture(path, args.theme, title=f"{reason} — {title}")
     return _demo_live(args)
 
 

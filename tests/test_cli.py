@@ -377,3 +377,18 @@ def test_report_into_a_pipe_is_not_cut_to_80_columns():
     narrow = kdash("report", demo, "--width", "80")
     assert max(len(line) for line in narrow.stdout.splitlines()) <= 80
     assert_one_line_error(kdash("report", demo, "--width", "3"), "--width")
+
+
+def test_demo_replay_says_replay_first(monkeypatch):
+    """At 80 columns the header keeps about 60 characters: "replay" must be among them."""
+    import argparse
+
+    from kdash import commands
+
+    seen = {}
+    monkeypatch.setattr(
+        commands, "open_capture", lambda path, theme, title=None: seen.setdefault("t", title)
+    )
+    args = argparse.Namespace(replay=True, headless=False, theme=None, duration=None, output=None)
+    commands.cmd_demo(args)
+    assert seen["t"].startswith("replay")
