@@ -3,14 +3,14 @@
 # issue 3 and 5 (each script writes its JSON under $OUT; a failure of one does not stop the
 # others). Build the kdash wheel into .whl/ first (see bench/device_setup.sh).
 #
-# A device command may run 10 minutes: `bash bench/device_agent_runs.sh gpu_agent_cost.py`
-# alone (~4-5 min: three targets, seven segments each), the two others in a second call.
+# What the agent costs is measured against twins by bench/device_ab.sh (bench/gpu_ab_cost.py).
+# A device command may run 10 minutes: give long scripts a call each.
 set -uo pipefail
 bash bench/device_setup.sh >/dev/null || exit 1
 export PYTHONPATH=/tmp/site
 cd bench  # not the repository root: `python -m kdash...` must find the installed kdash
 if [ "$#" -eq 0 ]; then
-    set -- gpu_attach_inject.py gpu_pcs_agent.py
+    set -- gpu_pcs_agent.py
 fi
 for s in "$@"; do
     echo "== $s"

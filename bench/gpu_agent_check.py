@@ -620,7 +620,7 @@ def duty_phase(mode: str, env: dict, script: Path) -> dict:
     res["after_detach_probes"] = [probe_a, probe_b]
     # again, continuous for 1 s, detaching with cuptiFinalize (opt-in; may be unsafe: watch
     # the exit code)
-    src2 = attach(pid, continuous=True, finalize_on_detach=True)
+    src2 = attach(pid, continuous=True)  # every detach finalizes now (collectors/agent/detach.py)
     fin_rows: dict = {}
     _drain(src2, 1.0, fin_rows)
     src2.stop()

@@ -124,7 +124,6 @@ class AgentSource:
         continuous: bool = False,
         period_ms: int = server.DUTY_PERIOD_MS,
         on_ms: int = server.DUTY_ON_MS,
-        finalize_on_detach: bool = False,
         pc_sampling: bool = False,
         pc_on_ms: int = server.PC_ON_MS,
         pc_period_ms: int = server.PC_PERIOD_MS,
@@ -138,7 +137,6 @@ class AgentSource:
         self.continuous = continuous
         self.period_ms = period_ms
         self.on_ms = on_ms
-        self.finalize_on_detach = finalize_on_detach
         self.graph_kernels = graph_kernels  # START "graph_kernels": see server.CuptiActivity
         # PC sampling (issue 5): off unless asked; ranges of pc_on_ms every pc_period_ms
         self.pc_sampling = pc_sampling
@@ -352,8 +350,6 @@ class AgentSource:
                 )
                 return
             start = {"activities": self.activities, **self._duty_fields()}
-            if self.finalize_on_detach:
-                start["finalize_on_detach"] = True
             if self.graph_kernels:
                 start["graph_kernels"] = True
             if int(hello.body.get("agent_version", 1)) < 2:

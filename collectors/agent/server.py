@@ -1334,7 +1334,6 @@ class CuptiActivity:
         self.ledger: dict[int, int] = {}
         self.enabled_at_ns = 0  # monotonic ns just before the kinds were (re-)enabled
         self.disabled_at_ns = 0  # monotonic ns just after they were all disabled
-        self.finalized = 0
         self.narrow_ns = 0  # agent-thread time re-narrowing API records at window starts
         self.resumes = 0
         # CUPTI out of the process again after a detach (detach.py says why and when it is
@@ -1505,7 +1504,7 @@ class CuptiActivity:
 
         Done on every START: a profiler that ran in between (torch.profiler) has registered
         its own buffer callbacks and CUPTI keeps only the last registration; and after a
-        cuptiFinalize (`finalize_on_detach`) CUPTI has forgotten ours.
+        cuptiFinalize (every detach, detach.py) CUPTI has forgotten ours.
         """
         cu = self.cupti
         self.mode = "objects"
@@ -1692,34 +1691,6 @@ class CuptiActivity:
                     errors.append(f"disable kind {kind}: {self._describe_error(e)}")
                     break
         return "; ".join(errors)
-
-    def finalize(self) -> str:
-        """cuptiFinalize after a detach (opt-in, START "finalize_on_detach"); "" or why not.
-
-        Why it exists: after torch.profiler, PyTorch calls cuptiFinalize (TEARDOWN_CUPTI) to
-        make CUPTI let go of the process, and on the H200 it gave an eager loop its speed back.
-        Why it is opt-in and no kdash command asks for it: finalizing while a CUDA graph is
-        being replayed killed both graph targets of bench/gpu_agent_cost.py ("unspecified
-        launch failure", bench/results/agent-cost-h200-finalize.json), and CUPTI's docs want
-        no other thread inside CUPTI at that moment, which an agent cannot ensure.
-        """
-        if self.cupti is None or self.enabled or self.kinds_on():
-            return "not finalized: activity kinds still on"
-        fn = getattr(self.cupti, "finalize", None)
-        try:
-            if fn is not None:
-                fn()
-            elif self.raw is not None:
-                rc = int(self.raw.lib.cuptiFinalize())
-                if rc != 0:
-                    return f"cuptiFinalize returned {rc}"
-            else:
-                return "no cuptiFinalize in this cupti-python"
-        except Exception as e:  # noqa: BLE001
-            return f"cuptiFinalize: {self._describe_error(e)}"
-        self.finalized += 1
-        self._registered = False  # CUPTI forgot our buffer callbacks: register at next START
-        return ""
 
     def flush(self) -> None:
         c0 = time.thread_time_ns()
@@ -2269,7 +2240,6 @@ class Agent:
             "on_ns": self.on_ns,
             "kinds_on": c.kinds_on() if c else [],
             "buffers_requested": c.raw.requested if c and c.raw else 0,
-            "finalized": c.finalized if c else 0,
             "cupti_detached": c.cupti_detached if c else 0,
             "cupti_state": c.detach_state if c else "never attached",
             "graphs_seen": c.graphs_seen if c else False,

@@ -21,7 +21,7 @@ Frame layout (all integers little-endian)::
                        pickle
 
 The duty cycle (agent version 2) needed no new frame layout: START carries `period_ms`,
-`on_ms`, `continuous` (and `finalize_on_detach`), SET changes them while attached, STATUS and
+`on_ms`, `continuous` (and `graph_kernels`), SET changes them while attached, STATUS and
 STATS carry `sampling`, and each window in which CUPTI activity was on travels as an ordinary
 `markers` row (domain "kdash", name "activity on"). An agent of version 1 does not know SET
 (it closes the connection on it), so the client sends SET only to agents whose HELLO says 2+.
