@@ -23,6 +23,7 @@ are checked from the zip directory and the Parquet footer before any table is re
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -73,7 +74,23 @@ def check_new_path(path: str | os.PathLike) -> Path:
         raise UserError(f"cannot write in {path.parent}: permission denied")
     if path.exists() or path.is_symlink():
         raise UserError(f"{path} exists; remove it or choose another name (kdash never overwrites)")
+    _try_create_in(path.parent)
     return path
+
+
+def _try_create_in(folder: Path) -> None:
+    """Make and remove a file in `folder` now, so a folder that cannot hold one (/proc, a
+    read-only mount; root passes os.access everywhere) fails before a long recording, not
+    after it."""
+    import tempfile
+
+    try:
+        fd, name = tempfile.mkstemp(prefix=".kdash-check-", dir=folder)
+    except OSError as e:
+        raise UserError(f"cannot write in {folder}: {e.strerror or e}") from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(name)
 
 
 def write_capture(path: str | os.PathLike, meta: dict, tables: dict[str, schema.Batch]) -> Path:

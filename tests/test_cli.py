@@ -392,3 +392,11 @@ def test_demo_replay_says_replay_first(monkeypatch):
     args = argparse.Namespace(replay=True, headless=False, theme=None, duration=None, output=None)
     commands.cmd_demo(args)
     assert seen["t"].startswith("replay")
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_recording(busy_pid):
+    """/proc passes every existence and permission check a root kdash makes; making a file
+    there fails. That must end the command before the recording, not after it."""
+    r = kdash("attach", "--pid", busy_pid, "--headless", "--duration", 30, "--output", "/proc/x")
+    assert_one_line_error(r, "cannot write in /proc")
+    assert "recording" not in r.stderr
