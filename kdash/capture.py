@@ -74,11 +74,11 @@ def check_new_path(path: str | os.PathLike) -> Path:
         raise UserError(f"cannot write in {path.parent}: permission denied")
     if path.exists() or path.is_symlink():
         raise UserError(f"{path} exists; remove it or choose another name (kdash never overwrites)")
-    _try_create_in(path.parent)
+    check_writable_folder(path.parent)
     return path
 
 
-def _try_create_in(folder: Path) -> None:
+def check_writable_folder(folder: Path) -> None:
     """Make and remove a file in `folder` now, so a folder that cannot hold one (/proc, a
     read-only mount; root passes os.access everywhere) fails before a long recording, not
     after it."""

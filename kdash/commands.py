@@ -80,16 +80,21 @@ def _check_output(path: Path) -> Path:
 
 
 def _check_capture_dir(d: Path | None) -> Path:
+    """Where `c` saves: checked as `--output`'s folder is (it must exist: a typo must not
+    quietly make a folder the user then cannot find their captures in)."""
     d = Path.cwd() if d is None else d
     if d.exists() and not d.is_dir():
         raise UserError(f"--capture-dir {d} is not a folder")
     if not d.exists():
-        try:
-            d.mkdir(parents=True)
-        except OSError as e:
-            raise UserError(f"cannot create --capture-dir {d}: {e.strerror or e}") from None
+        raise UserError(f"no such folder: --capture-dir {d} (make it first)")
     if not os.access(d, os.W_OK):
         raise UserError(f"cannot write in --capture-dir {d}: permission denied")
+    from kdash.capture import check_writable_folder
+
+    try:
+        check_writable_folder(d)
+    except UserError as e:
+        raise UserError(f"--capture-dir: {e}") from None
     return d
 
 

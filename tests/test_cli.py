@@ -400,3 +400,10 @@ def test_an_output_that_cannot_be_written_is_refused_before_recording(busy_pid):
     r = kdash("attach", "--pid", busy_pid, "--headless", "--duration", 30, "--output", "/proc/x")
     assert_one_line_error(r, "cannot write in /proc")
     assert "recording" not in r.stderr
+
+
+def test_capture_dir_is_checked_as_output_is(tmp_path, busy_pid):
+    missing = tmp_path / "typo"
+    r = kdash("attach", "--pid", busy_pid, "--capture-dir", missing)
+    assert_one_line_error(r, "no such folder", "--capture-dir")
+    assert not missing.exists()
