@@ -39,6 +39,7 @@ def build_sources(
     from kdash.collectors.nvml import NvmlSource
     from kdash.collectors.sched import SchedSource
 
+    _check_gpus(gpus)
     return [
         SchedSource(target, interval_s=interval_s),
         NvmlSource(target, gpus=gpus, interval_s=interval_s),
@@ -51,6 +52,36 @@ def build_sources(
             **({} if cost_budget is None else {"cost_budget": cost_budget}),
         ),
     ]
+
+
+def gpu_count() -> int | None:
+    """How many GPUs NVML sees here, or None when it cannot say (no driver, no pynvml)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - any failure: NVML cannot say; its pane will tell why
+        return None
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    except Exception:  # noqa: BLE001
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def _check_gpus(gpus: list[int] | None) -> None:
+    """`--gpus` names GPUs this machine has (where NVML can tell; else its pane says why)."""
+    if not gpus:
+        return
+    n = gpu_count()
+    if n is None:
+        return
+    missing = [g for g in gpus if g >= n]
+    if missing:
+        have = f"GPUs 0-{n - 1}" if n > 1 else ("GPU 0" if n == 1 else "no GPU")
+        raise UserError(f"--gpus {','.join(map(str, missing))}: this machine has {have}")
 
 
 def _agent_opts(args) -> dict:

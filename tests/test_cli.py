@@ -407,3 +407,21 @@ def test_capture_dir_is_checked_as_output_is(tmp_path, busy_pid):
     r = kdash("attach", "--pid", busy_pid, "--capture-dir", missing)
     assert_one_line_error(r, "no such folder", "--capture-dir")
     assert not missing.exists()
+
+
+def test_gpus_are_checked_against_the_machine(monkeypatch):
+    """No GPU here: NVML is a stand-in that reports two devices (test only)."""
+    import types
+
+    from kdash import commands
+    from kdash.errors import UserError
+
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 2, nvmlShutdown=lambda: None
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    commands._check_gpus([0, 1])
+    with pytest.raises(UserError, match=r"--gpus 7: this machine has GPUs 0-1"):
+        commands._check_gpus([1, 7])
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not importable: NVML cannot say
+    commands._check_gpus([7])
