@@ -1,28 +1,34 @@
 """Talking to a live SGLang server over its own HTTP API: server info, Prometheus metrics, load,
 and the torch-profiler capture endpoints.
 
-Checked against SGLang's source (sgl-project/sglang): `python/sglang/srt/managers/io_struct.py`
-and `python/sglang/srt/entrypoints/http_server.py` at commit 0025436eab05 (0.5.x line), and
-`ProfileReqInput` as it stands in io_struct.py at 001067fffe33 (where the profile fields now
-live on `ProfileReq`). What kdash relies on:
+Checked against SGLang 0.5.10.post1's own code, run on a CPU by tests/test_sglang_real.py
+(`bench/sglang_cpu_env.sh` installs it): the FastAPI app with its auth middleware, the
+scheduler's profiler and metrics mixins, `/v1/loads`. What kdash relies on:
 
-- `POST /start_profile` takes a JSON `ProfileReqInput`: `output_dir` (str), `start_step` (int),
-  `num_steps` (int; when set the server stops by itself after that many forward steps),
-  `activities` (list of "CPU", "GPU", "MEM", "RPD"), `with_stack` (bool), `record_shapes`
-  (bool), `profile_by_stage` (bool; separate EXTEND/DECODE files), `merge_profiles` (bool),
-  `profile_prefix` (str). Every field is optional; `ProfileRequest.to_json` leaves out what is
-  unset so an older server that lacks a field (0.4.x has no `profile_prefix`) still accepts it.
-- A refused profile (already running; stop with none running) comes back from the scheduler as
-  `ProfileReqOutput(success=False, message="Profiling is already in progress. Call
-  /stop_profile first.")`, which the tokenizer manager raises as `RuntimeError`; FastAPI turns
-  that into a bare `500 Internal Server Error`. So a 500 on /start_profile is reported as "the
-  server refused to start a profile (usually: one is already running)", and a body that says
-  "already" is reported as exactly that.
-- `--api-key` (and `--admin-api-key` for admin endpoints in newer versions) make the server
-  answer 401 unless `Authorization: Bearer KEY` is sent.
-- `/metrics` exists only with `--enable-metrics` (404 otherwise); `/get_load` always exists and
-  returns one object per DP rank (`num_reqs`, `num_waiting_reqs`, `num_tokens`; newer servers
-  name them `num_running_reqs`, `num_waiting_reqs`, `num_used_tokens` and add `token_usage`).
+- `/server_info` (`/get_server_info` is the old name: it still answers, and logs a WARNING on
+  every call, so it is asked only when `/server_info` is 404). `/v1/loads` gives, per DP rank,
+  `num_running_reqs`, `num_waiting_reqs`, `num_used_tokens`, `max_total_num_tokens`,
+  `token_usage`, `gen_throughput`, `utilization`, with or without `--enable-metrics`;
+  `/get_load` (deprecated, warns on every call) is asked only when it is 404, and its
+  `num_reqs` counts running and waiting requests together.
+- Two keys. `/metrics` and `/health*` never need a key. `/server_info`, `/v1/loads` and
+  `/get_load` need `--api-key` when the server has one; `/start_profile` and `/stop_profile`
+  need `--admin-api-key` when the server has one (then `--api-key` is refused there), else
+  `--api-key`. The client sends the admin key to the profile endpoints and the plain key to
+  the rest; with only one given it is used for both.
+- `POST /start_profile` takes a JSON `ProfileReqInput`: `output_dir`, `start_step`,
+  `num_steps`, `activities` ("CPU", "GPU", "MEM", "RPD"), `with_stack`, `record_shapes`,
+  `profile_by_stage`, `merge_profiles`, `profile_prefix`, `profile_stages`. Unset `with_stack`
+  and `record_shapes` become True in the tokenizer manager, so kdash always sends False.
+- A plain start (no `start_step`, no `profile_by_stage`) while a profile runs answers 200: the
+  scheduler drops init_profile's refusal and starts a second profiler over the first one. A
+  start with `start_step` takes the branch that returns the refusal (500 while busy), arms the
+  profile for the next forward step, and records exactly `num_steps` steps. So kdash always
+  sends `start_step`, never needs `/stop_profile`, and never stops someone else's profile.
+- `SGLANG_PROFILE_V2=1` (a server environment variable) changes the scheduler's profiler: a
+  start without `profile_by_stage`, or with `start_step`, fails an assertion that kills the
+  scheduler; `/stop_profile` raises; files end in `-prefill`/`-decode`. kdash then sends
+  `profile_by_stage` with `profile_stages` and no `start_step` (`ProfileRequest.for_server`).
 
 Errors are `SglangError` (a `UserError`): one line that names the endpoint and says what to do,
 with a `kind` ("refused", "timeout", "unauthorized", "busy", "not_found", "http", "bad_reply")
@@ -77,6 +83,7 @@ class ProfileRequest:
     profile_by_stage: bool = False
     merge_profiles: bool = False
     profile_prefix: str | None = None
+    profile_stages: list[str] | None = None
 
     def validate(self) -> None:
         """Refuse what the server would refuse later, with a clearer line."""
@@ -108,27 +115,75 @@ class ProfileRequest:
             "with_stack",
             "record_shapes",
             "profile_prefix",
+            "profile_stages",
         ):
             v = getattr(self, key)
             if v is not None:
-                out[key] = list(v) if key == "activities" else v
+                out[key] = list(v) if key in ("activities", "profile_stages") else v
         if self.profile_by_stage:
             out["profile_by_stage"] = True
         if self.merge_profiles:
             out["merge_profiles"] = True
         return out
 
+    @classmethod
+    def for_capture(
+        cls,
+        *,
+        output_dir: str,
+        num_steps: int,
+        activities: list[str],
+        prefix: str,
+        profile_v2: bool | None,
+    ) -> ProfileRequest:
+        """kdash's own start: `num_steps` steps from the next one, no stacks or shapes.
+
+        `profile_v2` False: `start_step`, so a busy server refuses (500) instead of having its
+        profile replaced. True or None (the server's SGLANG_PROFILE_V2 could not be read): by
+        stage, decode steps only, no `start_step`: the one shape V2 accepts, and one the classic
+        profiler takes without harm (it refuses it while busy too).
+        """
+        common = {
+            "output_dir": output_dir,
+            "num_steps": num_steps,
+            "activities": list(activities),
+            "with_stack": False,
+            "record_shapes": False,
+            "profile_prefix": prefix,
+        }
+        if profile_v2 is False:
+            return cls(start_step=1, **common)
+        return cls(profile_by_stage=True, profile_stages=["decode"], **common)
+
+
+ADMIN_PATHS = ("/start_profile", "/stop_profile")
+
 
 class SglangClient:
-    """urllib client with timeouts; every failure becomes one `SglangError` line."""
+    """urllib client with timeouts; every failure becomes one `SglangError` line.
 
-    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 5.0) -> None:
+    `api_key` goes to the plain endpoints, `admin_api_key` (else `api_key`) to the profile ones;
+    nothing to /metrics and /health, which never want one.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        timeout_s: float = 5.0,
+        admin_api_key: str | None = None,
+    ) -> None:
         text = url.strip().rstrip("/")
         if "://" not in text:
             text = "http://" + text
         self.base = text
         self.api_key = api_key
+        self.admin_api_key = admin_api_key
         self.timeout_s = timeout_s
+        # Which name of an endpoint this server answers, once known ("/server_info" or the
+        # old "/get_server_info"; "/v1/loads" or "/get_load").
+        self._info_path: str | None = None
+        self._load_path: str | None = None
         # No proxies: kdash runs on the server's own machine, and an http_proxy set for the
         # user's downloads must not swallow requests to 127.0.0.1.
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -146,8 +201,9 @@ class SglangClient:
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
+        key = self._key_for(path)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
         req = urllib.request.Request(
             self.base + path,
             data=data,
@@ -173,6 +229,13 @@ class SglangClient:
         except (ConnectionError, OSError) as e:
             raise self._conn_error(path, e, timeout) from None
 
+    def _key_for(self, path: str) -> str | None:
+        if path.startswith(("/metrics", "/health")):
+            return None
+        if path in ADMIN_PATHS:
+            return self.admin_api_key or self.api_key
+        return self.api_key or self.admin_api_key
+
     def _conn_error(self, path: str, reason: object, timeout: float) -> SglangError:
         if isinstance(reason, ConnectionRefusedError):
             return SglangError(
@@ -192,11 +255,17 @@ class SglangClient:
     def _http_error(self, path: str, status: int, text: str) -> SglangError:
         detail = _one_line(_error_message(text))
         if status in (401, 403):
+            if path in ADMIN_PATHS:
+                sent = "no key" if not self._key_for(path) else "the key kdash sent"
+                hint = (
+                    f"{sent} was refused: give kdash the server's --admin-api-key "
+                    "(--admin-api-key), or its --api-key when it has no admin key"
+                )
+            else:
+                sent = "no key" if not self._key_for(path) else "the key kdash sent"
+                hint = f"{sent} was refused: give kdash the server's --api-key (--api-key)"
             return SglangError(
-                f"{self.base}{path}: {status} unauthorized — the server was started with "
-                "--api-key/--admin-api-key; give kdash the key",
-                "unauthorized",
-                status,
+                f"{self.base}{path}: {status} unauthorized — {hint}", "unauthorized", status
             )
         if "already" in detail.lower() and "profil" in detail.lower():
             return SglangError(
@@ -234,26 +303,56 @@ class SglangClient:
             ) from None
 
     # -- endpoints -------------------------------------------------------------------------
+    def _first_of(self, paths: tuple[str, ...], known: str | None, **kw: Any) -> tuple[str, str]:
+        """(path, text) of the first of `paths` that is not 404 (the known one first)."""
+        order = (known,) if known else paths
+        err: SglangError | None = None
+        for path in order:
+            try:
+                return path, self._request(path, **kw)[1]
+            except SglangError as e:
+                if e.kind != "not_found":
+                    raise
+                err = e
+        assert err is not None
+        raise err
+
     def get_server_info(self) -> dict[str, Any]:
-        _, text = self._request("/get_server_info")
-        info = self._json("/get_server_info", text)
+        path, text = self._first_of(("/server_info", "/get_server_info"), self._info_path)
+        self._info_path = path
+        info = self._json(path, text)
         if not isinstance(info, dict):
-            raise SglangError(f"{self.base}/get_server_info: not an object", "bad_reply")
+            raise SglangError(f"{self.base}{path}: not an object", "bad_reply")
         return info
+
+    def health(self, timeout_s: float | None = None) -> int:
+        """HTTP status of /health (200 up, 503 starting or shutting down); needs no key."""
+        try:
+            return self._request("/health", timeout_s=timeout_s)[0]
+        except SglangError as e:
+            if e.status is not None:
+                return e.status
+            raise
 
     def metrics_text(self, timeout_s: float | None = None) -> str:
         """Prometheus text of /metrics; SglangError kind "not_found" when metrics are off."""
         return self._request("/metrics", timeout_s=timeout_s)[1]
 
     def get_load(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
-        """One dict per DP rank (a single object is wrapped in a list)."""
-        _, text = self._request("/get_load", timeout_s=timeout_s)
-        data = self._json("/get_load", text)
-        if isinstance(data, dict):
+        """One dict per DP rank, from /v1/loads (else the old /get_load); each dict carries
+        `_endpoint` so `load_rows` knows which counting it holds."""
+        path, text = self._first_of(
+            ("/v1/loads", "/get_load"), self._load_path, timeout_s=timeout_s
+        )
+        self._load_path = path
+        data = self._json(path, text)
+        if path == "/v1/loads" and isinstance(data, dict):
+            data = data.get("loads")
+        elif isinstance(data, dict):
             data = [data]
         if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
-            raise SglangError(f"{self.base}/get_load: unexpected answer shape", "bad_reply")
-        return data
+            raise SglangError(f"{self.base}{path}: unexpected answer shape", "bad_reply")
+        return [dict(d, _endpoint=path) for d in data]
 
     def start_profile(self, req: ProfileRequest) -> str:
         """Start a torch.profiler window in every scheduler; returns the server's text."""
@@ -289,13 +388,20 @@ def _one_line(text: str, limit: int = 160) -> str:
 
 # -- Prometheus -> server rows -------------------------------------------------------------
 PREFIX = "sglang:"
-# Gauges and how several series (one per DP/TP rank) add up.
+# Scheduler gauges and how the DP ranks' values add up. Each scheduler writes its own series
+# (labels tp_rank, pp_rank, and dp_rank with DP): by default only attention-TP rank 0 of each
+# DP rank does; with --enable-metrics-for-all-schedulers every TP rank repeats the same figure.
+# So one series is taken per DP rank (lowest pp, tp), then the DP ranks are combined.
 GAUGES: dict[str, str] = {
     "num_running_reqs": "sum",
     "num_queue_reqs": "sum",
     "token_usage": "max",
     "gen_throughput": "sum",
     "cache_hit_rate": "mean",
+    "utilization": "max",
+    "num_used_tokens": "sum",
+    "max_total_num_tokens": "sum",
+    "is_cuda_graph": "mean",
 }
 # Histograms -> short names of the server rows (`<short>_p50_s`, `<short>_p99_s`, `<short>_n`).
 HISTOGRAMS: dict[str, str] = {
@@ -306,12 +412,17 @@ HISTOGRAMS: dict[str, str] = {
     # SGLang 0.4.x's name for the inter-token histogram; used as `itl` when that is absent
     "time_per_output_token_seconds": "tpot",
 }
+# Scheduler histograms with a `stage` label -> `stage.<stage>` shorts (p50/p99/n rows only).
+STAGE_HISTOGRAM = "per_stage_req_latency_seconds"
 # Counters -> per-second rates (prometheus_client's parser drops the `_total` suffix).
 COUNTERS: dict[str, str] = {
     "prompt_tokens": "prompt_tokens_per_s",
     "generation_tokens": "generation_tokens_per_s",
     "num_requests": "requests_per_s",
 }
+# Scheduler counters, one series per DP rank like the gauges, summed over their other labels
+# (`category`) and averaged over DP ranks: GPU-busy seconds per second of one scheduler.
+SCHED_COUNTERS: dict[str, str] = {"gpu_execution_seconds": "gpu_busy_frac"}
 QUANTILES = ((0.5, "p50"), (0.99, "p99"))
 BUCKET_TAG = "_le:"  # `ttft_le:0.1` rows: bucket counts between two scrapes
 
@@ -346,6 +457,46 @@ class Scrape:
     counters: dict[str, float] = field(default_factory=dict)
 
 
+def _rank_num(labels: Mapping[str, str], key: str) -> int:
+    try:
+        return int(labels.get(key, 0))
+    except ValueError:
+        return 0
+
+
+def one_per_dp(
+    series: Iterable[tuple[Mapping[str, str], float]], keep: Iterable[str] = ()
+) -> dict[str, list[tuple[Mapping[str, str], float]]]:
+    """DP rank ("" without the label) -> the series of its lowest (pp_rank, tp_rank) scheduler.
+
+    `keep` names labels that tell apart series of one scheduler (`category`, `stage`): all of
+    those are kept for the chosen scheduler.
+    """
+    keep = tuple(keep)
+    groups: dict[str, list[tuple[Mapping[str, str], float]]] = {}
+    for labels, v in series:
+        groups.setdefault(labels.get("dp_rank", ""), []).append((labels, v))
+    out = {}
+    for dp, items in groups.items():
+        best = min((_rank_num(lb, "pp_rank"), _rank_num(lb, "tp_rank")) for lb, _ in items)
+        out[dp] = [
+            (lb, v)
+            for lb, v in items
+            if (_rank_num(lb, "pp_rank"), _rank_num(lb, "tp_rank")) == best
+        ]
+        if not keep:
+            out[dp] = out[dp][:1]
+    return out
+
+
+def _combine(vals: list[float], how: str) -> float:
+    if how == "sum":
+        return sum(vals)
+    if how == "max":
+        return max(vals)
+    return sum(vals) / len(vals)
+
+
 def parse_metrics(text: str) -> Scrape:
     """Parse SGLang's Prometheus text with prometheus_client's own parser."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -356,6 +507,7 @@ def parse_metrics(text: str) -> Scrape:
         if not fam.name.startswith(PREFIX):
             continue
         name = fam.name[len(PREFIX) :]
+        base = name[: -len("_total")] if name.endswith("_total") else name
         if name in GAUGES:
             gauge_series[name] = [(s.labels, float(s.value)) for s in fam.samples]
         elif name in HISTOGRAMS:
@@ -364,28 +516,40 @@ def parse_metrics(text: str) -> Scrape:
                 if s.name.endswith("_bucket") and "le" in s.labels:
                     le = float(s.labels["le"])
                     buckets[le] = buckets.get(le, 0.0) + float(s.value)
-        else:
-            base = name[: -len("_total")] if name.endswith("_total") else name
-            if base in COUNTERS:
-                total = sum(float(s.value) for s in fam.samples if not s.name.endswith("_created"))
-                out.counters[COUNTERS[base]] = total
+        elif name == STAGE_HISTOGRAM:
+            samples = [
+                (s.labels, float(s.value)) for s in fam.samples if s.name.endswith("_bucket")
+            ]
+            for items in one_per_dp(samples, keep=("stage", "le")).values():
+                for labels, v in items:
+                    if "le" not in labels or "stage" not in labels:
+                        continue
+                    buckets = out.hist.setdefault(f"stage.{labels['stage']}", {})
+                    le = float(labels["le"])
+                    buckets[le] = buckets.get(le, 0.0) + v
+        elif base in SCHED_COUNTERS:
+            samples = [(s.labels, float(s.value)) for s in fam.samples if s.name.endswith("_total")]
+            per_dp = [sum(v for _, v in items) for items in one_per_dp(samples, ("x",)).values()]
+            if per_dp:
+                out.counters[SCHED_COUNTERS[base]] = sum(per_dp) / len(per_dp)
+        elif base in COUNTERS:
+            total = sum(float(s.value) for s in fam.samples if not s.name.endswith("_created"))
+            out.counters[COUNTERS[base]] = total
     if "itl" not in out.hist and "tpot" in out.hist:
         out.hist["itl"] = out.hist.pop("tpot")
     for name, series in gauge_series.items():
-        vals = [v for _, v in series if not math.isnan(v)]
-        if not vals:
+        per_dp = {
+            dp: items[0][1]
+            for dp, items in one_per_dp(series).items()
+            if not math.isnan(items[0][1])
+        }
+        if not per_dp:
             continue
-        how = GAUGES[name]
-        out.gauges[name] = (
-            sum(vals) if how == "sum" else max(vals) if how == "max" else sum(vals) / len(vals)
-        )
-        if len(series) > 1:
-            for labels, v in series:
-                tag = ",".join(
-                    f"{k.split('_')[0]}={labels[k]}" for k in _RANK_LABELS if k in labels
-                )
-                if tag:
-                    out.ranked[f"{name}[{tag}]"] = v
+        out.gauges[name] = _combine(list(per_dp.values()), GAUGES[name])
+        if len(per_dp) > 1:
+            for dp, v in per_dp.items():
+                if dp != "":
+                    out.ranked[f"{name}[dp={dp}]"] = v
     return out
 
 
@@ -422,32 +586,42 @@ def bucket_delta(new: Mapping[float, float], old: Mapping[float, float]) -> dict
     return {b: c - old.get(b, 0.0) for b, c in new.items()}
 
 
+def _num(d: Mapping[str, Any], *names: str) -> float | None:
+    for n in names:
+        v = d.get(n)
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            return float(v)
+    return None
+
+
 def load_rows(loads: Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    """/get_load's per-DP objects -> the gauges the server pane shows (summed over DP ranks)."""
-    keys = {
-        "num_running_reqs": ("num_running_reqs", "num_reqs"),
-        "num_queue_reqs": ("num_waiting_reqs", "num_queue_reqs"),
-        "num_used_tokens": ("num_used_tokens", "num_tokens"),
-        "gen_throughput": ("gen_throughput",),
-    }
-    out: dict[str, float] = {}
-    loads = list(loads)
-    for short, names in keys.items():
-        vals = []
-        for d in loads:
-            for n in names:
-                v = d.get(n)
-                if isinstance(v, int | float) and not isinstance(v, bool):
-                    vals.append(float(v))
-                    break
-        if vals:
-            out[short] = sum(vals)
-    usage = [
-        float(d["token_usage"]) for d in loads if isinstance(d.get("token_usage"), int | float)
-    ]
-    if usage:
-        out["token_usage"] = max(usage)
-    return out
+    """Per-DP load objects -> the gauges the server pane shows, combined over DP ranks.
+
+    /v1/loads counts running and waiting apart. The old /get_load's `num_reqs` is running plus
+    waiting (SGLang 0.5.10), so its running figure is `num_reqs - num_waiting_reqs`.
+    """
+    per: dict[str, list[float]] = {}
+    for d in loads:
+        old = d.get("_endpoint") == "/get_load" or ("num_reqs" in d and "num_running_reqs" not in d)
+        row: dict[str, float | None] = {
+            "num_queue_reqs": _num(d, "num_waiting_reqs", "num_queue_reqs"),
+            "num_used_tokens": _num(d, "num_used_tokens", "num_tokens"),
+            "gen_throughput": _num(d, "gen_throughput"),
+            "token_usage": _num(d, "token_usage"),
+            "utilization": _num(d, "utilization"),
+            "max_total_num_tokens": _num(d, "max_total_num_tokens"),
+            "cache_hit_rate": _num(d, "cache_hit_rate"),
+        }
+        if old:
+            total = _num(d, "num_reqs")
+            waiting = row["num_queue_reqs"] or 0.0
+            row["num_running_reqs"] = None if total is None else max(total - waiting, 0.0)
+        else:
+            row["num_running_reqs"] = _num(d, "num_running_reqs")
+        for k, v in row.items():
+            if v is not None:
+                per.setdefault(k, []).append(v)
+    return {k: _combine(vals, GAUGES[k]) for k, vals in per.items()}
 
 
 class SglangMetricsSource:
@@ -461,8 +635,11 @@ class SglangMetricsSource:
     and counter rates `prompt_tokens_per_s`, `generation_tokens_per_s`, `requests_per_s`.
     With each histogram row set come its bucket deltas since the previous scrape,
     `ttft_le:0.1` ... `ttft_le:+Inf` (see `window_buckets`), for quantiles over any window.
-    In /get_load mode: `num_running_reqs`, `num_queue_reqs`, `num_used_tokens` (+ `token_usage`
-    and `gen_throughput` where the server gives them).
+    Gauges also `utilization`, `num_used_tokens`, `max_total_num_tokens`, `is_cuda_graph`;
+    `stage.<stage>_p50_s`/`_p99_s`/`_n` from per_stage_req_latency_seconds (no bucket rows);
+    `gpu_busy_frac` (GPU-execution seconds per second of one scheduler per DP rank).
+    Without /metrics ("load" mode): /v1/loads' `num_running_reqs`, `num_queue_reqs`,
+    `num_used_tokens`, `max_total_num_tokens`, `token_usage`, `gen_throughput`, `utilization`.
 
     `poll` does one HTTP request with a short timeout (`timeout_s`, default min(2 s,
     interval)); the recorder calls it every `interval_s` from its worker thread, and calls that
@@ -491,6 +668,8 @@ class SglangMetricsSource:
         self.client = client or SglangClient(url, api_key=api_key, timeout_s=self.timeout_s)
         self.health = Health("starting")
         self.mode: str | None = None  # "metrics" | "load" | None until the first answer
+        # The mode of the last answer, kept after stop() (capture metadata is written then).
+        self.last_mode: str | None = None
         self._hist_hist: deque[tuple[int, dict[str, dict[float, float]]]] = deque()
         self._last_counters: tuple[int, dict[str, float]] | None = None
         self._prev_hist: dict[str, dict[float, float]] | None = None
@@ -504,6 +683,7 @@ class SglangMetricsSource:
         # /get_server_info, read once after the first answer (for the status bar, the capture
         # metadata and GPU mapping); None until then or when the server would not give it.
         self.server_info: dict[str, Any] | None = None
+        self.info_error = ""  # why /server_info was not read (e.g. it wants --api-key)
         self._info_tried = False
 
     def start(self) -> None:
@@ -536,7 +716,7 @@ class SglangMetricsSource:
             if self.mode != "load":
                 try:
                     rows = self._from_metrics(now_ns, self.client.metrics_text(self.timeout_s))
-                    self.mode = "metrics"
+                    self.mode = self.last_mode = "metrics"
                     self.health = Health()
                 except SglangError as e:
                     if e.kind != "not_found":
@@ -544,8 +724,10 @@ class SglangMetricsSource:
                     self.mode = "load"
             if self.mode == "load":
                 rows = load_rows(self.client.get_load(self.timeout_s))
+                self.last_mode = "load"
                 self.health = Health.degraded(
-                    "metrics off (start the server with --enable-metrics); using /get_load"
+                    "metrics off (start the server with --enable-metrics); using "
+                    f"{self.client._load_path or '/v1/loads'}"
                 )
         except SglangError as e:
             self.failures += 1
@@ -559,7 +741,8 @@ class SglangMetricsSource:
             try:
                 self.server_info = self.client.get_server_info()
             except SglangError as e:
-                log.info("no /get_server_info: %s", e)
+                self.info_error = str(e)
+                log.info("no /server_info: %s", e)
         if not rows:
             return {}
         names = sorted(rows)
@@ -573,7 +756,7 @@ class SglangMetricsSource:
         }
 
     def server_summary(self) -> dict[str, Any]:
-        """The server facts a person checks first, from /get_server_info (empty until read)."""
+        """The server facts a person checks first, from /server_info (empty until read)."""
         info = self.server_info or {}
         keys = (
             "version",
@@ -622,6 +805,8 @@ class SglangMetricsSource:
         # pane can take p50/p99 over its whole window, not only per scrape.
         if self._prev_hist is not None:
             for short, buckets in scrape.hist.items():
+                if short.startswith("stage."):
+                    continue  # 30 buckets per stage: quantile rows only
                 delta = bucket_delta(buckets, self._prev_hist.get(short, {}))
                 if delta.get(math.inf, 0.0) > 0:
                     for le, c in delta.items():
@@ -650,6 +835,55 @@ def new_prefix() -> str:
     return f"kdash-{os.getpid()}-{int(time.time() * 1000)}"
 
 
+# The step an armed profile waits for when kdash gives up on it: never reached, so a rank that
+# got no forward step does not start kdash's profile long after the capture ended.
+NEVER_STEP = 2**31
+
+
+def _settled_traces(
+    folder: Path, prefix: str, sizes: dict[Path, tuple[int, float]], stable_s: float
+) -> tuple[list[Path], int]:
+    """(files of `prefix`, how many kept their size for `stable_s`): torch writes in place."""
+    from kdash.kineto import find_rank_traces
+
+    now = time.monotonic()
+    files = find_rank_traces(folder, prefix)
+    settled = 0
+    for f in files:
+        try:
+            size = f.stat().st_size
+        except OSError:
+            continue
+        old = sizes.get(f)
+        if old is None or old[0] != size:
+            sizes[f] = (size, now)
+        elif size > 0 and now - old[1] >= stable_s:
+            settled += 1
+    return files, settled
+
+
+def disarm(client: SglangClient, server_dir: str, prefix: str) -> None:
+    """Move kdash's armed, never started profile to a step no server reaches.
+
+    A rank that got no forward step still holds kdash's `start_step`; /stop_profile cannot
+    clear it (it refuses: nothing in progress). A new start with a far `start_step` replaces
+    it; a server busy with a profile refuses that (500) and keeps its own. Errors are logged.
+    """
+    req = ProfileRequest(
+        output_dir=server_dir,
+        start_step=NEVER_STEP,
+        num_steps=1,
+        activities=["CPU"],
+        with_stack=False,
+        record_shapes=False,
+        profile_prefix=prefix,
+    )
+    try:
+        client.start_profile(req)
+    except SglangError as e:
+        log.info("disarming kdash's profile: %s", e)
+
+
 def take_profile(
     client: SglangClient,
     *,
@@ -657,42 +891,73 @@ def take_profile(
     server_dir: str,
     local_dir: str | None = None,
     num_steps: int = 20,
-    activities: tuple[str, ...] = ("GPU",),
+    activities: tuple[str, ...] = ("CPU", "GPU"),
     prefix: str | None = None,
-    profile_by_stage: bool = False,
+    profile_v2: bool | None = False,
     timeout_s: float = 120.0,
     stable_s: float = 1.0,
+    poll_s: float = 0.2,
 ) -> list[Path]:
-    """Profile `num_steps` forward steps in every scheduler and return their trace files.
+    """Profile `num_steps` forward steps in every scheduler and return the trace files.
 
     `server_dir` is the folder as the server names it (it writes there); `local_dir` the same
     folder as kdash reaches it (`path_in_process` for a server in a container; default the same
-    path). The server stops by itself after `num_steps` (SGLang's `num_steps`), so no
-    /stop_profile is sent unless the files do not come, in which case the profile is stopped
-    (its own error ignored) and the one-line reason raised. `ranks` is the number of scheduler
-    processes (one trace each; with `profile_by_stage` at least one each).
+    path). The request is `ProfileRequest.for_capture`: the server stops by itself, a busy one
+    refuses, and /stop_profile is never sent (it would stop whichever profile runs, someone
+    else's too). `ranks` is the number of scheduler processes: the wait ends when that many
+    files came (with V2 or by stage, one per rank and stage seen), or at `timeout_s` with the
+    files that came (a DP rank that got no request writes none). With none at all, UserError.
     """
-    from kdash.kineto import wait_for_traces
-
     prefix = prefix or new_prefix()
-    req = ProfileRequest(
+    req = ProfileRequest.for_capture(
         output_dir=server_dir,
         num_steps=num_steps,
         activities=list(activities),
-        profile_prefix=prefix,
-        profile_by_stage=profile_by_stage,
+        prefix=prefix,
+        profile_v2=profile_v2,
     )
     client.start_profile(req)
     folder = Path(local_dir or server_dir)
-    try:
-        files = wait_for_traces(folder, prefix, ranks, timeout_s=timeout_s, stable_s=stable_s)
-    except UserError:
-        try:
-            client.stop_profile(timeout_s=min(client.timeout_s, 5.0))
-        except SglangError as stop_err:
-            log.info("stop_profile after a failed capture: %s", stop_err)
-        raise
-    return files
+    deadline = time.monotonic() + timeout_s
+    sizes: dict[Path, tuple[int, float]] = {}
+    while True:
+        files, settled = _settled_traces(folder, prefix, sizes, stable_s)
+        if len(files) >= ranks and settled >= len(files):
+            return files
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(poll_s)
+    if profile_v2 is False:
+        disarm(client, server_dir, prefix + "-off")
+    if files:
+        end = time.monotonic() + stable_s + 5 * poll_s
+        while settled < len(files) and time.monotonic() < end:
+            time.sleep(poll_s)
+            files, settled = _settled_traces(folder, prefix, sizes, stable_s)
+        return files
+    raise UserError(
+        f"no trace with prefix {prefix!r} in {folder} after {timeout_s:g} s: no forward step "
+        "(no requests reached the server? send traffic and capture again), or the server "
+        "cannot write there"
+    )
+
+
+def missing_ranks(files: list[Path], expect: list[tuple[int | None, int, int | None]]) -> list[str]:
+    """Labels (`DP1 TP0`) of the expected (dp, tp, pp) schedulers without a trace file."""
+    from kdash.kineto import parse_trace_name
+
+    seen = set()
+    for f in files:
+        n = parse_trace_name(f.name)
+        seen.add((n.dp or 0, n.tp or 0, n.pp or 0))
+    out = []
+    for dp, tp, pp in expect:
+        if (dp or 0, tp, pp or 0) not in seen:
+            parts = ([f"DP{dp}"] if dp is not None else []) + (
+                [f"PP{pp}"] if pp is not None else []
+            )
+            out.append(" ".join([*parts, f"TP{tp}"]))
+    return out
 
 
 @dataclass
@@ -703,6 +968,8 @@ class ServerCapture:
     traces: list[Any]  # kdash.kineto.TraceInfo, one per rank file
     files: list[Path]
     note: str = ""  # set when the traces hold no GPU kernel, saying the likely reason
+    missing: list[str] = field(default_factory=list)  # ranks with no step (no trace file)
+    partial: str = ""  # the one line that says so; the capture still holds the other ranks
 
 
 def capture_via_server(
@@ -713,15 +980,18 @@ def capture_via_server(
     local_dir: str | None = None,
     wall_offset_ns: int | None = None,
     num_steps: int = 20,
-    activities: tuple[str, ...] = ("GPU",),
+    activities: tuple[str, ...] = ("CPU", "GPU"),
     timeout_s: float = 120.0,
     stable_s: float = 1.0,
     prefix: str | None = None,
+    profile_v2: bool | None = False,
+    expect: list[tuple[int | None, int, int | None]] | None = None,
 ) -> ServerCapture:
     """`take_profile`, then every rank's trace read onto the host monotonic clock
     (`wall_offset_ns` from kdash.clock, as the session keeps it), ready to merge into a
-    capture window. When GPU activity was asked for and no kernel came, `note` says why that
-    usually is: another CUPTI client (kdash's own agent, Nsight) held CUPTI."""
+    capture window. `expect` ((dp, tp, pp) per scheduler) names the ranks that wrote nothing.
+    When GPU activity was asked for and no kernel came, `note` says why that usually is:
+    another CUPTI client (kdash's own agent, Nsight) held CUPTI."""
     from kdash.kineto import read_traces
 
     files = take_profile(
@@ -734,6 +1004,7 @@ def capture_via_server(
         timeout_s=timeout_s,
         stable_s=stable_s,
         prefix=prefix,
+        profile_v2=profile_v2,
     )
     tables, infos = read_traces(files, wall_offset_ns=wall_offset_ns)
     note = ""
@@ -742,4 +1013,13 @@ def capture_via_server(
             "no GPU kernels in the server's traces: another CUPTI client (kdash's agent, "
             "Nsight) held CUPTI while it profiled; switch it off and capture again"
         )
-    return ServerCapture(tables=tables, traces=infos, files=files, note=note)
+    missing = missing_ranks(files, expect or [])
+    partial = ""
+    if missing:
+        partial = (
+            f"no step on {', '.join(missing)} in {timeout_s:g} s (no request reached it): "
+            "no trace from it"
+        )
+    return ServerCapture(
+        tables=tables, traces=infos, files=files, note=note, missing=missing, partial=partial
+    )

@@ -4,20 +4,26 @@ scheduler's GPU.
 Why it is built this way:
 
 - **Titles, not names.** SGLang renames its child processes with `setproctitle`:
-  `sglang::scheduler` plus rank tokens (`_TP{n}`, `_DP{d}`, `_PP{p}`, `_EP{e}`, `_NP{node}`),
+  `sglang::scheduler` plus rank tokens (`_DP{d}`, `_PP{p}`, `_ATTN_CP{c}`, `_MOE_DP{m}`,
+  `_TP{n}`, `_EP{e}`, `_NP{node}`; 0.5.10's `configure_scheduler` writes them in that order),
   `sglang::detokenizer`, `sglang::data_parallel_controller`. The kernel's `comm` (psutil's
   `name()`) is cut at 15 characters (`sglang::schedul`), so the title is read from `cmdline()`.
   The order of the rank tokens changed between SGLang versions (`_DP0_TP1`, `_TP1_DP0`,
   `_DP0_PP1_TP2_EP0`) and the TP token is left out when `tp_size == 1`, so tokens are read in
-  any order and a missing TP means rank 0.
+  any order and a missing TP means rank 0. A token is a whole `_`-separated word, so
+  `_MOE_DP1` is never read as `DP1`.
+- **Not supported**, said rather than misread: SGLang's diffusion server (`sgl_diffusion::`
+  titles), `--grpc-mode` (no HTTP API) and `--use-ray` (schedulers are Ray actors, not
+  children of the server).
 - **The root** is the process that runs `python -m sglang.launch_server` or `sglang serve`
   (HTTP server and tokenizer); it keeps its real command line.
 - **GPU of a scheduler**, best source first:
   1. NVML's process list (`nvml_pids`: GPU index -> pids holding a context there, already
      translated to this /proc's pid namespace — the NVML collector's `PidMap` does that);
-  2. SGLang's own rule, `gpu_id = base_gpu_id + dp offset + pp_rank * tp_per_node +
-     tp_rank * gpu_id_step` (checked against `engine.py`/`data_parallel_controller.py` of
-     SGLang 0.5.x), taken through `CUDA_VISIBLE_DEVICES` read from `/proc/PID/environ` when set;
+  2. SGLang's own rule, `gpu_id = base_gpu_id + dp * tp_size * pp_size * gpu_id_step +
+     pp_rank * tp_per_node + tp_rank * gpu_id_step` (the DP offset only without DP attention;
+     checked by running 0.5.10's `DataParallelController` launch code on a CPU), taken through
+     `CUDA_VISIBLE_DEVICES` read from `/proc/PID/environ` when set;
   3. the same rule without `CUDA_VISIBLE_DEVICES` (says "rank" as its source).
   `base_gpu_id`, `gpu_id_step`, `tp_size`, `pp_size`, `dp_size` and `enable_dp_attention`
   come from `/get_server_info` when given; without it the sizes are inferred from the ranks seen.
@@ -54,9 +60,22 @@ ROLE_DETOKENIZER = "detokenizer"
 ROLE_DP_CONTROLLER = "dp_controller"
 ROLE_TOKENIZER = "tokenizer"
 ROLE_OTHER = "other"
+ROLE_UNSUPPORTED = "unsupported"
 
-_RANK_TOKEN = re.compile(r"(TP|DP|PP|EP|NP)(\d+)")
+DIFFUSION_PREFIX = "sgl_diffusion::"
+_RANK_TOKEN = re.compile(r"(?:^|_)(ATTN_CP|MOE_DP|TP|DP|PP|EP|NP)(\d+)(?=_|$)")
+_RANK_FIELDS = {"TP": "tp", "DP": "dp", "PP": "pp", "EP": "ep", "NP": "node"}
+_RANK_FIELDS.update({"ATTN_CP": "attn_cp", "MOE_DP": "moe_dp"})
+# Launch flags whose servers kdash cannot watch as SGLang servers, and why.
+UNSUPPORTED_FLAGS = {
+    "--grpc-mode": "gRPC mode (no HTTP API to read)",
+    "--use-ray": "Ray mode (the schedulers are Ray actors, not the server's children)",
+}
 _ROOT_MODULES = ("sglang.launch_server", "sglang.srt.server", "sglang.launch")
+
+
+class UnsupportedServer(UserError):
+    """An SGLang server of a kind kdash does not read (diffusion, gRPC, Ray)."""
 
 
 @dataclass(frozen=True)
@@ -68,14 +87,20 @@ class Ranks:
     pp: int | None = None
     ep: int | None = None
     node: int | None = None
+    attn_cp: int | None = None
+    moe_dp: int | None = None
 
     def label(self) -> str:
-        """Short label for a narrow column, e.g. `TP3`, `DP1 TP0`, `PP1 TP2`."""
+        """Short label for a narrow column, e.g. `TP3`, `DP1 TP0`, `PP1 TP2`, `MOE_DP1 TP2`."""
         parts = []
         if self.dp is not None:
             parts.append(f"DP{self.dp}")
         if self.pp is not None:
             parts.append(f"PP{self.pp}")
+        if self.attn_cp is not None:
+            parts.append(f"CP{self.attn_cp}")
+        if self.moe_dp is not None:
+            parts.append(f"MOE_DP{self.moe_dp}")
         parts.append(f"TP{self.tp}")
         if self.ep is not None:
             parts.append(f"EP{self.ep}")
@@ -122,6 +147,8 @@ class SglangTree:
     others: list[SglangProcess] = field(default_factory=list)
     # False when the root is only "the pid we were given" (a wrapper), not a launch_server.
     root_recognized: bool = True
+    # Set when this is an SGLang server kdash cannot watch (diffusion, gRPC, Ray): why.
+    unsupported: str = ""
 
     def processes(self) -> list[SglangProcess]:
         out = [self.root] if self.root else []
@@ -164,17 +191,20 @@ def _title_text(cmdline: Iterable[str]) -> str:
 
 
 def parse_ranks(suffix: str) -> Ranks:
-    """Rank tokens in any order: `_DP0_PP1_TP2_EP0`, `_TP3`, `` (tp_size 1: rank 0)."""
+    """Rank tokens in any order: `_DP0_PP1_MOE_DP1_TP2_EP0`, `_TP3`, `` (tp_size 1: rank 0)."""
     found: dict[str, int] = {}
-    for kind, num in _RANK_TOKEN.findall(suffix):
-        found.setdefault(kind, int(num))
-    return Ranks(
-        tp=found.get("TP", 0),
-        dp=found.get("DP"),
-        pp=found.get("PP"),
-        ep=found.get("EP"),
-        node=found.get("NP"),
-    )
+    for kind, num in _RANK_TOKEN.findall(suffix.lstrip("_")):
+        found.setdefault(_RANK_FIELDS[kind], int(num))
+    return Ranks(tp=found.pop("tp", 0), **found)
+
+
+def unsupported_launch(cmdline: list[str]) -> str:
+    """Why a launch command's server cannot be watched ("" when it can)."""
+    for arg in cmdline:
+        why = UNSUPPORTED_FLAGS.get(arg.split("=", 1)[0])
+        if why:
+            return why
+    return ""
 
 
 def is_root_cmdline(cmdline: list[str]) -> bool:
@@ -193,6 +223,8 @@ def is_root_cmdline(cmdline: list[str]) -> bool:
 def classify_cmdline(cmdline: list[str]) -> tuple[str, str, Ranks | None] | None:
     """(role, title, ranks) for one process's cmdline; None when it is not an SGLang process."""
     text = _title_text(cmdline)
+    if text.startswith(DIFFUSION_PREFIX):
+        return ROLE_UNSUPPORTED, text.split()[0], None
     if text.startswith(TITLE_PREFIX):
         title = text.split()[0]
         rest = title[len(TITLE_PREFIX) :]
@@ -245,6 +277,12 @@ def classify_tree(root_pid: int) -> SglangTree:
             continue
         role, title, ranks = cls
         proc = SglangProcess(p.pid, ppid, role, title, ranks)
+        if role == ROLE_UNSUPPORTED:
+            tree.unsupported = tree.unsupported or (
+                f"SGLang's diffusion server ({title}) is not supported"
+            )
+        elif role == ROLE_ROOT and unsupported_launch(cmd):
+            tree.unsupported = f"SGLang in {unsupported_launch(cmd)} is not supported"
         if role == ROLE_ROOT and tree.root is None:
             tree.root = proc
         elif role == ROLE_SCHEDULER:
@@ -291,6 +329,8 @@ def tree_from_pid(pid: int) -> SglangTree:
     """The whole server around `pid`; UserError when no SGLang process is there."""
     root = find_root(pid)
     tree = classify_tree(root)
+    if tree.unsupported:
+        raise UnsupportedServer(f"{tree.unsupported}: kdash reads SGLang's HTTP server only")
     if not tree.schedulers and not tree.root_recognized:
         raise UserError(
             f"process {pid} is not part of an SGLang server (no sglang::scheduler process "
@@ -427,6 +467,8 @@ def tree_from_url(url: str, proc_root: Path = Path("/proc")) -> SglangTree:
     for pid in pids:
         try:
             return tree_from_pid(pid)
+        except UnsupportedServer:
+            raise
         except UserError:
             continue
     raise UserError(f"the process listening on port {port} (pid {pids[0]}) is not an SGLang server")
@@ -460,7 +502,7 @@ def local_gpu_id(ranks: Ranks, info: Mapping[str, object]) -> int:
     pp_per_node = max(pp_size // nnodes, 1)
     gid = num("base_gpu_id", 0)
     if ranks.dp is not None and num("dp_size", 1) > 1 and not info.get("enable_dp_attention"):
-        gid += ranks.dp * tp_per_node * pp_per_node
+        gid += ranks.dp * tp_size * pp_size * num("gpu_id_step", 1)
     gid += ((ranks.pp or 0) % pp_per_node) * tp_per_node
     gid += (ranks.tp % tp_per_node) * num("gpu_id_step", 1)
     return gid

@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser(
         "attach",
         help="watch a running process and its children, or a live SGLang server",
-        usage="kdash attach (--pid PID | --sglang URL) [--api-key KEY] [options]",
+        usage="kdash attach (--pid PID | --sglang URL) [--api-key KEY] [--admin-api-key KEY] "
+        "[options]",
     )
     who = a.add_mutually_exclusive_group(required=True)
     who.add_argument(
@@ -172,7 +173,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-key",
         default=os.environ.get("KDASH_SGLANG_API_KEY"),
         metavar="KEY",
-        help="the server's --api-key/--admin-api-key (default: $KDASH_SGLANG_API_KEY)",
+        help="the server's --api-key, for /server_info and /v1/loads (default: "
+        "$KDASH_SGLANG_API_KEY)",
+    )
+    a.add_argument(
+        "--admin-api-key",
+        default=os.environ.get("KDASH_SGLANG_ADMIN_API_KEY"),
+        metavar="KEY",
+        help="the server's --admin-api-key, for /start_profile (default: "
+        "$KDASH_SGLANG_ADMIN_API_KEY; without it --api-key is sent there)",
     )
     a.add_argument(
         "--no-inject",

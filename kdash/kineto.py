@@ -36,7 +36,8 @@ the host monotonic clock, next to its NVML and /proc rows.
 **SGLang file names** `{prefix-}{profile_id}-TP-{tp}[-DP-d][-PP-p][-EP-e][-EXTEND|-DECODE]
 .trace.json.gz` give each trace's ranks and stage (`parse_trace_name`; checked against
 SGLang's profile_utils `_ProfilerTorch.stop`: DP/PP/EP appear only when that size is > 1, the
-stage is `-{stage.name}` with `profile_by_stage`); they are kept per trace in the metadata,
+stage is `-{stage.name}` with `profile_by_stage`, `-prefill`/`-decode` with SGLANG_PROFILE_V2);
+they are kept per trace in the metadata,
 and rows of a rank are told apart by `pid` (the scheduler's process).
 """
 
@@ -68,7 +69,7 @@ MAX_TIME_US = 1e15
 MAX_BASE_NS = 4 * 10**18  # baseTimeNanoseconds: Unix ns until 2096, with room for ts
 MAX_SKIP_KEYS = 1_000  # distinct skipped categories counted by name; the rest as "(other)"
 
-_STAGE_RE = r"(?:-(?P<stage>[A-Z][A-Z_]*))?"
+_STAGE_RE = r"(?:-(?P<stage>[A-Za-z][A-Za-z_]*))?"  # -EXTEND/-DECODE; V2: -prefill/-decode
 _TRACE_NAME = re.compile(
     r"^(?:(?P<prefix>.*?)-)?(?P<id>[^-]+)(?P<ranks>(?:-(?:TP|DP|PP|EP)-\d+)+)"
     + _STAGE_RE

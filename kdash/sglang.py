@@ -49,6 +49,7 @@ from kdash.collectors.sglang_http import (
 )
 from kdash.collectors.sglang_tree import (
     SglangTree,
+    UnsupportedServer,
     assign_gpus,
     classify_tree,
     path_in_process,
@@ -73,6 +74,12 @@ SERVER_KEYS = (
     "ep_size",
     "nnodes",
     "attention_backend",
+    "prefill_attention_backend",
+    "decode_attention_backend",
+    "attn_cp_size",
+    "moe_dp_size",
+    "disaggregation_mode",
+    "enable_metrics_for_all_schedulers",
     "disable_cuda_graph",
     "cuda_graph_max_bs",
     "enable_dp_attention",
@@ -98,29 +105,66 @@ class SglangServer:
     api_key: str | None = None
     server_info: dict[str, Any] = field(default_factory=dict)
     info_error: str = ""
+    admin_api_key: str | None = None
+    # SGLANG_PROFILE_V2 in the server's environment: True/False, None when unreadable.
+    profile_v2: bool | None = None
 
     def client(self, timeout_s: float = 5.0) -> SglangClient | None:
-        return SglangClient(self.url, self.api_key, timeout_s) if self.url else None
+        if not self.url:
+            return None
+        return SglangClient(self.url, self.api_key, timeout_s, admin_api_key=self.admin_api_key)
 
 
 def server_summary(info: dict[str, Any]) -> dict[str, Any]:
     return {k: info[k] for k in SERVER_KEYS if k in info}
 
 
-def discover_from_url(url: str, api_key: str | None = None) -> SglangServer:
-    """The tree behind `url` and its server info; one-line UserError when either is missing."""
+_TRUE = ("1", "true", "yes", "on")
+
+
+def profile_v2_of(tree: SglangTree) -> bool | None:
+    """Whether the server runs SGLang's V2 profiler (SGLANG_PROFILE_V2 in its root's
+    environment; the schedulers inherit it). None when no environment could be read."""
+    from kdash.collectors.sglang_tree import read_environ
+
+    pids = [p.pid for p in ([tree.root] if tree.root else []) + tree.others if p.role == "root"]
+    for pid in pids:
+        env = read_environ(pid)
+        if env:
+            return env.get("SGLANG_PROFILE_V2", "").strip().lower() in _TRUE
+    return None
+
+
+def discover_from_url(
+    url: str, api_key: str | None = None, admin_api_key: str | None = None
+) -> SglangServer:
+    """The tree behind `url` and its server info; one-line UserError when it is not an SGLang
+    server. A server that wants a key for /server_info but answers /health (which never
+    wants one) is watched without its info: /metrics needs no key either."""
     tree = tree_from_url(url)
-    client = SglangClient(url, api_key=api_key, timeout_s=5.0)
+    client = SglangClient(url, api_key=api_key, timeout_s=5.0, admin_api_key=admin_api_key)
+    info: dict[str, Any] = {}
+    info_error = ""
     try:
         info = client.get_server_info()
     except SglangError as e:
         if e.kind == "not_found":
             raise UserError(
-                f"{client.base} has no /get_server_info: is this an SGLang server's HTTP port?"
+                f"{client.base} has no /server_info: is this an SGLang server's HTTP port?"
             ) from None
-        raise
+        if e.kind != "unauthorized" or client.health() != 200:
+            raise
+        info_error = str(e)
     assign_gpus(tree, info)
-    return SglangServer(tree=tree, url=client.base, api_key=api_key, server_info=info)
+    return SglangServer(
+        tree=tree,
+        url=client.base,
+        api_key=api_key,
+        server_info=info,
+        info_error=info_error,
+        admin_api_key=admin_api_key,
+        profile_v2=profile_v2_of(tree),
+    )
 
 
 def listening_urls(pid: int, cmdline: list[str] | None = None) -> list[str]:
@@ -148,10 +192,14 @@ def listening_urls(pid: int, cmdline: list[str] | None = None) -> list[str]:
     return [u for _, _, u in sorted(set(found))]
 
 
-def discover_from_pid(pid: int, api_key: str | None = None) -> SglangServer | None:
+def discover_from_pid(
+    pid: int, api_key: str | None = None, admin_api_key: str | None = None
+) -> SglangServer | None:
     """The SGLang server `pid` belongs to, or None when its tree has no SGLang process."""
     try:
         tree = tree_from_pid(pid)
+    except UnsupportedServer:
+        raise
     except UserError:
         return None
     if tree.root is None:
@@ -161,7 +209,13 @@ def discover_from_pid(pid: int, api_key: str | None = None) -> SglangServer | No
         root_cmd = psutil.Process(tree.root.pid).cmdline()
     except (psutil.NoSuchProcess, psutil.AccessDenied) as e:
         log.info("cannot read the command line of pid %s (no --port hint): %s", tree.root.pid, e)
-    server = SglangServer(tree=tree, url=None, api_key=api_key)
+    server = SglangServer(
+        tree=tree,
+        url=None,
+        api_key=api_key,
+        admin_api_key=admin_api_key,
+        profile_v2=profile_v2_of(tree),
+    )
     errors = []
     # A wrapper (a shell script, `kdash run`) above the server is the tree's root; the HTTP
     # port is then held by the real launch_server process below it.
@@ -170,7 +224,7 @@ def discover_from_pid(pid: int, api_key: str | None = None) -> SglangServer | No
         if p.role == "root":
             urls += listening_urls(p.pid, p.title.split())
     for url in urls:
-        client = SglangClient(url, api_key=api_key, timeout_s=3.0)
+        client = SglangClient(url, api_key=api_key, timeout_s=3.0, admin_api_key=admin_api_key)
         try:
             server.server_info = client.get_server_info()
         except SglangError as e:
@@ -197,7 +251,7 @@ def starting_server(pid: int, cmd: list[str]) -> SglangServer | None:
 
     Nothing is asked yet (the server needs seconds to minutes to load its model): the URL is
     taken from `--host`/`--port` (SGLang's defaults 127.0.0.1:30000), the metrics source
-    retries until the server answers and then reads `/get_server_info`, and the recorder's
+    retries until the server answers and then reads `/server_info`, and the recorder's
     tree re-read finds the schedulers once they are spawned.
     """
     from kdash.collectors.sglang_tree import (
@@ -220,7 +274,8 @@ def starting_server(pid: int, cmd: list[str]) -> SglangServer | None:
             port = int(a[7:])
     tree = SglangTree(root=SglangProcess(pid, os.getpid(), ROLE_ROOT, " ".join(cmd)))
     host = f"[{host}]" if ":" in host else host
-    return SglangServer(tree=tree, url=f"http://{host}:{port}")
+    v2 = os.environ.get("SGLANG_PROFILE_V2", "").strip().lower() in _TRUE  # it inherits ours
+    return SglangServer(tree=tree, url=f"http://{host}:{port}", profile_v2=v2)
 
 
 @dataclass
@@ -231,7 +286,9 @@ class ServerCaptureOptions:
     folder), so it is the server's own and two users never share one."""
 
     num_steps: int = 20
-    activities: tuple[str, ...] = ("GPU",)
+    # CPU too: the step annotations (markers) come from CPU activity; stacks and shapes,
+    # the costly part, are off.
+    activities: tuple[str, ...] = ("CPU", "GPU")
     server_dir: str | None = None
     timeout_s: float = 60.0
     stable_s: float = 1.0
@@ -286,6 +343,9 @@ class ServerJob:
             out["kernels"] = int(schema.batch_len(self.result.tables["kernels"]))
             if self.result.note:
                 out["note"] = self.result.note
+            if self.result.missing:
+                out["missing_ranks"] = self.result.missing
+                out["partial"] = self.result.partial
         return out
 
 
@@ -331,7 +391,9 @@ class SglangRecorder(Recorder):
             tree = assign_gpus(self.server.tree, info, self._nvml_pids())
             meta = describe(self.server, tree, info)
             if self.metrics is not None:
-                meta["metrics"] = self.metrics.mode or "not read yet"
+                meta["metrics"] = self.metrics.mode or self.metrics.last_mode or "not read yet"
+                if self.metrics.info_error and not info:
+                    meta["server_error"] = self.metrics.info_error
             self._meta_cache = (now, meta)
             return meta
 
@@ -445,6 +507,7 @@ class SglangRecorder(Recorder):
             # server's (kdash as root), and the server could not write its traces into it.
             local = path_in_process(where, server_dir) if where else Path(server_dir)
             job.server_dir = server_dir
+            expect = [(s.ranks.dp, s.ranks.tp, s.ranks.pp) for s in scheds if s.ranks is not None]
             job.result = capture_via_server(
                 client,
                 ranks=max(1, len(scheds)),
@@ -456,6 +519,8 @@ class SglangRecorder(Recorder):
                 timeout_s=opts.timeout_s,
                 stable_s=opts.stable_s,
                 prefix=job.prefix,
+                profile_v2=self.server.profile_v2,
+                expect=expect,
             )
             job.phase = "done"
         except UserError as e:
