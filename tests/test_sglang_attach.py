@@ -93,6 +93,8 @@ def test_attach_sglang_headless_records_server_rows_and_meta(tree, tmp_path):
     assert sg["server"]["tp_size"] == 2 and sg["server"]["attention_backend"] == "triton"
     assert sg["server"]["disable_cuda_graph"] is False and sg["server"]["enable_metrics"] is True
     assert cap.meta["sources"]["sglang"] == "ok"
+    # written after the sources stopped: still says how metrics were read (issue 16, item 9)
+    assert sg["metrics"] == "metrics"
     # the whole tree is watched from its root: the schedulers' threads are in the capture
     assert cap.meta["target"]["pid"] == root.pid
     assert set(info["kids"]) <= set(cap.tables["threads"]["pid"])
@@ -203,8 +205,10 @@ def test_attach_sglang_errors_are_one_line(tree):
 
 def test_attach_sglang_with_api_key(tmp_path):
     with standin_tree(tmp_path, ("sglang::scheduler",), api_key="k3y") as (_, info):
-        line = one_line_error(kdash("attach", "--sglang", info["url"]), "401", "--api-key")
-        assert "k3y" not in line
+        # /server_info wants the key; /health does not, so kdash attaches and says why
+        keyless = discover_from_url(info["url"])
+        assert not keyless.server_info and "401" in keyless.info_error
+        assert "--api-key" in keyless.info_error
         server = discover_from_url(info["url"], api_key="k3y")
         assert server.server_info["tp_size"] == 1
         assert [s.ranks for s in server.tree.schedulers] == [Ranks(tp=0)]
@@ -299,7 +303,7 @@ def test_capture_cpu_activities_merges_the_ranks_traces(tmp_path):
     [
         ("unauthorized", ["401 unauthorized", "--api-key"]),
         ("busy", ["already running"]),
-        ("idle", ["0 of 2 trace files", "no requests"]),
+        ("idle", ["no trace", "no requests"]),
         ("no-kernels", ["no GPU kernels", "another CUPTI client"]),
         ("no-url", ["no HTTP port"]),
     ],
@@ -318,7 +322,9 @@ def test_capture_failures_are_one_line(tmp_path, case, words):
             rec.server.info_error = "the root listens on no TCP port"
         _capture_now(rec, via_server=True if case == "no-url" else None)
         if case == "idle":
-            assert srv.profiling is False  # stopped after the wait, so the next one can start
+            assert srv.profiling is False and srv.armed is not None  # never started
+        if case == "busy":
+            assert srv.replaced == 0  # the other user's profile is untouched
     cap = rec.capture
     assert cap.phase == "failed", case
     assert "\n" not in cap.error

@@ -66,6 +66,8 @@ class StandIn:
         self.steps_happen = steps_happen  # False: an idle server, no forward step, no file
         self.requests: list[tuple[str, str, dict | None, dict[str, str]]] = []
         self.profiling = False
+        self.armed: dict | None = None  # a start waiting for a forward step that never came
+        self.replaced = 0  # running profiles a plain start took over
         self.profile_thread: threading.Thread | None = None
         self.written: list[Path] = []
         self.registry = CollectorRegistry()
@@ -147,9 +149,11 @@ class StandIn:
                 raw = self.rfile.read(length) if length else b""
                 body = json.loads(raw) if raw else None
                 owner.requests.append((method, self.path, body, dict(self.headers)))
+                if self.path == "/health":
+                    return self._send(200, "")
                 if owner.api_key and self.headers.get("Authorization") != f"Bearer {owner.api_key}":
                     return self._send(401, json.dumps({"error": "Unauthorized"}))
-                if self.path == "/get_server_info":
+                if self.path in ("/server_info", "/get_server_info"):
                     info = {
                         "tp_size": owner.tp_size,
                         "dp_size": owner.dp_size,
@@ -175,7 +179,7 @@ class StandIn:
                     loads = [
                         {
                             "dp_rank": dp,
-                            "num_reqs": 3 + dp,
+                            "num_reqs": 3 + dp + dp,  # running + waiting, as 0.5.10 counts
                             "num_waiting_reqs": dp,
                             "num_tokens": 1000 * (dp + 1),
                             "ts_tic": time.time(),
@@ -201,8 +205,16 @@ class StandIn:
                         return self._send(400, json.dumps({"detail": f"bad field {k}"}))
                     if k in ("start_step", "num_steps") and isinstance(v, bool):
                         return self._send(400, json.dumps({"detail": f"bad field {k}"}))
-                if owner.profiling:
+                # As 0.5.10's scheduler: a start with start_step (or by stage) is refused while
+                # a profile runs and only arms one until the next forward step; a plain start
+                # is never refused and replaces the running profile.
+                guarded = "start_step" in body or bool(body.get("profile_by_stage"))
+                if guarded and owner.profiling:
                     return self._send(500, "Internal Server Error", "text/plain")
+                if guarded and not owner.steps_happen:
+                    owner.armed = body
+                    return self._send(200, "Start profiling.\n", "text/plain")
+                owner.replaced += int(owner.profiling)
                 owner.profiling = True
                 if body.get("num_steps") and owner.steps_happen:
                     owner.profile_thread = threading.Thread(
@@ -369,7 +381,7 @@ def test_metrics_source_p50_p99_from_bucket_deltas(server):
     assert got["num_running_reqs"] == 8.0 and got["num_queue_reqs"] == 1.0
     summary = src.server_summary()
     assert summary["tp_size"] == 2 and summary["attention_backend"] == "triton"
-    assert sum(1 for r in server.requests if r[1] == "/get_server_info") == 1
+    assert sum(1 for r in server.requests if r[1] == "/server_info") == 1
     assert "ttft_p50_s" not in got  # no window yet
     for v in (0.15,) * 98 + (0.5, 0.5):
         server.ttft.labels(server.model).observe(v)
@@ -388,7 +400,7 @@ def test_metrics_source_p50_p99_from_bucket_deltas(server):
     # a quiet interval: gauges only
     third = src.poll(t0 + 2_000_000_000)["server"]
     assert "ttft_p50_s" not in set(third["metric"])
-    assert sum(1 for r in server.requests if r[1] == "/get_server_info") == 1  # read once
+    assert sum(1 for r in server.requests if r[1] == "/server_info") == 1  # read once
     # a poll sooner than interval_s (the recorder's capture-window pace) asks nothing
     n = len(server.requests)
     assert src.poll(t0 + 2_100_000_000) == {} and len(server.requests) == n
@@ -435,8 +447,11 @@ def test_already_profiling_and_stop_without_profile(server):
     with pytest.raises(sh.SglangError, match="usually no profile is running"):
         c.stop_profile()
     assert c.start_profile(sh.ProfileRequest(activities=["CPU"])) == "Start profiling."
-    with pytest.raises(sh.SglangError) as ei:
-        c.start_profile(sh.ProfileRequest(activities=["CPU"]))
+    # a second plain start is not refused (0.5.10 drops the refusal and replaces the profile)
+    c.start_profile(sh.ProfileRequest(activities=["CPU"]))
+    assert server.replaced == 1
+    with pytest.raises(sh.SglangError) as ei:  # with start_step it is refused
+        c.start_profile(sh.ProfileRequest(activities=["CPU"], start_step=1, num_steps=1))
     assert ei.value.kind == "busy" and ei.value.status == 500
     assert "already running" in str(ei.value)
     assert c.stop_profile().startswith("Stop profiling")
@@ -526,12 +541,13 @@ def test_take_profile_returns_every_rank_file(server, tmp_path):
 
 def test_take_profile_on_an_idle_server_stops_and_says_why(tmp_path):
     with StandIn(steps_happen=False) as s:
-        with pytest.raises(UserError, match="0 of 1 trace files.*no requests"):
+        with pytest.raises(UserError, match="no trace.*no requests"):
             sh.take_profile(
                 sh.SglangClient(s.url), ranks=1, server_dir=str(tmp_path), timeout_s=0.5
             )
-        assert [r for r in s.requests if r[1] == "/stop_profile"]
-        assert s.profiling is False  # stopped, so the next capture can start
+        assert not [r for r in s.requests if r[1] == "/stop_profile"]  # it would stop anyone's
+        assert s.profiling is False and s.replaced == 0
+        assert s.armed is not None and s.armed["start_step"] == sh.NEVER_STEP  # disarmed
 
 
 def test_capture_via_server_lands_on_kdash_clock(server, tmp_path):
