@@ -139,7 +139,19 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument(
             "--headless",
             action="store_true",
-            help="record without a UI (needs --duration and --output)",
+            help="record without a UI (needs --duration and --output, or --prometheus/--jsonl)",
+        )
+        sp.add_argument(
+            "--prometheus",
+            default=None,
+            metavar="[HOST:]PORT",
+            help="serve kdash_* series on http://HOST:PORT/metrics (host 127.0.0.1 unless given)",
+        )
+        sp.add_argument(
+            "--jsonl",
+            default=None,
+            metavar="PATH|-",
+            help="write the same sample as one JSON line a second (- = stdout, with --headless)",
         )
         sp.add_argument("--duration", type=_positive("--duration"), default=None, metavar="S")
         sp.add_argument(

@@ -190,6 +190,67 @@ def _sglang_sources(server, args) -> list:
     ]
 
 
+def _exporting(args) -> bool:
+    return bool(getattr(args, "prometheus", None) or getattr(args, "jsonl", None))
+
+
+def _check_headless(args) -> None:
+    """The options of `attach`/`run` that go together (one line each when they do not)."""
+    if args.headless and not _exporting(args) and (args.duration is None or args.output is None):
+        raise UserError(
+            "--headless needs --duration S and --output PATH (or --prometheus/--jsonl, "
+            "to serve until stopped)"
+        )
+    if args.headless and args.output is not None and args.duration is None:
+        raise UserError("--output needs --duration S")
+    if not args.headless and (args.duration is not None or args.output is not None):
+        raise UserError("--duration and --output go with --headless")
+    if not args.headless and getattr(args, "jsonl", None) == "-":
+        raise UserError(
+            "--jsonl - writes to stdout, where the dashboard draws: give a file, or --headless"
+        )
+    if getattr(args, "prometheus", None):
+        from kdash.prom import parse_listen
+
+        parse_listen(args.prometheus)
+
+
+def _exporter(args, store, sources):
+    """`--prometheus`/`--jsonl` while the recorder runs (a no-op context without them)."""
+    if not _exporting(args):
+        return contextlib.nullcontext(None)
+    from kdash.prom import Exporter
+
+    return Exporter(store, sources, getattr(args, "prometheus", None), getattr(args, "jsonl", None))
+
+
+def _serve_headless(target, args, sources: list, server=None) -> int:
+    """`--headless --prometheus/--jsonl` without `--output`: serve until stopped (SIGINT or
+    SIGTERM) or for --duration, and write no capture."""
+    import signal
+
+    from kdash.session import RecorderOptions
+    from kdash.store import Store
+
+    store = Store(retention_s=120.0)
+    opts = RecorderOptions(interval_s=getattr(args, "interval", 0.25))
+    rec = _make_recorder(sources, store, target, opts, server)
+    old = {
+        sig: signal.signal(sig, lambda *a: rec.stop()) for sig in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        with _exporter(args, store, sources) as ex:
+            if ex is not None and ex.address is not None:
+                host, port = ex.address
+                print(f"kdash: metrics on http://{host}:{port}/metrics", file=sys.stderr)
+            rec.run_for(args.duration if args.duration is not None else float("inf"))
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    print("kdash: stopped", file=sys.stderr)
+    return 0
+
+
 def _record_headless(
     target, args, sources: list, extra_meta: dict | None = None, server=None
 ) -> int:
@@ -198,6 +259,8 @@ def _record_headless(
     from kdash.session import RecorderOptions
     from kdash.store import Store
 
+    if args.output is None:
+        return _serve_headless(target, args, sources, server=server)
     out = _check_output(args.output)
     store = Store(retention_s=args.duration + 60, max_rows=20_000_000)
     opts = RecorderOptions(interval_s=getattr(args, "interval", 0.25))
@@ -215,7 +278,12 @@ def _record_headless(
                 costs.append(value)
         show(elapsed)
 
-    rec.run_for(args.duration, progress=progress)
+    with _exporter(args, store, sources) as ex:
+        if ex is not None and ex.address is not None:
+            print(
+                f"kdash: metrics on http://{ex.address[0]}:{ex.address[1]}/metrics", file=sys.stderr
+            )
+        rec.run_for(args.duration, progress=progress)
     end = clock.now_ns()
     if sys.stderr.isatty():
         print(file=sys.stderr)
@@ -244,10 +312,7 @@ def cmd_attach(args) -> int:
     """
     from kdash.target import Target
 
-    if args.headless and (args.duration is None or args.output is None):
-        raise UserError("--headless needs --duration S and --output PATH")
-    if not args.headless and (args.duration is not None or args.output is not None):
-        raise UserError("--duration and --output go with --headless")
+    _check_headless(args)
     server = None
     sglang_url = getattr(args, "sglang", None)
     api_key = getattr(args, "api_key", None)
@@ -313,7 +378,8 @@ def _run_live(
     if server is not None:
         meta["sglang"] = rec.sglang_meta()
     app = KdashApp(store=store, recorder=rec, meta=meta, mode="live", config=cfg, theme=theme)
-    app.run()
+    with _exporter(args, store, sources):
+        app.run()
     return 0
 
 
@@ -332,10 +398,7 @@ def cmd_run(args, title: str | None = None, extra_meta: dict | None = None) -> i
         cmd = cmd[1:]
     if not cmd:
         raise UserError("give the command to run after `--`, e.g. kdash run -- python app.py")
-    if args.headless and (args.duration is None or args.output is None):
-        raise UserError("--headless needs --duration S and --output PATH")
-    if not args.headless and (args.duration is not None or args.output is not None):
-        raise UserError("--duration and --output go with --headless")
+    _check_headless(args)
     import shutil
 
     if shutil.which(cmd[0]) is None:
