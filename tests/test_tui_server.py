@@ -137,7 +137,9 @@ async def test_live_c_captures_through_the_server(make_app, tmp_path):
             assert app.is_running
             assert [w.name for w in app.workers if w.name == "server-capture"] == []
     starts = [r for r in srv.requests if r[1] == "/start_profile"]
-    assert len(starts) == 1 and starts[0][2]["activities"] == ["GPU"]
+    # CPU activity too (stacks and shapes off): without it 0.5.10's traces hold no step markers
+    assert len(starts) == 1 and starts[0][2]["activities"] == ["CPU", "GPU"]
+    assert starts[0][2].get("with_stack") is False and starts[0][2].get("record_shapes") is False
     cap = load_capture(rec.capture.path)
     assert sorted(set(cap.tables["markers"]["name"])) == [f"forward_step_{i}" for i in range(3)]
     assert len(cap.tables["markers"]) == 6 and len(cap.tables["kernels"]) == 0
