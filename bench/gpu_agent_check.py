@@ -697,7 +697,7 @@ def main() -> int:
         except (OSError, subprocess.SubprocessError) as e:
             report["machine"]["gpus"] = f"nvidia-smi failed: {e}"
         try:
-            import torch  # noqa: F401  (only for versions; the targets import it themselves)
+            import torch
 
             report["machine"]["torch"] = torch.__version__
         except ImportError as e:

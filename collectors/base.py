@@ -53,7 +53,7 @@ def safe_poll(source: Source, now_ns: int) -> dict[str, Batch]:
     """Poll a source; a bug in it degrades that source's health instead of stopping the app."""
     try:
         return source.poll(now_ns) or {}
-    except Exception as e:  # noqa: BLE001 - a source must never take the dashboard down
+    except Exception as e:
         log.exception("source %s failed in poll", source.name)
         source.health = Health.degraded(f"poll failed: {type(e).__name__}: {e}")
         return {}
@@ -62,6 +62,6 @@ def safe_poll(source: Source, now_ns: int) -> dict[str, Batch]:
 def safe_call(source: Source, method: str) -> None:
     try:
         getattr(source, method)()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         log.exception("source %s failed in %s", source.name, method)
         source.health = Health.unavailable(f"{method} failed: {type(e).__name__}: {e}")

@@ -441,7 +441,7 @@ class NvmlSource:
     def _shutdown(lib: Any) -> None:
         try:
             lib.nvmlShutdown()
-        except Exception:  # noqa: BLE001 - shutting down a library that half-started
+        except Exception:
             log.debug("nvmlShutdown failed", exc_info=True)
 
     def stop(self) -> None:

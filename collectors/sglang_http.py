@@ -696,7 +696,7 @@ class SglangMetricsSource:
         with self._lock:  # polls never overlap, even if a caller misbehaves
             try:
                 return self._poll(now_ns)
-            except Exception as e:  # noqa: BLE001 - a source never raises into the app
+            except Exception as e:
                 log.exception("sglang metrics poll failed")
                 self.health = Health.degraded(f"poll failed: {type(e).__name__}: {e}")
                 return {}

@@ -19,7 +19,7 @@ _root = os.path.dirname(_here)
 if not os.path.isdir(os.path.join(_here, "collectors")) and os.path.isfile(
     os.path.join(_root, "pyproject.toml")
 ):
-    __path__.append(_root)  # noqa: F821 - __path__ is set for packages
+    __path__.append(_root)
 
 try:
     __version__ = version("kdash")
@@ -27,7 +27,7 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0.0.0+unknown"
 
 
-def read_capture(path):  # noqa: ANN001,ANN201 - re-exported convenience
+def read_capture(path):
     """Load a `.kdash` capture into a dict of pandas DataFrames (one per table)."""
     from kdash.capture import load_capture
 

@@ -218,7 +218,7 @@ class Recorder:
         }
         try:
             return find_all(tables, self.topology(), self.opt.thresholds, now_ns=until_ns)
-        except Exception:  # noqa: BLE001 - an analysis bug must not stop polling
+        except Exception:
             log.exception("findings failed")
             return self.findings
 
@@ -267,7 +267,7 @@ class Recorder:
             path = self.write_window(
                 cap.start_ns, cap.end_ns, self.capture_path(cap.trigger_ns), cap.trigger_ns
             )
-        except Exception as e:  # noqa: BLE001 - reported in the status bar, never raised
+        except Exception as e:
             log.exception("capture failed")
             with self._lock:
                 cap.phase = "failed"
@@ -326,7 +326,7 @@ class Recorder:
         if self.on_event is not None:
             try:
                 self.on_event(event, payload)
-            except Exception:  # noqa: BLE001 - a UI callback bug must not stop polling
+            except Exception:
                 log.exception("event callback failed for %s", event)
 
 

@@ -526,7 +526,7 @@ class SglangRecorder(Recorder):
         except UserError as e:
             job.error = str(e)
             job.phase = "failed"
-        except Exception as e:  # noqa: BLE001 - reported as the capture's one line
+        except Exception as e:
             log.exception("capture through the server failed")
             job.error = f"{type(e).__name__}: {e}"
             job.phase = "failed"

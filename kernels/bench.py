@@ -277,7 +277,7 @@ def sweep_decode(copy_gbs: float) -> dict[str, Any]:
         for cfg in DECODE_SWEEP[tag]:
             try:
                 times = [bench_ms(c.fn(cfg)[0], rep=50) for c in cases]
-            except Exception as e:  # a config that does not compile or fit is skipped, not fatal
+            except Exception as e:  # noqa: BLE001 - a config that does not compile or fit is skipped, not fatal
                 log(f"  decode config {cfg} failed: {type(e).__name__}: {str(e)[:300]}")
                 continue
             ratios = [
@@ -319,7 +319,7 @@ def decode_table(copy_gbs: float, best: dict[str, DecodeConfig]) -> list[dict[st
             }
             try:
                 decode_row(row, lens, hq, hkv, d, copy_gbs, best)
-            except Exception as e:  # keep the rest of the table; the error goes into the JSON
+            except Exception as e:  # noqa: BLE001 - keep the rest of the table; the error goes into the JSON
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 log(f"decode {row['heads']} B={batch} ctx={ctx}: {row['error']}")
                 torch.cuda.empty_cache()
@@ -447,7 +447,7 @@ def sweep_prefill() -> dict[str, Any]:
             for cfg in PREFILL_SWEEP[d]:
                 try:
                     ms = bench_ms(case.ours(cfg), rep=50)
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001 - a failing case is logged and skipped, the rest runs
                     log(f"  prefill config {cfg} failed: {type(e).__name__}: {e}")
                     continue
                 tf = case.flops() / (ms * 1e-3) / 1e12
@@ -474,7 +474,7 @@ def prefill_table(best: dict[str, PrefillConfig]) -> list[dict[str, Any]]:
     for name, hq, hkv, d, causal, s in shapes:
         try:
             rows.append(prefill_row(name, hq, hkv, d, causal, s, best))
-        except Exception as e:  # keep the rest of the table; the error goes into the JSON
+        except Exception as e:  # noqa: BLE001 - keep the rest of the table; the error goes into the JSON
             err = f"{type(e).__name__}: {str(e)[:300]}"
             log(f"prefill {name} causal={causal} S={s}: {err}")
             rows.append({"shape": name, "causal": causal, "seq": s, "error": err})
@@ -507,7 +507,7 @@ def prefill_row(name, hq, hkv, d, causal, s, best: dict[str, PrefillConfig]) -> 
             row[f"{key}_us"] = ms_b * 1e3
             row[f"{key}_TFLOPs"] = case.flops() / (ms_b * 1e-3) / 1e12
             row[f"vs_{key}"] = ms_b / ms
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a failing case is logged and skipped, the rest runs
             row[f"{key}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
     del case
     nan = float("nan")

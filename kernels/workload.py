@@ -239,14 +239,14 @@ def gpu_pci_bdf(index: int = 0) -> str | None:
             pynvml.nvmlShutdown()
         bus = bus.decode() if isinstance(bus, bytes) else str(bus)
         return bus[-12:].lower()
-    except Exception:
+    except Exception:  # noqa: BLE001 - no NVML here: torch's properties are the next source
         pass
     try:
         import torch
 
         p = torch.cuda.get_device_properties(index)
         return f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
-    except Exception:
+    except Exception:  # noqa: BLE001 - neither can tell: the caller says "unknown"
         return None
 
 
@@ -411,7 +411,7 @@ def run(args: argparse.Namespace) -> int:
     )
     stop = {"now": False}
 
-    def on_signal(signum, frame):  # noqa: ARG001
+    def on_signal(signum, frame):
         stop["now"] = True
 
     signal.signal(signal.SIGTERM, on_signal)

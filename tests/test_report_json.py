@@ -16,7 +16,7 @@ from kdash.capture import Capture, load_capture
 from kdash.report import REPORT_SCHEMA_VERSION, schema_path, summarize
 
 sys.path.insert(0, str(Path(__file__).parent))
-from jsonschema_subset import errors  # noqa: E402
+from jsonschema_subset import errors
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPTURES = sorted((ROOT / "tests" / "data").glob("*.kdash")) + [

@@ -223,10 +223,10 @@ class StandIn:
                     owner.profile_thread.start()
                 return self._send(200, "Start profiling.\n", "text/plain")
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:
                 self._route("GET")
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 self._route("POST")
 
         return Handler

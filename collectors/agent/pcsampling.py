@@ -631,7 +631,7 @@ class CudaContext:
         self.ctx = int(ctx.value or 0)
         self.pushed = False
 
-    def _fn(self, name: str):  # noqa: ANN202 - a ctypes function
+    def _fn(self, name: str):
         """`name`_v2 where the driver has it (as cuda.h would call), else `name`."""
         return getattr(self.lib, name + "_v2", None) or getattr(self.lib, name)
 

@@ -2903,9 +2903,9 @@ def _ensure_kdash() -> None:
     (their `__init__` is not run) so the two modules load from kdash's own files.
     """
     try:
-        import kdash.collectors.agent.wire  # noqa: F401
+        import kdash.collectors.agent.wire
 
-        import kdash.schema  # noqa: F401
+        import kdash.schema
 
         return
     except ImportError as first:
@@ -2923,9 +2923,9 @@ def _ensure_kdash() -> None:
         mod.__path__ = [d]
         mod.__package__ = name
         sys.modules[name] = mod
-    import kdash.collectors.agent.wire  # noqa: F401
+    import kdash.collectors.agent.wire
 
-    import kdash.schema  # noqa: F401,F811
+    import kdash.schema  # noqa: F401
 
 
 def _wire() -> Any:
