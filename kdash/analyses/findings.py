@@ -40,8 +40,8 @@ import numpy as np
 import pandas as pd
 
 from kdash import gpu_reasons, schema
-from kdash.collectors.topology import format_cpulist, parse_cpulist
 from kdash.config import Thresholds
+from kdash.cpulist import format_cpulist, parse_cpulist
 
 Finding = dict[str, object]
 
