@@ -112,7 +112,10 @@ def load() -> dict[str, Any] | None:
     missing = {r for r in STUB_ROOTS if importlib.util.find_spec(r) is None}
     if not any(isinstance(f, _StubFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _StubFinder(missing))
-    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="kdash-prom-"))
+    # prometheus_client picks its value class from PROMETHEUS_MULTIPROC_DIR when first
+    # imported: import it before that is ever set, so other tests' metrics stay plain.
+    import prometheus_client  # noqa: F401
+
     # /health answers from its status alone: there is no model to generate a token with.
     os.environ["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] = "0"
     import sglang
@@ -378,7 +381,7 @@ class CpuServer:
             with s.lock:
                 try:
                     out = fn(s)
-                except Exception as e:  # noqa: BLE001 - the scheduler process would die
+                except Exception as e:
                     self.crashed.append(f"TP{s.tp_rank}: {type(e).__name__}: {e}")
                     raise RuntimeError("scheduler died") from e
             first = out if first is None else first
@@ -404,7 +407,12 @@ class CpuServer:
         hs.set_global_state(hs._GlobalState(self._tokenizer(), None, {}))
         app = hs.app
         if not any(getattr(r, "path", "") == "/metrics" for r in app.routes):
-            self.mods["common"].add_prometheus_middleware(app)
+            # Its collector reads the folder SGLang's launch sets; set only for the call.
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="kdash-prom-")
+            try:
+                self.mods["common"].add_prometheus_middleware(app)
+            finally:
+                os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
         wrapped = _with_middleware(app, self.args.api_key, self.args.admin_api_key, self.mods)
         config = uvicorn.Config(
             wrapped, host="127.0.0.1", port=self.port, log_level="error", lifespan="off"
