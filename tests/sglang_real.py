@@ -543,7 +543,16 @@ def dp_gpu_ids(**sizes: int) -> list[tuple[int, int, int]]:
     port_args = types.SimpleNamespace(
         nccl_port=0, tokenizer_ipc_name="", detokenizer_ipc_name="", scheduler_input_ipc_name=""
     )
+
+    class DaemonThread(threading.Thread):
+        """Its launch threads park forever once their ranks are up: as daemons they cannot
+        keep the test process from exiting."""
+
+        def __init__(self, *a: Any, **k: Any) -> None:
+            super().__init__(*a, **{**k, "daemon": True})
+
     patches = {
+        "threading": (dpc, types.SimpleNamespace(**{**vars(threading), "Thread": DaemonThread})),
         "Process": (dpc.mp, Proc),
         "Pipe": (dpc.mp, lambda duplex=False: (Reader(), None)),
         "PortArgs": (dpc, types.SimpleNamespace(init_new=lambda *a, **k: port_args)),
@@ -554,7 +563,6 @@ def dp_gpu_ids(**sizes: int) -> list[tuple[int, int, int]]:
     for k, (mod, v) in patches.items():
         setattr(mod, k, v)
     try:
-        # Its threads park forever after launching (daemon threads; they hold nothing).
         ctl.launch_dp_schedulers(args, port_args)
     finally:
         for k, (mod, _) in patches.items():
