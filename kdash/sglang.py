@@ -472,6 +472,8 @@ class SglangRecorder(Recorder):
     def capture_detail(self) -> str:
         """What the status bar adds to the capture state while the server profiles."""
         job = self._job_for(self.capture.seq)
+        if job is not None and self.capture.phase == "saved" and job.result is not None:
+            return job.result.partial  # which ranks had no step, or ""
         if job is None or self.capture.phase not in ("recording", "writing"):
             return ""
         if job.phase in ("pending", "profiling"):

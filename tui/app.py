@@ -593,7 +593,9 @@ class KdashApp(App[None]):
                 info.capture = "writing capture…"
             detail = getattr(rec, "capture_detail", None)
             extra = detail() if detail is not None else ""
-            if extra:
+            if extra and cap.phase == "saved":  # e.g. the DP ranks that had no step
+                info.capture = f"saved: {cap.path} ({extra})"
+            elif extra:
                 info.capture = f"{info.capture} ({extra})"
             elif cap.phase == "saved":
                 info.capture = f"saved: {cap.path}"
