@@ -840,28 +840,6 @@ def new_prefix() -> str:
 NEVER_STEP = 2**31
 
 
-def _settled_traces(
-    folder: Path, prefix: str, sizes: dict[Path, tuple[int, float]], stable_s: float
-) -> tuple[list[Path], int]:
-    """(files of `prefix`, how many kept their size for `stable_s`): torch writes in place."""
-    from kdash.kineto import find_rank_traces
-
-    now = time.monotonic()
-    files = find_rank_traces(folder, prefix)
-    settled = 0
-    for f in files:
-        try:
-            size = f.stat().st_size
-        except OSError:
-            continue
-        old = sizes.get(f)
-        if old is None or old[0] != size:
-            sizes[f] = (size, now)
-        elif size > 0 and now - old[1] >= stable_s:
-            settled += 1
-    return files, settled
-
-
 def disarm(client: SglangClient, server_dir: str, prefix: str) -> None:
     """Move kdash's armed, never started profile to a step no server reaches.
 
@@ -908,6 +886,8 @@ def take_profile(
     files came (with V2 or by stage, one per rank and stage seen), or at `timeout_s` with the
     files that came (a DP rank that got no request writes none). With none at all, UserError.
     """
+    from kdash.kineto import settled_traces
+
     prefix = prefix or new_prefix()
     req = ProfileRequest.for_capture(
         output_dir=server_dir,
@@ -921,7 +901,7 @@ def take_profile(
     deadline = time.monotonic() + timeout_s
     sizes: dict[Path, tuple[int, float]] = {}
     while True:
-        files, settled = _settled_traces(folder, prefix, sizes, stable_s)
+        files, settled = settled_traces(folder, prefix, sizes, stable_s)
         if len(files) >= ranks and settled >= len(files):
             return files
         if time.monotonic() >= deadline:
@@ -933,7 +913,7 @@ def take_profile(
         end = time.monotonic() + stable_s + 5 * poll_s
         while settled < len(files) and time.monotonic() < end:
             time.sleep(poll_s)
-            files, settled = _settled_traces(folder, prefix, sizes, stable_s)
+            files, settled = settled_traces(folder, prefix, sizes, stable_s)
         return files
     raise UserError(
         f"no trace with prefix {prefix!r} in {folder} after {timeout_s:g} s: no forward step "

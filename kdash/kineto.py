@@ -730,6 +730,29 @@ def cmd_import(args: Any) -> int:
     return 0
 
 
+def settled_traces(
+    folder: Path, prefix: str, sizes: dict[Path, tuple[int, float]], stable_s: float
+) -> tuple[list[Path], int]:
+    """(files of `prefix`, how many kept their size for `stable_s`): torch writes in place.
+    `sizes` carries each file's last size and since when, from one call to the next."""
+    import time
+
+    now = time.monotonic()
+    files = find_rank_traces(folder, prefix)
+    settled = 0
+    for f in files:
+        try:
+            size = f.stat().st_size
+        except OSError:
+            continue
+        old = sizes.get(f)
+        if old is None or old[0] != size:
+            sizes[f] = (size, now)
+        elif size > 0 and now - old[1] >= stable_s:
+            settled += 1
+    return files, settled
+
+
 def find_rank_traces(folder: str | os.PathLike, prefix: str | None = None) -> list[Path]:
     """SGLang rank trace files in `folder` (of one `profile_prefix` when given), sorted by
     profile id, stage and ranks. Merged files are left out: the rank files hold the same events.
@@ -770,18 +793,7 @@ def wait_for_traces(
     files: list[Path] = []
     while True:
         now = time.monotonic()
-        files = find_rank_traces(folder, prefix)
-        settled = 0
-        for f in files:
-            try:
-                size = f.stat().st_size
-            except OSError:
-                continue
-            old = sizes.get(f)
-            if old is None or old[0] != size:
-                sizes[f] = (size, now)
-            elif size > 0 and now - old[1] >= stable_s:
-                settled += 1
+        files, settled = settled_traces(folder, prefix, sizes, stable_s)
         if len(files) >= count and settled >= len(files):
             return files
         if now >= deadline:
