@@ -11,15 +11,17 @@ json_trace_parser and the import tests in tests/test_export.py):
 - **Slices on one track nest** (Perfetto drops or errors on partial overlap): kernels on one
   stream that overlap (programmatic dependent launch, seen on the H200) and copies go to lanes
   of their own; a thread's calls and its NVTX ranges to lanes that nest (`_nesting_lanes`).
-- **Flows** from each launch call to its kernels (the correlation id): ph "s" at the call,
-  ph "f" with bp "e" at the kernel, one id per arrow.
+- **Flows** from each launch call to its kernels and copies (the correlation id): ph "s" at
+  the call, ph "f" with bp "e" at the kernel or copy, one id per arrow.
 - **Counters** (ph "C") per GPU (clocks, temperature, power, utilisation) and for the busiest
   threads' CPU %.
 
 Tracks: one process per GPU with a track per stream (and its overlap lanes), one for copies
 per stream, and one for the GPU's idle gaps named by cause (kdash.analyses.gpu_time; the same
 accounting's busy and idle time per GPU is in `otherData.gpu_time`); one process per watched
-pid with its CUDA calls per thread and its NVTX ranges on tracks of their own. Kernel slices
+pid with its CUDA calls per thread, and its NVTX ranges and CPU ops (torch.profiler's, markers
+rows of domain "cpu_op": category "cpu_op", "CPU ops · thread N") on tracks of their own per
+thread and domain. Kernel slices
 carry the label the tables show (kdash.names) and the full name in their args. Timestamps are
 microseconds from the capture window's start, so the trace opens at zero.
 
@@ -258,29 +260,59 @@ def write_events(cap: Capture, out: _Out, top_threads: int = 8) -> None:
             "ts": np.concatenate(ts_l)[keep][order],
         }
 
-    _write_kernels(t, out, tracks, us, launch, symbols_of(t["kernel_symbols"]))
-    _write_copies(t["memcpy"], out, tracks, us)
+    flows = _Arrows(out, launch)
+    _write_kernels(t, out, tracks, us, flows, symbols_of(t["kernel_symbols"]))
+    _write_copies(t["memcpy"], out, tracks, us, flows)
     _write_idle_gaps(t, out, tracks, us)
     _write_markers(t["markers"], out, tracks, us, thread_names)
     _write_counters(t, out, tracks, us, top_threads, thread_names)
 
 
-def _write_kernels(t, out: _Out, tracks: _Tracks, us, launch, symbols: dict[str, str]) -> None:
+class _Arrows:
+    """Flow arrows from launch calls (`launch`: their correlation ids, sorted, with each call's
+    track and time) to GPU work, numbered across kernels and copies."""
+
+    def __init__(self, out: _Out, launch: dict[str, np.ndarray]) -> None:
+        self.out = out
+        self.launch = launch
+        self.n = 0
+
+    def calls(self, corr: np.ndarray) -> np.ndarray:
+        """Per GPU row, the index of its launch call in `launch` (the first, should a
+        correlation id repeat), or -1."""
+        lc = self.launch["corr"]
+        lo = np.searchsorted(lc, corr, side="left")
+        hi = np.searchsorted(lc, corr, side="right")
+        return np.where((hi > lo) & (corr >= 0), lo, -1)
+
+    def arrow(self, call: int, pid: int, track: int, ts: float, us) -> None:
+        if call < 0:
+            return
+        self.n += 1
+        self.out.ev(
+            {"ph": "s", "cat": "launch", "name": "launch", "id": self.n,
+             "pid": int(self.launch["pid"][call]), "tid": int(self.launch["tid"][call]),
+             "ts": us(int(self.launch["ts"][call]))}
+        )  # fmt: skip
+        self.out.ev(
+            {"ph": "f", "bp": "e", "cat": "launch", "name": "launch", "id": self.n,
+             "pid": pid, "tid": track, "ts": ts}
+        )  # fmt: skip
+
+
+def _write_kernels(t, out: _Out, tracks: _Tracks, us, flows: _Arrows, symbols: dict) -> None:
     k = t["kernels"]
     if k.empty:
         return
     labels = short_names(k["name"].astype(str), 48)
     k = k.sort_values(["device", "stream", "start_ns"], kind="stable")
-    flow_id = 0
     for (dev, stream), g in k.groupby(["device", "stream"], sort=True):
         pid = GPU_PID_BASE + int(dev)
         ends = np.maximum(g["end_ns"].to_numpy(), g["start_ns"].to_numpy())
         lanes = _lanes(g["start_ns"].to_numpy(), ends)
-        corr = g["correlation_id"].to_numpy(np.int64)
-        lo = np.searchsorted(launch["corr"], corr, side="left")
-        hi = np.searchsorted(launch["corr"], corr, side="right")
-        for row, end, lane, a, b in zip(
-            g.itertuples(index=False), ends.tolist(), lanes, lo.tolist(), hi.tolist(), strict=True
+        calls = flows.calls(g["correlation_id"].to_numpy(np.int64))
+        for row, end, lane, call in zip(
+            g.itertuples(index=False), ends.tolist(), lanes, calls.tolist(), strict=True
         ):
             name = f"stream {int(stream)}" + (f" (overlap {lane})" if lane else "")
             track = tracks.tid(pid, ("kernel", int(stream), lane), name, sort=2 + lane)
@@ -300,20 +332,10 @@ def _write_kernels(t, out: _Out, tracks: _Tracks, us, launch, symbols: dict[str,
                 {"ph": "X", "cat": "kernel", "name": labels[row.name], "pid": pid, "tid": track,
                  "ts": ts, "dur": (end - row.start_ns) / 1e3, "args": args}
             )  # fmt: skip
-            if b > a:  # the launch call (the first, should a correlation id repeat)
-                flow_id += 1
-                out.ev(
-                    {"ph": "s", "cat": "launch", "name": "launch", "id": flow_id,
-                     "pid": int(launch["pid"][a]), "tid": int(launch["tid"][a]),
-                     "ts": us(int(launch["ts"][a]))}
-                )  # fmt: skip
-                out.ev(
-                    {"ph": "f", "bp": "e", "cat": "launch", "name": "launch", "id": flow_id,
-                     "pid": pid, "tid": track, "ts": ts}
-                )  # fmt: skip
+            flows.arrow(call, pid, track, ts, us)
 
 
-def _write_copies(m, out: _Out, tracks: _Tracks, us) -> None:
+def _write_copies(m, out: _Out, tracks: _Tracks, us, flows: _Arrows) -> None:
     if m.empty:
         return
     m = m.sort_values(["device", "stream", "start_ns"], kind="stable")
@@ -321,15 +343,20 @@ def _write_copies(m, out: _Out, tracks: _Tracks, us) -> None:
         pid = GPU_PID_BASE + int(dev)
         ends = np.maximum(g["end_ns"].to_numpy(), g["start_ns"].to_numpy())
         lanes = _lanes(g["start_ns"].to_numpy(), ends)
-        for row, end, lane in zip(g.itertuples(index=False), ends.tolist(), lanes, strict=True):
+        calls = flows.calls(g["correlation_id"].to_numpy(np.int64))
+        for row, end, lane, call in zip(
+            g.itertuples(index=False), ends.tolist(), lanes, calls.tolist(), strict=True
+        ):
             name = f"stream {int(stream)} copies" + (f" (overlap {lane})" if lane else "")
             track = tracks.tid(pid, ("memcpy", int(stream), lane), name, sort=1000 + lane)
+            ts = us(row.start_ns)
             out.ev(
                 {"ph": "X", "cat": "memcpy", "name": f"{row.kind} {int(row.bytes)} B",
-                 "pid": pid, "tid": track, "ts": us(row.start_ns),
+                 "pid": pid, "tid": track, "ts": ts,
                  "dur": (end - row.start_ns) / 1e3,
                  "args": {"bytes": int(row.bytes), "correlation": int(row.correlation_id)}}
             )  # fmt: skip
+            flows.arrow(call, pid, track, ts, us)
 
 
 def _write_idle_gaps(t, out: _Out, tracks: _Tracks, us) -> None:
@@ -363,9 +390,13 @@ def _write_idle_gaps(t, out: _Out, tracks: _Tracks, us) -> None:
         )  # fmt: skip
 
 
+# markers domains named for what they are on their tracks (others: the domain, or "NVTX")
+DOMAIN_TRACKS = {"cpu_op": ("CPU ops", "cpu_op")}
+
+
 def _write_markers(mk, out: _Out, tracks: _Tracks, us, thread_names: dict) -> None:
-    """NVTX ranges (and Kineto's user annotations) on tracks of their own per thread and
-    domain, so they never share a track with the thread's CUDA calls."""
+    """NVTX ranges (and Kineto's user annotations and CPU ops) on tracks of their own per
+    thread and domain, so they never share a track with the thread's CUDA calls."""
     if mk.empty:
         return
     mk = mk.sort_values(["pid", "tid", "domain", "start_ns"], kind="stable")
@@ -378,14 +409,15 @@ def _write_markers(mk, out: _Out, tracks: _Tracks, us, thread_names: dict) -> No
         lanes = _nesting_lanes(g["start_ns"].to_numpy(), ends)
         tname = thread_names.get(tid, "")
         who = f"{tname} ({int(tid)})" if tname else (f"thread {int(tid)}" if tid >= 0 else "")
-        base = f"{domain or 'NVTX'}" + (f" · {who}" if who else "")
+        label, cat = DOMAIN_TRACKS.get(domain, (domain or "NVTX", "nvtx"))
+        base = label + (f" · {who}" if who else "")
         for row, end, lane in zip(
             g.itertuples(index=False), ends.tolist(), lanes.tolist(), strict=True
         ):
             name = base + (f" (overlap {lane})" if lane else "")
             track = tracks.tid(hp, ("nvtx", int(tid), domain, lane), name)
             out.ev(
-                {"ph": "X", "cat": "nvtx", "name": row.name, "pid": hp, "tid": track,
+                {"ph": "X", "cat": cat, "name": row.name, "pid": hp, "tid": track,
                  "ts": us(row.start_ns), "dur": (end - row.start_ns) / 1e3}
             )  # fmt: skip
 

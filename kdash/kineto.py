@@ -11,9 +11,23 @@ wall time the trace was taken). What becomes which table:
     cat cuda_runtime / cuda_driver      -> api      (name, pid, tid, correlation)
     cat gpu_memcpy / gpu_memset         -> memcpy   (kind from the name: HtoD, DtoH, ..., memset)
     cat user_annotation / gpu_user_annotation -> markers (domain = the category)
+    cat cpu_op                          -> markers  (domain "cpu_op": host ranges per thread,
+                                                     like NVTX; kdash.analyses.cpu_ops)
+    ph s / f, cat ac2g (launch flows)   -> the correlation ids of api and kernels / memcpy
 
-CPU ops, Python frames and flow events are counted per category in the capture's metadata and
-not stored: the capture schema has no table for them, and they are most of a trace's bytes.
+A CPU op is a host range on one thread, as an NVTX range is: the markers table holds both, told
+apart by domain, so the kernel pane draws them as a lane, the export on per-thread tracks and
+the report ranks them, with no table of their own (their input shapes are not kept). Python
+frames, other flows (forward-backward) and the rest are counted per category in the capture's
+metadata and not stored.
+
+**Launch flows.** Kineto draws an arrow (a flow: ph "s" at the launch call, ph "f" with bp "e"
+at the kernel or copy, one id each) from every CUDA call to the GPU work it started, and gives
+both events the same `correlation` arg. The import binds each flow's two ends to the rows that
+start where it does (same process or device, thread or stream, and nanosecond), so a row whose
+`correlation` arg is missing gets its id from the flow, and the trace's metadata counts the
+flows that tied a kept call to kept GPU work (`flows` per trace: what the Perfetto export's
+arrows and the launch-latency analysis follow).
 Kineto reports one "shared memory" figure per kernel (static + dynamic); it is stored as
 `dynamic_smem`, with `static_smem` = 0, so their sum — what every pane shows — is right.
 
@@ -49,6 +63,7 @@ import os
 import re
 import stat
 import zlib
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -86,7 +101,10 @@ _STORED = {
     "gpu_memset",
     "user_annotation",
     "gpu_user_annotation",
+    "cpu_op",
 }
+CPU_OP_DOMAIN = "cpu_op"  # markers rows that are CPU ops
+LAUNCH_FLOW = "ac2g"  # Kineto's flow category from a CUDA call to its kernel or copy
 HOST_CATS = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function"}
 
 
@@ -139,6 +157,11 @@ class TraceInfo:
     devices: list[dict[str, Any]] = field(default_factory=list)
     start_ns: int | None = None
     end_ns: int | None = None
+    cpu_ops: int = 0  # of kept["markers"]
+    # launch flows: starts and ends read, ids with both, those tying a kept call to a kept
+    # kernel or copy ("linked"), correlation ids set from them, and pairs whose rows carried
+    # different correlation ids (left as written)
+    flows: dict[str, int] = field(default_factory=dict)
 
 
 # -- opening and the header ----------------------------------------------------------------
@@ -355,6 +378,144 @@ def _dim3(v: Any) -> tuple[int, int, int]:
     return -1, -1, -1
 
 
+class _Flows:
+    """The launch flows' ends of one trace, as compact columns (8 bytes a field, not a dict
+    per event): a trace has one per CUDA call that started GPU work."""
+
+    def __init__(self) -> None:
+        self.start = array("b")  # 1: ph "s", 0: ph "f"
+        self.pid = array("q")
+        self.tid = array("q")
+        self.ts = array("d")
+        self.id = array("q")
+
+    def add(self, ev: dict[str, Any]) -> bool:
+        """Keep a flow end; False when it is not one kdash can bind (no id, no time)."""
+        fid, ts = _int(ev.get("id")), ev.get("ts")
+        if fid < 0 or not isinstance(ts, int | float) or isinstance(ts, bool):
+            return False
+        if not -MAX_TIME_US < ts < MAX_TIME_US:
+            return False
+        if len(self.id) >= limits.MAX_ROWS:
+            raise limits.LimitError(f"more than {limits.MAX_ROWS} flow events")
+        self.start.append(1 if ev.get("ph") == "s" else 0)
+        self.pid.append(_int(ev.get("pid")))
+        self.tid.append(_int(ev.get("tid")))
+        self.ts.append(float(ts))
+        self.id.append(fid)
+        return True
+
+    def ends(self, start: bool, base_ns: int, wall_offset_ns: int) -> dict[str, np.ndarray]:
+        """id, pid, tid and t (ns, as `_Table.flush` computes row times, so an end and its
+        row agree to the nanosecond) of the starts or of the ends, the first per id."""
+        sel = np.frombuffer(self.start, dtype=np.int8) == (1 if start else 0)
+        ids = np.frombuffer(self.id, dtype=np.int64)[sel]
+        _, first = np.unique(ids, return_index=True)
+        first.sort()
+        ts = np.frombuffer(self.ts, dtype=np.float64)[sel][first]
+        return {
+            "id": ids[first],
+            "pid": np.frombuffer(self.pid, dtype=np.int64)[sel][first],
+            "tid": np.frombuffer(self.tid, dtype=np.int64)[sel][first],
+            "t": np.rint(ts * 1000.0).astype(np.int64) + (base_ns - wall_offset_ns),
+        }
+
+
+def _cat_rows(batches: list[Batch], cols: Sequence[str]) -> dict[str, np.ndarray]:
+    return {c: np.concatenate([b[c] for b in batches]).astype(np.int64) for c in cols}
+
+
+def _set_rows(batches: list[Batch], col: str, rows: np.ndarray, values: np.ndarray) -> None:
+    """Write `values` at the rows (numbered across `batches`, in order) of column `col`."""
+    lo = 0
+    for b in batches:
+        n = len(b[col])
+        sel = (rows >= lo) & (rows < lo + n)
+        if sel.any():
+            b[col][rows[sel] - lo] = values[sel]
+        lo += n
+
+
+def _find(keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Per row of `keys` (n x 3 ints), the index of the first equal row of `rows`, or -1."""
+    if not len(keys) or not len(rows):
+        return np.full(len(keys), -1, dtype=np.int64)
+    _, codes = np.unique(np.concatenate([rows, keys]), axis=0, return_inverse=True)
+    codes = codes.reshape(-1)
+    first = np.full(int(codes.max()) + 1, -1, dtype=np.int64)
+    n = len(rows)
+    first[codes[:n][::-1]] = np.arange(n - 1, -1, -1)  # the lowest index wins
+    return first[codes[n:]]
+
+
+def link_flows(
+    flows: _Flows,
+    api: list[Batch],
+    gpu: dict[str, list[Batch]],
+    base_ns: int,
+    wall_offset_ns: int,
+) -> dict[str, int]:
+    """Bind each launch flow to the API call it starts on and the kernel or copy it ends on
+    (same pid and tid, or device and stream, and start ns), fill missing correlation ids from
+    it, and count. `api` and `gpu` ("kernels", "memcpy") are this trace's batches, changed in
+    place."""
+    n_start = int(np.count_nonzero(np.frombuffer(flows.start, dtype=np.int8)))
+    out = {"starts": n_start, "ends": len(flows.id) - n_start, "pairs": 0}
+    out.update(linked=0, filled=0, disagree=0)
+    if not n_start or n_start == len(flows.id):
+        return out
+    s = flows.ends(True, base_ns, wall_offset_ns)
+    f = flows.ends(False, base_ns, wall_offset_ns)
+    # flow ids with both ends: the i-th start and the fi-th end
+    order = np.argsort(f["id"], kind="stable")
+    at = np.searchsorted(f["id"], s["id"], sorter=order).clip(0, max(len(order) - 1, 0))
+    fi = order[at]
+    both = f["id"][fi] == s["id"]
+    out["pairs"] = int(both.sum())
+    si, fi = np.flatnonzero(both), fi[both]
+    if not len(si) or not api:
+        return out
+    a = _cat_rows(api, ("pid", "tid", "start_ns", "correlation_id"))
+    call = _find(
+        np.column_stack([s["pid"][si], s["tid"][si], s["t"][si]]),
+        np.column_stack([a["pid"], a["tid"], a["start_ns"]]),
+    )
+    # GPU rows of every table in one numbering: table index, row in table
+    keys, table_of, row_of, corr_of = [], [], [], []
+    for ti, batches in enumerate(gpu.values()):
+        if not batches:
+            continue
+        g = _cat_rows(batches, ("device", "stream", "start_ns", "correlation_id"))
+        keys.append(np.column_stack([g["device"], g["stream"], g["start_ns"]]))
+        table_of.append(np.full(len(g["start_ns"]), ti))
+        row_of.append(np.arange(len(g["start_ns"])))
+        corr_of.append(g["correlation_id"])
+    if not keys:
+        return out
+    work = _find(np.column_stack([f["pid"][fi], f["tid"][fi], f["t"][fi]]), np.concatenate(keys))
+    ok = (call >= 0) & (work >= 0)
+    out["linked"] = int(ok.sum())
+    if not ok.any():
+        return out
+    call, work, fid = call[ok], work[ok], s["id"][si][ok]
+    api_c = a["correlation_id"][call]
+    gpu_c = np.concatenate(corr_of)[work]
+    out["disagree"] = int(((api_c >= 0) & (gpu_c >= 0) & (api_c != gpu_c)).sum())
+    # The id both ends get: the call's, else the GPU row's, else the flow's own (Kineto's flow
+    # ids are its correlation ids).
+    corr = np.where(api_c >= 0, api_c, np.where(gpu_c >= 0, gpu_c, fid))
+    fix_api, fix_gpu = api_c < 0, gpu_c < 0
+    if fix_api.any():
+        _set_rows(api, "correlation_id", call[fix_api], corr[fix_api])
+    tables, rows = np.concatenate(table_of)[work], np.concatenate(row_of)[work]
+    for ti, batches in enumerate(gpu.values()):
+        sel = fix_gpu & (tables == ti)
+        if sel.any():
+            _set_rows(batches, "correlation_id", rows[sel], corr[sel])
+    out["filled"] = int(fix_api.sum() + fix_gpu.sum())
+    return out
+
+
 def _memcpy_kind(name: str, cat: str) -> str:
     if cat == "gpu_memset" or name.startswith("Memset"):
         return "memset"
@@ -371,7 +532,8 @@ def read_traces(
     wall_offset_ns: int | None = None,
     chunk: int = CHUNK,
 ) -> tuple[dict[str, Batch], list[TraceInfo]]:
-    """All traces -> capture tables (kernels, api, memcpy, markers) and per-trace info.
+    """All traces -> capture tables (kernels, api, memcpy, markers: annotations and CPU ops)
+    and per-trace info (what was kept and skipped, the launch flows).
 
     `wall_offset_ns` (wall - monotonic) moves the rows onto the host monotonic clock.
     """
@@ -430,13 +592,26 @@ def _read_one(path: Path, tables: dict[str, _Table], offset: int, chunk: int) ->
     interned: dict[str, str] = {}
     skipped: Counter[str] = Counter()
     host_pid: int | None = None
+    flows = _Flows()
+    cpu_ops = 0
     n = 0
     errors = (*_READ_ERRORS, ijson.JSONError)
     with _open_binary(path) as fh:
         try:
             for ev in ijson.items(fh, where, use_float=True, buf_size=_BUF):
                 n += 1
-                if not isinstance(ev, dict) or ev.get("ph") != "X":
+                if not isinstance(ev, dict):
+                    continue
+                ph = ev.get("ph")
+                if ph != "X":
+                    if ph in ("s", "f"):
+                        cat = ev.get("cat")
+                        cat = cat.lower() if isinstance(cat, str) else ""
+                        if cat != LAUNCH_FLOW or not flows.add(ev):
+                            key = f"{cat or '(none)'} flow"
+                            if key not in skipped and len(skipped) >= MAX_SKIP_KEYS:
+                                key = "(other)"
+                            skipped[key] += 1
                     continue
                 cat = ev.get("cat")
                 cat = cat.lower() if isinstance(cat, str) else ""
@@ -506,7 +681,7 @@ def _read_one(path: Path, tables: dict[str, _Table], offset: int, chunk: int) ->
                     mc["pid"].append(None)
                     mc["correlation_id"].append(args.get("correlation", -1))
                     mem.n += 1
-                elif cat in ("user_annotation", "gpu_user_annotation"):
+                elif cat in ("user_annotation", "gpu_user_annotation", "cpu_op"):
                     if mark.n >= chunk:
                         mark.flush(info.base_ns, offset, host_pid)
                         rc = mark.cols
@@ -521,6 +696,8 @@ def _read_one(path: Path, tables: dict[str, _Table], offset: int, chunk: int) ->
                     rc["pid"].append(None if gpu else pid)
                     rc["tid"].append(_int(ev.get("tid")))
                     mark.n += 1
+                    if cat == "cpu_op":
+                        cpu_ops += 1
                 else:
                     if host_pid is None and cat in HOST_CATS:
                         p = _int(ev.get("pid"))
@@ -549,6 +726,10 @@ def _read_one(path: Path, tables: dict[str, _Table], offset: int, chunk: int) ->
                 info.start_ns = lo if info.start_ns is None else min(info.start_ns, lo)
                 info.end_ns = hi if info.end_ns is None else max(info.end_ns, hi)
         info.kept[t.table] = sum(len(b["start_ns"]) for b in t.batches[first_batch[t.table] :])
+    mine = {name: t.batches[first_batch[name] :] for name, t in tables.items()}
+    gpu = {"kernels": mine["kernels"], "memcpy": mine["memcpy"]}
+    info.flows = link_flows(flows, mine["api"], gpu, info.base_ns, offset)
+    info.cpu_ops = cpu_ops
     info.pid = host_pid
     info.events = n
     info.skipped = dict(skipped)
@@ -717,9 +898,12 @@ def cmd_import(args: Any) -> int:
     out = _check_output(Path(args.output) if args.output else default_output(traces))
     res = import_traces(traces, out)
     r = res.rows
+    ops = sum(i.cpu_ops for i in res.traces)
+    linked = sum(i.flows.get("linked", 0) for i in res.traces)
     print(
-        f"wrote {res.path}: {r['kernels']} kernels, {r['api']} API calls, {r['memcpy']} "
-        f"copies, {r['markers']} markers from {len(traces)} trace"
+        f"wrote {res.path}: {r['kernels']} kernels, {r['api']} API calls ({linked} tied to "
+        f"their kernel or copy by a launch flow), {r['memcpy']} copies, {ops} CPU ops, "
+        f"{r['markers'] - ops} annotations from {len(traces)} trace"
         f"{'s' if len(traces) != 1 else ''} ({res.seconds:.3f} s)"
     )
     if r["kernels"] == 0:

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from kdash import gpu_reasons, schema
+from kdash.analyses.cpu_ops import cpu_op_threads, top_cpu_ops
 from kdash.analyses.findings import SEVERITY_ORDER
 from kdash.analyses.gpu_time import account, gpu_time_text
 from kdash.analyses.kernel_findings import idle_findings, latency_findings
@@ -134,8 +135,27 @@ def summarize(cap: Capture, top: int = DEFAULT_TOP) -> dict:
         "threads_top": thread_summary(t["threads"], limit=top),
         "findings": _findings(t, acc),
         "top_kernels": _top_kernel_rows(tk, symbols_of(t["kernel_symbols"])),
+        "top_cpu_ops": _rows(top_cpu_ops(t.get("markers"), limit=top), CPU_OP_DIGITS),
+        "cpu_op_threads": _rows(cpu_op_threads(t.get("markers")).head(top), CPU_OP_DIGITS),
         "hot_lines": hot_lines_by_kernel(t["pc_samples"], t.get("source_lines"))[:top],
     }
+
+
+# rounding of the CPU-op lists' times: 1 ns in ms and us, shares to 0.001 %
+CPU_OP_DIGITS = {"self_ms": 6, "total_ms": 6, "busy_ms": 6, "top_op_self_ms": 6,
+                 "mean_us": 3, "max_us": 3, "self_pct": 3}  # fmt: skip
+
+
+def _rows(df: pd.DataFrame, digits: dict[str, int]) -> list[dict]:
+    """A frame as JSON rows: numpy scalars made plain, the named float columns rounded."""
+    out = []
+    for row in df.to_dict("records"):
+        r = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()}
+        for k, nd in digits.items():
+            if k in r:
+                r[k] = round(float(r[k]), nd)
+        out.append(r)
+    return out
 
 
 def _top_kernel_rows(tk: pd.DataFrame, symbols: dict[str, str]) -> list[dict]:
@@ -321,7 +341,36 @@ def render(summary: dict, console) -> None:
             kt.add_row(*cells)
         console.print(kt)
     else:
-        console.print("Top kernels: no kernel records in this capture (needs the in-process agent)")
+        console.print(
+            "Top kernels: no kernel records in this capture (needs the in-process agent, or a "
+            "torch.profiler trace recorded with CUDA activity)"
+        )
+
+    if summary.get("top_cpu_ops"):
+        from rich.markup import escape
+
+        ct = Table(title="Top CPU ops (by self time: inside the op, outside the ops it called)")
+        ct.add_column("op", min_width=24, no_wrap=True)
+        for c in ("calls", "self ms", "%", "total ms", "mean us", "max us", "threads"):
+            ct.add_column(c, justify="right")
+        for r in summary["top_cpu_ops"]:
+            ct.add_row(
+                escape(r["name"][:60]),
+                str(r["calls"]),
+                _fmt(r["self_ms"], 3),
+                _fmt(r["self_pct"], 1),
+                _fmt(r["total_ms"], 3),
+                _fmt(r["mean_us"], 1),
+                _fmt(r["max_us"], 1),
+                str(r["threads"]),
+            )
+        console.print(ct)
+        for r in summary.get("cpu_op_threads") or []:
+            console.print(
+                f"  thread {r['tid']} (pid {r['pid']}): {r['ops']} CPU ops, "
+                f"{_fmt(r['busy_ms'], 3)} ms in ops, most self time in "
+                f"{escape(r['top_op'][:60])} ({_fmt(r['top_op_self_ms'], 3)} ms)"
+            )
 
     if summary.get("hot_lines"):
         ht = Table(title="Hot source lines (PC sampling)")

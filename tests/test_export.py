@@ -119,10 +119,74 @@ def test_imported_traces_export_as_perfetto_imports_them(trace, tmp_path):
     doc = _export(_imported(trace, tmp_path), tmp_path)
     assert problems(doc) == []
     ev = doc["traceEvents"]
-    # NVTX / user annotations on tracks of their own, never a CUDA call's track
+    # NVTX / user annotations and CPU ops on tracks of their own, never a CUDA call's track
     nvtx = {(e["pid"], e["tid"]) for e in ev if e.get("cat") == "nvtx"}
+    ops = {(e["pid"], e["tid"]) for e in ev if e.get("cat") == "cpu_op"}
     calls = {(e["pid"], e["tid"]) for e in ev if e.get("cat") == "cuda_api"}
-    assert nvtx and calls and not nvtx & calls
+    assert nvtx and ops and not nvtx & calls and not ops & calls and not ops & nvtx
+    assert calls or "cpu" in trace.name  # the CPU-only trace has no CUDA call
+
+
+def _raw_events(trace: Path) -> list[dict]:
+    return json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+
+
+@pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.name)
+def test_cpu_ops_on_a_track_per_thread(trace, tmp_path):
+    """Every CPU op of the trace, counted here from its JSON, is a slice of the export, on
+    one "CPU ops" track per thread (plus overlap lanes: none in a real trace)."""
+    raw = [e for e in _raw_events(trace) if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    per_thread: dict[int, int] = defaultdict(int)
+    for e in raw:
+        per_thread[e["tid"]] += 1
+    ev = _export(_imported(trace, tmp_path), tmp_path)["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev if e["name"] == "thread_name"}
+    got: dict[str, int] = defaultdict(int)
+    for e in ev:
+        if e.get("cat") == "cpu_op":
+            got[names[(e["pid"], e["tid"])]] += 1
+    assert dict(got) == {f"CPU ops · thread {tid}": n for tid, n in per_thread.items()}
+    if "cpu" in trace.name:
+        assert len(per_thread) >= 2  # the shipped CPU trace has a loader thread
+
+
+GPU_TRACES = [t for t in TRACES if "-TP-" in t.name]
+
+
+@pytest.mark.parametrize("trace", GPU_TRACES, ids=lambda p: p.name)
+def test_launch_flows_of_a_trace_are_arrows_of_its_export(trace, tmp_path):
+    """Kineto's launch flows (ac2g) that go from a CUDA call to a kernel or copy, counted here
+    from the JSON: each is one arrow of the export, from that call's track to that GPU row."""
+    raw = _raw_events(trace)
+    at = {(e["pid"], e["tid"], e["ts"]): e for e in raw if e.get("ph") == "X"}
+    ends: dict[int, dict[str, dict]] = defaultdict(dict)
+    for e in raw:
+        if e.get("ph") in ("s", "f") and e.get("cat") == "ac2g":
+            x = at.get((e["pid"], e["tid"], e["ts"]))
+            if x is not None:
+                ends[e["id"]][e["ph"]] = x
+    kind = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memcpy"}
+    # (call, kernel or copy, ns from the call's start to the GPU row's): the same in both
+    want = sorted(
+        (se["s"]["name"], kind[se["f"]["cat"]], _ns(se["f"]["ts"]) - _ns(se["s"]["ts"]))
+        for se in ends.values()
+        if set(se) == {"s", "f"}
+        and se["s"]["cat"] in ("cuda_runtime", "cuda_driver")
+        and se["f"]["cat"] in kind
+    )
+    assert len(want) > 20
+    doc = _export(_imported(trace, tmp_path), tmp_path)
+    ev = doc["traceEvents"]
+    slices = {(e["pid"], e["tid"], round(e["ts"], 3)): e for e in ev if e["ph"] == "X"}
+    pairs: dict[int, dict[str, dict]] = defaultdict(dict)
+    for e in ev:
+        if e["ph"] in ("s", "f"):
+            pairs[e["id"]][e["ph"]] = slices[(e["pid"], e["tid"], round(e["ts"], 3))]
+    got = sorted(
+        (p["s"]["name"], p["f"]["cat"], _ns(p["f"]["ts"]) - _ns(p["s"]["ts"]))
+        for p in pairs.values()
+    )
+    assert got == want
 
 
 def test_demo_tracks_flows_and_counters(tmp_path):

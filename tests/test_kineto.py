@@ -2,9 +2,12 @@
 
 Two kinds of input, each said where used:
 - REAL traces: torch.profiler (torch 2.13, CPU build) run in the test on a small workload and
-  exported with `export_chrome_trace`. They carry CPU ops and user annotations only; kernels
-  come with the GPU traces recorded by bench/gpu_kineto_record.py (tests/data/kdash-*.trace.json.gz,
-  used below when present).
+  exported with `export_chrome_trace`, and the shipped tests/data/cpu-mlp.trace.json.gz
+  (bench/kineto_cpu_trace.py: a training step on two threads). They carry CPU ops and user
+  annotations only; kernels and launch flows come with the GPU traces recorded by
+  bench/gpu_kineto_record.py (tests/data/kdash-*.trace.json.gz, used below when present).
+  What a test checks in them it counts from the trace's own JSON, never from numbers copied
+  from one recording.
 - HAND-MADE events for the GPU fields (kernel grid/block/registers/shared memory, memcpy,
   runtime calls): written here in Kineto's shape, to pin down each field and edge case.
 """
@@ -176,20 +179,68 @@ def _write(path: Path, doc, gz: bool = False) -> Path:
     return path
 
 
+def _annotations(markers) -> dict:
+    sel = markers["domain"] != kineto.CPU_OP_DOMAIN
+    return {c: v[sel] for c, v in markers.items()}
+
+
 def test_real_cpu_trace_markers_times_and_pid(tmp_path):
     path = tmp_path / "real.json"
     t0 = _real_cpu_trace(path)
     tables, infos = kineto.read_traces([path])
-    m = tables["markers"]
+    m = _annotations(tables["markers"])
     assert list(m["name"]) == ["decode_step_0", "decode_step_1", "decode_step_2"]
     assert set(m["domain"]) == {"user_annotation"}
-    assert (m["pid"] == os.getpid()).all()
+    assert (tables["markers"]["pid"] == os.getpid()).all()
     # base + ts is wall time: the steps happened after t0 and within a minute of it
     assert (m["start_ns"] >= t0 - 1_000_000).all() and (m["end_ns"] < t0 + 60e9).all()
     assert (np.diff(m["start_ns"]) > 0).all() and (m["end_ns"] > m["start_ns"]).all()
     info = infos[0]
-    assert info.pid == os.getpid() and info.skipped.get("cpu_op", 0) > 0
+    raw = json.loads(path.read_text())["traceEvents"]
+    ops = [e for e in raw if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    assert len(ops) >= 6 and info.cpu_ops == len(ops) and "cpu_op" not in info.skipped
+    assert info.pid == os.getpid()
     assert schema_len(tables["kernels"]) == 0
+
+
+CPU_TRACE = DATA / "cpu-mlp.trace.json.gz"
+
+
+def _json_events(path: Path) -> list[dict]:
+    return json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+
+
+def test_shipped_cpu_trace_keeps_every_cpu_op():
+    """The REAL CPU-only trace: every CPU op is a markers row (domain cpu_op) with its name,
+    thread and times to the nanosecond; what is not kept is metadata, instants and the
+    forward-backward flows, each counted."""
+    doc = json.loads(gzip.decompress(CPU_TRACE.read_bytes()))
+    raw = doc["traceEvents"]
+    base = doc["baseTimeNanoseconds"]
+    want = sorted(
+        (e["tid"], base + round(e["ts"] * 1000), e["name"])
+        for e in raw
+        if e.get("ph") == "X" and e.get("cat") == "cpu_op"
+    )
+    tables, (info,) = kineto.read_traces([CPU_TRACE])
+    m = tables["markers"]
+    ops = m["domain"] == "cpu_op"
+    cols = (m["tid"][ops].tolist(), m["start_ns"][ops].tolist(), m["name"][ops])
+    got = sorted(zip(*cols, strict=True))
+    assert got == want and info.cpu_ops == len(want)
+    assert len({t for t, _, _ in want}) >= 2  # the loader thread and the training thread
+    dur = {(e["tid"], base + round(e["ts"] * 1000)): round(e["dur"] * 1000) for e in raw
+           if e.get("cat") == "cpu_op"}  # fmt: skip
+    for tid, s, e in zip(m["tid"][ops], m["start_ns"][ops], m["end_ns"][ops], strict=True):
+        assert e - s == dur[(tid, s)]
+    annotations = sum(1 for e in raw if e.get("ph") == "X" and e.get("cat") == "user_annotation")
+    assert schema_len(m) == len(want) + annotations
+    # every X event kept or counted; the flows here are autograd's, not launches
+    xs = sum(1 for e in raw if e.get("ph") == "X")
+    assert info.kept["markers"] + sum(v for k, v in info.skipped.items() if "flow" not in k) == xs
+    fwdbwd = sum(1 for e in raw if e.get("ph") in ("s", "f") and e.get("cat") == "fwdbwd")
+    assert info.skipped.get("fwdbwd flow", 0) == fwdbwd > 0
+    assert info.flows["pairs"] == 0 and info.flows["linked"] == 0
 
 
 def schema_len(batch) -> int:
@@ -201,7 +252,7 @@ def test_real_gzipped_trace_with_sglang_name(tmp_path):
     _real_cpu_trace(path)
     assert path.read_bytes()[:2] == b"\x1f\x8b"
     tables, infos = kineto.read_traces([path])
-    assert schema_len(tables["markers"]) == 3
+    assert schema_len(_annotations(tables["markers"])) == 3
     n = infos[0].name
     assert (n.prefix, n.profile_id, n.tp, n.dp, n.pp, n.stage) == (
         "kdash",
@@ -263,10 +314,15 @@ def test_hand_made_kernel_fields(tmp_path):
     mc = tables["memcpy"]
     assert list(mc["kind"]) == ["HtoD", "memset"] and list(mc["bytes"]) == [4096, 256]
     mk = tables["markers"]
-    assert list(mk["domain"]) == ["user_annotation", "gpu_user_annotation"]
-    assert list(mk["pid"]) == [4242, 4242] and mk["tid"][1] == 7
+    assert list(mk["domain"]) == ["cpu_op", "user_annotation", "gpu_user_annotation"]
+    assert list(mk["name"]) == ["aten::mm", "forward", "forward"]
+    assert list(mk["pid"]) == [4242, 4242, 4242] and list(mk["tid"]) == [4243, 4243, 7]
+    assert (mk["start_ns"][0], mk["end_ns"][0]) == (BASE_NS + 10_000, BASE_NS + 15_000)
     info = infos[0]
-    assert info.skipped == {"cpu_op": 1, "kernel without ts": 1}
+    assert info.skipped == {"kernel without ts": 1}
+    # the one flow start has no end: kept, but it links nothing
+    assert info.flows == {"starts": 1, "ends": 0, "pairs": 0, "linked": 0, "filled": 0,
+                          "disagree": 0}  # fmt: skip
     assert info.devices[0]["name"] == "NVIDIA H200"
 
 
@@ -329,8 +385,8 @@ def test_streaming_memory_stays_small(tmp_path):
     fresh interpreter grows by far less than the file (json.load would need ~8x the file)."""
     filler = {
         "ph": "X",
-        "cat": "cpu_op",
-        "name": "aten::add",
+        "cat": "python_function",
+        "name": "torch/nn/modules/module.py(1751): _call_impl",
         "pid": 1,
         "tid": 1,
         "ts": 1.0,
@@ -364,7 +420,7 @@ def test_streaming_memory_stays_small(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     before, after, events, skipped = json.loads(out.stdout.strip().splitlines()[-1])
-    assert events == 150_000 and skipped == {"cpu_op": 150_000}
+    assert events == 150_000 and skipped == {"python_function": 150_000}
     assert after - before < size / 5, (
         f"RSS grew {(after - before) / 1e6:.1f} MB for {size / 1e6:.1f} MB"
     )
@@ -380,7 +436,10 @@ def test_cmd_import_writes_a_loadable_capture_and_never_overwrites(tmp_path, cap
     assert out.exists()
     assert "2 kernels" in capsys.readouterr().out
     cap = load_capture(out)
-    assert len(cap.tables["kernels"]) == 2 and len(cap.tables["markers"]) == 5
+    ops = sum(1 for e in _json_events(b) if e.get("cat") == "cpu_op")
+    mk = cap.tables["markers"]
+    assert len(cap.tables["kernels"]) == 2 and len(mk) == 5 + 1 + ops
+    assert (mk["domain"] == "cpu_op").sum() == 1 + ops
     assert cap.meta["origin"] == "kineto-import"
     assert [t["name"].get("tp") for t in cap.meta["traces"]] == [0, 1]
     assert cap.meta["gpus"][0]["name"] == "NVIDIA H200"
@@ -509,3 +568,117 @@ def test_cmd_import_of_a_folder_takes_its_rank_traces(tmp_path, capsys):
         kineto.cmd_import(SimpleNamespace(traces=[empty], output=None))
     with pytest.raises(UserError, match="no such file"):
         kineto.cmd_import(SimpleNamespace(traces=[tmp_path / "nope.json"], output=None))
+
+
+def _direct_launch_flows(raw: list[dict]) -> list[tuple[dict, dict]]:
+    """(call, GPU event) per ac2g flow of the JSON whose start lies on a CUDA call and whose
+    end on a kernel, copy or memset: found here by the events' own pid, tid and ts."""
+    at = {(e["pid"], e["tid"], e["ts"]): e for e in raw if e.get("ph") == "X"}
+    ends: dict[int, dict[str, dict]] = {}
+    for e in raw:
+        if e.get("ph") in ("s", "f") and e.get("cat") == "ac2g":
+            x = at.get((e["pid"], e["tid"], e["ts"]))
+            if x is not None:
+                ends.setdefault(e["id"], {})[e["ph"]] = x
+    return [
+        (se["s"], se["f"])
+        for se in ends.values()
+        if set(se) == {"s", "f"}
+        and se["s"]["cat"] in ("cuda_runtime", "cuda_driver")
+        and se["f"]["cat"] in ("kernel", "gpu_memcpy", "gpu_memset")
+    ]
+
+
+def _check_launches(raw: list[dict], base: int, tables: dict, info) -> None:
+    """Every kernel and copy with a launch flow has that launch in the api table, under one
+    correlation id; the import's counts are the flows counted from the JSON."""
+    pairs = _direct_launch_flows(raw)
+    flows = [e for e in raw if e.get("ph") in ("s", "f") and e.get("cat") == "ac2g"]
+    assert info.flows["starts"] == sum(e["ph"] == "s" for e in flows)
+    assert info.flows["ends"] == sum(e["ph"] == "f" for e in flows)
+    starts = {e["id"] for e in flows if e["ph"] == "s"}
+    assert info.flows["pairs"] == len(starts & {e["id"] for e in flows if e["ph"] == "f"})
+    assert info.flows["linked"] == len(pairs) > 20 and info.flows["disagree"] == 0
+    a = tables["api"]
+    call_at = {
+        (int(p), int(t), int(s)): int(c)
+        for p, t, s, c in zip(a["pid"], a["tid"], a["start_ns"], a["correlation_id"], strict=True)
+    }
+    gpu_at = {}
+    for name in ("kernels", "memcpy"):
+        g = tables[name]
+        for d, st, s, c in zip(
+            g["device"], g["stream"], g["start_ns"], g["correlation_id"], strict=True
+        ):
+            gpu_at[(int(d), int(st), int(s))] = int(c)
+    for call, work in pairs:
+        c = call_at[(call["pid"], call["tid"], base + round(call["ts"] * 1000))]
+        w = gpu_at[
+            (work["args"]["device"], work["args"]["stream"], base + round(work["ts"] * 1000))
+        ]
+        assert c == w >= 0, (call["name"], work["name"])
+    # and the kernels with a flow are every kernel of these traces
+    kernel_flows = sum(1 for _, w in pairs if w["cat"] == "kernel")
+    assert kernel_flows == sum(1 for e in raw if e.get("ph") == "X" and e.get("cat") == "kernel")
+
+
+@pytest.mark.skipif(not GPU_TRACES, reason="no GPU-recorded trace in tests/data yet")
+@pytest.mark.parametrize("trace", GPU_TRACES, ids=lambda p: p.name)
+def test_launch_flows_of_real_gpu_traces(trace):
+    """REAL SGLang traces from the H200: the flows tie each kernel and copy to its launch."""
+    doc = json.loads(gzip.decompress(trace.read_bytes()))
+    tables, (info,) = kineto.read_traces([trace])
+    _check_launches(doc["traceEvents"], doc["baseTimeNanoseconds"], tables, info)
+    assert info.flows["filled"] == 0  # Kineto wrote each correlation id in the args too
+
+
+@pytest.mark.skipif(not GPU_TRACES, reason="no GPU-recorded trace in tests/data yet")
+def test_launch_flows_fill_correlation_ids_a_trace_lacks(tmp_path):
+    """The REAL DECODE trace with every `correlation` arg removed (as a tool that writes only
+    the flows would): the ids come from the flows, the same links as with them, also when the
+    rows are split over many chunks."""
+    trace = next(t for t in GPU_TRACES if "DECODE" in t.name)
+    doc = json.loads(gzip.decompress(trace.read_bytes()))
+    with_args, _ = kineto.read_traces([trace])
+    for e in doc["traceEvents"]:
+        if isinstance(e.get("args"), dict):
+            e["args"].pop("correlation", None)
+    path = _write(tmp_path / "no-correlation.json", doc)
+    for chunk in (kineto.CHUNK, 7):
+        tables, (info,) = kineto.read_traces([path], chunk=chunk)
+        _check_launches(doc["traceEvents"], doc["baseTimeNanoseconds"], tables, info)
+        assert info.flows["filled"] == 2 * info.flows["linked"]
+        for name in ("kernels", "memcpy"):
+            assert np.array_equal(tables[name]["correlation_id"], with_args[name]["correlation_id"])
+        # calls that launched nothing keep "no id"; the launches have theirs
+        linked = tables["api"]["correlation_id"] >= 0
+        assert linked.sum() == info.flows["linked"]
+        assert np.array_equal(
+            tables["api"]["correlation_id"][linked], with_args["api"]["correlation_id"][linked]
+        )
+
+
+def test_flows_bind_by_thread_and_time_only(tmp_path):
+    """HAND-MADE: a flow whose end is on another stream than the kernel binds nothing, and a
+    call and kernel with different correlation args are counted, not changed."""
+    events = [
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 5, "tid": 6,
+         "ts": 1.0, "dur": 1.0, "args": {}},
+        {"ph": "X", "cat": "kernel", "name": "k1", "pid": 0, "tid": 7, "ts": 3.0, "dur": 1.0,
+         "args": {"device": 0, "stream": 7}},
+        {"ph": "s", "cat": "ac2g", "id": 1, "pid": 5, "tid": 6, "ts": 1.0},
+        {"ph": "f", "cat": "ac2g", "id": 1, "pid": 0, "tid": 8, "ts": 3.0, "bp": "e"},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 5, "tid": 6,
+         "ts": 5.0, "dur": 1.0, "args": {"correlation": 2}},
+        {"ph": "X", "cat": "kernel", "name": "k2", "pid": 0, "tid": 7, "ts": 6.0, "dur": 1.0,
+         "args": {"device": 0, "stream": 7, "correlation": 3}},
+        {"ph": "s", "cat": "ac2g", "id": 2, "pid": 5, "tid": 6, "ts": 5.0},
+        {"ph": "f", "cat": "ac2g", "id": 2, "pid": 0, "tid": 7, "ts": 6.0, "bp": "e"},
+        {"ph": "s", "cat": "ac2g", "id": "not an id", "pid": 5, "tid": 6, "ts": 5.0},
+    ]  # fmt: skip
+    tables, (info,) = kineto.read_traces([_write(tmp_path / "f.json", _kineto_doc(events))])
+    assert info.flows == {"starts": 2, "ends": 2, "pairs": 2, "linked": 1, "filled": 0,
+                          "disagree": 1}  # fmt: skip
+    assert info.skipped == {"ac2g flow": 1}
+    assert list(tables["kernels"]["correlation_id"]) == [-1, 3]
+    assert list(tables["api"]["correlation_id"]) == [-1, 2]

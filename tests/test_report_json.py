@@ -5,6 +5,7 @@ numbers as fields, and `--top N` cuts its lists."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -99,3 +100,45 @@ def test_top_cuts_the_lists():
 def test_schema_is_package_data():
     text = (ROOT / "pyproject.toml").read_text()
     assert '"data/*.json"' in text and schema_path().parent.name == "data"
+
+
+CPU_TRACE = ROOT / "tests" / "data" / "cpu-mlp.trace.json.gz"
+
+
+def test_cpu_only_trace_reports_its_cpu_ops(tmp_path):
+    """The REAL CPU-only torch.profiler trace: no kernel, yet the report ranks every CPU op
+    (counted here from the trace's JSON) and names the threads that ran them."""
+    import gzip
+
+    raw = json.loads(gzip.decompress(CPU_TRACE.read_bytes()))["traceEvents"]
+    ops = [e for e in raw if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    doc = _doc(_trace_capture(CPU_TRACE), top=10_000)
+    assert doc["top_kernels"] == [] and doc["gpu_time"] == []
+    top = doc["top_cpu_ops"]
+    assert sum(r["calls"] for r in top) == len(ops)
+    assert {r["name"] for r in top} == {e["name"] for e in ops}
+    assert [r["self_ms"] for r in top] == sorted((r["self_ms"] for r in top), reverse=True)
+    assert sum(r["self_pct"] for r in top) == pytest.approx(100, abs=0.01)
+    assert all(r["self_ms"] <= r["total_ms"] + 1e-9 for r in top)
+    threads = doc["cpu_op_threads"]
+    assert {r["tid"] for r in threads} == {e["tid"] for e in ops} and len(threads) >= 2
+    assert sum(r["ops"] for r in threads) == len(ops)
+    # --top cuts the list; the text report shows it
+    assert len(_doc(_trace_capture(CPU_TRACE), top=3)["top_cpu_ops"]) == 3
+    cap = tmp_path / "cpu.kdash"
+    kineto.import_traces([CPU_TRACE], cap)
+    r = subprocess.run(
+        [sys.executable, "-m", "kdash.cli", "report", str(cap)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "160"},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "Top CPU ops" in r.stdout and top[0]["name"] in r.stdout
+    assert f"thread {threads[0]['tid']} (pid {threads[0]['pid']}): {threads[0]['ops']} CPU ops" in (
+        r.stdout
+    )
+
+
+@pytest.mark.parametrize("path", CAPTURES, ids=lambda p: p.name)
+def test_captures_without_cpu_ops_report_empty_lists(path):
+    doc = _doc(load_capture(path))
+    assert doc["top_cpu_ops"] == [] and doc["cpu_op_threads"] == []
