@@ -38,9 +38,13 @@ import triton
 import triton.language as tl
 
 from ._common import cdiv, interpreting, mma, next_pow2, sm_count, to_bf16
+from .launch import BoundKernel
 
 LOG2E = 1.4426950408889634
 FP8_DTYPES = (torch.float8_e4m3fn,)
+# Batches up to this size get their split length from the lengths in memory, one load of the
+# whole batch per program; larger ones use the plan's (host-side) split length.
+MAX_DEVICE_PLAN_BATCH = 4096
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,68 @@ def _tile_pages(pt_row, offs_n, end, PAGE: tl.constexpr):
 
 
 @triton.jit
+def _device_split_len(
+    LENS,
+    TARGET: tl.constexpr,
+    TARGET_VARLEN: tl.constexpr,
+    MIN_SPLIT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+):
+    """:func:`plan_splits`'s split length, computed by every program from the lengths in memory.
+
+    A plan that is replayed (a CUDA graph) while the lengths change cannot carry a split length
+    worked out on the host for one set of lengths; reading the batch's lengths (a few hundred
+    bytes, from L2 after the first program) gives each replay the balance of its own lengths.
+    The same integer arithmetic as the host's, so an eager plan and its replays cut alike.
+    """
+    batch = tl.num_programs(0)
+    kv_heads = tl.num_programs(1)
+    # One load of the whole batch (BLOCK_B >= batch): a loop here, ahead of the KV loop, kept
+    # Triton from software-pipelining the KV loop (no cp.async in the PTX).
+    offs = tl.arange(0, BLOCK_B)
+    n = tl.load(LENS + offs, mask=offs < batch, other=0)
+    total = tl.maximum(tl.sum(n.to(tl.int64), 0), 1)
+    longest = tl.maximum(tl.max(n, 0), 1).to(tl.int64)
+    # batch * longest > 1.5 * total, in integers
+    varlen = 2 * batch * longest > 3 * total
+    target = tl.where(varlen, TARGET_VARLEN, TARGET)
+    split_len = tl.maximum(tl.cdiv(total * kv_heads, target), MIN_SPLIT)
+    return (tl.cdiv(split_len, BLOCK_N) * BLOCK_N).to(tl.int32)
+
+
+@triton.jit
+def _piece(
+    LENS,
+    b,
+    split,
+    num_splits,
+    split_len_hint,
+    BLOCK_N: tl.constexpr,
+    DEVICE_PLAN: tl.constexpr,
+    TARGET: tl.constexpr,
+    TARGET_VARLEN: tl.constexpr,
+    MIN_SPLIT: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+):
+    """``(seq_len, start, end)`` of this program's piece of request ``b``.
+
+    The request is cut into as many splits as its length needs at the split length (never more
+    than the grid has), equal parts rounded up to whole blocks; a split past its end is empty.
+    """
+    seq_len = tl.load(LENS + b)
+    if DEVICE_PLAN:
+        hint = _device_split_len(LENS, TARGET, TARGET_VARLEN, MIN_SPLIT, BLOCK_N, BLOCK_B)
+    else:
+        hint = split_len_hint
+    n_here = tl.minimum(tl.maximum(tl.cdiv(seq_len, hint), 1), num_splits)
+    split_len = tl.cdiv(tl.cdiv(seq_len, n_here), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+    return seq_len, start, end
+
+
+@triton.jit
 def _decode_stage1(
     Q,
     K,
@@ -188,24 +254,40 @@ def _decode_stage1(
     EVICT: tl.constexpr,
     UPCAST: tl.constexpr,
     PREFETCH: tl.constexpr = False,
+    DEVICE_PLAN: tl.constexpr = False,
+    TARGET: tl.constexpr = 1,
+    TARGET_VARLEN: tl.constexpr = 1,
+    MIN_SPLIT: tl.constexpr = 256,
+    BLOCK_B: tl.constexpr = 16,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     q_heads = tl.num_programs(1) * GROUP
-
-    seq_len = tl.load(LENS + b)
-    # This request's own cut: as many splits as its length needs at the planned split length
-    # (never more than the grid has), equal parts rounded up to whole blocks.
-    n_here = tl.minimum(tl.maximum(tl.cdiv(seq_len, split_len_hint), 1), num_splits)
-    split_len = tl.cdiv(tl.cdiv(seq_len, n_here), BLOCK_N) * BLOCK_N
-    start = split * split_len
-    end = tl.minimum(start + split_len, seq_len)
-
+    seq_len, start, end = _piece(
+        LENS,
+        b,
+        split,
+        num_splits,
+        split_len_hint,
+        BLOCK_N,
+        DEVICE_PLAN,
+        TARGET,
+        TARGET_VARLEN,
+        MIN_SPLIT,
+        BLOCK_B,
+    )
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, HEAD_DIM)
     hmask = offs_h < GROUP
     heads = kvh * GROUP + offs_h
+    # Partials are contiguous [B, Hq, num_splits, D] and [B, Hq, num_splits].
+    row = (b * q_heads + heads).to(tl.int64) * num_splits + split
+    if start >= end:
+        # An empty split (past the end of a short request, or beyond what a replayed plan's
+        # lengths need) only says so: lse = -inf, which the merge reads as zero weight.
+        tl.store(LSEP + row, float("-inf"), mask=hmask)
+        return
     q = tl.load(
         Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
         mask=hmask[:, None],
@@ -278,13 +360,9 @@ def _decode_stage1(
 
     if IS_FP8:
         acc = acc * tl.load(VS + kvh)
-    # An empty split (past the end of a short request) keeps m_i = -inf, l_i = 0: it writes
-    # lse = -inf and o = 0, and the merge gives it zero weight.
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_safe[:, None]
     lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-    # Partials are contiguous [B, Hq, num_splits, D] and [B, Hq, num_splits].
-    row = (b * q_heads + heads).to(tl.int64) * num_splits + split
     tl.store(OP + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=hmask[:, None])
     tl.store(LSEP + row, lse, mask=hmask)
 
@@ -361,8 +439,13 @@ def _decode_stage1_fp8_pairs(
     ASM: tl.constexpr,
     UPCAST: tl.constexpr,
     PREFETCH: tl.constexpr = False,
+    DEVICE_PLAN: tl.constexpr = False,
+    TARGET: tl.constexpr = 1,
+    TARGET_VARLEN: tl.constexpr = 1,
+    MIN_SPLIT: tl.constexpr = 256,
+    BLOCK_B: tl.constexpr = 16,
 ):
-    """Stage 1 for fp8 KV read as int16 pairs (K, V strides in int16 units).
+    """Stage 1 for fp8 KV read as int16 pairs (K, V: the fp8 caches; strides in int16 units).
 
     Each pair holds dims (2j, 2j+1) of one token, so the head dim is processed as its even and odd
     halves: q.k = q_even.k_even + q_odd.k_odd, and P@V is computed for the even and the odd output
@@ -373,17 +456,30 @@ def _decode_stage1_fp8_pairs(
     split = tl.program_id(2)
     q_heads = tl.num_programs(1) * GROUP
     HALF: tl.constexpr = HEAD_DIM // 2
-
-    seq_len = tl.load(LENS + b)
-    n_here = tl.minimum(tl.maximum(tl.cdiv(seq_len, split_len_hint), 1), num_splits)
-    split_len = tl.cdiv(tl.cdiv(seq_len, n_here), BLOCK_N) * BLOCK_N
-    start = split * split_len
-    end = tl.minimum(start + split_len, seq_len)
-
+    seq_len, start, end = _piece(
+        LENS,
+        b,
+        split,
+        num_splits,
+        split_len_hint,
+        BLOCK_N,
+        DEVICE_PLAN,
+        TARGET,
+        TARGET_VARLEN,
+        MIN_SPLIT,
+        BLOCK_B,
+    )
     offs_h = tl.arange(0, BLOCK_H)
     offs_j = tl.arange(0, HALF)
     hmask = offs_h < GROUP
     heads = kvh * GROUP + offs_h
+    row = (b * q_heads + heads).to(tl.int64) * num_splits + split
+    if start >= end:
+        tl.store(LSEP + row, float("-inf"), mask=hmask)
+        return
+    # The caches arrive as fp8; their bytes are read as int16 pairs (two dims of one token).
+    K = K.to(tl.pointer_type(tl.int16), bitcast=True)
+    V = V.to(tl.pointer_type(tl.int16), bitcast=True)
     q_ptr = Q + b * stride_qb + heads[:, None] * stride_qh + 2 * offs_j[None, :]
     q_even = tl.load(q_ptr, mask=hmask[:, None], other=0.0).to(tl.float16)
     q_odd = tl.load(q_ptr + 1, mask=hmask[:, None], other=0.0).to(tl.float16)
@@ -446,7 +542,6 @@ def _decode_stage1_fp8_pairs(
     vscale = tl.load(VS + kvh) * 256.0
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-    row = (b * q_heads + heads).to(tl.int64) * num_splits + split
     o_ptr = OP + row[:, None] * HEAD_DIM + 2 * offs_j[None, :]
     tl.store(o_ptr, acc_e * vscale / l_safe[:, None], mask=hmask[:, None])
     tl.store(o_ptr + 1, acc_o * vscale / l_safe[:, None], mask=hmask[:, None])
@@ -488,12 +583,13 @@ def _decode_stage2(
         smask = offs_s < num_splits
         lse = tl.load(LSEP + row0 + offs_s, mask=smask, other=float("-inf"))
         w = tl.where(smask, tl.exp2(lse - m_safe), 0.0)
+        # An empty split wrote no partial output (only its -inf LSE): never read it.
+        live = smask & (w > 0)
         part = tl.load(
             OP + (row0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-            mask=smask[:, None],
+            mask=live[:, None],
             other=0.0,
         )
-        part = tl.where(w[:, None] > 0, part, 0.0)
         acc += tl.sum(part * w[:, None], 0)
         l_vec += w
     denom = tl.sum(l_vec, 0)
@@ -546,77 +642,27 @@ def _as_scale(
     return s
 
 
-class _Launch:
-    """What the two launches need that follows only from shapes, strides, dtypes and the config.
+def max_splits_for(
+    kv_heads: int,
+    max_seq_len: int,
+    *,
+    config: DecodeConfig = DEFAULT_CONFIG,
+    sms: int | None = None,
+) -> int:
+    """The most splits the device-side cut gives any request of up to ``max_seq_len`` tokens.
 
-    Built (and the inputs validated) once per distinct key in :func:`decode_attention`, so a
-    decode step at a steady batch does no checks, no ``next_pow2``/``interpreting`` calls and no
-    per-argument ``stride()`` calls: host time that, under ``do_bench``, can outlast the L2 flush
-    and land inside the timed region (bench/NOTES-kernels.md).
+    Whatever the other lengths are, a request's split length is at least ``min_tokens_per_split``
+    and at least its own ``len * kv_heads / target`` (the batch's total is at least its length),
+    so it never needs more than ``ceil(max_seq_len / min_tokens_per_split)`` nor more than
+    ``ceil(target / kv_heads)`` splits. A plan for lengths unknown at plan time (a CUDA graph
+    replayed as requests grow) sizes its grid by this; programs past a request's cut return at
+    once.
     """
-
-    __slots__ = (
-        "batch",
-        "q_heads",
-        "kv_heads",
-        "head_dim",
-        "is_fp8",
-        "pairs",
-        "sm_scale",
-        "upcast",
-        "strides",
-        "kw1",
-    )
-
-    def __init__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, config):
-        if q.dim() != 3 or k_cache.dim() != 4:
-            raise ValueError("q must be [B, Hq, D] and the caches [pages, page_size, Hkv, D]")
-        batch, q_heads, head_dim = q.shape
-        _, page_size, kv_heads, kd = k_cache.shape
-        if kd != head_dim or v_cache.shape != k_cache.shape:
-            raise ValueError("K/V cache shapes do not match q")
-        if q_heads % kv_heads:
-            raise ValueError(f"query heads {q_heads} not a multiple of KV heads {kv_heads}")
-        if head_dim & (head_dim - 1):
-            raise ValueError("head_dim must be a power of two (64 and 128 are supported)")
-        if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
-            raise ValueError("the head dimension must be contiguous")
-        group = q_heads // kv_heads
-        is_fp8 = k_cache.dtype in FP8_DTYPES
-        if is_fp8 != (v_cache.dtype in FP8_DTYPES):
-            raise ValueError("K and V caches must both be fp8 or both not")
-        self.batch, self.q_heads, self.kv_heads, self.head_dim = batch, q_heads, kv_heads, head_dim
-        self.is_fp8 = is_fp8
-        self.pairs = is_fp8 and config.fp8_compute in ("pairs", "pairs_asm")
-        self.sm_scale = 1.0 / math.sqrt(head_dim)
-        self.upcast = upcast = interpreting(q)
-        kw = dict(
-            GROUP=group,
-            BLOCK_H=max(16, next_pow2(group)),
-            HEAD_DIM=head_dim,
-            BLOCK_N=config.block_n,
-            PAGE=page_size,
-        )
-        if self.pairs:
-            if head_dim % 32:
-                raise ValueError("fp8 pairs path needs head_dim a multiple of 32")
-            # the strides of the int16 views the kernel reads (two fp8 dims per word)
-            k_cache, v_cache = k_cache.view(torch.int16), v_cache.view(torch.int16)
-        else:
-            kw.update(IS_FP8=is_fp8, FP8_FP16=config.fp8_compute != "bf16")
-        kw.update(EVICT="evict_first" if config.evict_first else "", UPCAST=upcast)
-        if self.pairs:
-            kw["ASM"] = config.fp8_compute == "pairs_asm" and not upcast
-        kw.update(
-            PREFETCH=config.prefetch_pages,
-            num_warps=config.num_warps,
-            num_stages=config.num_stages,
-        )
-        self.kw1 = kw
-        self.strides = (q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3])
-
-
-_LAUNCH_CACHE: dict[tuple, _Launch] = {}
+    sms = sms if sms is not None else sm_count()
+    target = max(1, config.programs_per_sm * sms, config.programs_per_sm_varlen * sms)
+    by_len = cdiv(max(1, max_seq_len), config.min_tokens_per_split)
+    by_work = cdiv(target, max(1, kv_heads)) + 1
+    return max(1, min(by_len, by_work, config.max_splits))
 
 
 @functools.lru_cache(maxsize=512)
@@ -624,6 +670,248 @@ def _stage2_meta(splits: int, head_dim: int) -> tuple[int, int]:
     """``(BLOCK_S, num_warps)`` of the merge: all splits in one chunk, and the [BLOCK_S, D] fp32
     tile of partials at <= 64 registers a thread."""
     return min(256, next_pow2(splits)), max(1, min(8, next_pow2(splits) * head_dim // 2048))
+
+
+def _aligned(*ts: torch.Tensor) -> bool:
+    """Every pointer on 16 bytes, as the compiled kernels assume (a misaligned view re-JITs)."""
+    bits = 0
+    for t in ts:
+        bits |= t.data_ptr()
+    return not bits & 15
+
+
+class DecodePlan:
+    """Decode attention for one batch composition: planned once, then run per layer and step.
+
+    As FlashInfer's decode wrappers split the work: everything that depends only on the batch
+    (its size, the head layout, the page size, the longest length it may reach) is worked out
+    here once: the split count and grid, the compile-time parameters, the output and scratch
+    buffers. :meth:`run` then only launches the two kernels on the caller's ``q`` and caches: no
+    allocation, no host synchronisation, no per-argument inspection, so it costs a few
+    microseconds of host time and can be captured in a CUDA graph.
+
+    ``page_table`` (``[B, max_pages]`` int32) and ``seq_lens`` (``[B]`` int32) are kept by
+    reference and read on the GPU at every run: a caller (or a CUDA graph replay) may rewrite them
+    in place between runs, within the plan's limits: the same batch size, no length above
+    ``max_seq_len``, no page past the table's width. Each request's cut into splits is computed on
+    the GPU from the lengths in memory at that run (see :func:`_device_split_len`), so a replay
+    is balanced for its own lengths. With ``total_tokens`` the grid is sized for lengths like the
+    ones given (the eager case); without it, for any lengths up to ``max_seq_len``
+    (:func:`max_splits_for`; the replay case). ``num_splits`` overrides either.
+
+    :meth:`run` writes into the plan's output buffer (``out`` at plan time, else one allocated
+    here) and returns it: the next run overwrites it. fp8 KV takes ``k_scale``/``v_scale`` here
+    (one float, or ``[Hkv]``) or per run (``[Hkv]`` fp32 tensors, e.g. per layer).
+    """
+
+    def __init__(
+        self,
+        page_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        num_q_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        *,
+        max_seq_len: int,
+        total_tokens: int | None = None,
+        kv_dtype: torch.dtype = torch.bfloat16,
+        q_dtype: torch.dtype = torch.bfloat16,
+        sm_scale: float | None = None,
+        k_scale: torch.Tensor | float | None = None,
+        v_scale: torch.Tensor | float | None = None,
+        num_splits: int | None = None,
+        config: DecodeConfig | None = None,
+        out: torch.Tensor | None = None,
+    ) -> None:
+        if seq_lens.dim() != 1 or page_table.dim() != 2:
+            raise ValueError("seq_lens must be [B] and page_table [B, max_pages]")
+        batch = seq_lens.shape[0]
+        if page_table.shape[0] != batch:
+            raise ValueError(f"page_table has {page_table.shape[0]} rows for {batch} requests")
+        if seq_lens.dtype != torch.int32 or page_table.dtype != torch.int32:
+            raise ValueError("seq_lens and page_table must be int32")
+        if page_table.stride(1) != 1 or not seq_lens.is_contiguous():
+            raise ValueError("page_table rows and seq_lens must be contiguous")
+        if num_kv_heads < 1 or num_q_heads % num_kv_heads:
+            raise ValueError(f"query heads {num_q_heads} not a multiple of KV heads {num_kv_heads}")
+        if head_dim < 16 or head_dim & (head_dim - 1):
+            raise ValueError("head_dim must be a power of two (64 and 128 are supported)")
+        dev = seq_lens.device
+        self.device = dev
+        self.config = config = config or default_config(kv_dtype)
+        self.batch, self.q_heads, self.kv_heads = batch, num_q_heads, num_kv_heads
+        self.head_dim, self.page_size = head_dim, page_size
+        self.kv_dtype, self.q_dtype = kv_dtype, q_dtype
+        self.is_fp8 = kv_dtype in FP8_DTYPES
+        self.pairs = self.is_fp8 and config.fp8_compute in ("pairs", "pairs_asm")
+        if self.pairs and head_dim % 32:
+            raise ValueError("fp8 pairs path needs head_dim a multiple of 32")
+        self.upcast = interpreting(seq_lens)
+        self.sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
+        self.page_table, self.seq_lens = page_table, seq_lens
+        self.max_seq_len = max(1, int(max_seq_len))
+        sms = sm_count()
+        _, split_len = _plan(
+            batch, num_kv_heads, self.max_seq_len, total_tokens or None, config, sms
+        )
+        if num_splits is not None:
+            splits = max(1, int(num_splits))
+        elif total_tokens is not None:
+            splits = _plan(batch, num_kv_heads, self.max_seq_len, total_tokens, config, sms)[0]
+        else:
+            splits = max_splits_for(num_kv_heads, self.max_seq_len, config=config, sms=sms)
+        self.num_splits, self.split_len = splits, split_len
+        if out is None:
+            out = torch.empty(batch, num_q_heads, head_dim, device=dev, dtype=q_dtype)
+        elif out.shape != (batch, num_q_heads, head_dim) or out.stride(2) != 1:
+            raise ValueError("out must be [B, Hq, D] with a contiguous head dimension")
+        self.out = out
+        # One workspace: partial O [B, Hq, splits, D], partial LSE, final LSE.
+        n_l = batch * num_q_heads * splits
+        n_o = n_l * head_dim
+        ws = torch.empty(n_o + n_l + batch * num_q_heads, device=dev, dtype=torch.float32)
+        self.o_part, self.lse_part, lse = ws.split_with_sizes((n_o, n_l, batch * num_q_heads))
+        self.lse = lse.view(batch, num_q_heads)
+        self._ks = self._vs = seq_lens  # never read without fp8; any pointer does
+        self._ks_src: object = None
+        self._vs_src: object = None
+        if self.is_fp8 and k_scale is not None and v_scale is not None:
+            self._ks, self._ks_src = _as_scale(k_scale, num_kv_heads, dev), k_scale
+            self._vs, self._vs_src = _as_scale(v_scale, num_kv_heads, dev), v_scale
+        group = num_q_heads // num_kv_heads
+        meta: dict = dict(
+            GROUP=group,
+            BLOCK_H=max(16, next_pow2(group)),
+            HEAD_DIM=head_dim,
+            BLOCK_N=config.block_n,
+            PAGE=page_size,
+        )
+        if self.pairs:
+            self._kern1 = _decode_stage1_fp8_pairs
+        else:
+            self._kern1 = _decode_stage1
+            meta.update(IS_FP8=self.is_fp8, FP8_FP16=config.fp8_compute != "bf16")
+        meta.update(EVICT="evict_first" if config.evict_first else "", UPCAST=self.upcast)
+        if self.pairs:
+            meta["ASM"] = config.fp8_compute == "pairs_asm" and not self.upcast
+        meta.update(
+            PREFETCH=config.prefetch_pages,
+            DEVICE_PLAN=batch <= MAX_DEVICE_PLAN_BATCH,
+            TARGET=max(1, config.programs_per_sm * sms),
+            TARGET_VARLEN=max(1, config.programs_per_sm_varlen * sms),
+            MIN_SPLIT=config.min_tokens_per_split,
+            BLOCK_B=min(MAX_DEVICE_PLAN_BATCH, max(16, next_pow2(batch))),
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
+        self._meta1 = meta
+        self._grid1 = (batch, num_kv_heads, splits)
+        self._layout: tuple | None = None
+        self._s1: BoundKernel | None = None
+        self._rest1: tuple = ()
+        block_s, warps2 = _stage2_meta(splits, head_dim)
+        self._s2 = BoundKernel(
+            _decode_stage2,
+            (batch, num_q_heads),
+            dict(HEAD_DIM=head_dim, BLOCK_S=block_s, EMULATE_RTNE=self.upcast, num_warps=warps2),
+        )
+        self._args2 = (
+            self.o_part,
+            self.lse_part,
+            out,
+            lse,
+            splits,
+            out.stride(0),
+            out.stride(1),
+        )
+
+    def _bind(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        """Check a new layout of q and the caches and derive the stage-1 arguments from it."""
+        if q.dim() != 3 or k_cache.dim() != 4 or v_cache.dim() != 4:
+            raise ValueError("q must be [B, Hq, D] and the caches [pages, page_size, Hkv, D]")
+        if tuple(q.shape) != (self.batch, self.q_heads, self.head_dim):
+            raise ValueError(
+                f"q is {tuple(q.shape)}; the plan is for "
+                f"{(self.batch, self.q_heads, self.head_dim)}"
+            )
+        want = (self.page_size, self.kv_heads, self.head_dim)
+        if tuple(k_cache.shape[1:]) != want or v_cache.shape != k_cache.shape:
+            raise ValueError(f"K/V caches must be [pages, {want[0]}, {want[1]}, {want[2]}]")
+        if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
+            raise ValueError("the head dimension must be contiguous")
+        if q.dtype != self.q_dtype:
+            raise ValueError(f"q is {q.dtype}; the plan is for {self.q_dtype}")
+        if k_cache.dtype != self.kv_dtype or v_cache.dtype != self.kv_dtype:
+            raise ValueError(f"K/V caches must be {self.kv_dtype} (the plan's kv_dtype)")
+        ks, vs = k_cache.stride()[:3], v_cache.stride()[:3]
+        if self.pairs:
+            if any(x % 2 for x in (*ks, *vs)):
+                raise ValueError("fp8 pairs path needs even cache strides")
+            ks, vs = tuple(x // 2 for x in ks), tuple(x // 2 for x in vs)  # int16 units
+        self._rest1 = (
+            self.o_part,
+            self.lse_part,
+            self.sm_scale * LOG2E,
+            self.num_splits,
+            self.split_len,
+            q.stride(0),
+            q.stride(1),
+            *ks,
+            *vs,
+            self.page_table.stride(0),
+        )
+        self._s1 = BoundKernel(self._kern1, self._grid1, self._meta1)
+        self._layout = (q.stride(), k_cache.stride(), v_cache.stride(), q.dtype, k_cache.dtype)
+
+    def _scale(self, which: str, scale) -> torch.Tensor:
+        if which == "k":
+            if scale is None or scale is self._ks_src:
+                if self._ks_src is None:
+                    raise ValueError("fp8 KV needs k_scale and v_scale (per KV head, or one float)")
+                return self._ks
+            self._ks, self._ks_src = _as_scale(scale, self.kv_heads, self.device), scale
+            return self._ks
+        if scale is None or scale is self._vs_src:
+            if self._vs_src is None:
+                raise ValueError("fp8 KV needs k_scale and v_scale (per KV head, or one float)")
+            return self._vs
+        self._vs, self._vs_src = _as_scale(scale, self.kv_heads, self.device), scale
+        return self._vs
+
+    def run(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        k_scale: torch.Tensor | float | None = None,
+        v_scale: torch.Tensor | float | None = None,
+        *,
+        return_lse: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``[B, Hq, D]`` attention output of ``q`` over the caches (the plan's output buffer).
+
+        With ``return_lse``, also the natural-log LSE ``[B, Hq]`` fp32 (the plan's buffer too).
+        """
+        if (
+            q.shape[0] != self.batch
+            or (q.stride(), k_cache.stride(), v_cache.stride(), q.dtype, k_cache.dtype)
+            != self._layout
+        ):
+            self._bind(q, k_cache, v_cache)
+        if self.is_fp8:
+            ks = self._ks if k_scale is self._ks_src else self._scale("k", k_scale)
+            vs = self._vs if v_scale is self._vs_src else self._scale("v", v_scale)
+        else:
+            ks = vs = self._ks
+        if self.batch:
+            s1 = self._s1
+            if _aligned(q, k_cache, v_cache, ks, vs):
+                s1(q, k_cache, v_cache, self.page_table, self.seq_lens, ks, vs, *self._rest1)
+            else:
+                s1.jit(q, k_cache, v_cache, self.page_table, self.seq_lens, ks, vs, *self._rest1)
+            self._s2(*self._args2)
+        return (self.out, self.lse) if return_lse else self.out
 
 
 def decode_attention(
@@ -643,94 +931,41 @@ def decode_attention(
     out: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Attention of one new query token per request over its paged KV cache.
+    """Attention of one new query token per request over its paged KV cache, in one call.
 
-    The split plan (:func:`plan_splits`) needs the longest length (``max_seq_len``, else
-    ``seq_lens.max()``, which synchronises with the GPU) and, for a balanced cut of unequal
-    requests, ``total_tokens`` (else ``batch * max_seq_len``). ``num_splits`` overrides the split
-    count, e.g. for a CUDA graph captured once and replayed for any lengths: any lengths stay
-    correct, only the balance changes. Returns ``[B, Hq, D]`` in q's dtype, and the natural-log
-    LSE ``[B, Hq]`` fp32 when ``return_lse``.
-
-    Host cost matters here (it runs once per decode step): whatever depends only on shapes,
-    strides, dtypes and the config is computed once per distinct combination (:class:`_Launch`),
-    the split plan is memoised, and one workspace allocation serves all three scratch buffers.
+    A :class:`DecodePlan` made for this call and run once: for a step that runs many layers (or
+    a CUDA graph), make the plan once and call :meth:`DecodePlan.run` instead. The grid needs the
+    longest length (``max_seq_len``, else ``seq_lens.max()``, which synchronises with the GPU)
+    and, for unequal requests, ``total_tokens`` (else ``batch * max_seq_len``). ``num_splits``
+    overrides the split count; any lengths stay correct, only the balance changes. Returns
+    ``[B, Hq, D]`` in q's dtype (``out`` if given), and the natural-log LSE ``[B, Hq]`` fp32 when
+    ``return_lse``.
     """
-    dev = q.device
-    config = config or default_config(k_cache.dtype)
-    key = (
-        q.shape,
-        k_cache.shape,
-        v_cache.shape,
-        q.stride(),
-        k_cache.stride(),
-        v_cache.stride(),
-        k_cache.dtype,
-        v_cache.dtype,
-        dev,
-        config,
-    )
-    st = _LAUNCH_CACHE.get(key)
-    if st is None:
-        st = _Launch(q, k_cache, v_cache, config)  # validates; raises before anything is cached
-        if len(_LAUNCH_CACHE) >= 256:
-            _LAUNCH_CACHE.clear()
-        _LAUNCH_CACHE[key] = st
-    batch, q_heads, kv_heads, head_dim = st.batch, st.q_heads, st.kv_heads, st.head_dim
-    if st.is_fp8:
-        ks = _as_scale(k_scale, kv_heads, dev)
-        vs = _as_scale(v_scale, kv_heads, dev)
-    else:
-        ks = vs = seq_lens  # never read; any pointer does (saves an allocation and a fill)
-    sm_scale = sm_scale if sm_scale is not None else st.sm_scale
+    if q.dim() != 3 or k_cache.dim() != 4:
+        raise ValueError("q must be [B, Hq, D] and the caches [pages, page_size, Hkv, D]")
+    if (k_cache.dtype in FP8_DTYPES) != (v_cache.dtype in FP8_DTYPES):
+        raise ValueError("K and V caches must both be fp8 or both not")
+    if k_cache.dtype in FP8_DTYPES and (k_scale is None or v_scale is None):
+        raise ValueError("fp8 KV needs k_scale and v_scale (per KV head, or one float)")
+    batch = q.shape[0]
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max().item()) if batch else 1
-    splits, split_len = _plan(batch, kv_heads, max_seq_len, total_tokens, config, sm_count())
-    if num_splits is not None:
-        splits = max(1, int(num_splits))
-    if out is None:
-        out = torch.empty_like(q)
-    # One workspace allocation: partial O [B, Hq, splits, D], partial LSE, final LSE.
-    n_l = batch * q_heads * splits
-    n_o = n_l * head_dim
-    ws = torch.empty(n_o + n_l + batch * q_heads, device=dev, dtype=torch.float32)
-    o_part, lse_part, lse = ws.split_with_sizes((n_o, n_l, batch * q_heads))
-    if batch == 0:
-        return (out, lse.view(batch, q_heads)) if return_lse else out
-    if st.pairs:
-        kern = _decode_stage1_fp8_pairs
-        k_cache, v_cache = k_cache.view(torch.int16), v_cache.view(torch.int16)
-    else:
-        kern = _decode_stage1
-    kern[(batch, kv_heads, splits)](
-        q,
-        k_cache,
-        v_cache,
+    plan = DecodePlan(
         page_table,
         seq_lens,
-        ks,
-        vs,
-        o_part,
-        lse_part,
-        sm_scale * LOG2E,
-        splits,
-        split_len,
-        *st.strides,
-        page_table.stride(0),
-        **st.kw1,
+        q.shape[1],
+        k_cache.shape[2],
+        q.shape[2],
+        k_cache.shape[1],
+        max_seq_len=max_seq_len,
+        total_tokens=total_tokens if total_tokens is not None else batch * max(1, max_seq_len),
+        kv_dtype=k_cache.dtype,
+        q_dtype=q.dtype,
+        sm_scale=sm_scale,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        num_splits=num_splits,
+        config=config,
+        out=out,
     )
-    block_s, warps2 = _stage2_meta(splits, head_dim)
-    _decode_stage2[(batch, q_heads)](
-        o_part,
-        lse_part,
-        out,
-        lse,
-        splits,
-        out.stride(0),
-        out.stride(1),
-        HEAD_DIM=head_dim,
-        BLOCK_S=block_s,
-        EMULATE_RTNE=st.upcast,
-        num_warps=warps2,
-    )
-    return (out, lse.view(batch, q_heads)) if return_lse else out
+    return plan.run(q, k_cache, v_cache, return_lse=return_lse)

@@ -75,6 +75,11 @@ STAGE1_SIG = {
             "EVICT",
             "UPCAST",
             "PREFETCH",
+            "DEVICE_PLAN",
+            "TARGET",
+            "TARGET_VARLEN",
+            "MIN_SPLIT",
+            "BLOCK_B",
         )
     },
 }
@@ -89,6 +94,11 @@ STAGE1_CONST = {
     "EVICT": "",
     "UPCAST": False,
     "PREFETCH": False,
+    "DEVICE_PLAN": False,
+    "TARGET": 1,
+    "TARGET_VARLEN": 1,
+    "MIN_SPLIT": 256,
+    "BLOCK_B": 16,
 }
 
 # Real H200 reason names (CUPTI's), weighted roughly as a memory-bound decode kernel shows them;

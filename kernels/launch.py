@@ -1,0 +1,135 @@
+"""A Triton kernel bound to one grid and one set of compile-time values, launched cheaply.
+
+Triton's ``kernel[grid](...)`` runs its JIT binder on every call: it inspects every argument,
+builds a specialisation key, looks the compiled kernel up and only then launches. For the decode
+kernels that is tens of microseconds of host time per call (bench/NOTES-kernels.md), more than a
+64k-token decode takes on the GPU. A :class:`BoundKernel` goes through that path once, keeps the
+compiled kernel it returns, and afterwards hands the arguments straight to the compiled kernel's
+launcher, as Triton itself does at the end of its own path (every parameter in signature order,
+the compile-time ones included; the launcher skips those).
+
+That shortcut is only right while the arguments would have produced the same specialisation, so
+the caller must keep the scalar arguments fixed (a plan does) and the fast path is left whenever a
+pointer argument loses the 16-byte alignment the compiled kernel assumed, or a launch hook (a
+profiler such as proton) is installed: those calls take Triton's own path. In the CPU interpreter
+every call takes Triton's own path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import triton
+
+from ._common import interpreting
+
+try:  # Triton >= 3.4 keeps the launch hooks in its knobs
+    from triton import knobs as _knobs
+
+    def _hooks_installed() -> bool:
+        rt = _knobs.runtime
+        return rt.launch_enter_hook is not None or rt.launch_exit_hook is not None
+
+except ImportError:  # pragma: no cover - older Triton keeps them on CompiledKernel
+
+    def _hooks_installed() -> bool:
+        from triton.compiler import CompiledKernel
+
+        ck: Any = CompiledKernel
+        return (
+            getattr(ck, "launch_enter_hook", None) is not None
+            or getattr(ck, "launch_exit_hook", None) is not None
+        )
+
+
+class BoundKernel:
+    """``fn`` at ``grid`` with the compile-time keywords ``meta`` (constexprs and launch options).
+
+    Call it with the runtime arguments only, positionally, in the kernel's parameter order. Every
+    runtime parameter must come before every constexpr one (true of the kernels here; checked).
+    """
+
+    __slots__ = ("fn", "grid", "meta", "_compiled", "_tail", "_stream", "_device", "_g")
+
+    def __init__(self, fn, grid: tuple[int, ...], meta: dict[str, Any]) -> None:
+        self.fn, self.grid, self.meta = fn, tuple(grid), dict(meta)
+        g = (*self.grid, 1, 1)
+        self._g = (int(g[0]), int(g[1]), int(g[2]))
+        self._compiled = None
+        self._tail: tuple | None = None
+        self._stream = None
+        self._device = 0
+
+    def _constexpr_tail(self, n_runtime: int) -> tuple | None:
+        """The constexpr values in signature order, or None when the layout is not as assumed."""
+        params = getattr(self.fn, "params", None)
+        if params is None:
+            return None
+        runtime = [p for p in params if not p.is_constexpr]
+        if len(runtime) != n_runtime or any(p.is_constexpr for p in params[:n_runtime]):
+            return None
+        tail = []
+        for p in params[n_runtime:]:
+            if p.name in self.meta:
+                tail.append(self.meta[p.name])
+            elif getattr(p, "has_default", False):
+                tail.append(p.default)
+            else:
+                return None
+        return tuple(tail)
+
+    def jit(self, *args):
+        """Launch through Triton's own path (compiles on first use)."""
+        return self.fn[self.grid](*args, **self.meta)
+
+    def __call__(self, *args) -> None:
+        ck = self._compiled
+        if ck is not None and not _hooks_installed():
+            g0, g1, g2 = self._g
+            ck.run(
+                g0,
+                g1,
+                g2,
+                self._stream(self._device),
+                ck.function,
+                ck.packed_metadata,
+                None,
+                None,
+                None,
+                *args,
+                *self._tail,
+            )
+            return
+        compiled = self.jit(*args)
+        if ck is None and compiled is not None and not interpreting_args(args):
+            self._arm(compiled, len(args))
+
+    def _arm(self, compiled, n_runtime: int) -> None:
+        tail = self._constexpr_tail(n_runtime)
+        if tail is None:
+            return
+        try:
+            import torch
+
+            self._device = torch.cuda.current_device()
+            self._stream = triton.runtime.driver.active.get_current_stream
+            compiled.run  # noqa: B018 - loads the module now, not inside a later capture
+            compiled.function  # noqa: B018
+            compiled.packed_metadata  # noqa: B018
+        except Exception:  # noqa: BLE001 - a Triton without these attributes keeps the JIT path
+            return
+        self._tail = tail
+        self._compiled = compiled
+
+    @property
+    def fast(self) -> bool:
+        """Whether calls now go straight to the compiled kernel's launcher."""
+        return self._compiled is not None
+
+
+def interpreting_args(args) -> bool:
+    """True when the kernel runs in Triton's CPU interpreter (no compiled kernel to keep)."""
+    for a in args:
+        if hasattr(a, "device"):
+            return interpreting(a)
+    return True
