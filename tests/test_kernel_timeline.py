@@ -149,6 +149,12 @@ async def test_pane_marks_unrecorded_time_in_the_app(make_app, demo):
         for _ in range(4):  # zoom to ~1.3 s: bins narrower than the 900 ms gaps
             await pilot.press("plus")
         await pilot.pause()
+        # 10% recorded: the window view is the default; `w` gives the continuous axis
+        assert pane.packed
+        pane.table.focus()
+        await pilot.press("w")
+        await pilot.pause()
+        assert not pane.packed
         text = pane.lanes.render().plain
         lane = next(ln for ln in text.splitlines() if ln.startswith("GPU0 s7"))
         assert UNRECORDED in lane[12:] and "not recorded" in text

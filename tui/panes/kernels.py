@@ -2,19 +2,15 @@
 
 The lanes share the clock pane's time axis (same window, same binning), so a busy lane and a
 throttle band line up column for column; the app's `+`/`-`/`←`/`→`/`p`/`r` move that window.
-Three things make the strip honest about what it shows:
+The strip itself is drawn by `kdash.tui.lanes` (NVTX lanes, "·" for time the agent did not
+record, the one-pass binning that keeps a redraw of 100,000 kernels within a few ms); the
+pane reuses the last drawn text while the window, the rows and the width are unchanged.
 
-* NVTX ranges (markers rows of any domain but the agent's own "kdash") get a lane per domain,
-  so "which phase of the step was this" sits above the kernels it launched.
-* Time the agent did not record (its duty cycle keeps CUPTI activity on ~10% of the time and
-  says when with "activity on" markers rows) is drawn as a dim "·", never as a blank: a blank
-  would read as "GPU idle". Busy shades are then the share of the *recorded* part of a bin.
-  With no window rows at all (continuous activity, older captures) everything counts as
-  recorded.
-* The redraw has to stay under 20 ms with 100,000 kernels in the window (bench/
-  timeline_redraw.py measures `render_lanes`): all lanes are binned in one pass of
-  `np.bincount` over the rows (no boolean mask and sort per lane), and the last drawn text is
-  reused while the window, the rows and the width are unchanged.
+The window view: a duty-cycled agent records a few % of the time, and a minute of continuous
+axis is then almost all "·". When less than a fifth of the shown range was recorded the strip
+shows the last recorded windows side by side instead (`kdash.analyses.windows`), each slice
+labelled with its start; `w` switches between it and continuous time, and zoom and pan still
+choose the range whose windows are shown.
 
 Kernel records come from the in-process agent (CUPTI); until a capture or a live agent brings
 them, the pane is one line saying what will fill it and how.
@@ -22,21 +18,18 @@ them, the pane is one line saying what will fill it and how.
 The table lists every kernel name of the window (the first `TABLE_ROWS` after sorting and
 filtering): `o` cycles the sort column, `/` opens a name filter (Enter applies a
 case-insensitive substring match on the demangled name, Esc clears it), and the line under
-the table shows the full demangled name of the row under the cursor, which the 40-column
-name cell has to cut.
+the table shows the full demangled name of the row under the cursor. The name column takes
+the width the other columns leave (`kdash.tui.columns`); columns that do not fit go out of
+view to the right by priority, and `←`/`→` scroll the table to them while it has focus.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from rich.style import Style
-from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -46,7 +39,6 @@ from kdash import schema
 from kdash.analyses.gpu_time import Accounting, account, gpu_time_text
 from kdash.analyses.kernel_findings import (
     ACTIONABLE,
-    CAUSES,
     IDLE_INFO_SHARE,
     SHORT,
     feeder_state,
@@ -60,9 +52,30 @@ from kdash.analyses.kernels import (
     launch_latency,
     top_kernels,
 )
+from kdash.analyses.windows import (
+    PACK_BELOW,
+    pack,
+    recorded_share,
+    window_rows,
+    with_open_window,
+)
 from kdash.names import short_names
 
-from ..widgets.spark import SHADES
+from ..columns import KERNEL_COLUMNS, PAD, Fit, fit_columns
+from ..lanes import (  # noqa: F401  (re-exported: tests and bench/timeline_redraw.py use them)
+    CUT,
+    LABEL_W,
+    MAX_LANES,
+    MAX_NVTX_LANES,
+    UNRECORDED,
+    LaneStyles,
+    cause_codes,
+    coverage,
+    idle_chars,
+    lane_bins,
+    lane_chars,
+    render_lanes,
+)
 from .base import Pane, View
 
 NO_KERNELS = (
@@ -70,12 +83,11 @@ NO_KERNELS = (
     "`kdash run -- CMD` (`?` shows why)"
 )
 NO_INJECT_MARK = "--no-inject"  # in the agent source's reason under `attach --no-inject`
-MAX_LANES = 8
-MAX_NVTX_LANES = 3  # NVTX domains drawn as lanes; more are counted on one line
-LABEL_W = 12
-UNRECORDED = "·"
 ANALYSIS_EVERY_S = 1.0
 TABLE_ROWS = 50
+NAME_MAX = 200  # the longest label the name column ever asks for
+SCROLLBAR_W = 2  # the table's vertical scrollbar (50 rows rarely fit the pane)
+NAME_MIN_START = 24  # the name column's width before the first fill
 # (label, top_kernels column, ascending): `o` cycles through them in this order.
 SORTS: list[tuple[str, str, bool]] = [
     ("total %", "total_ms", False),
@@ -140,252 +152,6 @@ def empty_line(agent_health: str) -> str:
     return NO_KERNELS
 
 
-# -- lanes (pure functions: the pane and bench/timeline_redraw.py call the same code) ---------
-
-
-@dataclass(frozen=True)
-class LaneStyles:
-    """The Rich styles of the strip (from the pane's component classes; plain in the bench)."""
-
-    lane: Style = Style()
-    label: Style = Style()
-    note: Style = Style()
-    unrecorded: Style = Style(dim=True)
-    nvtx: Style = Style()
-
-
-def coverage(
-    codes: np.ndarray,
-    n_lanes: int,
-    starts: np.ndarray,
-    ends: np.ndarray,
-    since_ns: int,
-    until_ns: int,
-    bins: int,
-) -> np.ndarray:
-    """Covered share (0..1) of each of `bins` bins, per lane: an (n_lanes, bins) array.
-
-    `codes[i]` is row i's lane (0..n_lanes-1). One pass over all rows, whatever the number of
-    lanes: the covered length up to a bin edge g is the sum over intervals of
-    clamp(g - start, 0, end - start) = g·#(start < g) − Σ(start < g) − (the same for ends),
-    and the counts and sums by bin come from four `np.bincount` calls on (lane, bin) keys.
-    Overlapping intervals on one lane count once per bin up to 1.0 (the result is clipped).
-    """
-    out = np.zeros((n_lanes, bins))
-    if bins <= 0 or n_lanes == 0 or len(starts) == 0:
-        return out
-    scale = bins / max(1, until_ns - since_ns)
-    ps = (np.clip(starts, since_ns, until_ns) - since_ns) * scale  # float64, bin units
-    pe = (np.clip(ends, since_ns, until_ns) - since_ns) * scale
-    pe = np.maximum(pe, ps)
-    stride = bins + 2
-    base = codes.astype(np.int64) * stride
-    size = n_lanes * stride
-    grid = np.arange(bins + 1, dtype=np.float64)
-    covered = np.zeros((n_lanes, bins + 1))
-    for pos, sign in ((ps, 1.0), (pe, -1.0)):
-        # Key floor(pos)+1: an exclusive cumulative sum then counts the positions < g exactly.
-        key = base + np.minimum(pos.astype(np.int64), bins) + 1
-        n = np.bincount(key, minlength=size).reshape(n_lanes, stride).cumsum(axis=1)
-        s = np.bincount(key, weights=pos, minlength=size).reshape(n_lanes, stride).cumsum(axis=1)
-        covered += sign * (grid * n[:, : bins + 1] - s[:, : bins + 1])
-    out = np.clip(np.diff(covered, axis=1), 0.0, 1.0)
-    return out
-
-
-def lane_chars(frac: np.ndarray, unrecorded: np.ndarray | None) -> str:
-    """Busy share per bin as shade characters (vectorised `spark.shade`); "·" where the bin
-    was not recorded at all."""
-    top = len(SHADES) - 1
-    idx = np.where(frac > 0, np.clip(np.ceil(frac * top), 1, top), 0).astype(np.int64)
-    chars = np.array(list(SHADES))[idx]
-    if unrecorded is not None:
-        chars[unrecorded] = UNRECORDED
-    return "".join(chars.tolist())
-
-
-def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
-    """[start, end) of each run of True in `mask`."""
-    if not mask.any():
-        return []
-    d = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
-    return list(zip(np.flatnonzero(d == 1).tolist(), np.flatnonzero(d == -1).tolist(), strict=True))
-
-
-def _factorize(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(codes, sorted unique keys) in O(n): np.unique's sort was the slow part of a redraw.
-
-    Integer keys of a small range (device and stream ids are small) go through a bincount
-    lookup table; anything else through pandas' hash table.
-    """
-    if keys.dtype.kind == "i" and len(keys):
-        lo, hi = int(keys.min()), int(keys.max())
-        if hi - lo < 1 << 16:
-            present = np.bincount(keys - lo, minlength=hi - lo + 1) > 0
-            table = np.cumsum(present) - 1
-            return table[keys - lo], np.flatnonzero(present) + lo
-    codes, uniques = pd.factorize(keys, sort=True)
-    return np.asarray(codes, dtype=np.int64), np.asarray(uniques)
-
-
-def render_lanes(
-    kernels: dict[str, np.ndarray],
-    markers: dict[str, np.ndarray] | None,
-    since_ns: int,
-    until_ns: int,
-    width: int,
-    axis: Callable[[int], str],
-    styles: LaneStyles | None = None,
-    notes: str | None = None,
-    duty_cycled: bool | None = None,
-    idle: dict[str, np.ndarray] | None = None,
-) -> Text:
-    """The strip: NVTX lanes, kernel lanes (one per GPU and stream), an idle lane per GPU
-    (`idle`: its explained gaps, each bin lettered by the cause that idled it most: h host,
-    s sync, q quiet, g gpu, u unknown), the axis, the notes.
-
-    `kernels` and `markers` are store batches (column -> array); `markers` may hold rows that
-    start before `since_ns` (a window or range reaching into the view). `axis(bins)` draws
-    the time axis line. `duty_cycled`: whether the agent wrote recording windows anywhere in
-    the data (None: whether `markers` holds any) — a view zoomed into the gap between two
-    windows holds none of them, yet nothing in it was recorded.
-    """
-    st = styles or LaneStyles()
-    bins = max(1, max(10, width) - LABEL_W)
-    out = Text(no_wrap=True, overflow="ellipsis")
-    rows: list[tuple[str, str, Style, list[tuple[int, int]]]] = []
-
-    # Recorded time: the agent's "activity on" windows. None: no windows, all recorded.
-    recorded = None
-    nvtx_rows = None
-    if markers is not None and len(markers["start_ns"]):
-        domain, name = markers["domain"], markers["name"]
-        own = domain == ACTIVITY_DOMAIN
-        win = own & (name == ACTIVITY_NAME)
-        if duty_cycled is None:
-            duty_cycled = bool(win.any())
-        if duty_cycled:
-            recorded = coverage(
-                np.zeros(int(win.sum()), dtype=np.int64), 1,
-                markers["start_ns"][win], markers["end_ns"][win], since_ns, until_ns, bins,
-            )[0]  # fmt: skip
-        nvtx_rows = ~own
-    elif duty_cycled:
-        recorded = np.zeros(bins)
-
-    # NVTX lanes: one per domain (most rows first), shaded where any range covers the bin.
-    extra_note = ""
-    if nvtx_rows is not None and nvtx_rows.any():
-        doms = markers["domain"][nvtx_rows].astype(str)
-        codes, uniq = _factorize(doms)
-        order = np.argsort(-np.bincount(codes, minlength=len(uniq)), kind="stable")
-        keep = order[:MAX_NVTX_LANES]
-        remap = np.full(len(uniq), -1, dtype=np.int64)
-        remap[keep] = np.arange(len(keep))
-        lane = remap[codes]
-        sel = lane >= 0
-        s = markers["start_ns"][nvtx_rows][sel].astype(np.int64)
-        e = markers["end_ns"][nvtx_rows][sel].astype(np.int64)
-        e = np.maximum(e, s + 1)  # an instant marker still marks its bin
-        frac = coverage(lane[sel], len(keep), s, e, since_ns, until_ns, bins)
-        for i, d in enumerate(uniq[keep]):
-            rows.append((f"nvtx {d}", lane_chars(frac[i], None), st.nvtx, []))
-        if len(uniq) > MAX_NVTX_LANES:
-            extra_note = f"… {len(uniq) - MAX_NVTX_LANES} more NVTX domains"
-
-    # Kernel lanes. One int64 key per (device, stream); stream + 1 keeps -1 (n/a) >= 0.
-    dev = kernels["device"].astype(np.int64)
-    stream = kernels["stream"].astype(np.int64, copy=False)
-    # Dense keys when the stream ids are a small range (the usual case): the O(n) table path.
-    s_lo = int(stream.min()) if len(stream) else 0
-    s_span = (int(stream.max()) - s_lo + 1) if len(stream) else 1
-    dense = (
-        s_span * (int(dev.max()) + 1 if len(dev) else 1) < 1 << 16 and int(dev.min(initial=0)) >= 0
-    )
-    codes, keys = _factorize(
-        dev * s_span + (stream - s_lo) if dense else (dev << 40) + (stream + 1)
-    )
-    if dense:
-        keys = (keys // s_span << 40) + (keys % s_span + s_lo + 1)
-    n_pairs = len(keys)
-    shown = min(n_pairs, MAX_LANES)
-    starts = kernels["start_ns"].astype(np.int64, copy=False)
-    ends = kernels["end_ns"].astype(np.int64, copy=False)
-    if n_pairs > shown:
-        sel = codes < shown
-        codes, starts, ends = codes[sel], starts[sel], ends[sel]
-    busy = coverage(codes, shown, starts, ends, since_ns, until_ns, bins)
-    unrec_runs: list[tuple[int, int]] = []
-    unrecorded = None
-    if recorded is not None:
-        # A bin with a kernel was recorded whatever the windows say (the live tail: a window's
-        # row is sent when it closes, its kernels may come first).
-        unrecorded = (recorded <= 0) & (busy.sum(axis=0) <= 0)
-        unrec_runs = _runs(unrecorded)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            busy = np.where(recorded > 0, np.minimum(1.0, busy / recorded), busy)
-    for n in range(shown):
-        k = int(keys[n])
-        label = f"GPU{k >> 40} s{k - ((k >> 40) << 40) - 1}"
-        rows.append((label, lane_chars(busy[n], unrecorded), st.lane, unrec_runs))
-    if idle is not None and len(idle["start_ns"]):
-        for d in sorted({int(k) >> 40 for k in keys[:shown]}):
-            chars = idle_chars(idle, d, since_ns, until_ns, bins)
-            if chars.strip():
-                rows.append((f"GPU{d} idle", chars, st.note, []))
-
-    for i, (label, chars, style, runs) in enumerate(rows):
-        if i:
-            out.append("\n")
-        out.append(label.ljust(LABEL_W)[:LABEL_W], st.label)
-        at = len(out)
-        out.append(chars, style)
-        for a, b in runs:
-            out.stylize(st.unrecorded, at + a, at + b)
-    if n_pairs > MAX_LANES:
-        out.append(f"\n… {n_pairs - MAX_LANES} more streams", st.note)
-    if extra_note:
-        out.append("\n" + extra_note, st.note)
-    out.append("\n" + " " * LABEL_W + axis(bins), st.note)
-    line = []
-    if recorded is not None:
-        share = float(np.clip(recorded, 0, 1).mean())
-        line.append(f"{UNRECORDED} not recorded (agent duty cycle: {100 * share:.0f}% recorded)")
-    if notes:
-        line.append(notes)
-    if line:
-        out.append("\n" + " · ".join(line), st.note)
-    return out
-
-
-IDLE_MARK_SHARE = 0.05  # a bin gets a cause letter when that cause idled >= 5% of it
-CAUSE_LETTERS = np.array([c[0] for c in CAUSES])
-
-
-def cause_codes(causes: np.ndarray) -> np.ndarray:
-    """Cause names as indexes into CAUSES (an unknown name counts as the last, "unknown")."""
-    index = {c: i for i, c in enumerate(CAUSES)}
-    return np.array([index.get(str(c), len(CAUSES) - 1) for c in causes], dtype=np.int64)
-
-
-def idle_chars(
-    idle: dict[str, np.ndarray], device: int, since_ns: int, until_ns: int, bins: int
-) -> str:
-    """One GPU's idle lane: per bin, the first letter of the cause that idled it most.
-
-    `idle`: device, start_ns, end_ns and either "code" (`cause_codes`, what the pane passes)
-    or "cause" names."""
-    m = idle["device"] == device
-    if not m.any():
-        return " " * bins
-    codes = idle["code"][m] if "code" in idle else cause_codes(idle["cause"][m])
-    frac = coverage(
-        codes, len(CAUSES), idle["start_ns"][m], idle["end_ns"][m], since_ns, until_ns, bins
-    )
-    marked = frac.max(axis=0) >= IDLE_MARK_SHARE
-    return "".join(np.where(marked, CAUSE_LETTERS[frac.argmax(axis=0)], " "))
-
-
 def top_summary(rows: pd.DataFrame, sort_label: str, n: int = 6) -> str:
     """The table squeezed into one line, for 80x24 where the pane has no room for rows: the
     leading names with their share, in the table's order (the table itself is one key away)."""
@@ -423,6 +189,58 @@ def sort_top(top: pd.DataFrame, sort: int, needle: str) -> pd.DataFrame:
     return shown.head(TABLE_ROWS)
 
 
+def row_cells(r) -> list[str]:
+    """One `top_kernels` row's cells in `KERNEL_COLUMNS` order (the name apart)."""
+    return [
+        f"{r.calls}",
+        f"{r.total_ms:.2f}",
+        f"{r.pct:.1f}",
+        f"{r.mean_us:.1f}",
+        f"{r.p50_us:.1f}",
+        f"{r.p99_us:.1f}",
+        str(r.grid),
+        str(r.block),
+        f"{r.registers}" if r.registers >= 0 else "n/a",
+        f"{r.smem}" if r.smem >= 0 else "n/a",
+    ]
+
+
+def use_window_view(choice: bool | None, duty_cycled: bool, share: float) -> bool:
+    """Whether the strip shows recorded windows side by side: the user's choice (`w`) when
+    there is one, else when the agent duty-cycles and less than `PACK_BELOW` of the shown
+    range was recorded."""
+    if choice is not None:
+        return choice and duty_cycled
+    return duty_cycled and share < PACK_BELOW
+
+
+class KernelTable(DataTable):
+    """The top-kernels table: the name column stays put (fixed) while `←`/`→` scroll the
+    others a column at a time. The app's `←`/`→` (pan the time window) give way to it while
+    it has columns out of view (`takes_sideways_keys`)."""
+
+    def takes_sideways_keys(self) -> bool:
+        return self.has_focus and self.max_scroll_x > 0
+
+    def _column_edges(self) -> list[int]:
+        """Scroll offsets at which each scrolled column starts (the fixed name excluded)."""
+        edges, x = [0], 0
+        for col in self.ordered_columns[self.fixed_columns :]:
+            x += col.get_render_width(self)
+            edges.append(x)
+        return edges
+
+    def action_cursor_right(self) -> None:
+        at = round(self.scroll_x)
+        nxt = next((e for e in self._column_edges() if e > at), at)
+        self.scroll_to(x=min(nxt, self.max_scroll_x), animate=False)
+
+    def action_cursor_left(self) -> None:
+        at = round(self.scroll_x)
+        prev = [e for e in self._column_edges() if e < at]
+        self.scroll_to(x=prev[-1] if prev else 0, animate=False)
+
+
 class NameFilter(Input):
     """The table's name filter. Its own `escape` binding: the app's `escape` (restore the
     layout) would otherwise take it."""
@@ -447,6 +265,7 @@ class KernelPane(Pane):
     BINDINGS = [
         Binding("o", "cycle_sort", "kernel table: sort by total % / calls / mean / p99 / name"),
         Binding("slash", "filter", "kernel table: filter by name (enter applies, esc clears)"),
+        Binding("w", "toggle_windows", "kernel timeline: windows side by side / continuous time"),
     ]
     waiting = NO_KERNELS
 
@@ -459,6 +278,10 @@ class KernelPane(Pane):
         self._lanes_key: tuple = ()
         self._duty_key: tuple = ()
         self._duty = False
+        self.window_choice: bool | None = None  # `w`: window view on/off; None: automatic
+        self.packed = False  # whether the strip last drawn is the window view
+        self._fit: Fit | None = None
+        self._fit_key: tuple = ()
         self._top = pd.DataFrame()
         self.sort = 0  # index into SORTS
         self.name_filter = ""
@@ -466,16 +289,17 @@ class KernelPane(Pane):
         self.lanes = Static("", classes="lanes", markup=False)
         self.table_line = Static("", classes="table-line", markup=False)
         self.filter_input = NameFilter(placeholder="kernel name contains…", classes="name-filter")
-        self.table = DataTable(cursor_type="row", zebra_stripes=False, classes="top-kernels")
+        self.table = KernelTable(
+            cursor_type="row", zebra_stripes=False, fixed_columns=1, classes="top-kernels"
+        )
         self.name_line = Static("", classes="kernel-name", markup=False)
         self.top_line = Static("", classes="top-line", markup=False)
-        # A fixed name column (short names are cut to 40): auto-width would depend on whether
-        # the first fill landed before or after the first layout, and the table would jump.
-        self.table.add_column("kernel", width=40)
-        self.table.add_columns(
-            "calls", "total ms", "%", "mean µs", "p50 µs", "p99 µs", "grid", "block", "regs",
-            "smem",
-        )  # fmt: skip
+        # Columns of explicit widths, set by `_fill_table` from the rows and the table's width:
+        # auto-width would depend on whether the first fill landed before or after the first
+        # layout, and the table would jump.
+        self.table.add_column("kernel", key="kernel", width=NAME_MIN_START)
+        for c in KERNEL_COLUMNS:
+            self.table.add_column(c.label, key=c.key)
 
     def compose(self) -> ComposeResult:
         yield self.empty_line
@@ -492,6 +316,18 @@ class KernelPane(Pane):
 
     def focus_target(self):
         return self.table if not self.has_class("-empty") else self
+
+    def on_resize(self) -> None:
+        super().on_resize()
+        # the table's columns follow its width, known once this layout is done
+        self.call_after_refresh(self._refit)
+
+    def _refit(self) -> None:
+        if len(self._top) and self._table_width() != self._fit_key[:1]:
+            self._fill_table()
+
+    def _table_width(self) -> tuple[int]:
+        return (max(0, self.table.size.width - SCROLLBAR_W),)
 
     def show(self, view: View) -> None:
         batch = view.store.get("kernels", view.since_ns, view.until_ns)
@@ -537,13 +373,22 @@ class KernelPane(Pane):
         )
         width = self.content_region.width or 60
         n = len(batch["start_ns"])
+        packing = None
+        if self._duty or self.window_choice:
+            starts, ends = window_rows(markers)
+            if view.mode == "live":
+                starts, ends = with_open_window(starts, ends, batch["start_ns"], view.until_ns)
+            share = recorded_share(starts, ends, view.since_ns, view.until_ns)
+            if use_window_view(self.window_choice, self._duty, share):
+                packing = pack(starts, ends, view.since_ns, view.until_ns, lane_bins(width))
+        self.packed = packing is not None
         # 80x24 has four rows for the pane: no idle lane there (key 1 shows it)
         app = self.app
         idle = None if app.has_class("-compact") and not app.has_class("-maximized") else self._idle
         key = (
             view.since_ns, view.until_ns, view.mode, view.anchor_ns, n,
             int(batch["start_ns"][-1]) if n else 0, len(markers["start_ns"]), self._duty,
-            width, self._notes, styles, id(idle),
+            width, self._notes, styles, id(idle), self.packed,
         )  # fmt: skip
         if key == self._lanes_key:
             return
@@ -560,8 +405,25 @@ class KernelPane(Pane):
                 self._notes,
                 self._duty,
                 idle,
+                packing,
+                lambda t: f"{view.rel(t):.1f}s",
             )  # fmt: skip
         )
+
+    def action_toggle_windows(self) -> None:
+        """`w`: the window view on or off (it is the default below a fifth recorded)."""
+        if not self._duty:
+            self.app.notify(
+                "no recording windows here: the agent recorded continuously, every column "
+                "of the timeline is recorded time",
+                timeout=4,
+            )
+            return
+        self.window_choice = not self.packed
+        self._lanes_key = ()
+        request = getattr(self.app, "request_redraw", None)
+        if request is not None:
+            request(now=True)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="kernel-analysis")
     def _analyse(
@@ -644,7 +506,9 @@ class KernelPane(Pane):
                 self._fill_table()
 
     def _show_table_line(self, shown: int = 0) -> None:
-        what = f"top kernels by {SORTS[self.sort][0]} (o: sort, /: filter)"
+        hidden = len(self._fit.hidden) if self._fit is not None else 0
+        more = f", ←→: {hidden} more" if hidden else ""
+        what = f"top kernels by {SORTS[self.sort][0]} (o: sort, /: filter{more})"
         if self.name_filter:
             what += f" · filter {self.name_filter!r}: {shown} of {len(self._top)} names"
         self.table_line.update(what)
@@ -653,26 +517,38 @@ class KernelPane(Pane):
         self.border_title = f"{title} · filter {self.name_filter!r}" if self.name_filter else title
 
     def _fill_table(self) -> None:
+        """Rows for the sort and filter; the columns re-laid out when the rows' widths or the
+        table's width changed (the scroll position kept)."""
         keep = self.table.cursor_row
-        self.table.clear()
         rows = sort_top(self._top, self.sort, self.name_filter)
+        names = self._top["name"].astype(str) if len(rows) else pd.Series([], dtype=str)
+        cells = [row_cells(r) for r in rows.itertuples(index=False)]
+        widths = [
+            max([len(c.label)] + [len(row[i]) for row in cells])
+            for i, c in enumerate(KERNEL_COLUMNS)
+        ]
+        full = short_names(names, NAME_MAX) if len(rows) else {}
+        need = max([len("kernel")] + [len(full[str(r.name)]) for r in rows.itertuples()])
+        (avail,) = self._table_width()
+        fit = fit_columns(
+            avail or NAME_MIN_START + PAD, need, widths, [c.priority for c in KERNEL_COLUMNS]
+        )
         # Labels over every name of the window, so a row reads the same whatever the filter
-        labels = short_names(self._top["name"].astype(str), 40) if len(rows) else {}
-        for r in rows.itertuples(index=False):
-            self.table.add_row(
-                labels[str(r.name)],
-                f"{r.calls}",
-                f"{r.total_ms:.2f}",
-                f"{r.pct:.1f}",
-                f"{r.mean_us:.1f}",
-                f"{r.p50_us:.1f}",
-                f"{r.p99_us:.1f}",
-                r.grid,
-                r.block,
-                f"{r.registers}" if r.registers >= 0 else "n/a",
-                f"{r.smem}" if r.smem >= 0 else "n/a",
-                key=str(r.name),
-            )
+        labels = short_names(names, fit.name_width) if len(rows) else {}
+        fit_key = (avail, fit, tuple(widths))
+        scroll_x = self.table.scroll_x
+        if fit_key != self._fit_key:
+            self._fit_key, self._fit = fit_key, fit
+            self.table.clear(columns=True)
+            self.table.add_column("kernel", key="kernel", width=fit.name_width)
+            for i in fit.order:
+                c = KERNEL_COLUMNS[i]
+                self.table.add_column(c.label, key=c.key, width=widths[i])
+        else:
+            self.table.clear()
+        for r, row in zip(rows.itertuples(index=False), cells, strict=True):
+            self.table.add_row(labels[str(r.name)], *(row[i] for i in fit.order), key=str(r.name))
+        self.table.scroll_to(x=min(scroll_x, self.table.max_scroll_x), animate=False)
         self._show_table_line(len(rows))
         self.top_line.update(top_summary(rows, SORTS[self.sort][0]))
         if self.table.row_count:
