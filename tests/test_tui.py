@@ -16,6 +16,7 @@ import tomllib
 
 import numpy as np
 import pytest
+from conftest import store_from_capture
 from kdash.tui.app import KdashApp, available_themes, resolve_theme
 from kdash.tui.panes.base import Pane
 from kdash.tui.panes.clocks import ClockPane
@@ -795,3 +796,248 @@ def test_kernel_pane_line_under_no_inject():
     line = kernel_empty_line("starting: waiting for CUDA in pid 42")
     assert line == "Kernel timeline: no kernels yet — agent waiting for CUDA in pid 42"
     assert kernel_empty_line("starting: looking for kdash agents in the target") == NO_KERNELS
+
+
+# -- the status bar, toasts, the cursor and the title at any size -------------------------------
+SIZES = [(80, 24), (120, 40), (200, 50)]
+SIZE_IDS = ["80x24", "120x40", "200x50"]
+
+
+def drawn(widget) -> list:
+    """The strips a widget draws, through its styles and the app's filters (NO_COLOR's too)."""
+    from textual.geometry import Region
+
+    width, height = widget.region.size  # padding and border included
+    return widget.render_lines(Region(0, 0, width, height))
+
+
+def bar_line(app: KdashApp) -> str:
+    bar = app.query_one(StatusBar)
+    assert bar.outer_size.height == 1 and bar.region.bottom == app.size.height
+    (strip,) = drawn(bar)
+    return strip.text.strip()
+
+
+@pytest.fixture
+def demo_app(make_app):
+    """Factory: the bundled demo capture replayed with the title `kdash demo` gives it."""
+    from kdash.commands import bundled_demo
+
+    def build(**kwargs):
+        path = bundled_demo()
+        cap = load_capture(path)
+        meta = dict(cap.meta)
+        meta["capture_path"] = str(path)
+        return make_app(store=store_from_capture(cap), meta=meta, mode="replay", **kwargs)
+
+    return build
+
+
+@pytest.mark.parametrize("size", SIZES, ids=SIZE_IDS)
+async def test_status_bar_stays_one_line_after_c_in_a_replay(demo_app, size):
+    app = demo_app()
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        before = bar_line(app)
+        assert before.startswith("REPLAY pid 754") and before.endswith("? keys")
+        await pilot.press("c")
+        await pilot.pause()
+        line = bar_line(app)  # still one line, at the bottom
+        assert "replay: nothing to capture (captures are taken live)" in line
+        assert line.startswith("REPLAY") and line.endswith("│ ? keys")
+        # the whole line is the bar's content (and its tooltip when the drawn one is cut)
+        whole = status_text(app)
+        assert "replay: nothing to capture" in whole and "dropped 0" in whole
+        bar = app.query_one(StatusBar)
+        assert (bar.tooltip is None) == (line == whole.strip())
+
+
+@pytest.mark.parametrize("size", SIZES, ids=SIZE_IDS)
+async def test_status_bar_cuts_a_long_note_with_an_ellipsis(replay_app, size):
+    async with replay_app.run_test(size=size) as pilot:
+        await pilot.pause()
+        replay_app.note = "recorder stopped: " + "a long reason " * 30
+        replay_app._update_status()
+        await pilot.pause()
+        line = bar_line(replay_app)
+        assert line.startswith("REPLAY") and line.endswith("? keys")
+        assert "recorder stopped: a long reason" in line and "…" in line
+        assert replay_app.query_one(StatusBar).tooltip.startswith("REPLAY")
+        replay_app.note = ""
+        replay_app._update_status()
+        await pilot.pause()
+        assert "recorder stopped" not in bar_line(replay_app)
+
+
+def test_status_bar_fits_every_width_and_keeps_the_saved_file_name():
+    """Pure: the fitted line never exceeds its width, ends with `? keys`, keeps the capture
+    state; a saved path too long for the line is cut from its left, never mid-name."""
+    from kdash.tui.widgets.status import StatusInfo, assemble, fit, segments
+    from rich.cells import cell_len
+
+    path = "/home/someone/.local/share/kdash/captures/run-1201.kdash"
+    info = StatusInfo(
+        mode="live",
+        target="pid 1234 python -m sglang.launch_server --mod…",
+        capture=f"saved: {path}",
+        capture_phase="saved",
+        capture_path=path,
+        sources={"sched": "degraded: no cpufreq in sysfs", "nvml": "ok", "agent": "ok: sampling"},
+        poll_ms=1.5,
+        window="window 60 s",
+        activity="sampled",
+        cost=0.03,
+    )
+    segs = segments(info, lambda component: None)
+    whole = assemble(segs, [s.forms[0] for s in segs]).plain
+    assert path in whole and "poll 1.5 ms" in whole
+    seen = set()
+    for width in range(32, 260):
+        line = assemble(segs, fit(segs, width)).plain
+        assert cell_len(line) <= width, (width, line)
+        assert line.startswith("LIVE ") and line.endswith(" │ ? keys"), line
+        assert " │ saved: " in line, line
+        if width < 40:  # "LIVE │ saved: …/run-1201.kdash │ ? keys" needs 39
+            continue
+        assert "run-1201.kdash" in line, line
+        saved = line.split("saved: ", 1)[1].split(" │ ", 1)[0]
+        assert saved == path or (saved.startswith("…/") and path.endswith(saved[1:])), saved
+        if "kdash cost ≈ 3%" in line:  # the cost outlasts everything but the capture state
+            seen.add("cost")
+            assert "poll" not in line or "sched" in line
+        seen.add(saved == path)
+    assert seen == {True, False, "cost"}
+    assert assemble(segs, fit(segs, 400)).plain == whole
+
+
+@pytest.mark.slow
+async def test_live_status_bar_at_120x40_keeps_the_keys_hint(busy_child, tmp_path, make_app):
+    """Live on a real child with a real recorder: while capturing and once saved (a long
+    folder), the bar is one line ending with `? keys`; the saved file's name is in it whole."""
+    deep = tmp_path / ("a-rather-long-folder-name-" * 3) / "captures"
+    deep.mkdir(parents=True)
+    rec, store, meta = _live_recorder(busy_child, deep, pre=1.0, post=1.0)
+    app = make_app(store=store, meta=meta, mode="live", recorder=rec, redraw_hz=10)
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert await wait_for(pilot, lambda: "poll " in status_text(app))
+        line = bar_line(app)
+        assert line.startswith(f"LIVE pid {busy_child.pid}") and line.endswith("? keys")
+        await pilot.press("c")
+        line = bar_line(app)
+        assert "capturing… " in line and line.endswith("? keys")
+        assert await wait_for(pilot, lambda: rec.capture.phase in ("saved", "failed"), 15)
+        assert rec.capture.phase == "saved", rec.capture.error
+        assert await wait_for(pilot, lambda: "saved: " in bar_line(app), 2)
+        line = bar_line(app)
+        assert rec.capture.path.name in line and "saved: …/" in line
+        assert line.endswith("? keys")
+        # the toast has the name whole too, with as much of the folder as fits its width
+        (note,) = [n for n in app._notifications if "capture saved" in n.message]
+        shown = note.message.split()[-1]
+        assert shown.startswith("…/") and str(rec.capture.path).endswith(shown[1:])
+        assert rec.capture.path.name in shown
+
+
+async def test_toasts_never_cover_the_status_bar_nor_split_a_path(demo_app):
+    from textual.widgets._toast import Toast, ToastRack
+
+    path = "/home/someone/.local/share/kdash/captures/run-1201.kdash"
+    app = demo_app()
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await pilot.press("c")  # a real toast: "This is a replay: …"
+        app.notify(f"capture saved: {path}", title="kdash")
+        app.notify("a [bracketed] word is text, not markup", severity="warning")
+        await pilot.pause()
+        await pilot.pause()
+        bar = app.query_one(StatusBar)
+        toasts = list(app.screen.query(Toast))
+        assert len(toasts) == 3
+        rack = app.screen.query_one(ToastRack)
+        assert not rack.region.overlaps(bar.region)
+        for toast in toasts:
+            # drawn whole (not clipped by the rack) and clear of the bar
+            placed = app.screen.find_widget(toast)
+            assert placed.region.intersection(placed.clip) == toast.region
+            assert toast.region.height and not toast.region.overlaps(bar.region)
+        assert toasts[-1].region.bottom == bar.region.y  # right above it
+        assert {app.screen.get_widget_at(x, bar.region.y)[0] for x in range(80)} == {bar}
+        assert bar_line(app).endswith("? keys")
+        saved = next(t for t in toasts if "capture saved" in str(t.render()))
+        lines = [s.text.strip(" ▌") for s in drawn(saved)]
+        (shown,) = [ln for ln in lines if "run-1201.kdash" in ln]
+        assert shown.startswith("…/") and path.endswith(shown[1:]), lines
+        assert not any(ln.endswith(("/", "run-", "kdash/")) for ln in lines), lines
+        warned = next(t for t in toasts if "bracketed" in str(t.render()))
+        assert "a [bracketed] word" in " ".join(s.text for s in drawn(warned))
+
+
+def _cursor_rows(table) -> tuple[list, list]:
+    """The cursor row's segments and the next row's (row 0 is the header)."""
+    strips = drawn(table)
+    at = table.cursor_row - int(table.scroll_y) + 1
+
+    def cells(strip):
+        return [seg for seg in strip if seg.text.strip()]
+
+    return cells(strips[at]), cells(strips[at + 1])
+
+
+@pytest.mark.parametrize(
+    ("theme", "no_color"),
+    [("mono", False), ("mono", True), ("dark", True), ("light", True)],
+    ids=["mono", "mono-NO_COLOR", "dark-NO_COLOR", "light-NO_COLOR"],
+)
+async def test_table_cursor_row_is_reverse_video_without_colour(
+    demo_app, monkeypatch, theme, no_color
+):
+    """Without colour the cursor row must still show: reverse video, in the kernel and the CPU
+    table, focused or not; the other rows are not reversed."""
+    if no_color:
+        monkeypatch.setenv("NO_COLOR", "1")
+    app = demo_app(theme=theme)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        tables = {
+            pid: app.query_one(f"#{pid}", Pane).query_one(DataTable) for pid in ("kernels", "cpu")
+        }
+        for pid, table in tables.items():
+            assert await wait_for(pilot, lambda t=table: t.row_count >= 2), pid
+            assert table.size.height > 3, pid
+            for focus in (True, False):
+                if focus:
+                    table.focus()
+                else:
+                    tables["cpu" if pid == "kernels" else "kernels"].focus()
+                await pilot.pause()
+                assert table.has_focus == focus
+                cursor, other = _cursor_rows(table)
+                assert cursor and all(seg.style.reverse for seg in cursor), (pid, focus, cursor)
+                assert other and not any(seg.style.reverse for seg in other), (pid, focus)
+                if no_color:
+                    assert all(
+                        seg.style.color is None or seg.style.color.is_default for seg in cursor
+                    )
+
+
+async def test_demo_title_says_replay_at_80x24(demo_app, monkeypatch):
+    """The title `kdash demo` gives its replay (no GPU here) shows "replay" in an 80-column
+    header, and any replay title that says it only late gets it in front."""
+    import argparse
+
+    from textual.widgets._header import HeaderTitle
+
+    from kdash import commands
+
+    seen = {}
+    monkeypatch.setattr(
+        commands, "open_capture", lambda path, theme, title=None: seen.setdefault("t", title)
+    )
+    args = argparse.Namespace(replay=False, headless=False, theme=None, duration=None, output=None)
+    commands.cmd_demo(args)
+    app = demo_app(title=seen["t"])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        (strip,) = drawn(app.query_one(HeaderTitle))
+        assert "replay" in strip.text, strip.text
+    late = demo_app(title="kdash demo workload (paged decode + prefill), no GPU here: replay")
+    assert late._titles()[0].startswith("kdash replay — kdash demo workload")

@@ -44,6 +44,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
+from textual.notifications import SeverityLevel
 from textual.theme import Theme
 from textual.widgets import Header
 from textual.worker import Worker, WorkerState
@@ -60,6 +61,7 @@ from .panes.cpu import CpuPane
 from .panes.kernels import KernelPane
 from .panes.server import ServerPane
 from .panes.source import SourcePane
+from .widgets.fit import fit_words
 from .widgets.help import HelpScreen
 from .widgets.status import StatusBar, StatusInfo
 
@@ -210,6 +212,14 @@ LIVE_WINDOW_S = 60.0
 MIN_WINDOW_S = 1.0
 COMPACT_WIDTH = 110  # below this many columns (or COMPACT_HEIGHT rows) the panes stack
 COMPACT_HEIGHT = 30
+REPLAY_WITHIN = 24  # a replay's title says "replay" within its first this many characters
+# Textual's Toast: 60 cells wide at most and half the screen, 2 of padding, a 1-cell border.
+TOAST_WIDTH, TOAST_FRAME = 60, 3
+
+
+def toast_text_width(screen_width: int) -> int:
+    """The cells a toast's text has on a screen this wide (its CSS: width 60; max-width 50%)."""
+    return max(1, min(TOAST_WIDTH, screen_width // 2) - TOAST_FRAME)
 
 
 def short_cmdline(cmd: str, width: int = 32) -> str:
@@ -306,6 +316,8 @@ class KdashApp(App[None]):
             self.register_theme(palette)
         self.theme = PALETTES[self.kd_theme].name
         self.add_class(f"theme-{self.kd_theme}")
+        # Colour stripped whatever the theme: app.tcss marks the cursor and the bar by reverse.
+        self.set_class(bool(os.environ.get("NO_COLOR")), "-no-color")
         self._title_arg = title
         # An SGLang server gets the server pane (a fifth pane, key 5); any other target keeps
         # the four-pane layout exactly as it was.
@@ -441,7 +453,9 @@ class KdashApp(App[None]):
             title = self._title_arg or self.meta.get("title") or "kdash"
             return title, f"live · pid {target.get('pid', '?')} {cmd}".rstrip()
         title = self._title_arg or self.meta.get("title") or ""
-        if "replay" not in title.lower():
+        # "replay" near the start: a narrow header cuts a long title at its end.
+        at = title.lower().find("replay")
+        if at < 0 or at > REPLAY_WITHIN:
             title = f"kdash replay — {title}" if title else "kdash replay"
         bits = []
         if self.meta.get("capture_path"):
@@ -578,7 +592,6 @@ class KdashApp(App[None]):
             tgt = f"pid {target.get('pid', '?')} {short_cmdline(str(target.get('cmdline') or ''))}"
         info = StatusInfo(
             mode=self.mode,
-            compact=self.compact,
             target=tgt.rstrip(),
             paused=self.paused,
             window=self.window_label(),
@@ -593,6 +606,8 @@ class KdashApp(App[None]):
                 info.capture = "writing capture…"
             detail = getattr(rec, "capture_detail", None)
             extra = detail() if detail is not None else ""
+            if cap.phase == "saved":
+                info.capture_path = str(cap.path)
             if extra and cap.phase == "saved":  # e.g. the DP ranks that had no step
                 info.capture = f"saved: {cap.path} ({extra})"
             elif extra:
@@ -634,6 +649,27 @@ class KdashApp(App[None]):
         self._update_status()
         self.notify(f"capture saved: {message.state.path}", title="kdash", timeout=6)
 
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        """A toast whose words each fit its width, so it wraps only between words: a long
+        path keeps its end (`…/captures/run-1201.kdash`), never split mid-name. Plain text by
+        default: kdash's messages hold paths and errors, never markup (a `[` in one is text)."""
+        width = toast_text_width(self.size.width)
+        super().notify(
+            fit_words(str(message), width),
+            title=title,
+            severity=severity,
+            timeout=timeout,
+            markup=markup,
+        )
+
     def on_capture_failed(self, message: CaptureFailed) -> None:
         self._update_status()
         self.notify(f"capture failed: {message.state.error}", severity="error", timeout=10)
@@ -661,7 +697,10 @@ class KdashApp(App[None]):
 
     # -- actions ------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """While the help is open only help and quit act (tab, ← and → are priority keys)."""
+        """While the help is open only help and quit act (tab, ← and → are priority keys).
+        ← and → scroll a focused table that has columns out of view instead of panning."""
+        if action == "pan" and getattr(self.focused, "takes_sideways_keys", lambda: False)():
+            return False
         return action in ("help", "quit") or not isinstance(self.screen, HelpScreen)
 
     def action_capture(self) -> None:
