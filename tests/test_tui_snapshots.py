@@ -36,3 +36,36 @@ def test_replay_h200_power_capped(snap_compare, replay_of, size):
 def test_replay_h200_contended_light_clocks_maximised_80x24(snap_compare, replay_of):
     app = replay_of("h200-contended.kdash", theme="light")
     assert snap_compare(app, terminal_size=(80, 24), press=["2"])
+
+
+# -- the status bar and the toasts (the bundled demo capture, kdash/data) ----------------------
+@pytest.fixture
+def demo_replay(make_app):
+    from conftest import store_from_capture
+
+    from kdash.capture import load_capture
+    from kdash.commands import bundled_demo
+
+    path = bundled_demo()
+    cap = load_capture(path)
+    meta = dict(cap.meta)
+    meta["capture_path"] = path.name  # not the install's folder: the snapshot stays the same
+    title = f"replay (no GPU here) — {meta['title']}"  # as `kdash demo` opens it
+    return make_app(store=store_from_capture(cap), meta=meta, mode="replay", title=title)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+def test_status_bar_after_c_in_the_demo_replay(snap_compare, demo_replay, size):
+    """`c` in a replay: the bar stays one line with `? keys` at its end, the toast above it."""
+    assert snap_compare(demo_replay, terminal_size=size, press=["c"])
+
+
+def test_status_bar_long_note_mono_80x24(snap_compare, demo_replay):
+    """A long note is cut with an ellipsis in the one line; mono theme, table cursor reversed."""
+
+    def long_note(pilot):
+        pilot.app.set_theme("mono")
+        pilot.app.note = "recorder stopped: " + "a long reason " * 20
+        pilot.app._update_status()
+
+    assert snap_compare(demo_replay, terminal_size=(80, 24), run_before=long_note)
