@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from kdash.collectors.agent import client, server, wire
+from kdash.collectors.agent import client, security, server, wire
 from kdash.collectors.agent.client import AgentSource
 from test_agent import FAKE_CUPTI, agent_stats, drain, start_target, wait_for, wait_socket
 
@@ -255,7 +255,7 @@ def test_session_name_table_is_bounded():
 
 @pytest.mark.skipif(os.getuid() != 0, reason="making another user's folder needs root")
 def test_a_squatted_socket_folder_falls_back_to_a_private_one(tmp_path, monkeypatch):
-    monkeypatch.setattr(server, "TMP_ROOT", str(tmp_path))
+    monkeypatch.setattr(security, "TMP_ROOT", str(tmp_path))
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     uid = os.getuid()
     squat = tmp_path / f"kdash-{uid}"
@@ -283,7 +283,7 @@ def test_a_squatted_socket_folder_falls_back_to_a_private_one(tmp_path, monkeypa
 
 @pytest.mark.skipif(os.getuid() != 0, reason="making another user's folder needs root")
 def test_no_socket_in_an_armed_target_says_the_real_reason(tmp_path, monkeypatch):
-    monkeypatch.setattr(server, "TMP_ROOT", str(tmp_path))
+    monkeypatch.setattr(security, "TMP_ROOT", str(tmp_path))
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     squat = tmp_path / f"kdash-{os.getuid()}"
     squat.mkdir(mode=0o777)

@@ -28,7 +28,7 @@ Mechanisms:
   stub that calls `Py_AddPendingCall(PyRun_SimpleString, boot code)` and restores the thread's
   own registers, FPU state and signal mask with `rt_sigreturn`, and is released. CPython runs
   pending calls in the main thread at its next bytecode boundary, with the GIL held, so the
-  boot code runs as ordinary Python: it loads the agent's server.py by path and calls
+  boot code runs as ordinary Python: it loads the agent through loader.py by path and calls
   `start_agent()`. Py_AddPendingCall needs neither the GIL nor a thread state, which is why no
   other thread has to be stopped. The boot code catches everything (a pending call that fails
   without an exception set would raise SystemError into the target) and records failures in
@@ -62,7 +62,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kdash.collectors.agent import bootstrap, ptrace_session, server
+from kdash.collectors.agent import bootstrap, loader, ptrace_session, server
 from kdash.collectors.agent.client import agent_failure_note, find_agent_socket
 
 CAP_SYS_PTRACE = 19
@@ -363,21 +363,22 @@ def check_injectable(pid: int, probe: bool = True) -> Injectability:
 
 
 def boot_code(pid: int) -> str:
-    """Python source run inside the target: load the agent by path, start it, never raise.
+    """Python source run inside the target: load the agent's loader by path, load the agent
+    with it (loader.load_agent), start it, never raise.
 
     Names it defines in `__main__` are removed again; failures go to the `.unavailable` note
     that the client reads.
     """
-    server_py = str(Path(server.__file__).resolve())
+    loader_py = str(Path(loader.__file__).resolve())
     pkgs = os.pathsep.join(bootstrap.package_dirs())
     note = os.path.join(server.socket_dirs()[0], f"{pid}.unavailable")
     return (
         "def _kdash_boot():\n"
         "    import importlib.util, os, sys\n"
-        "    name = 'kdash.collectors.agent.server'\n"
+        "    name = 'kdash.collectors.agent.loader'\n"
         "    mod = sys.modules.get(name)\n"
         "    if mod is None:\n"
-        f"        spec = importlib.util.spec_from_file_location(name, {server_py!r})\n"
+        f"        spec = importlib.util.spec_from_file_location(name, {loader_py!r})\n"
         "        mod = importlib.util.module_from_spec(spec)\n"
         "        sys.modules[name] = mod\n"
         "        try:\n"
@@ -386,6 +387,7 @@ def boot_code(pid: int) -> str:
         "            sys.modules.pop(name, None)\n"
         "            raise\n"
         f"    os.environ.setdefault('KDASH_AGENT_PKGS', {pkgs!r})\n"
+        "    mod = mod.load_agent()\n"
         "    if mod.start_agent() is None:\n"
         "        raise RuntimeError('the agent could not listen: ' + mod.start_error())\n"
         "try:\n"

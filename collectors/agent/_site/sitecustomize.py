@@ -73,32 +73,28 @@ def _kdash_unlink(path):
 
 
 def _kdash_import_agent():
-    """The agent's server module, loaded from its file next to this folder.
-
-    Only server.py is loaded here (it imports nothing but the standard library at module
-    level), not the `kdash` package: importing kdash and numpy in every Python process of the
-    tree would cost start-up time the target pays even when nobody ever connects. It is
-    registered under its real name so a later `import kdash.collectors.agent.server` (e.g. by
-    an injected start) gets this same module and the same single agent.
-    """
+    """The agent's server module, through the agent's one loader (loader.py, next to this
+    folder), which loads the agent's modules by path and not the `kdash` package: importing
+    kdash and numpy in every Python process of the tree would cost start-up time the target
+    pays even when nobody ever connects."""
     import importlib.util
 
-    name = "kdash.collectors.agent.server"
-    if name in sys.modules:
-        return sys.modules[name]
-    here = os.path.dirname(os.path.abspath(__file__))
-    path = os.path.join(os.path.dirname(here), "server.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load the kdash agent from {path}")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    try:
-        spec.loader.exec_module(mod)
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    return mod
+    name = "kdash.collectors.agent.loader"
+    mod = sys.modules.get(name)
+    if mod is None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        path = os.path.join(os.path.dirname(here), "loader.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load the kdash agent from {path}")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+    return mod.load_agent()
 
 
 def _kdash_start():

@@ -1,0 +1,123 @@
+"""PC-sampling ranges inside a session: each on a thread of its own while kernel activity is
+off (CUPTI refuses both at once). The sampling itself is pcsampling.SamplingRanges, imported
+(with numpy) at the first range; its rows and window go to the outbox, its costs to STATS."""
+
+from __future__ import annotations
+
+import enum
+import os
+import threading
+import time
+
+from .constants import ENV_FAKE_PCSAMPLING
+from .probes import find_libcupti
+
+TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs every armed process
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .outbox import Outbox
+
+
+class PCState(enum.Enum):
+    OFF = "off"
+    STARTING = "starting"  # asked for, no range finished yet
+    OK = "ok"
+    UNAVAILABLE = "unavailable"  # a range failed: not tried again this session (`why` says why)
+
+
+class PCRunner:
+    def __init__(self, outbox: Outbox) -> None:
+        self.outbox = outbox
+        self.state = PCState.OFF
+        self.why = ""  # what made it UNAVAILABLE
+        self.ranges = 0
+        self.rows = 0
+        self.last: dict = {}
+        self.device_hint: int | None = None
+        self._pc: Any = None  # pcsampling.SamplingRanges, made at the first range
+        self._thread: threading.Thread | None = None
+        self._busy = threading.Event()  # a range runs: the duty cycle keeps activity off
+        self._cut = threading.Event()
+
+    @property
+    def busy(self) -> bool:
+        return self._busy.is_set()
+
+    @property
+    def unavailable(self) -> bool:
+        return self.state is PCState.UNAVAILABLE
+
+    def text(self) -> str:
+        """The state as STATS says it: "off", "starting", "ok" or "unavailable: <why>"."""
+        if self.state is PCState.UNAVAILABLE:
+            return f"unavailable: {self.why}"
+        return self.state.value
+
+    def set_state(self, state: PCState) -> None:
+        """OFF or STARTING, asked for by the client; a failed sampler stays UNAVAILABLE."""
+        if not self.unavailable:
+            self.state = state
+
+    def reset(self, state: PCState) -> None:
+        """A new START: OFF or STARTING, whatever happened before."""
+        self.state, self.why = state, ""
+
+    def cpu_ms_per_range(self) -> float | None:
+        if self._pc is not None and self._pc.ranges:
+            return round(self._pc.cpu_ms_total / self._pc.ranges, 2)
+        return None
+
+    def start_range(self, on_s: float) -> None:
+        """Run one PC-sampling range on a thread of its own (activity is off meanwhile)."""
+        self._busy.set()
+        self._cut.clear()
+        t = threading.Thread(target=self._range, args=(on_s,), name="kdash-pcs", daemon=True)
+        self._thread = t
+        t.start()
+
+    def _sampler(self) -> Any:
+        if self._pc is None:
+            from . import pcsampling
+
+            fake = os.environ.get(ENV_FAKE_PCSAMPLING)
+            if fake:
+                self._pc = pcsampling.SamplingRanges(fake, libcuda=fake)
+            else:
+                path, why = find_libcupti()
+                if path is None:
+                    raise RuntimeError(f"libcupti not found in this process ({why})")
+                self._pc = pcsampling.SamplingRanges(path, device=self.device_hint)
+        return self._pc
+
+    def _range(self, on_s: float) -> None:
+        """The range's thread: a failure makes PC sampling UNAVAILABLE for the rest of the
+        session (the source pane shows why). Never raises."""
+        try:
+            pc = self._sampler()
+            t0 = time.monotonic_ns()
+            cols, stats = pc.run(on_s, self._cut)
+            t1 = time.monotonic_ns()
+            import numpy as np
+
+            n = len(cols["count"])
+            cols["t_ns"] = np.full(n, t1, dtype=np.int64)
+            self.outbox.add_pc_range(cols, t0, t1)
+            self.ranges += 1
+            self.rows += n
+            self.last = stats
+            self.state = PCState.OK
+        except BaseException as e:  # noqa: BLE001 - never into the target; say why in the pane
+            why = str(e) or type(e).__name__
+            if "NOT_COMPATIBLE" in why or "MULTIPLE_SUBSCRIBERS" in why:
+                why += " (another profiler holds the counters, or kernel activity is on)"
+            self.state, self.why = PCState.UNAVAILABLE, why
+        finally:
+            self._busy.clear()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Cut a running range short and wait for its thread (detach, STOP, SET off)."""
+        t = self._thread
+        if t is not None and t.is_alive():
+            self._cut.set()
+            t.join(timeout_s)
