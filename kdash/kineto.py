@@ -396,14 +396,19 @@ class _Flows:
             return False
         if not -MAX_TIME_US < ts < MAX_TIME_US:
             return False
-        if len(self.id) >= limits.MAX_ROWS:
-            raise limits.LimitError(f"more than {limits.MAX_ROWS} flow events")
+        if len(self.id) % CHUNK == 0:  # as often as a table checks its rows
+            self.check()
         self.start.append(1 if ev.get("ph") == "s" else 0)
         self.pid.append(_int(ev.get("pid")))
         self.tid.append(_int(ev.get("tid")))
         self.ts.append(float(ts))
         self.id.append(fid)
         return True
+
+    def check(self) -> None:
+        """LimitError past two flow events (start, end) per row a table may hold."""
+        if len(self.id) > 2 * limits.MAX_ROWS:
+            raise limits.LimitError(f"more than {2 * limits.MAX_ROWS} flow events")
 
     def ends(self, start: bool, base_ns: int, wall_offset_ns: int) -> dict[str, np.ndarray]:
         """id, pid, tid and t (ns, as `_Table.flush` computes row times, so an end and its
@@ -717,6 +722,11 @@ def _read_one(path: Path, tables: dict[str, _Table], offset: int, chunk: int) ->
             t.flush(info.base_ns, offset, host_pid)
         except limits.LimitError as e:
             raise _stream_error(path, e, n) from None
+    try:
+        flows.check()
+    except limits.LimitError as e:
+        raise _stream_error(path, e, n) from None
+    for t in tables.values():
         for b in t.batches[first_batch[t.table] :]:
             if "pid" in b and host_pid is not None:
                 b["pid"][b["pid"] < 0] = host_pid  # device rows belong to the trace's process

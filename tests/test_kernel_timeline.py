@@ -100,7 +100,7 @@ def test_nvtx_lanes_from_real_kineto_annotations():
     text = render_lanes(k, m, since, until, 80, lambda b: "─" * b).plain
     lines = text.splitlines()
     nvtx = [ln for ln in lines if ln.startswith("nvtx ")]
-    assert {ln[:12].strip() for ln in nvtx} == {"nvtx user_an", "nvtx gpu_use"}
+    assert {ln[:12].strip() for ln in nvtx} == {"nvtx user_an", "nvtx gpu_use", "nvtx cpu_op"}
     assert all(set(ln[12:]) - {" "} for ln in nvtx)  # each covers some bins
     assert UNRECORDED not in text  # no recording windows: everything counts as recorded
     assert any(ln.startswith("GPU0 s7") for ln in lines)

@@ -682,3 +682,18 @@ def test_flows_bind_by_thread_and_time_only(tmp_path):
     assert info.skipped == {"ac2g flow": 1}
     assert list(tables["kernels"]["correlation_id"]) == [-1, 3]
     assert list(tables["api"]["correlation_id"]) == [-1, 2]
+
+
+def test_flow_events_are_bounded(tmp_path, monkeypatch):
+    """Two flow events per row a table may hold; past that, one line and no capture."""
+    from kdash import limits
+
+    monkeypatch.setattr(limits, "MAX_ROWS", 1)
+    events = [
+        {"ph": "X", "cat": "cuda_runtime", "name": "c", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1},
+        *({"ph": "s", "cat": "ac2g", "id": i, "pid": 1, "tid": 1, "ts": 1.0} for i in range(3)),
+    ]
+    path = _write(tmp_path / "flows.json", _kineto_doc(events))
+    with pytest.raises(UserError, match="more than 2 flow events") as ei:
+        kineto.read_traces([path])
+    assert "\n" not in str(ei.value)
