@@ -672,6 +672,9 @@ def _stage2_meta(splits: int, head_dim: int) -> tuple[int, int]:
     return min(256, next_pow2(splits)), max(1, min(8, next_pow2(splits) * head_dim // 2048))
 
 
+_NO_SCALE = object()
+
+
 def _aligned(*ts: torch.Tensor) -> bool:
     """Every pointer on 16 bytes, as the compiled kernels assume (a misaligned view re-JITs)."""
     bits = 0
@@ -774,8 +777,10 @@ class DecodePlan:
         self.o_part, self.lse_part, lse = ws.split_with_sizes((n_o, n_l, batch * num_q_heads))
         self.lse = lse.view(batch, num_q_heads)
         self._ks = self._vs = seq_lens  # never read without fp8; any pointer does
-        self._ks_src: object = None
-        self._vs_src: object = None
+        # What the scale tensors were made from: a run passing the same object (or none) uses them
+        # as they are. _NO_SCALE until a scale is given, so an fp8 run without one is refused.
+        self._ks_src: object = _NO_SCALE
+        self._vs_src: object = _NO_SCALE
         if self.is_fp8 and k_scale is not None and v_scale is not None:
             self._ks, self._ks_src = _as_scale(k_scale, num_kv_heads, dev), k_scale
             self._vs, self._vs_src = _as_scale(v_scale, num_kv_heads, dev), v_scale
@@ -865,19 +870,18 @@ class DecodePlan:
         self._layout = (q.stride(), k_cache.stride(), v_cache.stride(), q.dtype, k_cache.dtype)
 
     def _scale(self, which: str, scale) -> torch.Tensor:
-        if which == "k":
-            if scale is None or scale is self._ks_src:
-                if self._ks_src is None:
-                    raise ValueError("fp8 KV needs k_scale and v_scale (per KV head, or one float)")
-                return self._ks
-            self._ks, self._ks_src = _as_scale(scale, self.kv_heads, self.device), scale
-            return self._ks
-        if scale is None or scale is self._vs_src:
-            if self._vs_src is None:
+        """The ``[Hkv]`` fp32 scale tensor for ``scale`` (None: the plan's), kept for reuse."""
+        src = self._ks_src if which == "k" else self._vs_src
+        if scale is None:
+            if src is _NO_SCALE:
                 raise ValueError("fp8 KV needs k_scale and v_scale (per KV head, or one float)")
-            return self._vs
-        self._vs, self._vs_src = _as_scale(scale, self.kv_heads, self.device), scale
-        return self._vs
+            return self._ks if which == "k" else self._vs
+        t = _as_scale(scale, self.kv_heads, self.device)
+        if which == "k":
+            self._ks, self._ks_src = t, scale
+        else:
+            self._vs, self._vs_src = t, scale
+        return t
 
     def run(
         self,

@@ -11,13 +11,22 @@ The model is random weights (nothing to download) and has no rotary embedding (i
 kernel, not change what is being watched). Sampling is greedy. The host waits for a step's tokens
 one step later (the "overlap" pattern of SGLang's scheduler), unless ``--sync-every-step``.
 
+Decode steps are replayed from CUDA graphs, as SGLang's CUDA-graph runner does: one graph per
+padded batch size, captured the first time that size is needed, over static input buffers (token
+ids, positions, lengths, page table) that each step rewrites before the replay; the attention's
+plan (:class:`~kdash.kernels.decode_attention.DecodePlan`) is made once per graph and cuts the
+work on the GPU from the lengths in memory. ``--eager-decode`` launches every kernel of every
+step from Python instead: the host-bound way, for kdash's launch-gap and CPU panes. Without CUDA
+(the CPU interpreter) decode is eager.
+
 Pathologies on purpose, for kdash's CPU-affinity and idle-gap panes:
 
 - ``--pin-off-local``: pin the launch thread to CPUs not local to the GPU
   (``/sys/bus/pci/devices/<bdf>/local_cpulist``);
 - ``--noisy-neighbour``: start a busy process pinned to the launch thread's CPU;
 - ``--sync-every-step``: ``torch.cuda.synchronize()`` after every step (GPU idle while the host
-  schedules the next one).
+  schedules the next one);
+- ``--eager-decode``: decode without CUDA graphs (the GPU waits on Python's launches).
 """
 
 from __future__ import annotations
@@ -100,8 +109,11 @@ class Engine:
             for _ in range(cfg.layers)
         ]
         self.fp8 = kv_dtype == "fp8"
-        cache_dtype = FP8 if self.fp8 else bf
-        shape = (num_pages, page_size, cfg.kv_heads, cfg.head_dim)
+        self.cache_dtype = cache_dtype = FP8 if self.fp8 else bf
+        # One page past the scheduler's: the padding rows of a replayed decode batch write their
+        # K/V there, so no real request's page is touched.
+        self.pad_page = num_pages
+        shape = (num_pages + 1, page_size, cfg.kv_heads, cfg.head_dim)
         self.k_cache = [
             torch.zeros(shape, device=self.device, dtype=cache_dtype) for _ in self.layers
         ]
@@ -186,11 +198,46 @@ class Engine:
             last = x[t.tensor([c - 1 for c in cu_host[1:]], device=self.device)]
             return (self._rms(last, 1.0) @ self.embed.T).argmax(-1)
 
-    def decode(self, step: Step):
-        """One token for each of ``step.requests``; returns the next tokens."""
-        from .decode_attention import decode_attention
+    def plan(self, page_table, seq_lens, *, max_seq_len: int, total_tokens: int | None = None):
+        """The decode attention plan for one batch (shared by every layer of a step)."""
+        from .decode_attention import DecodePlan
+
+        c = self.cfg
+        scales = {"k_scale": self.kv_scale, "v_scale": self.kv_scale} if self.fp8 else {}
+        return DecodePlan(
+            page_table,
+            seq_lens,
+            c.q_heads,
+            c.kv_heads,
+            c.head_dim,
+            self.page_size,
+            max_seq_len=max_seq_len,
+            total_tokens=total_tokens,
+            kv_dtype=self.cache_dtype,
+            **scales,
+        )
+
+    def decode_layers(self, tokens, pos, req, page_table, plan):
+        """The decode forward on device tensors only: what a CUDA graph captures."""
         from .kv_cache import write_kv
 
+        n = tokens.shape[0]
+        x = self.embed[tokens]
+        scales = (self.kv_scale, self.kv_scale) if self.fp8 else (None, None)
+        for i, lw in enumerate(self.layers):
+            q, k, v = self._qkv(x, lw)
+            write_kv(self.k_cache[i], self.v_cache[i], page_table, req, pos, k, v, *scales)
+            o = plan.run(q.contiguous(), self.k_cache[i], self.v_cache[i])
+            x = x + o.view(n, -1) @ lw["wo"]
+            x = self._mlp(x, lw)
+        return (self._rms(x, 1.0) @ self.embed.T).argmax(-1)
+
+    def decode(self, step: Step, tokens=None):
+        """One token for each of ``step.requests``, every kernel launched now; the next tokens.
+
+        ``tokens`` are the input ids (random ones by default: their values do not change the
+        work, and drawing them on the device keeps the host out of it).
+        """
         t = self.torch
         reqs = step.requests
         b = len(reqs)
@@ -202,28 +249,124 @@ class Engine:
                 self.device, non_blocking=True
             )
             req = t.arange(b, device=self.device)
-            # Token values do not matter to the work done; random ids keep the host out of it.
-            x = self.embed[self._tokens(b)]
-            max_len = max(pos_host) + 1
-            total = sum(pos_host) + b
-            for i, lw in enumerate(self.layers):
-                q, k, v = self._qkv(x, lw)
-                scales = (self.kv_scale, self.kv_scale) if self.fp8 else (None, None)
-                write_kv(self.k_cache[i], self.v_cache[i], pt, req, pos, k, v, *scales)
-                kw = {"k_scale": self.kv_scale, "v_scale": self.kv_scale} if self.fp8 else {}
-                o = decode_attention(
-                    q.contiguous(),
-                    self.k_cache[i],
-                    self.v_cache[i],
-                    pt,
-                    lens,
-                    max_seq_len=max_len,
-                    total_tokens=total,
-                    **kw,
-                )
-                x = x + o.view(b, -1) @ lw["wo"]
-                x = self._mlp(x, lw)
-            return (self._rms(x, 1.0) @ self.embed.T).argmax(-1)
+            toks = self._tokens(b) if tokens is None else tokens.to(self.device)
+            plan = self.plan(
+                pt, lens, max_seq_len=max(pos_host) + 1, total_tokens=sum(pos_host) + b
+            )
+            return self.decode_layers(toks, pos, req, pt, plan)
+
+
+def graph_batch_sizes(max_batch: int) -> list[int]:
+    """Padded batch sizes that get a graph: 1, 2, 4, 8, then every multiple of 8, and the max."""
+    sizes = [s for s in (1, 2, 4) if s < max_batch]
+    sizes += list(range(8, max_batch, 8))
+    return [*sizes, max_batch]
+
+
+class _Slot:
+    """Static buffers, attention plan and (on CUDA) the captured graph of one padded batch size."""
+
+    def __init__(self, engine: Engine, size: int, max_context: int) -> None:
+        t = engine.torch
+        dev = engine.device
+        self.size, self.max_pages = size, engine.max_pages
+        # [pos | lens | page table rows] in one int32 buffer: one host-to-device copy per step.
+        self.inputs = t.zeros(size * (2 + self.max_pages), dtype=t.int32, device=dev)
+        self.pos = self.inputs[:size]
+        self.lens = self.inputs[size : 2 * size]
+        self.page_table = self.inputs[2 * size :].view(size, self.max_pages)
+        self.tokens = t.zeros(size, dtype=t.int64, device=dev)
+        self.req = t.arange(size, device=dev)
+        self.lens.fill_(1)
+        self.page_table.fill_(engine.pad_page)
+        # Lengths unknown at plan time: the grid is sized for any up to max_context, and each
+        # replay's cut comes from the lengths in memory.
+        self.plan = engine.plan(self.page_table, self.lens, max_seq_len=max_context)
+        self.graph = None
+        self.out = None
+
+
+class GraphDecoder:
+    """Decode steps replayed from CUDA graphs, one per padded batch size (SGLang's pattern).
+
+    A step of ``b`` requests runs in the graph of the smallest size ``n >= b``; rows ``b..n`` are
+    padding: length 1, position 0, every page the engine's spare page. Each step writes its
+    positions, lengths and page table into the graph's static buffers (one copy), draws its token
+    ids in place and replays. With ``capture=False`` (no CUDA) the same static-buffer step runs
+    eagerly, which is how the CPU tests check it.
+    """
+
+    def __init__(self, engine: Engine, *, max_batch: int, max_context: int, capture: bool = True):
+        self.engine = engine
+        self.sizes = graph_batch_sizes(max_batch)
+        self.max_context = max_context
+        self.capture = capture
+        self.slots: dict[int, _Slot] = {}
+        self.captured: list[int] = []
+
+    def bucket(self, b: int) -> int:
+        for s in self.sizes:
+            if s >= b:
+                return s
+        raise ValueError(f"decode batch {b} above the largest graph size {self.sizes[-1]}")
+
+    def _slot(self, size: int) -> _Slot:
+        slot = self.slots.get(size)
+        if slot is None:
+            slot = _Slot(self.engine, size, self.max_context)
+            if self.capture:
+                self._capture(slot)
+            self.slots[size] = slot
+        return slot
+
+    def _run(self, slot: _Slot):
+        return self.engine.decode_layers(
+            slot.tokens, slot.pos, slot.req, slot.page_table, slot.plan
+        )
+
+    def _capture(self, slot: _Slot) -> None:
+        t = self.engine.torch
+        # Warm up on a side stream (compiles the Triton kernels, arms their launchers, sets up
+        # cuBLAS) on the padding inputs, which only write the spare page; then capture.
+        side = t.cuda.Stream()
+        side.wait_stream(t.cuda.current_stream())
+        with t.cuda.stream(side):
+            self._run(slot)
+        t.cuda.current_stream().wait_stream(side)
+        graph = t.cuda.CUDAGraph()
+        with t.cuda.graph(graph):
+            slot.out = self._run(slot)
+        slot.graph = graph
+        self.captured.append(slot.size)
+
+    def decode(self, step: Step, tokens=None):
+        """Like :meth:`Engine.decode` (same results), from the static buffers of a graph."""
+        eng = self.engine
+        t = eng.torch
+        reqs = step.requests
+        b = len(reqs)
+        n = self.bucket(b)
+        with _nvtx("decode", eng.nvtx):
+            slot = self._slot(n)
+            pad = n - b
+            host = [r.cached for r in reqs] + [0] * pad
+            host += [r.cached + 1 for r in reqs] + [1] * pad
+            for r in reqs:
+                host += r.pages
+                host += [0] * (slot.max_pages - len(r.pages))
+            host += [eng.pad_page] * (slot.max_pages * pad)
+            slot.inputs.copy_(t.tensor(host, dtype=t.int32), non_blocking=True)
+            if tokens is None:
+                slot.tokens.random_(0, eng.cfg.vocab)
+            else:
+                slot.tokens[:b].copy_(tokens)
+                slot.tokens[b:].zero_()
+            if slot.graph is None:
+                out = self._run(slot)
+            else:
+                slot.graph.replay()
+                out = slot.out
+            return out[:b]
 
 
 # ---------------------------------------------------------------------------- host side
@@ -373,6 +516,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="torch.cuda.synchronize() after every step (GPU idles between steps)",
     )
+    ap.add_argument(
+        "--eager-decode",
+        action="store_true",
+        help="launch every decode kernel from Python instead of replaying CUDA graphs "
+        "(host-bound, as a server without graphs is)",
+    )
     return ap
 
 
@@ -424,6 +573,13 @@ def run(args: argparse.Namespace) -> int:
         notes.append(msg)
     if args.sync_every_step:
         notes.append("synchronizing after every step")
+    graphs = cuda and not args.eager_decode
+    notes.append(
+        "decode: replayed from CUDA graphs, one per padded batch size (--eager-decode: launched "
+        "from Python)"
+        if graphs
+        else "decode: eager, every kernel launched from Python"
+    )
     t_build = time.monotonic()
     engine = Engine(
         cfg,
@@ -434,6 +590,11 @@ def run(args: argparse.Namespace) -> int:
         kv_dtype=args.kv_dtype,
         device=args.device,
         seed=args.seed,
+    )
+    decoder = (
+        GraphDecoder(engine, max_batch=args.max_running, max_context=args.max_context)
+        if graphs
+        else engine
     )
     print(
         f"kdash workload: {cfg}, KV {args.kv_dtype} pages {args.num_pages}x{args.page_size}; "
@@ -458,7 +619,7 @@ def run(args: argparse.Namespace) -> int:
             if step.kind == "idle":
                 time.sleep(0.002)
                 continue
-            toks = engine.prefill(step) if step.kind == "prefill" else engine.decode(step)
+            toks = engine.prefill(step) if step.kind == "prefill" else decoder.decode(step)
             if cuda:
                 host = torch.empty(toks.shape, dtype=toks.dtype, pin_memory=True)
                 host.copy_(toks, non_blocking=True)
@@ -498,10 +659,13 @@ def run(args: argparse.Namespace) -> int:
             neighbour.terminate()
             neighbour.wait(timeout=5)
     el = max(1e-9, time.monotonic() - t0)
+    graphs_note = ""
+    if isinstance(decoder, GraphDecoder):
+        graphs_note = f", decode graphs captured for batch sizes {sorted(decoder.captured)}"
     print(
         f"kdash workload: {el:.1f}s, {totals['decode'] / el:.0f} decode tok/s, "
         f"{totals['prefill'] / el:.0f} prefill tok/s, {totals['steps']} steps, "
-        f"{totals['finished']} requests done",
+        f"{totals['finished']} requests done{graphs_note}",
         flush=True,
     )
     return 0

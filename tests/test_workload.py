@@ -18,7 +18,7 @@ from kdash.kernels.scheduler import (
     pages_for,
     parse_cpulist,
 )
-from kdash.kernels.workload import build_parser, fmt_cpus
+from kdash.kernels.workload import build_parser, fmt_cpus, graph_batch_sizes
 
 
 def test_page_allocator_accounts_every_page() -> None:
@@ -228,6 +228,63 @@ def test_cli_has_the_pathology_flags() -> None:
     )
     assert a.duration == 5 and a.pin_off_local and a.noisy_neighbour and a.sync_every_step
     assert build_parser().parse_args(["--noisy-neighbor"]).noisy_neighbour
+    assert not a.eager_decode  # decode replays CUDA graphs unless asked otherwise
+    assert build_parser().parse_args(["--eager-decode"]).eager_decode
+
+
+def test_graph_batch_sizes_cover_every_batch_once() -> None:
+    assert graph_batch_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert graph_batch_sizes(3) == [1, 2, 3]
+    assert graph_batch_sizes(1) == [1]
+    assert graph_batch_sizes(20) == [1, 2, 4, 8, 16, 20]
+
+
+def test_static_buffer_decode_matches_eager_decode_on_the_cpu() -> None:
+    """The step a CUDA graph captures (static buffers, padded batch, one plan for any lengths),
+    run eagerly here (no CUDA), gives the eager step's tokens and K/V; padding writes only the
+    spare page."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("CPU engine run needs the Triton interpreter")
+    from kdash.kernels.workload import Engine, GraphDecoder, ModelConfig
+
+    cfg = ModelConfig(layers=1, hidden=128, q_heads=2, kv_heads=1, head_dim=64, mlp=256, vocab=64)
+
+    def setup():
+        torch.manual_seed(0)  # the prefill draws its (random) prompt ids from torch's generator
+        eng = Engine(cfg, num_pages=24, page_size=4, max_running=4, max_context=32, device="cpu")
+        s = Scheduler(page_size=4, num_pages=24, max_running=4, max_context=32)
+        for i, n in enumerate((6, 3, 9)):
+            s.add(Request(i, prompt_len=n, max_new_tokens=4))
+        step = s.schedule()
+        assert step.kind == "prefill" and len(step.requests) == 3
+        eng.prefill(step)
+        s.complete(step)
+        return eng, s
+
+    eager, s1 = setup()
+    static, s2 = setup()
+    graphs = GraphDecoder(static, max_batch=4, max_context=32, capture=False)
+    for i in range(2):  # two steps through the same slot: buffers rewritten, plan reused
+        a, b = s1.schedule(), s2.schedule()
+        assert a.kind == b.kind == "decode" and len(a.requests) == 3
+        ids = torch.tensor([5 + i, 17, 60])
+        ta = eager.decode(a, tokens=ids)
+        tb = graphs.decode(b, tokens=ids)
+        assert graphs.bucket(3) == 4 and list(graphs.slots) == [4]  # one padding row
+        assert torch.equal(ta, tb)
+        s1.complete(a)
+        s2.complete(b)
+    pad = static.pad_page
+    torch.testing.assert_close(
+        eager.k_cache[0][:pad].float(), static.k_cache[0][:pad].float(), rtol=0, atol=0
+    )
+    torch.testing.assert_close(
+        eager.v_cache[0][:pad].float(), static.v_cache[0][:pad].float(), rtol=0, atol=0
+    )
+    assert float(eager.k_cache[0][pad].abs().sum()) == 0  # eager never pads
+    assert float(static.k_cache[0][pad, 0].abs().sum()) > 0  # the padding row's K landed there
 
 
 def test_engine_steps_end_to_end_on_the_cpu() -> None:

@@ -1,0 +1,310 @@
+"""Decode plan then run: one plan serving many runs, runs after a new plan, and graph safety.
+
+CPU CI runs the kernels in Triton's interpreter (``TRITON_INTERPRET=1``), like the other kernel
+tests; ``gpu`` tests repeat the essentials compiled, with a real CUDA-graph capture and replay.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+
+import contextlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from kdash.kernels import decode_attention as da  # noqa: E402
+from kdash.kernels.decode_attention import (  # noqa: E402
+    DecodeConfig,
+    DecodePlan,
+    decode_attention,
+    max_splits_for,
+)
+from kdash.kernels.kv_cache import FP8, build_paged_cache, fp8_scales  # noqa: E402
+from kdash.kernels.launch import BoundKernel  # noqa: E402
+from kdash.kernels.reference import baseline_for, decode_reference, error_gate  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DEV = "cpu" if INTERPRET else "cuda"
+needs_device = pytest.mark.skipif(
+    not INTERPRET and not torch.cuda.is_available(), reason="no CUDA and not interpreting"
+)
+SMALL = DecodeConfig(block_n=64)
+
+
+def make_case(lens, q_heads, kv_heads, head_dim, page_size, fp8=False, *, seed=0):
+    """A NaN-padded shuffled paged cache (NaN in every unowned slot) and the queries for it."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    ks = [torch.randn(n, kv_heads, head_dim, generator=g, device=DEV) for n in lens]
+    vs = [torch.randn(n, kv_heads, head_dim, generator=g, device=DEV) for n in lens]
+    scales = {}
+    if fp8:
+        scales = dict(k_scale=fp8_scales(torch.cat(ks)), v_scale=fp8_scales(torch.cat(vs)))
+    kc, vc, pt, sl = build_paged_cache(
+        ks,
+        vs,
+        page_size,
+        dtype=FP8 if fp8 else torch.bfloat16,
+        generator=torch.Generator().manual_seed(seed),
+        **scales,
+    )
+    q = torch.randn(len(lens), q_heads, head_dim, generator=g, device=DEV).bfloat16()
+    return q, kc, vc, pt, sl, scales
+
+
+def check(out, q, kc, vc, pt, sl, scales):
+    ref = decode_reference(q, kc, vc, pt, sl, **scales)
+    base = decode_reference(q, kc, vc, pt, sl, fn=baseline_for(q.device), **scales)
+    ok, msg = error_gate(out, ref, base, max_factor=4.0, mean_factor=3.0)
+    assert ok, msg
+
+
+def plan_for(pt, sl, q, kc, **kw) -> DecodePlan:
+    kw.setdefault("config", SMALL)
+    return DecodePlan(
+        pt,
+        sl,
+        q.shape[1],
+        kc.shape[2],
+        q.shape[2],
+        kc.shape[1],
+        kv_dtype=kc.dtype,
+        q_dtype=q.dtype,
+        **kw,
+    )
+
+
+@needs_device
+def test_one_plan_serves_many_runs_in_its_own_buffers() -> None:
+    """Runs on new queries and on in-place rewritten lengths/pages reuse the plan's buffers."""
+    q, kc, vc, pt, sl, sc = make_case([37, 300, 5], 8, 2, 64, 16, seed=1)
+    plan = plan_for(pt, sl, q, kc, max_seq_len=512)
+    assert plan.num_splits == max_splits_for(2, 512, config=SMALL)
+    out1 = plan.run(q, kc, vc)
+    check(out1, q, kc, vc, pt, sl, sc)
+    first = out1.clone()
+    bound = plan._s1
+    q2 = torch.randn_like(q.float()).bfloat16()
+    out2 = plan.run(q2, kc, vc)
+    assert out2.data_ptr() == out1.data_ptr() == plan.out.data_ptr()
+    assert plan._s1 is bound  # same layout: no re-derivation of the launch
+    check(out2, q2, kc, vc, pt, sl, sc)
+    assert not torch.equal(first, out2)
+    # Lengths shrink and grow in place (as a replayed step's would), within max_seq_len: the
+    # cut is taken from the lengths in memory, so every token is still covered exactly once.
+    sl.copy_(torch.tensor([299, 1, 33], dtype=torch.int32))  # each within its new pages
+    pt[[0, 1, 2]] = pt[[1, 2, 0]].clone()
+    q3 = torch.randn_like(q.float()).bfloat16()
+    check(plan.run(q3, kc, vc), q3, kc, vc, pt, sl, sc)
+
+
+@needs_device
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_a_run_after_a_new_plan_of_another_composition(fp8: bool) -> None:
+    """A second plan (more requests, other page size and lengths) and then the first again."""
+    qa, kca, vca, pta, sla, sca = make_case([20, 130], 4, 2, 64, 16, fp8, seed=2)
+    qb, kcb, vcb, ptb, slb, scb = make_case([3, 257, 64, 9, 100], 8, 2, 64, 1, fp8, seed=3)
+    plan_a = plan_for(pta, sla, qa, kca, max_seq_len=130, total_tokens=150, **sca)
+    check(plan_a.run(qa, kca, vca), qa, kca, vca, pta, sla, sca)
+    plan_b = plan_for(ptb, slb, qb, kcb, max_seq_len=257, total_tokens=433)
+    # fp8 scales may come with the run (per layer) rather than the plan
+    out_b = plan_b.run(qb, kcb, vcb, scb.get("k_scale"), scb.get("v_scale"))
+    check(out_b, qb, kcb, vcb, ptb, slb, scb)
+    check(plan_a.run(qa, kca, vca), qa, kca, vca, pta, sla, sca)
+    assert plan_a.out.data_ptr() != plan_b.out.data_ptr()
+
+
+@needs_device
+def test_run_refuses_what_the_plan_was_not_made_for() -> None:
+    q, kc, vc, pt, sl, _ = make_case([10, 20], 4, 2, 64, 16, seed=4)
+    plan = plan_for(pt, sl, q, kc, max_seq_len=32)
+    with pytest.raises(ValueError, match="plan is for"):
+        plan.run(q[:, :2].contiguous(), kc, vc)
+    with pytest.raises(ValueError, match="caches must be"):
+        plan.run(q, kc[:, :8].contiguous(), vc[:, :8].contiguous())
+    with pytest.raises(ValueError, match="fp8 KV needs"):
+        f = kc.float().nan_to_num(0.0).to(FP8)
+        plan_for(pt, sl, q, f, max_seq_len=32).run(q, f, f)
+    with pytest.raises(ValueError, match="int32"):
+        plan_for(pt.long(), sl, q, kc, max_seq_len=32)
+
+
+@needs_device
+def test_a_misaligned_view_takes_the_checked_path_and_stays_right() -> None:
+    """Compiled kernels assume 16-byte pointers; a view that breaks that must not be run fast."""
+    q, kc, vc, pt, sl, sc = make_case([40, 3], 4, 2, 64, 16, seed=5)
+    plan = plan_for(pt, sl, q, kc, max_seq_len=64)
+    check(plan.run(q, kc, vc), q, kc, vc, pt, sl, sc)
+    # the same values one element (2 bytes) into a bigger buffer
+    big = torch.empty(q.numel() + 1, dtype=q.dtype, device=q.device)
+    shifted = big[1:].view_as(q)
+    shifted.copy_(q)
+    assert shifted.data_ptr() % 16
+    check(plan.run(shifted, kc, vc), shifted, kc, vc, pt, sl, sc)
+
+
+# ------------------------------------------------------------------- graph-capture safety
+# What a CUDA graph cannot hold: a device allocation made by the call (the memory would be the
+# graph pool's, and a plan's buffers must be the same at every replay) and anything that makes
+# the host wait for the GPU (.item(), .cpu(), .tolist(), a tensor's truth value, a
+# synchronize): under capture those raise or read garbage. The CPU has no graphs, so the test
+# makes every such call raise while `run` executes. The kernel launches are recorded instead of
+# executed inside that region: the CPU interpreter copies every tensor to host memory to run a
+# kernel, which a GPU launch never does. The recorded launches then run for real, outside the
+# region, and must give the right answer: the run handed the kernels everything they need.
+ALLOCATORS = (
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "zeros",
+    "zeros_like",
+    "ones",
+    "ones_like",
+    "full",
+    "full_like",
+    "tensor",
+    "as_tensor",
+    "arange",
+    "cat",
+    "stack",
+)
+TENSOR_SYNCS = ("item", "cpu", "tolist", "__bool__", "numpy", "clone", "contiguous", "to")
+
+
+@contextlib.contextmanager
+def no_allocation_no_sync():
+    def refuse(name):
+        def fail(*a, **k):
+            raise AssertionError(f"{name} called inside DecodePlan.run")
+
+        return fail
+
+    mp = pytest.MonkeyPatch()
+    try:
+        for name in ALLOCATORS:
+            mp.setattr(torch, name, refuse(f"torch.{name}"))
+        for name in TENSOR_SYNCS:
+            mp.setattr(torch.Tensor, name, refuse(f"Tensor.{name}"))
+        mp.setattr(torch.cuda, "synchronize", refuse("torch.cuda.synchronize"))
+        yield
+    finally:
+        mp.undo()
+
+
+@pytest.fixture
+def recorded_launches(monkeypatch):
+    calls: list[tuple[BoundKernel, tuple]] = []
+
+    def record(self, *args):
+        calls.append((self, args))
+
+    monkeypatch.setattr(BoundKernel, "__call__", record)
+    return calls
+
+
+@needs_device
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_run_allocates_nothing_and_never_waits_for_the_gpu(fp8: bool, recorded_launches) -> None:
+    q, kc, vc, pt, sl, sc = make_case([5, 200, 77], 8, 2, 64, 16, fp8, seed=6)
+    plan = plan_for(pt, sl, q, kc, max_seq_len=256, **sc)
+    out = torch.full_like(plan.out, float("nan"))
+    plan.out.copy_(out)  # poisoned: the replayed launches must write every element
+    plan.run(q, kc, vc)  # the first run binds the layout (validation, strides): not guarded
+    recorded_launches.clear()
+    ks, vs = sc.get("k_scale"), sc.get("v_scale")
+    with no_allocation_no_sync():
+        res = plan.run(q, kc, vc, ks, vs)
+    assert res is plan.out
+    assert [bk.fn for bk, _ in recorded_launches] == [plan._kern1, da._decode_stage2]
+    # Sanity of the guard itself: it does refuse an allocation and a sync.
+    with no_allocation_no_sync(), pytest.raises(AssertionError, match="torch.empty"):
+        torch.empty(1)
+    with no_allocation_no_sync(), pytest.raises(AssertionError, match="Tensor.item"):
+        sl.max().item()
+    for bk, args in recorded_launches:
+        bk.jit(*args)
+    check(plan.out, q, kc, vc, pt, sl, sc)
+
+
+# --------------------------------------------------------------------------- GPU gates
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(
+    INTERPRET or not torch.cuda.is_available(), reason="needs CUDA (and TRITON_INTERPRET=0)"
+)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_gpu_fast_launch_matches_the_jit_launch_bit_for_bit(fp8: bool) -> None:
+    q, kc, vc, pt, sl, sc = make_case([16384, 3000, 77], 32, 8, 128, 16, fp8, seed=7)
+    plan = plan_for(pt, sl, q, kc, max_seq_len=16384, total_tokens=19461, config=None, **sc)
+    plan.run(q, kc, vc)
+    assert plan._s1.fast and plan._s2.fast  # armed by the first run
+    fast = plan.run(q, kc, vc).clone()
+    args = (q, kc, vc, pt, sl, plan._ks, plan._vs, *plan._rest1)
+    plan._s1.jit(*args)
+    plan._s2.jit(*plan._args2)
+    assert torch.equal(fast, plan.out)
+    check(fast, q, kc, vc, pt, sl, sc)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_gpu_graph_replay_follows_lengths_rewritten_in_place(fp8: bool) -> None:
+    """Capture once for any lengths up to 32k; replay after rewriting lengths and pages."""
+    lens = [32768, 1000, 5, 4000]
+    q, kc, vc, pt, sl, sc = make_case(lens, 32, 8, 128, 16, fp8, seed=8)
+    plan = plan_for(pt, sl, q, kc, max_seq_len=32768, config=None, **sc)
+    q_in = q.clone()
+    plan.run(q_in, kc, vc)  # compiles and arms outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        plan.run(q_in, kc, vc)
+    # new row i takes old row perm[i]'s pages; each new length fits in those pages
+    for new_lens, perm in (
+        ([32768, 1000, 5, 4000], [0, 1, 2, 3]),
+        ([7, 20000, 999, 5], [3, 0, 1, 2]),
+    ):
+        sl.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        pt.copy_(pt[perm].clone())
+        q_in.copy_(torch.randn_like(q.float()).bfloat16())
+        plan.out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        check(plan.out, q_in, kc, vc, pt, sl, sc)
+
+
+@gpu
+@needs_cuda
+def test_gpu_host_time_per_run_is_small() -> None:
+    """Generous bound for CI-class hosts; the bench reports the real figure (decode_host_us)."""
+    import time
+
+    q, kc, vc, pt, sl, _ = make_case([4096] * 8, 32, 8, 128, 16, seed=9)
+    plan = plan_for(pt, sl, q, kc, max_seq_len=4096, total_tokens=8 * 4096, config=None)
+    for _ in range(10):
+        plan.run(q, kc, vc)
+    torch.cuda.synchronize()
+    n = 2000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        plan.run(q, kc, vc)
+    host_us = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    assert host_us < 100, host_us
+
+
+@needs_device
+def test_functional_entry_point_is_a_plan_and_a_run() -> None:
+    """decode_attention keeps its signature and results by making a plan and running it once."""
+    q, kc, vc, pt, sl, _ = make_case([9, 70], 4, 2, 64, 16, seed=10)
+    out = decode_attention(q, kc, vc, pt, sl, config=SMALL, max_seq_len=70, total_tokens=79)
+    plan = plan_for(pt, sl, q, kc, max_seq_len=70, total_tokens=79)
+    torch.testing.assert_close(out, plan.run(q, kc, vc), rtol=0, atol=0)
