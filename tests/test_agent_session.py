@@ -1,0 +1,251 @@
+"""The agent's session state machine, driven in-process: messages in, frames out, against a
+fake CUPTI controller (tests/fakes/controller.py: this machine has no GPU and no CUPTI) and a
+clock the test moves by hand, so every duty-cycle edge is a step of the test, not a sleep.
+The real-process path (socket, sitecustomize, the stand-in cupti module) is test_agent.py's."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from fakes.controller import FakeController
+from kdash.collectors.agent import server, wire
+from kdash.collectors.agent.pcrun import PCState
+from kdash.collectors.agent.session import Phase, Session
+
+DEFAULTS = ",".join(server.DEFAULT_ACTIVITIES)
+
+
+class Clock:
+    def __init__(self, t: float = 100.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Harness:
+    """One agent (not listening) with a fake controller, one session, and what it sent."""
+
+    def __init__(self) -> None:
+        self.clock = Clock()
+        self.agent = server.Agent("/nonexistent/kdash-test.sock", make_controller=self._controller)
+        self.frames: list[bytes] = []
+        self.session = Session(self.agent, self.frames.append, wire, clock=self.clock)
+        self.decoder = wire.Decoder()
+        self.seen: list[wire.Message] = []
+
+    def _controller(self, pid: int) -> FakeController:
+        return FakeController(pid, self.clock)
+
+    @property
+    def ctl(self) -> FakeController:
+        c = self.agent.controller
+        assert isinstance(c, FakeController)
+        return c
+
+    def send(self, mtype: wire.MsgType, **body) -> None:
+        self.session.step(wire.Message(type=mtype, body=body))
+
+    def at(self, t: float) -> None:
+        self.clock.t = t
+        self.session.step()
+
+    def received(self) -> list[wire.Message]:
+        """Every frame sent since the last call, decoded as the client would."""
+        for data in self.frames:
+            for f in wire.split_frames(data):
+                m = self.decoder.decode(f)
+                if m.type != wire.MsgType.NAMES:
+                    self.seen.append(m)
+        self.frames.clear()
+        out, self.seen = self.seen, []
+        return out
+
+    def lines(self) -> list[str]:
+        return [m.body["line"] for m in self.received() if m.type == wire.MsgType.STATUS]
+
+
+def windows(msgs: list[wire.Message]) -> list[tuple[int, int]]:
+    out = []
+    for m in msgs:
+        if m.type == wire.MsgType.BATCH and m.table == "markers":
+            sel = m.body["name"] == server.WINDOW_NAME
+            starts, ends = m.body["start_ns"][sel].tolist(), m.body["end_ns"][sel].tolist()
+            out += zip(starts, ends, strict=True)
+    return out
+
+
+def test_start_walks_the_duty_cycle_and_stop_detaches():
+    h = Harness()
+    h.send(wire.MsgType.START)
+    assert h.session.phase is Phase.ACTIVE
+    assert h.lines() == [
+        f"ok: CUPTI activity on, sampling 10% (100 ms/s) ({DEFAULTS.replace(',', ', ')})"
+    ]
+    h.at(100.05)  # inside the first window: nothing switches
+    h.at(100.1)  # its end: paused, and the window goes out as a markers row
+    assert windows(h.received()) == [(100_000_000_000, 100_100_000_000)]
+    h.at(100.6)
+    assert h.ctl.calls[-1] == "pause"
+    h.at(101.0)  # the next period: on again
+    assert h.ctl.calls[-1] == "resume" and h.session.duty.on
+    h.clock.t = 101.05
+    h.send(wire.MsgType.STOP)
+    got = h.received()
+    assert windows(got) == [(101_000_000_000, 101_050_000_000)]
+    assert [m.body["line"] for m in got if m.type == wire.MsgType.STATUS] == ["idle: stopped"]
+    assert h.ctl.calls == [
+        "probe",
+        "cancel_hook",
+        "probe_graphs",
+        f"enable {DEFAULTS}",
+        "pause",
+        "resume",
+        "disable",
+        "detach",
+    ]
+    assert h.ctl.kinds_on() == [] and h.ctl.detach_state == "detached"
+    assert h.session.phase is Phase.IDLE and h.agent.state == "idle"
+    assert h.agent.outbox.windows_sent == 2 and h.agent.outbox.on_ns == 150_000_000
+
+
+def test_a_start_waits_for_cuda_and_says_so_once():
+    h = Harness()
+    h.agent.controller = FakeController(h.agent.pid, h.clock)
+    h.ctl.cuda = False
+    h.send(wire.MsgType.START, activities=["kernels"])
+    h.at(100.2)  # before the next look at /proc/self/maps: no repeat
+    h.at(100.6)  # looked again, still no CUDA: the same line is not sent twice
+    assert h.lines() == [f"waiting: pid {h.agent.pid} has not loaded CUDA yet"]
+    assert h.session.phase is Phase.WAITING and h.ctl.calls == ["precheck", "precheck"]
+    h.send(wire.MsgType.START)  # a second START while waiting: the state again, nothing else
+    assert h.lines() == [f"waiting: pid {h.agent.pid} has not loaded CUDA yet"]
+    h.ctl.cuda = True
+    h.at(101.2)
+    assert h.session.phase is Phase.ACTIVE and h.ctl.calls[-1] == "enable kernels"
+    assert h.lines()[-1].startswith("ok: CUPTI activity on")
+
+
+def test_another_cupti_client_makes_the_session_step_aside_and_come_back():
+    h = Harness()
+    h.send(wire.MsgType.START, continuous=False, activities=["kernels", "runtime"])
+    h.received()
+    h.ctl.held = "torch.profiler is running in this process and holds CUPTI"
+    h.at(101.0)
+    assert h.session.phase is Phase.WAITING and "step_aside" in h.ctl.calls
+    line = h.lines()[-1]
+    assert line.startswith("unavailable: torch.profiler") and "kdash paused" in line
+    h.ctl.held = None
+    h.at(101.5)  # the retry is a second away
+    assert h.session.phase is Phase.WAITING
+    h.at(102.1)
+    assert h.session.phase is Phase.ACTIVE
+    assert h.ctl.calls[-1] == "enable kernels,runtime"  # what was on before, again
+
+
+def test_a_process_that_replays_graphs_gets_no_kernel_activity():
+    h = Harness()
+    h.agent.controller = FakeController(h.agent.pid, h.clock)
+    h.ctl.graph_replays = True
+    h.send(wire.MsgType.START)
+    assert h.session.phase is Phase.IDLE
+    assert h.lines() == [f"unavailable: {_graphs_line(h.agent.pid)}"]
+    assert not [c for c in h.ctl.calls if c.startswith("enable")]
+    h.send(wire.MsgType.STOP)
+    assert h.lines() == ["idle: stopped"]
+
+
+def _graphs_line(pid: int) -> str:
+    from kdash.collectors.agent.session import graphs_line
+
+    return graphs_line(pid)
+
+
+def test_graph_kernels_recorded_later_stop_kernel_activity_for_good():
+    h = Harness()
+    h.send(wire.MsgType.START)
+    h.ctl.graph_kernels_recorded = True  # a graph began replaying after START
+    h.at(100.05)
+    assert h.session.phase is Phase.IDLE and h.ctl.calls[-1] == "disable"
+    assert h.lines()[-1].startswith(f"unavailable: kernel activity stopped: pid {h.agent.pid}")
+    assert h.ctl.detach_state.startswith("attached for good")
+
+
+def test_probe_failure_gives_up_with_the_reason():
+    h = Harness()
+    h.agent.controller = FakeController(h.agent.pid, h.clock)
+    h.ctl.unavailable = "cupti-python is not importable; pip install it"
+    h.send(wire.MsgType.START)
+    assert h.session.phase is Phase.IDLE
+    assert h.lines() == ["unavailable: cupti-python is not importable; pip install it"]
+
+
+@pytest.mark.parametrize(
+    ("mtype", "body", "line"),
+    [
+        (wire.MsgType.START, {"activities": "kernels"}, "error: START activities must be a list"),
+        (wire.MsgType.START, {"on_ms": 5}, "error: START duty cycle must satisfy"),
+        (wire.MsgType.START, {"pc_on_ms": 1, "pc_sampling": True}, "error: START PC sampling"),
+        (wire.MsgType.SET, {"period_ms": "1s"}, "error: SET period_ms must be an integer"),
+        (wire.MsgType.SET, {"pc_sampling": 1}, "error: SET pc_sampling must be true or false"),
+        (wire.MsgType.HELLO, {}, "error: HELLO is not a client message"),
+    ],
+)
+def test_bad_requests_get_an_error_line_and_change_nothing(mtype, body, line):
+    h = Harness()
+    h.send(mtype, **body)
+    got = h.lines()
+    assert len(got) == 1 and got[0].startswith(line), got
+    assert h.session.phase is Phase.IDLE and h.agent.controller is None
+
+
+def test_set_switches_to_continuous_and_back():
+    h = Harness()
+    h.send(wire.MsgType.START)
+    h.at(100.1)
+    assert not h.session.duty.on
+    h.send(wire.MsgType.SET, continuous=True)  # between windows: on at once
+    assert h.lines()[-1].startswith("ok: CUPTI activity on, continuous")
+    h.at(100.2)
+    assert h.session.duty.on and h.ctl.calls[-1] == "resume"
+    h.send(wire.MsgType.SET, continuous=False, period_ms=500, on_ms=50)
+    assert "sampling 10% (50 ms/0.5 s)" in h.lines()[-1]
+    h.at(100.3)  # the running window became the first of the new cycle: 50 ms long
+    assert h.ctl.calls[-1] == "pause"
+
+
+def test_stats_answer_with_the_controllers_counters():
+    h = Harness()
+    h.send(wire.MsgType.STATS)
+    (m,) = h.received()
+    assert m.type == wire.MsgType.STATS
+    assert m.body["pid"] == os.getpid() and m.body["cupti_state"] == "never attached"
+    assert m.body["pc_state"] == "off" and m.body["sampling"]["on_ms"] == server.DUTY_ON_MS
+    h.send(wire.MsgType.START)
+    h.ctl.records_seen = 1234
+    h.send(wire.MsgType.STATS)
+    stats = [m for m in h.received() if m.type == wire.MsgType.STATS][0].body
+    assert stats["records_seen"] == 1234 and stats["state"] == "active"
+    assert stats["enabled"] == list(server.DEFAULT_ACTIVITIES)
+
+
+def test_the_end_of_a_session_leaves_cupti_as_it_found_it():
+    h = Harness()
+    h.send(wire.MsgType.START, pc_sampling=True)
+    assert h.agent.pc.state is PCState.STARTING
+    h.clock.t = 100.05
+    h.session.end(closing=False)
+    assert h.ctl.calls[-2:] == ["disable", "detach"] and h.ctl.kinds_on() == []
+    assert h.agent.pc.state is PCState.OFF
+    assert windows(_sent_after_end(h)) == [(100_000_000_000, 100_050_000_000)]
+
+    h2 = Harness()
+    h2.send(wire.MsgType.START)
+    h2.session.end(closing=True)  # the process exits: no finalize waiting for its next call
+    assert h2.ctl.calls[-1] == "disable"
+
+
+def _sent_after_end(h: Harness) -> list[wire.Message]:
+    h.agent.outbox.send(h.frames.append, h.session.strings, 0)
+    return h.received()
