@@ -852,6 +852,25 @@ async def test_status_bar_stays_one_line_after_c_in_a_replay(demo_app, size):
         assert (bar.tooltip is None) == (line == whole.strip())
 
 
+async def test_replay_answer_to_c_leaves_the_bar_after_a_while(demo_app, monkeypatch):
+    """The bar's "nothing to capture" is an answer, not a state: it goes (here after 2 s, by
+    default 10 s) and the window label that it displaced at 80 columns comes back."""
+    import kdash.tui.app as app_module
+
+    monkeypatch.setattr(app_module, "REPLAY_NOTE_S", 2.0)
+    app = demo_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert "t 0.0–20.1 s of 20.1 s" in bar_line(app)
+        await pilot.press("c")
+        await pilot.pause()
+        assert "nothing to capture" in bar_line(app)
+        assert "t 0.0–20.1 s" not in bar_line(app)
+        assert await wait_for(pilot, lambda: "nothing to capture" not in status_text(app), 10)
+        await pilot.pause()
+        assert "t 0.0–20.1 s of 20.1 s" in bar_line(app)
+
+
 @pytest.mark.parametrize("size", SIZES, ids=SIZE_IDS)
 async def test_status_bar_cuts_a_long_note_with_an_ellipsis(replay_app, size):
     async with replay_app.run_test(size=size) as pilot:

@@ -46,6 +46,7 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.theme import Theme
+from textual.timer import Timer
 from textual.widgets import Header
 from textual.worker import Worker, WorkerState
 
@@ -212,6 +213,7 @@ LIVE_WINDOW_S = 60.0
 MIN_WINDOW_S = 1.0
 COMPACT_WIDTH = 110  # below this many columns (or COMPACT_HEIGHT rows) the panes stack
 COMPACT_HEIGHT = 30
+REPLAY_NOTE_S = 10.0  # how long a replay's bar answers `c` (its toast: Textual's default 5 s)
 REPLAY_WITHIN = 24  # a replay's title says "replay" within its first this many characters
 # Textual's Toast: 60 cells wide at most and half the screen, 2 of padding, a 1-cell border.
 TOAST_WIDTH, TOAST_FRAME = 60, 3
@@ -338,6 +340,7 @@ class KdashApp(App[None]):
         self.last_redraw_ms = 0.0
         self.note = ""
         self._capture_note = ""
+        self._capture_note_timer: Timer | None = None
         # Window: `window_s` long, ending `offset_s` before the anchor end.
         self.data_start_ns, self.data_end_ns = self._data_range()
         full = (self.data_end_ns - self.data_start_ns) / 1e9
@@ -708,10 +711,19 @@ class KdashApp(App[None]):
             self._capture_note = "replay: nothing to capture (captures are taken live)"
             self.notify("This is a replay: captures are taken live, with `kdash attach`.")
             self._update_status()
+            # An answer to the key, not a state: it gives the one line back to the window.
+            if self._capture_note_timer is not None:
+                self._capture_note_timer.stop()
+            self._capture_note_timer = self.set_timer(REPLAY_NOTE_S, self._clear_capture_note)
             return
         if not self.recorder.trigger_capture():
             self.notify("a capture is already being recorded or written", severity="warning")
         self._start_server_job()
+        self._update_status()
+
+    def _clear_capture_note(self) -> None:
+        self._capture_note = ""
+        self._capture_note_timer = None
         self._update_status()
 
     def action_capture_via_server(self) -> None:
