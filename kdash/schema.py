@@ -123,6 +123,10 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("pid", "i8"),
         ("correlation_id", "i8"),
     ],
+    # Named ranges of one thread: NVTX ranges (domain: the NVTX domain), the agent's recording
+    # windows (domain "kdash") and, imported from Kineto traces, user annotations and CPU ops
+    # (domain: the trace's category: "user_annotation", "cpu_op"; "gpu_user_annotation" rows
+    # are on a GPU stream, tid = the stream).
     "markers": [
         ("start_ns", "i8"),
         ("end_ns", "i8"),
