@@ -76,8 +76,8 @@ class DecodeConfig:
     # Software-pipeline the page-table reads: each tile's page indices are loaded one iteration
     # ahead, so the K/V address math no longer waits on a just-issued index load (PC sampling on
     # the H200 put 41.5% of stage 1's samples, 98% long-scoreboard, on that wait at num_stages=2).
-    # Off until an H200 sweep shows it helps (``--sweep decode`` times both).
-    prefetch_pages: bool = False
+    # On: run 4's H200 sweep picked it for bf16 and fp8 alike (``--sweep decode`` times both).
+    prefetch_pages: bool = True
 
 
 DEFAULT_CONFIG = DecodeConfig()

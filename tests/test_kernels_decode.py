@@ -52,7 +52,7 @@ needs_device = pytest.mark.skipif(
     not INTERPRET and not torch.cuda.is_available(), reason="no CUDA and not interpreting"
 )
 # Interpreter runs are slow per program: small blocks and few splits keep CI within its budget.
-SMALL = DecodeConfig(block_n=64)
+SMALL = DecodeConfig(block_n=64, prefetch_pages=False)
 SMALL_PREFETCH = DecodeConfig(block_n=64, prefetch_pages=True)
 # Every correctness gate runs with and without the page-index prefetch (prefetch_pages).
 with_prefetch = pytest.mark.parametrize("cfg", [SMALL, SMALL_PREFETCH], ids=["plain", "prefetch"])

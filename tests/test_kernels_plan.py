@@ -308,3 +308,66 @@ def test_functional_entry_point_is_a_plan_and_a_run() -> None:
     out = decode_attention(q, kc, vc, pt, sl, config=SMALL, max_seq_len=70, total_tokens=79)
     plan = plan_for(pt, sl, q, kc, max_seq_len=70, total_tokens=79)
     torch.testing.assert_close(out, plan.run(q, kc, vc), rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------- bench wiring
+def _decode_row(ctx, bw, bw_graph, host, fp8_x):
+    side = {"bw_ratio": bw, "bw_ratio_graph": bw_graph, "bw_ratio_readflush": bw}
+    return {
+        "long_context": ctx >= 16384,
+        "bf16": {**side, "host_us_nosync": host},
+        "fp8": {**side, "host_us_nosync": host / 2},
+        "fp8_speedup": fp8_x,
+        "fp8_speedup_graph": fp8_x,
+    }
+
+
+def test_bench_summary_judges_each_key_against_its_floor() -> None:
+    from kdash.kernels import bench
+
+    decode = [
+        _decode_row(131072, 0.85, 0.93, 7.5, 1.6),
+        _decode_row(65536, 0.82, 0.91, 9.0, 1.55),
+        _decode_row(4096, 0.10, 0.10, 30.0, 0.5),  # short context: not in the ratios
+        {"error": "RuntimeError: out of memory"},
+    ]
+    prefill = [
+        {"seq": 2048, "vs_sdpa_flash": 1.2, "vs_sdpa_cudnn": 0.5},  # below 4k: not cuDNN's
+        {"seq": 4096, "vs_sdpa_flash": 1.3, "vs_sdpa_cudnn": 0.85},
+        {"seq": 8192, "vs_sdpa_flash": 1.4},  # cuDNN failed on this shape
+    ]
+    s = bench.summarize(decode, prefill)
+    assert s["decode_bw_ratio"] == 0.82 and s["decode_bw_ratio_graph"] == 0.91
+    assert s["decode_host_us"] == 30.0  # the worst shape, short ones included
+    assert s["prefill_vs_sdpa_flash"] == 1.2 and s["prefill_vs_sdpa_cudnn"] == 0.85
+    assert s["fp8_speedup"] == 1.55
+    assert s["status"] == {
+        "decode_bw_ratio": "pass",
+        "decode_bw_ratio_graph": "pass",
+        "decode_host_us": "miss",  # an upper bound: 30 > 10
+        "fp8_speedup": "pass",
+        "prefill_vs_sdpa_flash": "pass",
+        "prefill_vs_sdpa_cudnn": "miss",
+    }
+    assert s["short_by"]["decode_host_us"] == pytest.approx(20.0)
+    assert s["short_by"]["prefill_vs_sdpa_cudnn"] == pytest.approx(0.05)
+    # floors recorded as the issue sets them; none lowered
+    assert bench.FLOORS["decode_host_us"] == 10 and bench.FLOORS["prefill_vs_sdpa_cudnn"] == 0.9
+    assert bench.FLOORS["decode_bw_ratio_graph"] == 0.9 and bench.FLOORS["fp8_speedup"] == 1.5
+    assert bench.floor_status("prefill_vs_sdpa_cudnn", None) == "miss"
+
+
+@needs_device
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_bench_decode_case_times_a_plan_run_that_passes_the_gate(fp8: bool, monkeypatch) -> None:
+    from kdash.kernels import bench
+
+    monkeypatch.setattr(bench, "DEVICE", DEV)
+    case = bench.DecodeCase([300, 40], 8, 2, 64, fp8)
+    fn, splits = case.fn(SMALL)
+    assert splits >= 1
+    case.out.fill_(float("nan"))
+    fn()
+    sc = case.scales
+    check(case.out, case.q, case.k, case.v, case.page_table, case.seq_lens, sc)
+    assert case.check(SMALL)["passed"]
