@@ -447,9 +447,10 @@ def _find(keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return np.full(len(keys), -1, dtype=np.int64)
     _, codes = np.unique(np.concatenate([rows, keys]), axis=0, return_inverse=True)
     codes = codes.reshape(-1)
-    first = np.full(int(codes.max()) + 1, -1, dtype=np.int64)
     n = len(rows)
-    first[codes[:n][::-1]] = np.arange(n - 1, -1, -1)  # the lowest index wins
+    uniq, lowest = np.unique(codes[:n], return_index=True)
+    first = np.full(int(codes.max()) + 1, -1, dtype=np.int64)
+    first[uniq] = lowest
     return first[codes[n:]]
 
 
