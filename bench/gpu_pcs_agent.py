@@ -76,6 +76,42 @@ class Workload:
         }
 
 
+def attribution(got: dict, ranges: list[dict]) -> dict:
+    """Each kernel's share of PC samples (issued + stalled, `_not_issued` duplicates left out)
+    against its share of GPU time from the same process's kernel records; and how much of the
+    sampled time CUPTI put in its non-user bucket."""
+    from kdash import schema
+
+    out: dict = {}
+    tot = sum(int(r.get("total_samples", 0)) for r in ranges)
+    nu = sum(int(r.get("non_user_samples", 0)) for r in ranges)
+    out["total_samples"], out["non_user_samples"] = tot, nu
+    out["non_user_sample_share"] = round(nu / tot, 4) if tot else None
+    if not got.get("kernels") or not got.get("pc_samples"):
+        return out
+    k = schema.to_frame("kernels", schema.concat("kernels", got["kernels"]))
+    k["dur"] = k["end_ns"] - k["start_ns"]
+    t_share = k.groupby("name")["dur"].sum()
+    t_share = t_share / t_share.sum()
+    pcs = schema.to_frame("pc_samples", schema.concat("pc_samples", got["pc_samples"]))
+    pcs = pcs[~pcs["stall_reason"].str.endswith("_not_issued")]
+    s_share = pcs.groupby("kernel")["count"].sum()
+    s_share = s_share / s_share.sum()
+    names = sorted(set(t_share.index) | set(s_share.index), key=lambda n: -t_share.get(n, 0))
+    rows = []
+    for n in names[:15]:
+        t, sm = float(t_share.get(n, 0.0)), float(s_share.get(n, 0.0))
+        rows.append({"kernel": n[:80], "gpu_time_share": round(t, 4), "sample_share": round(sm, 4)})
+    out["kernels"] = rows
+    big = [r for r in rows if r["gpu_time_share"] > 0.05]
+    out["max_share_gap_points"] = (
+        round(100 * max(abs(r["gpu_time_share"] - r["sample_share"]) for r in big), 2)
+        if big
+        else None
+    )
+    return out
+
+
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     res: dict = {"command": "python bench/gpu_pcs_agent.py", "segments": {}}
@@ -120,10 +156,15 @@ def main() -> int:
         got: dict[str, list] = {}
         stop = threading.Event()
 
+        per_range: dict[int, dict] = {}
+
         def drain() -> None:
             while not stop.is_set():
                 for t, b in src.poll(time.monotonic_ns()).items():
                     got.setdefault(t, []).append(b)
+                last = src.stats.get("agent_pc_last") or {}
+                if "range_id" in last:
+                    per_range[int(last["range_id"])] = dict(last)
                 time.sleep(0.1)
 
         th = threading.Thread(target=drain, daemon=True)
@@ -159,6 +200,8 @@ def main() -> int:
             res["activity_vs_before_pct"] = round(
                 100 * (s["activity"]["tok_s"] - s["before"]["tok_s"]) / s["before"]["tok_s"], 2
             )
+        res["pc_ranges"] = [per_range[k] for k in sorted(per_range)]
+        res["attribution"] = attribution(got, res["pc_ranges"])
         res["rows"] = {t: sum(len(b[next(iter(b))]) for b in bs) for t, bs in got.items()}
         if got.get("pc_samples"):
             pcs = schema.to_frame("pc_samples", schema.concat("pc_samples", got["pc_samples"]))

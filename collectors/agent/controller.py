@@ -112,6 +112,10 @@ class CuptiActivity:
         self.cupti_detached = 0  # finalized after a detach or a probe
         self.detach_state = "never attached"
         self._lib: Any = None
+        # finalized between windows so PC sampling sees modules loaded since its first range
+        # (refresh_for_pc): CUPTI then has forgotten our buffer callbacks
+        self.needs_register = False
+        self.pc_refreshes = 0
 
     def note(self, text: str) -> None:
         """Add a STATUS note once: the duty cycle repeats enable/narrow every window, and the
@@ -375,6 +379,12 @@ class CuptiActivity:
     def resume(self) -> str:
         """Start a duty-cycle window: the kinds `pause` switched off go on again, narrowed."""
         errors = []
+        if self.needs_register:
+            self.needs_register = False
+            try:
+                self._register()
+            except Exception as e:  # noqa: BLE001 - the kinds then record nothing: say so
+                errors.append(f"re-registering after a PC refresh: {self._describe_error(e)}")
         kinds, self.paused = self.paused, []
         self.enabled_at_ns = time.monotonic_ns()
         for act, kind in kinds:
@@ -587,6 +597,41 @@ class CuptiActivity:
             self.detach_state = f"attached ({hook.state})"
             return f"CUPTI stays attached: {hook.state}"
         return ""
+
+    def refresh_for_pc(self, wait_s: float) -> str:
+        """Finalize CUPTI between windows so that the next PC-sampling enable starts CUPTI
+        afresh and attributes every module loaded by then.
+
+        Why: once PC sampling has been enabled on a context, CUPTI never attributes a module
+        loaded while it is disabled (its samples go to the non-user bucket, no PC records),
+        and the agent disables it between ranges because kernel activity cannot run beside
+        it; a fresh CUPTI attributes all loaded modules at its first enable
+        (bench/results/pcs-modules-h200.json). Not done once kernels of CUDA-graph replays
+        were recorded (finalizing kills such a process, detach.py) or with a kind on.
+        Returns "finalized", or why not (a target that made no CUDA call meanwhile: the hook
+        is taken back, and the caller tries again at its next range).
+        """
+        from . import detach
+
+        if self.cupti is None:
+            return "no CUPTI"
+        if self.graph_kernels_recorded:
+            return "kernels of CUDA-graph replays were recorded, so CUPTI cannot be restarted"
+        if self.kinds_on():
+            return "activity kinds are on"
+        lib = self.libcupti()
+        if lib is None:
+            return "libcupti not found in this process"
+        hook = detach.finalize_at_next_call(lib, self.cupti, wait_s)
+        self.hook = hook
+        if hook.state == "armed" and hook.cancel():
+            # the target made no CUDA call meanwhile: no finalize may fire later, in a window
+            return "waiting for the target's next CUDA call"
+        if hook.state == "finalized":
+            self.needs_register = True
+            self.pc_refreshes += 1
+            return "finalized"
+        return hook.state
 
     def _buffer_requested(self) -> tuple[int, int]:
         return BUFFER_BYTES, 0

@@ -26,6 +26,13 @@ class PCState(enum.Enum):
     UNAVAILABLE = "unavailable"  # a range failed: not tried again this session (`why` says why)
 
 
+# A range whose samples CUPTI put in its non-user bucket above this share asks for a fresh
+# CUPTI before the next range (controller.CuptiActivity.refresh_for_pc says why); at most one
+# refresh every REFRESH_MIN_S, as the first range after one holds the target's GIL ~0.4 s.
+REFRESH_SHARE = 0.02
+REFRESH_MIN_S = 10.0
+
+
 class PCRunner:
     def __init__(self, outbox: Outbox) -> None:
         self.outbox = outbox
@@ -39,6 +46,10 @@ class PCRunner:
         self._thread: threading.Thread | None = None
         self._busy = threading.Event()  # a range runs: the duty cycle keeps activity off
         self._cut = threading.Event()
+        self.non_user_share: float | None = None  # of the last range's samples
+        self.refresh_wanted = False
+        self.last_refresh = -REFRESH_MIN_S  # monotonic s
+        self.refresh_note = ""  # why the last refresh could not be done ("" when it was)
 
     @property
     def busy(self) -> bool:
@@ -62,6 +73,17 @@ class PCRunner:
     def reset(self, state: PCState) -> None:
         """A new START: OFF or STARTING, whatever happened before."""
         self.state, self.why = state, ""
+
+    def refresh_due(self, now: float) -> bool:
+        return self.refresh_wanted and now - self.last_refresh >= REFRESH_MIN_S
+
+    def refreshed(self, outcome: str, now: float) -> None:
+        """What the session's refresh attempt gave: "finalized", or why not."""
+        self.last_refresh = now
+        if outcome == "finalized":
+            self.refresh_wanted, self.refresh_note = False, ""
+        else:
+            self.refresh_note = outcome
 
     def cpu_ms_per_range(self) -> float | None:
         if self._pc is not None and self._pc.ranges:
@@ -106,6 +128,10 @@ class PCRunner:
             self.ranges += 1
             self.rows += n
             self.last = stats
+            total = int(stats.get("total_samples", 0))
+            if total:
+                self.non_user_share = int(stats.get("non_user_samples", 0)) / total
+                self.refresh_wanted = self.non_user_share > REFRESH_SHARE
             self.state = PCState.OK
         except BaseException as e:  # noqa: BLE001 - never into the target; say why in the pane
             why = str(e) or type(e).__name__

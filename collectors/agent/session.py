@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from .server import Agent
 
 HELD_CHECK_S = 1.0  # how often an active session looks for another CUPTI client
+PC_REFRESH_WAIT_S = 0.5  # how long a PC refresh waits for the target's next CUDA call
 RETRY_S = 1.0  # how long a START waits before asking for CUPTI again (another client holds it)
 MAPS_RETRY_S = 0.5  # ... before looking again whether CUDA is loaded (/proc/self/maps is ~1 MB)
 
@@ -373,6 +374,8 @@ class Session:
         if due and (not self.duty.on or self.duty.cycle.continuous):
             if self.duty.cut(self.ctl):  # continuous: activity must be off during the range
                 self.pc_paused_activity = True
+            if pc.refresh_due(now):  # modules CUPTI cannot attribute: start it afresh
+                pc.refreshed(self.ctl.refresh_for_pc(PC_REFRESH_WAIT_S), time.monotonic())
             pc.start_range(self.pc_cfg.on_ms / 1000)
             self.next_pc = now + self.pc_cfg.period_ms / 1000
         if self.pc_paused_activity and not pc.busy:

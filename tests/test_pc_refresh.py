@@ -1,0 +1,124 @@
+"""The agent starts CUPTI afresh when PC samples land in CUPTI's non-user bucket, in process.
+
+What it rests on was measured on the H200 (bench/results/pcs-modules-h200.json,
+pcs-session-h200.json): a module loaded while PC sampling is disabled, after its first enable,
+is never attributed; a cuptiFinalize followed by the next enable attributes it again. Here no
+GPU runs, so the sampler (`StubRanges`) and libcupti's callback API (`test_detach.FakeLib`)
+are stand-ins; the runner, the controller's refresh and their guards are the real code.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+from kdash.collectors.agent import pcrun
+from kdash.collectors.agent.controller import CuptiActivity
+from kdash.collectors.agent.outbox import Outbox
+from test_detach import CUPTI, LAUNCH, RT, FakeLib
+
+
+class StubRanges:
+    """Stand-in for pcsampling.SamplingRanges (no GPU here): each run returns one row and
+    the totals it was given."""
+
+    def __init__(self, totals: list[tuple[int, int]]) -> None:
+        self.totals = list(totals)
+        self.ranges = 0
+        self.cpu_ms_total = 0.0
+
+    def run(self, on_s, cut_short=None):
+        total, non_user = self.totals.pop(0)
+        self.ranges += 1
+        cols = {
+            "kernel": np.array(["k"], dtype=object),
+            "cubin_crc": np.array([1], dtype=np.int64),
+            "pc_offset": np.array([16], dtype=np.int64),
+            "stall_reason": np.array(["selected"], dtype=object),
+            "count": np.array([total - non_user], dtype=np.int64),
+        }
+        return cols, {"total_samples": total, "non_user_samples": non_user}
+
+
+def run_range(r: pcrun.PCRunner) -> None:
+    r.start_range(0.01)
+    assert r._thread is not None
+    r._thread.join(10)
+    assert not r.busy
+
+
+def make_runner(totals):
+    r = pcrun.PCRunner(Outbox(pid=1))
+    r._pc = StubRanges(totals)
+    return r
+
+
+def test_a_range_with_non_user_samples_asks_for_a_refresh_and_a_clean_one_does_not():
+    r = make_runner([(1000, 0), (1000, 900), (1000, 10)])
+    run_range(r)
+    assert r.state is pcrun.PCState.OK and r.non_user_share == 0.0
+    assert not r.refresh_wanted and not r.refresh_due(1e9)
+    run_range(r)
+    assert r.non_user_share == 0.9 and r.refresh_wanted
+    assert r.refresh_due(1e9)
+    r.refreshed("finalized", now=100.0)
+    assert not r.refresh_wanted and r.refresh_note == ""
+    run_range(r)  # 1% non-user: under REFRESH_SHARE
+    assert not r.refresh_wanted
+
+
+def test_refreshes_are_spaced_and_a_refusal_is_kept_as_the_note():
+    r = make_runner([(1000, 500), (1000, 500)])
+    run_range(r)
+    r.refreshed("kernels of CUDA-graph replays were recorded, so CUPTI cannot be restarted", 50.0)
+    run_range(r)
+    assert r.refresh_wanted
+    assert not r.refresh_due(50.0 + pcrun.REFRESH_MIN_S - 1)
+    assert r.refresh_due(50.0 + pcrun.REFRESH_MIN_S)
+    assert r.refresh_note.startswith("kernels of CUDA-graph replays")
+
+
+def controller_with(lib: FakeLib) -> CuptiActivity:
+    c = CuptiActivity(pid=1)
+    c.cupti = CUPTI
+    c._lib = lib
+    return c
+
+
+def test_refresh_finalizes_at_the_targets_next_call_and_registers_again_at_the_next_window():
+    lib = FakeLib()
+    c = controller_with(lib)
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", c.refresh_for_pc(5.0)))
+    t.start()
+    for _ in range(500):  # the target's next launch reaches CUPTI once the hook is armed
+        if lib.cb is not None:
+            break
+        threading.Event().wait(0.01)
+    lib.call(RT, LAUNCH)
+    t.join(10)
+    assert out["r"] == "finalized"
+    assert lib.events == ["subscribe", "unsubscribe", "finalize"]
+    assert c.needs_register and c.pc_refreshes == 1
+    registered = []
+    c._register = lambda: registered.append(True)  # no cupti-python here: count the call
+    c.paused = []
+    c._narrow_api_records = lambda enable: None
+    assert c.resume() == ""
+    assert registered == [True] and not c.needs_register
+
+
+def test_refresh_is_refused_after_graph_kernels_with_kinds_on_and_taken_back_when_idle():
+    lib = FakeLib()
+    c = controller_with(lib)
+    c.graph_kernels_recorded = True
+    assert "CUDA-graph" in c.refresh_for_pc(0.01)
+    c.graph_kernels_recorded = False
+    c.ledger = {10: 1}
+    assert c.refresh_for_pc(0.01) == "activity kinds are on"
+    c.ledger = {10: 0}
+    # a target that makes no CUDA call: the hook is cancelled, nothing finalizes later
+    assert c.refresh_for_pc(0.05).startswith("waiting for the target")
+    assert lib.events == ["subscribe", "unsubscribe"]
+    lib.call(RT, LAUNCH)
+    assert "finalize" not in lib.events and not c.needs_register
