@@ -171,3 +171,19 @@ def busy_child():
     finally:
         proc.kill()
         proc.wait(timeout=5)
+
+
+@pytest.fixture
+def fake_cupti(tmp_path: Path) -> dict[str, str]:
+    """Environment additions that give a child the stand-in cupti package (tests/fakes/cupti,
+    a fixture: this machine has no GPU and no CUPTI) and a log file of its calls."""
+    from fakes import FAKES
+    from kdash.collectors.agent.constants import ENV_FAKE_CUDA
+
+    log = tmp_path / "cupti.log"
+    log.write_text("")
+    return {
+        "PYTHONPATH": str(FAKES),
+        "FAKE_CUPTI_LOG": str(log),
+        ENV_FAKE_CUDA: "13000",
+    }

@@ -3,12 +3,12 @@
 This machine has no GPU and no cupti-python, so two kinds of target are used:
 
 * plain targets: the agent must say, honestly, why kernel activity is unavailable here;
-* targets with a stand-in `cupti` package (`FAKE_CUPTI` below, written into a temporary folder
-  on the child's PYTHONPATH, with `KDASH_AGENT_FAKE_CUDA` so the driver probe passes). It is a
-  fixture, not CUPTI: it implements the handful of cupti-python calls the agent makes, logs
-  each enable/disable/flush with a timestamp, and on every flush hands the agent generated
-  records (kernels, API calls, copies, a memset, a synchronization, an NVTX range). It lets the
-  whole START -> records -> batches -> STOP/detach path run here.
+* targets with a stand-in `cupti` package (tests/fakes/cupti, put on the child's PYTHONPATH by
+  the `fake_cupti` fixture in conftest.py, with `KDASH_AGENT_FAKE_CUDA` so the driver probe
+  passes). It is a fixture, not CUPTI: it implements the handful of cupti-python calls the
+  agent makes, logs each enable/disable/flush with a timestamp, and on every flush hands the
+  agent generated records (kernels, API calls, copies, a memset, a synchronization, an NVTX
+  range). It lets the whole START -> records -> batches -> STOP/detach path run here.
 """
 
 from __future__ import annotations
@@ -28,207 +28,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from fakes import FAKES, fake_cupti_module
 from kdash.collectors.agent import bootstrap, server
 from kdash.collectors.agent.client import AgentSource, find_agent_socket
 from kdash.collectors.base import Source
 
 from kdash.store import Store
 
-FAKE_CUPTI = """
-\"\"\"Stand-in for cupti-python's `cupti.cupti` (test fixture; see tests/test_agent.py).
-
-Records are laid out back to back in one buffer with the byte layout of cupti-python 13.0's
-record dtypes (only the fields kdash reads are declared), and each record object carries both
-`.ptr` into that buffer and the attributes, like cupti-python's objects do.
-\"\"\"
-import ctypes, enum, os, threading, time
-from types import SimpleNamespace as NS
-import numpy as np
-
-class ActivityKind(enum.IntEnum):
-    MEMCPY = 1; MEMSET = 2; KERNEL = 3; DRIVER = 4; RUNTIME = 5; MARKER = 12
-    CONCURRENT_KERNEL = 10; SYNCHRONIZATION = 38
-
-class CallbackDomain(enum.IntEnum):
-    DRIVER_API = 1; RUNTIME_API = 2
-
-class ActivityMemcpyKind(enum.IntEnum):
-    UNKNOWN = 0; HTOD = 1; DTOH = 2
-
-class ActivitySynchronizationType(enum.IntEnum):
-    UNKNOWN = 0; STREAM_SYNCHRONIZE = 3
-
-class Result(enum.IntEnum):
-    SUCCESS = 0; ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED = 39
-
-class cuptiError(Exception):
-    def __init__(self, status):
-        super().__init__(f"CUPTI error {status}")
-        self.status = status
-
-def _dt(itemsize, **fields):
-    names = list(fields)
-    return np.dtype({"names": names, "formats": [fields[n][0] for n in names],
-                     "offsets": [fields[n][1] for n in names], "itemsize": itemsize})
-
-activity_kernel10_dtype = _dt(216, kind=("<i4", 0), registers_per_thread=("<u2", 6),
-    start=("<u8", 16), end=("<u8", 24), device_id=("<u4", 40), stream_id=("<u4", 48),
-    grid_x=("<i4", 52), grid_y=("<i4", 56), grid_z=("<i4", 60), block_x=("<i4", 64),
-    block_y=("<i4", 68), block_z=("<i4", 72), static_shared_memory=("<i4", 76),
-    dynamic_shared_memory=("<i4", 80), correlation_id=("<u4", 92), name=("<i8", 104),
-    graph_id=("<u4", 156))
-activity_api_dtype = _dt(40, kind=("<i4", 0), cbid=("<u4", 4), start=("<u8", 8),
-    end=("<u8", 16), process_id=("<u4", 24), thread_id=("<u4", 28), correlation_id=("<u4", 32))
-activity_memcpy6_dtype = _dt(96, kind=("<i4", 0), copy_kind=("u1", 4), bytes=("<u8", 8),
-    start=("<u8", 16), end=("<u8", 24), device_id=("<u4", 32), stream_id=("<u4", 40),
-    correlation_id=("<u4", 44), graph_id=("<u4", 72))
-activity_memset4_dtype = _dt(88, kind=("<i4", 0), bytes=("<u8", 8), start=("<u8", 16),
-    end=("<u8", 24), device_id=("<u4", 32), stream_id=("<u4", 40), correlation_id=("<u4", 44),
-    graph_id=("<u4", 72))
-activity_synchronization2_dtype = _dt(56, kind=("<i4", 0), type=("<i4", 4), start=("<u8", 8),
-    end=("<u8", 16), correlation_id=("<u4", 24), stream_id=("<u4", 32))
-_pt = np.dtype({"names": ["pt"], "formats": [np.dtype([("process_id", "<u4"),
-                ("thread_id", "<u4")])], "offsets": [0], "itemsize": 12})
-activity_marker2_dtype = _dt(56, kind=("<i4", 0), flags_=("<i4", 4), timestamp=("<u8", 8),
-    id=("<u4", 16), object_kind=("<i4", 20), object_id=(_pt, 24), name=("<i8", 40),
-    domain=("<i8", 48))
-if os.environ.get("FAKE_CUPTI_NO_DTYPES"):
-    del activity_kernel10_dtype
-
-_DTYPES = {1: "activity_memcpy6_dtype", 2: "activity_memset4_dtype", 3: "activity_kernel10_dtype",
-           4: "activity_api_dtype", 5: "activity_api_dtype", 10: "activity_kernel10_dtype",
-           12: "activity_marker2_dtype", 38: "activity_synchronization2_dtype"}
-_cstrings = {}
-
-def _cstr(s):
-    if s not in _cstrings:
-        _cstrings[s] = ctypes.create_string_buffer(s.encode())
-    return ctypes.addressof(_cstrings[s])
-
-def materialize(specs):
-    \"\"\"Lay out records (dicts with 'kind' and attribute values) in one buffer.\"\"\"
-    dts = [globals()[_DTYPES[r["kind"]]] for r in specs]
-    total = sum(d.itemsize for d in dts)
-    buf = np.zeros(total + 8, dtype=np.uint8)
-    shift = (-buf.ctypes.data) % 8
-    objs, off = [], shift
-    for r, d in zip(specs, dts):
-        rec = np.ndarray((1,), dtype=d, buffer=buf, offset=off)
-        for k, v in r.items():
-            if k == "object_id" and k in d.names:
-                rec["object_id"]["pt"]["thread_id"] = v.pt.thread_id
-            elif k in d.names:
-                rec[k] = _cstr(v) if k in ("name", "domain") and isinstance(v, str) else v
-        objs.append(NS(ptr=buf.ctypes.data + off, **r))
-        off += d.itemsize
-    return buf, objs
-
-SKEW = 1_000_000_000  # this clock runs 1 s ahead of time.monotonic_ns
-_raw = None  # a compiled stand-in libcupti (FAKE_CUPTI_LIB) for the agent's raw-buffer path
-if os.environ.get("FAKE_CUPTI_LIB"):
-    _raw = ctypes.CDLL(os.environ["FAKE_CUPTI_LIB"])
-    _raw.fake_emit.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_uint32,
-                               ctypes.c_int]
-_enabled = set()
-_owed = [False]  # kernels ran while CONCURRENT_KERNEL was on and no flush has delivered them
-_callbacks = None
-_corr = [0]
-
-def _log(what):
-    with open(os.environ["FAKE_CUPTI_LOG"], "a") as f:
-        f.write(f"{time.monotonic():.6f} {what}\\n")
-
-def get_timestamp():
-    return time.monotonic_ns() + SKEW
-
-def activity_register_callbacks(requested, completed):
-    global _callbacks
-    _callbacks = (requested, completed)
-    if _raw is not None:
-        _raw.fake_clear()  # CUPTI keeps only the last registration
-    _log("register")
-
-def activity_enable(kind):
-    if os.environ.get("FAKE_CUPTI_HELD"):
-        raise cuptiError(Result.ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
-    _enabled.add(int(kind))
-    if int(kind) == ActivityKind.CONCURRENT_KERNEL:
-        _owed[0] = True
-    _log(f"enable {int(kind)}")
-
-def activity_disable(kind):
-    _enabled.discard(int(kind))
-    _log(f"disable {int(kind)}")
-
-def activity_flush_period(ms):
-    _log(f"period {ms}")
-
-def activity_get_num_dropped_records(context, stream_id, addr):
-    ctypes.c_size_t.from_address(addr).value = 5 if _enabled else 0
-
-class runtime_api_trace_cbid(enum.IntEnum):
-    INVALID = 0; cudaGetDevice_v3020 = 17; cudaStreamSynchronize_v3020 = 131
-    cudaLaunchKernel_v7000 = 211; cudaGraphLaunch_v10000 = 311
-
-def activity_enable_runtime_api(cbid, enable):
-    _log(f"rtapi {int(cbid)} {int(enable)}")
-
-def get_callback_name(domain, cbid):
-    return {1: "cuLaunchKernel", 2: "cudaLaunchKernel"}[int(domain)]
-
-# CUPTI names a record's thread by pthread_self() cut to 32 bits: the main thread's here.
-import threading as _threading
-_PTHREAD = _threading.main_thread().ident & 0xFFFFFFFF
-
-def generated_specs(now, n=1000):
-    pid = os.getpid()
-    recs = []
-    for i in range(n):
-        _corr[0] += 1
-        c = _corr[0]
-        recs.append(dict(kind=5, cbid=7, start=now - 5000, end=now - 4000, process_id=pid,
-                         thread_id=_PTHREAD, correlation_id=c))
-        recs.append(dict(kind=10, start=now - 3000 + i, end=now - 1000 + i,
-                         name=f"fake_gemm_{i % 3}", device_id=0, stream_id=7, grid_x=128,
-                         grid_y=1, grid_z=1, block_x=256, block_y=1, block_z=1,
-                         registers_per_thread=64, static_shared_memory=1024,
-                         dynamic_shared_memory=49152, correlation_id=c,
-                         graph_id=(5 if i % 2 and os.environ.get("FAKE_CUPTI_GRAPHS") else 0)))
-    recs.append(dict(kind=1, copy_kind=1, bytes=4096, start=now - 900, end=now - 800,
-                     device_id=0, stream_id=7, correlation_id=1))
-    recs.append(dict(kind=2, bytes=64, start=now - 700, end=now - 650, device_id=0,
-                     stream_id=7, correlation_id=2))
-    recs.append(dict(kind=38, type=3, start=now - 600, end=now - 100, correlation_id=3,
-                     stream_id=7))
-    pt = NS(pt=NS(process_id=pid, thread_id=_PTHREAD))
-    recs.append(dict(kind=12, flags_=2, timestamp=now - 950, id=_corr[0], name="decode_step",
-                     domain="sglang", object_id=pt))
-    recs.append(dict(kind=12, flags_=4, timestamp=now - 50, id=_corr[0], name="", domain="",
-                     object_id=pt))
-    return recs
-
-def finalize():
-    _enabled.clear()
-    _log("finalize")
-
-def activity_flush_all(flag):
-    _log(f"flush {flag}")
-    if ActivityKind.CONCURRENT_KERNEL not in _enabled:
-        if not _owed[0]:
-            return
-        _owed[0] = False  # records of a window that has just ended: delivered once
-    if _raw is not None and _raw.fake_registered():
-        _corr[0] += 1
-        bad = 1 if os.environ.get("FAKE_CUPTI_BAD_RAW") else 0
-        bad = 2 if os.environ.get("FAKE_CUPTI_BAD_TIMES") else bad
-        _raw.fake_emit(1000, get_timestamp(), 1, _corr[0], bad)
-        return
-    if _callbacks is None:
-        return
-    buf, objs = materialize(generated_specs(get_timestamp()))
-    _callbacks[1](objs)
-    del buf
-"""
+FAKE_LIBCUPTI_C = FAKES / "libcupti.c"
 
 TARGET = textwrap.dedent(
     """
@@ -242,22 +49,6 @@ TARGET = textwrap.dedent(
     print("done", n, flush=True)
     """
 )
-
-
-@pytest.fixture
-def fake_cupti(tmp_path: Path) -> dict[str, str]:
-    """Environment additions that give a child the stand-in cupti package and a log file."""
-    pkg = tmp_path / "fakecupti" / "cupti"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "cupti.py").write_text(FAKE_CUPTI)
-    log = tmp_path / "cupti.log"
-    log.write_text("")
-    return {
-        "PYTHONPATH": str(tmp_path / "fakecupti"),
-        "FAKE_CUPTI_LOG": str(log),
-        server.ENV_FAKE_CUDA: "13000",
-    }
 
 
 def start_target(
@@ -680,10 +471,7 @@ def test_target_exits_normally_while_watched(fake_cupti):
 
 
 def test_converter_pairs_nvtx_ranges_and_names_copies():
-    from types import ModuleType
-
-    fake = ModuleType("cupti")
-    exec(compile(FAKE_CUPTI, "fake_cupti", "exec"), fake.__dict__)
+    fake = fake_cupti_module()
     conv = server.RecordConverter(fake, pid=7)
     pt = SimpleNamespace(pt=SimpleNamespace(thread_id=3))
     mk = int(fake.ActivityKind.MARKER)
@@ -718,11 +506,7 @@ def test_converter_pairs_nvtx_ranges_and_names_copies():
 
 
 def _fake_module():
-    from types import ModuleType
-
-    fake = ModuleType("cupti_fake")
-    exec(compile(FAKE_CUPTI, "fake_cupti", "exec"), fake.__dict__)
-    return fake
+    return fake_cupti_module()
 
 
 def _same_batches(a: dict, b: dict) -> None:
@@ -1039,92 +823,6 @@ def test_stale_sockets_are_swept_and_refused_ones_reported(tmp_path):
     assert rc == 0, err
 
 
-FAKE_LIBCUPTI_C = r"""
-#include <stdint.h>
-#include <string.h>
-#include <stddef.h>
-#include <stdlib.h>
-#include <stdio.h>
-#include <time.h>
-#include <unistd.h>
-#include <pthread.h>
-typedef void (*req_t)(uint8_t **buffer, size_t *size, size_t *max_records);
-typedef void (*done_t)(void *ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid);
-static req_t g_req; static done_t g_done;
-static const char *names[3] = {"raw_gemm_0", "raw_gemm_1", "raw_gemm_2"};
-static const char *mname = "raw_range", *mdomain = "rawdomain";
-int cuptiActivityRegisterCallbacks(req_t r, done_t d) { g_req = r; g_done = d; return 0; }
-/* The callback API of detach.py: one subscriber; a "target thread" makes its next call 30 ms
-   after a callback is enabled: a graph launch (id 311) when FAKE_CUPTI_GRAPHS is set and that
-   id is enabled, else a kernel launch (211) if enabled. Events go to FAKE_CUPTI_LOG. */
-typedef void (*cb_t)(void *ud, int domain, uint32_t cbid, const void *data);
-static cb_t g_cb; static int g_sub, g_en211, g_en311, g_firing;
-static void logline(const char *what) {
-    const char *p = getenv("FAKE_CUPTI_LOG"); struct timespec t; FILE *f;
-    if (!p || !(f = fopen(p, "a"))) return;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    fprintf(f, "%.6f %s\n", t.tv_sec + t.tv_nsec / 1e9, what); fclose(f);
-}
-int cuptiSubscribe(void **sub, cb_t cb, void *ud) {
-    if (g_cb) return 39; /* MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED */
-    g_cb = cb; g_en211 = g_en311 = 0; *sub = &g_sub; logline("subscribe"); return 0;
-}
-int cuptiUnsubscribe(void *sub) { g_cb = 0; logline("unsubscribe"); return 0; }
-int cuptiFinalize(void) { logline("cupti finalize"); return 0; }
-static void *fire(void *arg) {
-    int site_enter = 0, site_exit = 1; cb_t c; uint32_t id = 0;
-    usleep(30000);
-    c = g_cb;
-    if (getenv("FAKE_CUPTI_GRAPHS") && g_en311) id = 311; else if (g_en211) id = 211;
-    if (c && id) { c(0, 2, id, &site_enter); c(0, 2, id, &site_exit); }
-    g_firing = 0; return 0;
-}
-int cuptiEnableCallback(uint32_t en, void *sub, int domain, uint32_t cbid) {
-    pthread_t t;
-    if (cbid == 211) g_en211 = en; if (cbid == 311) g_en311 = en;
-    if (en && !g_firing) { g_firing = 1; pthread_create(&t, 0, fire, 0); pthread_detach(t); }
-    return 0;
-}
-int fake_registered(void) { return g_req != 0; }
-void fake_clear(void) { g_req = 0; g_done = 0; }
-static void p16(uint8_t *p, size_t o, uint16_t v) { memcpy(p + o, &v, 2); }
-static void p32(uint8_t *p, size_t o, uint32_t v) { memcpy(p + o, &v, 4); }
-static void p64(uint8_t *p, size_t o, uint64_t v) { memcpy(p + o, &v, 8); }
-int fake_emit(int n, uint64_t now, int with_api, uint32_t marker_id, int bad) {
-    uint8_t *buf = 0; size_t size = 0, maxn = 0, off = 0;
-    g_req(&buf, &size, &maxn);
-    if (!buf || size < 1024) return -1;
-    for (int i = 0; i < n; i++) {
-        if (with_api && off + 40 + 216 + 112 <= size) {
-            uint8_t *a = buf + off; memset(a, 0, 40);
-            p32(a, 0, 5); p32(a, 4, 7); p64(a, 8, now - 5000); p64(a, 16, now - 4000);
-            p32(a, 24, 4242); p32(a, 28, 1234); p32(a, 32, i + 1); off += 40;
-        }
-        if (off + 216 + 112 > size) break;
-        uint8_t *k = buf + off; memset(k, 0, 216);
-        p32(k, 0, (bad == 1 && i == 0) ? 999 : 10); p16(k, 6, 64);
-        p64(k, 16, now - 3000 + i);
-        p64(k, 24, (bad == 2 && i % 50 == 49) ? 0 : now - 1000 + i); p32(k, 48, 7);
-        p32(k, 52, 128); p32(k, 56, 1); p32(k, 60, 1); p32(k, 64, 256); p32(k, 68, 1);
-        p32(k, 72, 1); p32(k, 76, 1024); p32(k, 80, 49152); p32(k, 92, i + 1);
-        p64(k, 104, (uint64_t)(uintptr_t)names[i % 3]);
-        p32(k, 156, (i % 2 && getenv("FAKE_CUPTI_GRAPHS")) ? 5 : 0);
-        off += 216;
-    }
-    if (marker_id) {
-        uint8_t *m = buf + off; memset(m, 0, 112);
-        p32(m, 0, 12); p32(m, 4, 2); p64(m, 8, now - 950); p32(m, 16, marker_id);
-        p32(m, 20, 2); p32(m, 28, 99);
-        p64(m, 40, (uint64_t)(uintptr_t)mname); p64(m, 48, (uint64_t)(uintptr_t)mdomain);
-        m += 56; p32(m, 0, 12); p32(m, 4, 4); p64(m, 8, now - 50); p32(m, 16, marker_id);
-        off += 112;
-    }
-    g_done(0, 0, buf, size, off);
-    return (int)off;
-}
-"""
-
-
 @pytest.fixture
 def fake_libcupti(tmp_path: Path, fake_cupti: dict[str, str]) -> dict[str, str]:
     """The stand-in cupti plus a compiled stand-in libcupti.so.13 (test fixture) that calls
@@ -1134,11 +832,10 @@ def fake_libcupti(tmp_path: Path, fake_cupti: dict[str, str]) -> dict[str, str]:
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         pytest.skip("no C compiler to build the stand-in libcupti")
-    src = tmp_path / "fake_libcupti.c"
-    src.write_text(FAKE_LIBCUPTI_C)
     lib = tmp_path / "libcupti.so.13"
     subprocess.run(
-        [cc, "-shared", "-fPIC", "-O1", "-pthread", "-o", str(lib), str(src)], check=True
+        [cc, "-shared", "-fPIC", "-O1", "-pthread", "-o", str(lib), str(FAKE_LIBCUPTI_C)],
+        check=True,
     )
     return {**fake_cupti, "FAKE_CUPTI_LIB": str(lib)}
 

@@ -16,24 +16,9 @@ from pathlib import Path
 import pytest
 from kdash.collectors.agent import client, security, server, wire
 from kdash.collectors.agent.client import AgentSource
-from test_agent import FAKE_CUPTI, agent_stats, drain, start_target, wait_for, wait_socket
+from test_agent import agent_stats, drain, start_target, wait_for, wait_socket
 
 from kdash.errors import UserError
-
-
-@pytest.fixture
-def fake_cupti(tmp_path: Path) -> dict[str, str]:
-    pkg = tmp_path / "fakecupti" / "cupti"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "cupti.py").write_text(FAKE_CUPTI)
-    log = tmp_path / "cupti.log"
-    log.write_text("")
-    return {
-        "PYTHONPATH": str(tmp_path / "fakecupti"),
-        "FAKE_CUPTI_LOG": str(log),
-        server.ENV_FAKE_CUDA: "13000",
-    }
 
 
 def _raw_connect(path: str) -> socket.socket:

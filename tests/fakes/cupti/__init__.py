@@ -1,0 +1,1 @@
+"""A stand-in cupti-python package (test fixture): `cupti.cupti` is the fake."""
