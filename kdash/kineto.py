@@ -574,7 +574,10 @@ def read_traces(
     infos = []
     for p in paths:
         infos.append(_read_one(Path(p), tables, wall_offset_ns or 0, chunk))
-    out = {name: schema.concat(name, t.batches) for name, t in tables.items()}
+    out = {}
+    for name, t in tables.items():  # one table's chunks freed before the next is joined
+        out[name] = schema.concat(name, t.batches)
+        t.batches.clear()
     return out, infos
 
 
