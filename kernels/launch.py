@@ -49,7 +49,7 @@ class BoundKernel:
     runtime parameter must come before every constexpr one (true of the kernels here; checked).
     """
 
-    __slots__ = ("fn", "grid", "meta", "_compiled", "_tail", "_stream", "_device", "_g")
+    __slots__ = ("fn", "grid", "meta", "_compiled", "_tail", "_stream", "_device", "_g", "_direct")
 
     def __init__(self, fn, grid: tuple[int, ...], meta: dict[str, Any]) -> None:
         self.fn, self.grid, self.meta = fn, tuple(grid), dict(meta)
@@ -59,6 +59,7 @@ class BoundKernel:
         self._tail: tuple | None = None
         self._stream = None
         self._device = 0
+        self._direct: tuple | None = None
 
     def _constexpr_tail(self, n_runtime: int) -> tuple | None:
         """The constexpr values in signature order, or None when the layout is not as assumed."""
@@ -86,6 +87,29 @@ class BoundKernel:
         ck = self._compiled
         if ck is not None and not _hooks_installed():
             g0, g1, g2 = self._g
+            d = self._direct
+            if d is not None:
+                # The C entry point under Triton's launcher object, with what that object would
+                # add: no scratch buffers (none needed, checked when armed), no launch metadata.
+                launch, function, coop, pdl, packed = d
+                launch(
+                    g0,
+                    g1,
+                    g2,
+                    self._stream(self._device),
+                    function,
+                    coop,
+                    pdl,
+                    None,
+                    None,
+                    packed,
+                    None,
+                    None,
+                    None,
+                    *args,
+                    *self._tail,
+                )
+                return
             ck.run(
                 g0,
                 g1,
@@ -120,11 +144,41 @@ class BoundKernel:
             return
         self._tail = tail
         self._compiled = compiled
+        self._direct = _direct_entry(compiled)
 
     @property
     def fast(self) -> bool:
         """Whether calls now go straight to the compiled kernel's launcher."""
         return self._compiled is not None
+
+
+# Triton releases whose CUDA launcher object was read for :func:`_direct_entry`: its ``launch``
+# takes (grid x3, stream, function, cooperative, pdl, global scratch, profile scratch, packed
+# metadata, launch metadata, enter hook, exit hook, *kernel args).
+_DIRECT_VERSIONS = ("3.6.", "3.9.")
+
+
+def _direct_entry(compiled) -> tuple | None:
+    """``(launch, function, cooperative, pdl, packed_metadata)`` when the launcher object only
+    forwards to its C ``launch`` for this kernel (no scratch memory to allocate); else None."""
+    if not triton.__version__.startswith(_DIRECT_VERSIONS):
+        return None
+    try:
+        launcher = compiled.run
+        launch = launcher.launch
+        if launcher.global_scratch_size or launcher.profile_scratch_size:
+            return None
+        if getattr(launcher, "gsan_enabled", False):
+            return None
+        return (
+            launch,
+            compiled.function,
+            launcher.launch_cooperative_grid,
+            launcher.launch_pdl,
+            compiled.packed_metadata,
+        )
+    except AttributeError:
+        return None
 
 
 def interpreting_args(args) -> bool:
