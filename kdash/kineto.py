@@ -613,10 +613,10 @@ def _read_one(path: Path, tables: dict[str, _Table], offset: int, chunk: int) ->
                     continue
                 ph = ev.get("ph")
                 if ph != "X":
-                    if ph in ("s", "f"):
+                    if ph in ("s", "t", "f"):  # a flow's start, step, end
                         cat = ev.get("cat")
                         cat = cat.lower() if isinstance(cat, str) else ""
-                        if cat != LAUNCH_FLOW or not flows.add(ev):
+                        if cat != LAUNCH_FLOW or ph == "t" or not flows.add(ev):
                             key = f"{cat or '(none)'} flow"
                             if key not in skipped and len(skipped) >= MAX_SKIP_KEYS:
                                 key = "(other)"
