@@ -268,95 +268,136 @@ def probe_interpreter(pid: int, exe: str) -> tuple[dict | None, str]:
 def check_injectable(pid: int, probe: bool = True) -> Injectability:
     """Every precondition of `inject(pid)`, in order; the first failure is the reason."""
     v = Injectability(pid)
-    try:
-        st = _status_fields(pid)
-    except FileNotFoundError:
-        return v.fail("exists", f"no such process: {pid}")
-    except OSError as e:
-        return v.fail("exists", f"cannot read /proc/{pid}/status ({e})")
-    if st.get("State", "").startswith("Z"):
-        return v.fail("exists", f"process {pid} has exited (zombie)")
-    v.passed("exists")
+    st = _check_exists(v, pid)
+    if st is None:
+        return v
     sock = find_agent_socket(pid)
     if sock:
         v.passed("agent", f"already has an agent at {sock}")
         v.ok, v.method, v.reason = True, "already", f"pid {pid} already has a kdash agent"
         return v
     v.passed("agent", "none yet")
-    uid = int(st.get("Uid", "-1").split()[1]) if st.get("Uid") else -1
-    me = os.geteuid()
-    if uid != me:
-        return v.fail(
-            "uid",
-            f"pid {pid} runs as uid {uid} and kdash as uid {me}: the agent accepts only its "
-            f"own user, so run kdash as that user (e.g. `sudo -u '#{uid}' kdash attach ...`)",
-        )
-    v.passed("uid", f"uid {uid}")
-    try:
-        exe = os.readlink(f"/proc/{pid}/exe")
-    except OSError as e:
-        return v.fail("python", f"cannot read pid {pid}'s executable ({e})")
-    v.exe = exe
-    ver, seen = python_version_of(pid, exe)
-    if ver is None:
-        return v.fail(
-            "python",
-            f"pid {pid} is not a Python process ({exe}); kernel activity of non-Python "
-            "programs needs them started under a CUPTI tool",
-        )
-    v.python = ver
-    vt = tuple(int(x) for x in ver.split("."))
-    if vt < MIN_PYTHON:
-        return v.fail(
-            "python", f"pid {pid} runs Python {ver}; the kdash agent needs Python 3.10 or newer"
-        )
-    v.passed("python", f"Python {ver} ({seen})")
-    if vt >= (3, 14):
-        v.method = "remote_exec"
-        try:
-            env = _target_env(pid)
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError as e:
-            return v.fail("remote_debug", f"cannot read pid {pid}'s environment ({e})")
-        if env.get("PYTHON_DISABLE_REMOTE_DEBUG") or b"disable_remote_debug" in b" ".join(cmd):
-            return v.fail(
-                "remote_debug",
-                f"pid {pid} was started with remote debugging disabled "
-                "(PYTHON_DISABLE_REMOTE_DEBUG or -X disable_remote_debug): restart it without",
-            )
-        v.passed("remote_debug")
-    else:
-        v.method = "ptrace"
-        if platform.machine() != "x86_64":
-            return v.fail(
-                "arch",
-                f"ptrace injection is built for x86_64 only, not {platform.machine()}: start "
-                "the target with `kdash run -- CMD`",
-            )
-        v.passed("arch", "x86_64")
+    if not (_check_uid(v, pid, st) and _check_python(v, pid) and _check_mechanism(v, pid)):
+        return v
     why = ptrace_refusal(ptrace_scope(), is_descendant(pid), has_cap_sys_ptrace())
     if why:
         return v.fail("ptrace_scope", why)
     v.passed("ptrace_scope", f"kernel.yama.ptrace_scope={ptrace_scope()}")
-    if probe:
-        info, err = probe_interpreter(pid, exe)
-        if info is None:
-            return v.fail("imports", err)
-        missing = [m for m in info.get("missing", []) if not m.startswith("cupti")]
-        if missing:
-            return v.fail(
-                "imports",
-                f"{exe} (pid {pid}'s interpreter) cannot import {', '.join(missing)}: "
-                f"pip install numpy into that environment",
-            )
-        if any(m.startswith("cupti") for m in info.get("missing", [])):
-            hint = server.install_hint(server.driver_cuda_version()[0])
-            return v.fail(
-                "imports", f"{exe} (pid {pid}'s interpreter) cannot import cupti-python: {hint}"
-            )
-        v.passed("imports", "numpy and cupti-python found")
+    if probe and not _check_imports(v, pid, v.exe or ""):
+        return v
     v.ok = True
     return v
+
+
+# Each check below records itself in `v` and returns whether the next one may run.
+
+
+def _check_exists(v: Injectability, pid: int) -> dict[str, str] | None:
+    """The process's /proc status fields, or None (and the reason in `v`)."""
+    try:
+        st = _status_fields(pid)
+    except FileNotFoundError:
+        v.fail("exists", f"no such process: {pid}")
+        return None
+    except OSError as e:
+        v.fail("exists", f"cannot read /proc/{pid}/status ({e})")
+        return None
+    if st.get("State", "").startswith("Z"):
+        v.fail("exists", f"process {pid} has exited (zombie)")
+        return None
+    v.passed("exists")
+    return st
+
+
+def _check_uid(v: Injectability, pid: int, st: dict[str, str]) -> bool:
+    uid = int(st.get("Uid", "-1").split()[1]) if st.get("Uid") else -1
+    me = os.geteuid()
+    if uid != me:
+        v.fail(
+            "uid",
+            f"pid {pid} runs as uid {uid} and kdash as uid {me}: the agent accepts only its "
+            f"own user, so run kdash as that user (e.g. `sudo -u '#{uid}' kdash attach ...`)",
+        )
+        return False
+    v.passed("uid", f"uid {uid}")
+    return True
+
+
+def _check_python(v: Injectability, pid: int) -> bool:
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError as e:
+        v.fail("python", f"cannot read pid {pid}'s executable ({e})")
+        return False
+    v.exe = exe
+    ver, seen = python_version_of(pid, exe)
+    if ver is None:
+        v.fail(
+            "python",
+            f"pid {pid} is not a Python process ({exe}); kernel activity of non-Python "
+            "programs needs them started under a CUPTI tool",
+        )
+        return False
+    v.python = ver
+    if tuple(int(x) for x in ver.split(".")) < MIN_PYTHON:
+        v.fail("python", f"pid {pid} runs Python {ver}; the kdash agent needs Python 3.10 or newer")
+        return False
+    v.passed("python", f"Python {ver} ({seen})")
+    return True
+
+
+def _check_mechanism(v: Injectability, pid: int) -> bool:
+    """sys.remote_exec on 3.14+ (unless the target switched remote debugging off), else ptrace
+    (x86_64 only)."""
+    if tuple(int(x) for x in (v.python or "0.0").split(".")) < (3, 14):
+        v.method = "ptrace"
+        if platform.machine() != "x86_64":
+            v.fail(
+                "arch",
+                f"ptrace injection is built for x86_64 only, not {platform.machine()}: start "
+                "the target with `kdash run -- CMD`",
+            )
+            return False
+        v.passed("arch", "x86_64")
+        return True
+    v.method = "remote_exec"
+    try:
+        env = _target_env(pid)
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError as e:
+        v.fail("remote_debug", f"cannot read pid {pid}'s environment ({e})")
+        return False
+    if env.get("PYTHON_DISABLE_REMOTE_DEBUG") or b"disable_remote_debug" in b" ".join(cmd):
+        v.fail(
+            "remote_debug",
+            f"pid {pid} was started with remote debugging disabled "
+            "(PYTHON_DISABLE_REMOTE_DEBUG or -X disable_remote_debug): restart it without",
+        )
+        return False
+    v.passed("remote_debug")
+    return True
+
+
+def _check_imports(v: Injectability, pid: int, exe: str) -> bool:
+    """The target's interpreter, run as the target was, finds numpy and cupti-python."""
+    info, err = probe_interpreter(pid, exe)
+    if info is None:
+        v.fail("imports", err)
+        return False
+    missing = [m for m in info.get("missing", []) if not m.startswith("cupti")]
+    if missing:
+        v.fail(
+            "imports",
+            f"{exe} (pid {pid}'s interpreter) cannot import {', '.join(missing)}: "
+            f"pip install numpy into that environment",
+        )
+        return False
+    if any(m.startswith("cupti") for m in info.get("missing", [])):
+        hint = server.install_hint(server.driver_cuda_version()[0])
+        v.fail("imports", f"{exe} (pid {pid}'s interpreter) cannot import cupti-python: {hint}")
+        return False
+    v.passed("imports", "numpy and cupti-python found")
+    return True
 
 
 # ---- the boot code that runs inside the target ----------------------------------------------
