@@ -8,6 +8,13 @@ effort on keeping enough loads in flight: the KV range of each request is split 
 request and the SM count, so a single 128k request still fills all 132 SMs of an H200 while a
 batch of 128 short requests launches no useless splits.
 
+Plan, then run (as FlashInfer's decode wrappers): :class:`DecodePlan` is made once per batch
+composition (grid, buffers, compile-time parameters) and :meth:`DecodePlan.run` is called per
+layer and step: no allocation, no host synchronisation, a few microseconds of host time, and
+capturable in a CUDA graph. Each request's cut into splits is computed on the GPU from the
+lengths in memory, so a graph replayed while lengths change stays balanced.
+:func:`decode_attention` is the one-call form (a plan made and run once).
+
 Layout (the same as the workload's cache, see :mod:`kdash.kernels.kv_cache`):
 
 - ``q``: ``[B, Hq, D]`` bf16, one new token per request.
