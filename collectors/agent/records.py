@@ -49,17 +49,21 @@ def default_of(column: str, pid: int) -> Any:
 
 class _ObjectPlan:
     """How the attribute decoder makes one table row of a record kind (from fields.RECORDS):
-    the fields to read, where each goes in the row, and the row's other columns."""
+    one attrgetter for its fields, where each goes in the row, the row's other columns, and
+    the fields whose value needs making (`fixes`: row position, function)."""
 
-    __slots__ = ("get", "hows", "positions", "table", "template")
+    __slots__ = ("direct", "fixes", "get", "positions", "table", "template")
 
-    def __init__(self, table: str, fields: tuple, constants: dict, pid: int) -> None:
+    def __init__(self, table: str, fields: tuple, constants: dict, pid: int, fixer) -> None:
         cols = ROW_COLUMNS[table]
         self.table = table
         self.get = attrgetter(*(attr for _c, attr, _h in fields))
         self.positions = tuple(cols.index(c) for c, _a, _h in fields)
-        self.hows = tuple(how for _c, _a, how in fields)
+        self.direct = self.positions == tuple(range(len(cols)))  # the fields are the row
         self.template = [constants.get(c, default_of(c, pid)) for c in cols]
+        self.fixes = tuple(
+            (cols.index(c), fixer(how)) for c, _a, how in fields if how not in (AS_IS, C_STRING)
+        )
 
 
 class RecordConverter:
@@ -86,7 +90,7 @@ class RecordConverter:
                 kind = getattr(ak, kname, None)
                 if kind is not None:
                     self._plans[int(kind)] = _ObjectPlan(
-                        table, fields, CONSTANTS.get(kname, {}), pid
+                        table, fields, CONSTANTS.get(kname, {}), pid, self._fixer(int(kind))
                     )
         self._api_names: dict[tuple[int, int], str] = {}
         self._copy_names: dict[int, str] = {}
@@ -155,11 +159,27 @@ class RecordConverter:
             return value or self.pid
         return value  # AS_IS, and C_STRING (cupti-python has made it a str)
 
+    def _fixer(self, kind: int):
+        """For one record kind: how -> the function that makes a field's value (attribute
+        decoder; cupti-python has already made C strings Python strings)."""
+
+        pid, api_name = self.pid, self._api_name
+
+        def fixer(how: str):
+            if how == API_NAME:
+                return lambda v: api_name(kind, v)
+            if how == ZERO_IS_NA:
+                return lambda v: v or -1
+            if how == ZERO_IS_PID:
+                return lambda v: v or pid
+            return lambda v: self._name(how, kind, v)
+
+        return fixer
+
     def convert(self, activities: list[Any]) -> dict[str, list[tuple]]:
         """Rows per table as tuples in the order of `ROW_COLUMNS` (timestamps still CUPTI's)."""
         out: dict[str, list[tuple]] = {t: [] for t in ROW_COLUMNS}
         plans = self._plans
-        name = self._name
         for a in activities:
             k = a.kind
             plan = plans.get(k)
@@ -169,9 +189,15 @@ class RecordConverter:
                 else:
                     self.other_records += 1
                 continue
-            row = list(plan.template)
-            for pos, how, v in zip(plan.positions, plan.hows, plan.get(a), strict=True):
-                row[pos] = v if how is AS_IS else name(how, k, v)
+            vals = plan.get(a)
+            if plan.direct:
+                row = list(vals)
+            else:
+                row = list(plan.template)
+                for pos, v in zip(plan.positions, vals, strict=True):
+                    row[pos] = v
+            for pos, fn in plan.fixes:
+                row[pos] = fn(row[pos])
             out[plan.table].append(tuple(row))
         return out
 
