@@ -292,3 +292,72 @@ def test_report_lists_hot_lines_per_kernel(demo, stage1_table, tmp_path):
     out = cap.get()
     assert "Hot source lines" in out and f"decode_attention.py:{hot[0]['line']}" in out
     assert summarize(demo)["hot_lines"] == []
+
+
+# -- keys that cannot act say why; the hottest kernel without source is followed past ------------
+async def test_keys_without_samples_or_sass_say_why_and_leave_the_view_working(demo_app):
+    async with demo_app.run_test(size=(80, 24)) as pilot:
+        pane = source(demo_app)
+        assert await wait_for(pilot, lambda: pane.kernel is not None)
+        await pilot.press("4")
+        await pilot.pause()
+        await pilot.press("s")  # the demo capture holds no line table: no SASS to show
+        await pilot.pause()
+        assert not pane.sass_mode
+        msgs = [n.message for n in demo_app._notifications]
+        assert any(m.startswith("no SASS for _decode_stage1") for m in msgs), msgs
+        await pilot.press("n")
+        await pilot.pause()
+        msgs = [n.message for n in demo_app._notifications]
+        assert any(
+            "no hot lines for _decode_stage1" in m and "PC sampling was off" in m for m in msgs
+        )
+        key = ("_decode_stage1", False)
+        start = pane._selected[key]
+        await pilot.press("down")  # still moves: `s` did not switch to an empty SASS view
+        await pilot.pause()
+        assert pane._selected[key] == start + 1
+        await pilot.press("pagedown")
+        await pilot.pause()
+        moved = pane._selected[key] - (start + 1)
+        assert moved >= 1
+        await pilot.press("pageup")
+        await pilot.pause()
+        assert pane._selected[key] == start + 1
+        assert f"decode_attention.py:{start + 1}" in plain(pane.body).splitlines()[0]
+
+
+@pytest.fixture
+def gemm_first_app(make_app, demo):
+    """The demo capture with one cuBLAS GEMM's kernels made 40x longer, so the hottest kernel
+    is one without source (an edit of real records, for the following rule only)."""
+    k = demo.batch("kernels")
+    names = pd.Series(k["name"])
+    gemm = names[names.str.startswith("nvjet")].value_counts().index[0]
+    sel = names.to_numpy() == gemm
+    k = {c: np.array(v, copy=True) for c, v in k.items()}
+    k["end_ns"][sel] = k["start_ns"][sel] + 40 * (k["end_ns"][sel] - k["start_ns"][sel])
+    from kdash.store import Store
+
+    store = Store(retention_s=10**7, max_rows=10**9)
+    for t in schema.TABLES:
+        store.append(t, k if t == "kernels" else demo.batch(t))
+    meta = dict(demo.meta)
+    meta["capture_path"] = str(DEMO)
+    app = make_app(store=store, meta=meta, mode="replay")
+    app.gemm = gemm
+    return app
+
+
+async def test_the_hottest_kernel_without_source_is_named_and_the_next_readable_one_shown(
+    gemm_first_app,
+):
+    app = gemm_first_app
+    async with app.run_test(size=(120, 40)) as pilot:
+        pane = source(app)
+        assert await wait_for(pilot, lambda: pane.kernel is not None)
+        assert pane.window_names[0] == app.gemm  # the GEMM is the hottest now
+        assert pane.kernel == "_decode_stage1" and pane.skipped is not None
+        head = plain(pane.body).splitlines()[0]
+        assert "(no source) · showing _decode_stage1" in head, head
+        assert "hottest with source (f: pin)" in head

@@ -55,6 +55,7 @@ NO_SAMPLES = (
     "kernels (`kdash run -- CMD`)"
 )
 HOTTEST_EVERY_S = 1.0
+FOLLOW_CANDIDATES = 12  # how far down the hot list the pane looks for a kernel with source
 STALL_ROWS = 4  # bars under the code, when the pane has the room
 SHADES = " ░▒▓█"
 
@@ -185,6 +186,8 @@ class SourcePane(Pane):
         Binding("n", "next_hot(1)", "source: next hot line", show=False),
         Binding("N", "next_hot(-1)", "source: previous hot line", show=False),
         Binding("s", "toggle_sass", "source: SASS view / source view", show=False),
+        Binding("pageup", "page(-1)", "source: a page up", show=False),
+        Binding("pagedown", "page(1)", "source: a page down", show=False),
     ]
 
     def __init__(self, **kwargs) -> None:
@@ -194,6 +197,7 @@ class SourcePane(Pane):
         self.sass_mode = False
         self._pc_view = False  # the shown kernel has samples but no line table: PCs only
         self.kernel: str | None = None  # the kernel shown
+        self.skipped: tuple[str, float] | None = None  # a hotter kernel without source
         self.window_names: list[str] = []  # kernels in the window, hottest first
         self._selected: dict[tuple[str, bool], int] = {}  # (kernel, sass) -> line / row
         self._hot_key: tuple = ()
@@ -311,12 +315,22 @@ class SourcePane(Pane):
             hot = real.groupby("kernel")["count"].sum().sort_values(ascending=False)
             hot = pd.DataFrame({"name": hot.index, "ns": 0.0, "pct": float("nan")})
         kernel = self.pinned or str(hot["name"].iloc[0])
-        self.kernel = kernel
-        pct_row = hot.loc[hot["name"] == kernel, "pct"]
-        pct = float(pct_row.iloc[0]) if len(pct_row) else float("nan")
         lt = cubin.table_for_kernel(self._line_tables(view), kernel)
-        ks = samples[samples["kernel"] == kernel]
         loc = self._locate(kernel, lt, view)
+        skipped: tuple[str, float] | None = None
+        if not self.pinned and not _readable(lt, loc):
+            # follow what can be read: the hottest kernel that has source, saying so
+            for name in self.window_names[1:FOLLOW_CANDIDATES]:
+                lt2 = cubin.table_for_kernel(self._line_tables(view), name)
+                loc2 = self._locate(name, lt2, view)
+                if _readable(lt2, loc2):
+                    skipped = (kernel, _pct_of(hot, kernel))
+                    kernel, lt, loc = name, lt2, loc2
+                    break
+        self.kernel = kernel
+        self.skipped = skipped
+        pct = _pct_of(hot, kernel)
+        ks = samples[samples["kernel"] == kernel]
         self._pc_view = False
         if loc is None and (lt is None or not lt.instrs):
             if ks.empty:
@@ -343,9 +357,15 @@ class SourcePane(Pane):
 
     def _header(self, kernel: str, pct: float, where: str, flag: str) -> Text:
         t = Text(no_wrap=True, overflow="ellipsis")
+        if self.skipped is not None:
+            name, p = self.skipped
+            t.append(f"{short_name(name, 28)} {_pct(p)} (no source) · showing ")
         t.append(short_name(kernel, 36), self.get_component_rich_style("source-pane--header"))
         t.append(f" · {_pct(pct)} GPU · {where} · ")
-        t.append("pinned (f: follow)" if self.pinned else "hottest (f: pin)")
+        if self.pinned:
+            t.append("pinned (f: follow)")
+        else:
+            t.append("hottest with source (f: pin)" if self.skipped else "hottest (f: pin)")
         if flag:
             t.append(" · " + flag, self.get_component_rich_style("source-pane--flag"))
         return t
@@ -464,6 +484,12 @@ class SourcePane(Pane):
         rows = [head]
         st = cubin.line_stalls(ks, lt, file, line) if lt is not None else pd.DataFrame()
         room = max(0, min(STALL_ROWS, (height - 6) // 3))
+        if room == 0 and not st.empty:  # a short pane (80x24): the top reasons on the line itself
+            top = ", ".join(
+                f"{str(r.reason)[:18]} {100 * float(r.share):.0f}%"
+                for r in st.head(2).itertuples(index=False)
+            )
+            head.append(f" · {top}", bar_style)
         for r in st.head(room).itertuples(index=False):
             t = Text(no_wrap=True, overflow="ellipsis")
             filled = round(10 * float(r.share))
@@ -575,24 +601,52 @@ class SourcePane(Pane):
         if self._last_view is not None:
             self.show(self._last_view)
 
+    def _say(self, text: str) -> None:
+        """A key that cannot act says why, in one short notification."""
+        self.notify(text, timeout=4)
+
+    def _sass_shown(self) -> bool:
+        return self.sass_mode and self._sass_available()
+
+    def _sass_available(self) -> bool:
+        view = self._last_view
+        if view is None or self.kernel is None:
+            return False
+        lt = cubin.table_for_kernel(self._line_tables(view), self.kernel)
+        return lt is not None and bool(lt.instrs)
+
     def action_move(self, delta: int) -> None:
         if self.kernel is None:
+            self._say("source pane: no kernel shown yet")
             return
-        key = (self.kernel, self.sass_mode or self._pc_view)
+        key = (self.kernel, self._sass_shown() or self._pc_view)
         cur = self._selected.get(key, 1)
         self._selected[key] = min(max(1, cur + delta), max(1, self._n_rows))
         self._redraw()
 
+    def action_page(self, direction: int) -> None:
+        self.action_move(direction * max(1, (self.content_region.height or 8) - 4))
+
     def action_next_hot(self, delta: int) -> None:
-        if self.kernel is None or not self._hot_rows:
+        if self.kernel is None:
+            self._say("source pane: no kernel shown yet")
             return
-        key = (self.kernel, self.sass_mode or self._pc_view)
+        if not self._hot_rows:
+            view = self._last_view
+            why = why_no_samples(view.health) if view is not None else "no data yet"
+            self._say(f"no hot lines for {short_name(self.kernel, 30)}: {why}")
+            return
+        key = (self.kernel, self._sass_shown() or self._pc_view)
         cur = self._selected.get(key, self._hot_rows[0])
         i = self._hot_rows.index(cur) + delta if cur in self._hot_rows else 0
         self._selected[key] = self._hot_rows[i % len(self._hot_rows)]
         self._redraw()
 
     def action_toggle_sass(self) -> None:
+        if not self.sass_mode and not self._sass_available():
+            name = short_name(self.kernel, 30) if self.kernel else "this kernel"
+            self._say(f"no SASS for {name}: the data holds no line table (cubin) for it")
+            return
         self.sass_mode = not self.sass_mode
         self._redraw()
 
@@ -614,6 +668,16 @@ class SourcePane(Pane):
             if label == cell:
                 return name
         return None
+
+
+def _readable(lt: cubin.LineTable | None, loc: Located | None) -> bool:
+    """Whether a kernel has source to show: a line table with lines, or a file it was found in."""
+    return loc is not None or (lt is not None and lt.has_lines)
+
+
+def _pct_of(hot: pd.DataFrame, kernel: str) -> float:
+    row = hot.loc[hot["name"] == kernel, "pct"]
+    return float(row.iloc[0]) if len(row) else float("nan")
 
 
 def _pct(p: float) -> str:
