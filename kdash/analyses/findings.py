@@ -482,6 +482,39 @@ def migrations(
     return out
 
 
+def _hot_pairs(
+    t: np.ndarray, tid: np.ndarray, core: np.ndarray, cpu: np.ndarray
+) -> tuple[np.ndarray, ...] | None:
+    """Every pair of hot rows of one poll (same `t`) with tid_a < tid_b: their t, tid_a,
+    tid_b, whether they were on the same core, and each one's CPU; None when there is none.
+
+    With numpy rather than a pandas self-merge: this runs on the poll thread every second,
+    and the merge and the per-pair lookups were most of the recorder's CPU on a busy target.
+    """
+    order = np.lexsort((tid, t))
+    t, tid, core, cpu = t[order], tid[order], core[order], cpu[order]
+    n = len(t)
+    cuts = np.flatnonzero(t[1:] != t[:-1]) + 1
+    starts = np.concatenate(([0], cuts))
+    ends = np.concatenate((cuts, [n]))
+    ia: list[np.ndarray] = []
+    ib: list[np.ndarray] = []
+    for s, e in zip(starts, ends, strict=True):
+        if e - s < 2:
+            continue
+        a, b = np.triu_indices(int(e - s), 1)
+        ia.append(a + s)
+        ib.append(b + s)
+    if not ia:
+        return None
+    i, j = np.concatenate(ia), np.concatenate(ib)
+    keep = tid[i] < tid[j]
+    i, j = i[keep], j[keep]
+    if len(i) == 0:
+        return None
+    return t[i], tid[i], tid[j], core[i] == core[j], cpu[i], cpu[j]
+
+
 def shared_core(
     t: pd.DataFrame | ThreadView,
     th: Thresholds,
@@ -504,28 +537,32 @@ def shared_core(
         core = np.array([ids[k] for k in keys], dtype=np.int64)
     else:
         core = cpu_arr
-    h = pd.DataFrame({"t_ns": v.t[sel], "tid": v.tid[sel], "core": core, "cpu": cpu_arr})
-    both = h.merge(h, on="t_ns", suffixes=("_a", "_b"))
-    both = both[both["tid_a"].to_numpy() < both["tid_b"].to_numpy()]
-    if both.empty:
+    pairs = _hot_pairs(v.t[sel], v.tid[sel], core, cpu_arr)
+    if pairs is None:
         return []
-    both = both.assign(same=(both["core_a"].to_numpy() == both["core_b"].to_numpy()))
-    agg = both.groupby(["tid_a", "tid_b"], sort=True)["same"].agg(["sum", "size"])
-    cand = agg[(agg["sum"] > 0) & (agg["sum"] >= th.shared_core_ratio * agg["size"])]
-    if cand.empty:
-        return []
+    pt, pa, pb, same, cpu_a, cpu_b = pairs
+    # one group per (tid_a, tid_b), in that order; rows of a group in time order
+    order = np.lexsort((pt, pb, pa))
+    pt, pa, pb, same = pt[order], pa[order], pb[order], same[order]
+    cpu_a, cpu_b = cpu_a[order], cpu_b[order]
+    new_pair = np.ones(len(pa), dtype=bool)
+    new_pair[1:] = (pa[1:] != pa[:-1]) | (pb[1:] != pb[:-1])
+    g_start = np.flatnonzero(new_pair)
+    g_end = np.append(g_start[1:], len(pa))
+    n_same_of = np.add.reduceat(same.astype(np.int64), g_start)
+    size_of = g_end - g_start
     window = _window(v.t, now_ns)
-    both = both.set_index(["tid_a", "tid_b"]).sort_index()
     passing: dict[tuple[int, int], tuple[float, int, int, int, Counter]] = {}
-    for ta, tb in cand.index:
-        g = both.loc[[(ta, tb)]].sort_values("t_ns")  # [[...]]: a frame even for one row
-        same = g["same"].to_numpy(dtype=bool)
-        run, end, _ = _runs(g["t_ns"].to_numpy(dtype=np.int64), same, v.interval)
+    for a, b, n_same, size in zip(g_start, g_end, n_same_of, size_of, strict=True):
+        if not (n_same > 0 and n_same >= th.shared_core_ratio * size):
+            continue
+        g_same = same[a:b]
+        run, end, _ = _runs(pt[a:b], g_same, v.interval)
         if run < th.min_duration_s:
             continue
-        cpus: Counter = Counter(int(c) for c in g["cpu_a"].to_numpy()[same])
-        cpus.update(int(c) for c in g["cpu_b"].to_numpy()[same])
-        passing[(int(ta), int(tb))] = (run, end, int(same.sum()), len(g), cpus)
+        cpus: Counter = Counter(int(c) for c in cpu_a[a:b][g_same])
+        cpus.update(int(c) for c in cpu_b[a:b][g_same])
+        passing[(int(pa[a]), int(pb[a]))] = (run, end, int(n_same), int(size), cpus)
     if not passing:
         return []
     # Union-find the pairs into groups: three threads on one CPU are one finding, not three.
