@@ -72,6 +72,7 @@ class Pane(Vertical, can_focus=True):
         self.border_title = f"{self.key} {self.title}"
         # Set here, not in on_mount: the app's first redraw may run before a pane's on_mount.
         self.empty_line = Static(self.waiting, classes="empty-line", markup=False)
+        self._empty_why: str | None = self.waiting
         self.add_class("-empty")
 
     def focus_target(self):
@@ -86,7 +87,9 @@ class Pane(Vertical, can_focus=True):
     def set_empty(self, why: str | None) -> None:
         """Collapse to one line saying `why` (or restore the full pane when None)."""
         self.set_class(why is not None, "-empty")
-        if why is not None:
+        # An unchanged line is not set again: each update costs Textual a layout pass.
+        if why is not None and why != self._empty_why:
+            self._empty_why = why
             self.empty_line.update(why)
 
     def show(self, view: View) -> None:  # pragma: no cover - abstract

@@ -131,6 +131,8 @@ class CpuPane(Pane):
         self.table.add_columns(
             "pid", "tid", "name", "cpu%", "cpu", "allowed", "runq ms/s", "sw/s", "mig/s"
         )
+        self._findings_key: object = None
+        self._rows_shown: list[tuple[str, ...]] | None = None
 
     def compose(self) -> ComposeResult:
         yield self.empty_line
@@ -154,7 +156,16 @@ class CpuPane(Pane):
             self.set_empty(f"CPU affinity: no thread data — {why}")
             return
         self.set_empty(None)
-        self.findings.update(self._findings_text(findings))
+        # Set again only when changed: each update costs Textual a layout pass and a repaint,
+        # which at the redraw rate was most of kdash's own CPU.
+        key = (
+            [tuple(str(r.get(k, "")) for k in FINDING_FIELDS) for r in findings],
+            self.app.has_class("-compact"),
+            self.app.theme,
+        )
+        if key != self._findings_key:
+            self._findings_key = key
+            self.findings.update(self._findings_text(findings))
         self._fill_table(thread_rows(threads))
 
     def _findings_text(self, f: list[dict]) -> Text | Table:
@@ -204,13 +215,8 @@ class CpuPane(Pane):
 
     def _fill_table(self, rows: pd.DataFrame) -> None:
         """Refill the table; the cursor stays on the same thread (pid/tid) as rows re-sort."""
-        keep_row = self.table.cursor_row
-        keep_key = None
-        if self.table.row_count:
-            keep_key = self.table.coordinate_to_cell_key((keep_row, 0)).row_key.value
-        self.table.clear()
-        for r in rows.itertuples(index=False):
-            self.table.add_row(
+        cells = [
+            (
                 str(r.pid),
                 str(r.tid),
                 str(r.name)[:16],
@@ -220,8 +226,19 @@ class CpuPane(Pane):
                 fmt(r.runq_ms_per_s, ".1f"),
                 fmt(r.sw_s, ".0f"),
                 fmt(r.mig_s, ".1f"),
-                key=f"{r.pid}/{r.tid}",
             )
+            for r in rows.itertuples(index=False)
+        ]
+        if cells == self._rows_shown:
+            return  # the same text: a refill would only cost a repaint
+        self._rows_shown = cells
+        keep_row = self.table.cursor_row
+        keep_key = None
+        if self.table.row_count:
+            keep_key = self.table.coordinate_to_cell_key((keep_row, 0)).row_key.value
+        self.table.clear()
+        for c in cells:
+            self.table.add_row(*c, key=f"{c[0]}/{c[1]}")
         if not self.table.row_count:
             return
         if keep_key is not None and keep_key in self.table.rows:
