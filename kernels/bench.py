@@ -77,15 +77,21 @@ DECODE_SWEEP = {
         DecodeConfig(num_stages=3),
         DecodeConfig(num_stages=3, programs_per_sm=8),
     ],
+    # fp8: whole waves. Compiled for sm_90 on the CPU machine (Triton 3.9's ptxas), the default
+    # 128/4 warps/2 stages kernel takes 140 registers: 3 programs fit an SM, so 8 per SM is
+    # 2.67 waves. 64/4/2 takes 96 (5 fit), 64/4/3 126 (4 fit), 128/8/2 95 x 256 threads (2 fit).
     "fp8": [
         DEFAULT_FP8_CONFIG,
         replace(DEFAULT_FP8_CONFIG, prefetch_pages=False),
-        replace(DEFAULT_FP8_CONFIG, programs_per_sm=4),
+        replace(DEFAULT_FP8_CONFIG, programs_per_sm=3),
+        replace(DEFAULT_FP8_CONFIG, programs_per_sm=6),
         replace(DEFAULT_FP8_CONFIG, programs_per_sm=12),
-        replace(DEFAULT_FP8_CONFIG, num_stages=3),
-        replace(DEFAULT_FP8_CONFIG, num_stages=3, programs_per_sm=4),
-        replace(DEFAULT_FP8_CONFIG, num_warps=8),
-        replace(DEFAULT_FP8_CONFIG, block_n=64, programs_per_sm=4),
+        replace(DEFAULT_FP8_CONFIG, num_stages=3, programs_per_sm=3),
+        replace(DEFAULT_FP8_CONFIG, block_n=64, programs_per_sm=5),
+        replace(DEFAULT_FP8_CONFIG, block_n=64, programs_per_sm=10),
+        replace(DEFAULT_FP8_CONFIG, block_n=64, num_stages=3, programs_per_sm=4),
+        replace(DEFAULT_FP8_CONFIG, block_n=64, num_stages=3, programs_per_sm=8),
+        replace(DEFAULT_FP8_CONFIG, num_warps=8, programs_per_sm=2),
         replace(DEFAULT_FP8_CONFIG, fp8_compute="pairs"),
     ],
 }
@@ -284,6 +290,7 @@ class DecodeCase:
     def fn(self, cfg: DecodeConfig):
         """The timed call (one ``plan.run``), and its split count."""
         plan = self.plan(cfg)
+        self.last_plan = plan
         q, k, v = self.q, self.k, self.v
 
         def run():
@@ -378,9 +385,25 @@ def decode_table(copy_gbs: float, best: dict[str, DecodeConfig]) -> list[dict[st
                 f"readflush {b['bw_ratio_readflush']:.2f}, host {b['host_us_nosync']:.1f}us) | "
                 f"fp8 {f['us']:8.1f}us {f['bw_ratio']:.2f} (graph {f['us_graph']:7.1f}us, "
                 f"readflush {f['us_readflush']:7.1f}us) | fp8 x{row['fp8_speedup']:.2f} "
-                f"(graph x{row['fp8_speedup_graph']:.2f})"
+                f"(graph x{row['fp8_speedup_graph']:.2f}) | stage-1 regs/waves bf16 "
+                f"{occ(b)} fp8 {occ(f)}"
             )
     return rows
+
+
+def occupancy_or_error(plan: DecodePlan) -> dict[str, Any]:
+    """:func:`stage1_occupancy`, or why it could not be read (the timings matter more)."""
+    try:
+        return stage1_occupancy(plan)
+    except Exception as e:  # noqa: BLE001 - reported in the JSON; the row's timings stay
+        return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+
+
+def occ(side: dict) -> str:
+    o = side.get("stage1") or {}
+    if "registers" not in o:
+        return "?"
+    return f"{o['registers']}/{o['waves']:.2f}"
 
 
 def decode_row(row: dict, lens, hq, hkv, d, copy_gbs: float, best: dict[str, DecodeConfig]):
@@ -398,6 +421,7 @@ def decode_row(row: dict, lens, hq, hkv, d, copy_gbs: float, best: dict[str, Dec
         nbytes = case.bytes_needed()
         row[tag] = {
             "splits": splits,
+            "stage1": occupancy_or_error(case.last_plan),
             "host_us": host_us,
             "host_us_nosync": host_nosync,
             "us": ms * 1e3,
@@ -413,6 +437,37 @@ def decode_row(row: dict, lens, hq, hkv, d, copy_gbs: float, best: dict[str, Dec
         del case
     row["fp8_speedup"] = row["bf16"]["us"] / row["fp8"]["us"]
     row["fp8_speedup_graph"] = row["bf16"]["us_graph"] / row["fp8"]["us_graph"]
+
+
+def stage1_occupancy(plan: DecodePlan) -> dict[str, Any]:
+    """Registers, spills and shared memory of the plan's compiled stage-1 kernel, the programs
+    that fit one SM by each limit, and the grid in waves of resident programs."""
+    ck = plan._s1._compiled if plan._s1 is not None else None
+    if ck is None:
+        return {}
+    p = torch.cuda.get_device_properties(0)
+    warps = plan.config.num_warps
+    regs = int(getattr(ck, "n_regs", 0))
+    smem = int(ck.metadata.shared)
+    per_warp = -(-regs * 32 // 256) * 256  # registers are allocated per warp, 256 at a time
+    regs_sm = getattr(p, "regs_per_multiprocessor", 65536)
+    smem_sm = getattr(p, "shared_memory_per_multiprocessor", 233472)
+    by = {
+        "registers": regs_sm // max(1, warps * per_warp),
+        "shared_memory": smem_sm // max(1, smem + 1024),  # 1 KB reserved per block
+        "threads": getattr(p, "max_threads_per_multi_processor", 2048) // (32 * warps),
+    }
+    resident = max(1, min(32, *by.values()))
+    programs = plan._grid1[0] * plan._grid1[1] * plan._grid1[2]
+    return {
+        "registers": regs,
+        "spills": int(getattr(ck, "n_spills", 0)),
+        "shared_bytes": smem,
+        "resident_per_sm_by": by,
+        "resident_per_sm": resident,
+        "programs": programs,
+        "waves": programs / (resident * p.multi_processor_count),
+    }
 
 
 # ------------------------------------------------------------------------------------ prefill
