@@ -108,11 +108,12 @@ def test_pack_clips_windows_at_the_range_edges():
 
 
 def test_open_window_from_kernels_after_the_last_window():
-    s, e = with_open_window(a(0), a(100), a(10, 150, 170), 200)
-    assert s.tolist() == [0, 150] and e.tolist() == [100, 200]
-    s, e = with_open_window(a(), a(), a(40, 60), 100)  # no window row yet at all
-    assert s.tolist() == [40] and e.tolist() == [100]
-    s, e = with_open_window(a(0), a(100), a(10, 50), 200)
+    # kernels at 150-160 and 170-180 after the window 0-100 closed: an open window 150-180
+    s, e = with_open_window(a(0), a(100), a(10, 150, 170), a(20, 160, 180), 200)
+    assert s.tolist() == [0, 150] and e.tolist() == [100, 180]
+    s, e = with_open_window(a(), a(), a(40, 60), a(50, 130), 100)  # no window row yet at all
+    assert s.tolist() == [40] and e.tolist() == [100]  # cut at the range's end
+    s, e = with_open_window(a(0), a(100), a(10, 50), a(20, 60), 200)
     assert s.tolist() == [0] and e.tolist() == [100]
 
 
@@ -344,3 +345,25 @@ async def test_help_lists_w(make_app, demo):
         assert isinstance(app.screen, HelpScreen)
         text = plain(app.screen.query_one("#help-table"))
         assert "kernel timeline: windows side by side / continuous time" in text
+
+
+async def test_window_view_at_80x24_and_w_from_the_folded_pane(make_app, demo):
+    """At 80x24 the table is folded into one line: the pane itself takes focus, so `w` works
+    there, and ← → pan (there is no table in view to scroll)."""
+    store, _, _ = duty_cycled(demo)
+    app = _demo_app(make_app, demo, store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        pane = app.query_one(KernelPane)
+        await _ready(pilot, pane)
+        await pilot.pause()
+        assert app.has_class("-compact") and pane.packed
+        lines = plain(pane.lanes).splitlines()
+        assert CUT in _lane(pane) and any("┼" in ln for ln in lines)
+        assert pane.focus_target() is pane
+        pane.focus_target().focus()
+        await pilot.press("w")
+        await pilot.pause()
+        assert not pane.packed and UNRECORDED in _lane(pane)
+        await pilot.press("plus", "left")
+        await pilot.pause()
+        assert app.offset_s > 0

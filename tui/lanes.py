@@ -194,12 +194,14 @@ def window_note(packing: Packing, seconds: float) -> str:
     each = float(np.median((packing.ends - packing.starts) / 1e6))
     share = 100 * packing.in_range_ns / max(1.0, seconds * 1e9)
     shown = len(packing.starts)
-    what = f"last {shown} of {packing.in_range}" if shown < packing.in_range else f"{shown}"
-    return (
-        f"{CUT} cut: {what} recorded windows side by side, ~{each:.0f} ms each "
-        f"({share:.1f}% of {seconds:.{0 if seconds >= 10 else 1}f} s recorded; "
-        "w: continuous time)"
-    )
+    if shown < packing.in_range:
+        what = f"last {shown} of {packing.in_range} recorded windows"
+    else:
+        what = f"{shown} recorded window{'s' if shown > 1 else ''}"
+    what = f"{CUT} cut: {what} side by side" if shown > 1 else f"{what} only"
+    span = f"{seconds:.{0 if seconds >= 10 else 1}f} s"
+    each_ms = f"~{each:.0f} ms{' each' if shown > 1 else ''}"
+    return f"{what}, {each_ms} ({share:.1f}% of {span} recorded; w: continuous time)"
 
 
 def render_lanes(

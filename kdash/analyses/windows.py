@@ -72,21 +72,27 @@ def recorded_share(starts: np.ndarray, ends: np.ndarray, since_ns: int, until_ns
 
 
 def with_open_window(
-    starts: np.ndarray, ends: np.ndarray, kernel_starts: np.ndarray, until_ns: int
+    starts: np.ndarray,
+    ends: np.ndarray,
+    kernel_starts: np.ndarray,
+    kernel_ends: np.ndarray,
+    until_ns: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The windows plus the one still open live: the agent writes a window's row when the
     window closes, and its kernels arrive first. Kernels that start after the last window's
-    end (all of them, with no window yet) make a window from the first of them to `until_ns`.
+    end (all of them, with no window yet) make a window from the first of them to the last
+    one's end (no further: how long the window stays open is not known until its row comes).
     """
     k = np.asarray(kernel_starts, dtype=np.int64)
-    after = int(ends.max()) if len(ends) else None
-    tail = k[k > after] if after is not None else k
-    tail = tail[tail < until_ns]
-    if len(tail) == 0:
+    ke = np.asarray(kernel_ends, dtype=np.int64)
+    tail = k < until_ns
+    if len(ends):
+        tail &= k > int(ends.max())
+    if not tail.any():
         return starts, ends
     return (
-        np.append(starts.astype(np.int64), int(tail.min())),
-        np.append(ends.astype(np.int64), int(until_ns)),
+        np.append(starts.astype(np.int64), int(k[tail].min())),
+        np.append(ends.astype(np.int64), min(int(until_ns), int(ke[tail].max()))),
     )
 
 

@@ -219,8 +219,14 @@ class KernelTable(DataTable):
     others a column at a time. The app's `←`/`→` (pan the time window) give way to it while
     it has columns out of view (`takes_sideways_keys`)."""
 
+    def on_resize(self) -> None:
+        # the columns follow the table's width (the pane refits them once this layout is done)
+        pane = next((n for n in self.ancestors if isinstance(n, KernelPane)), None)
+        if pane is not None:
+            self.call_after_refresh(pane.refit)
+
     def takes_sideways_keys(self) -> bool:
-        return self.has_focus and self.max_scroll_x > 0
+        return self.has_focus and self.display and self.max_scroll_x > 0
 
     def _column_edges(self) -> list[int]:
         """Scroll offsets at which each scrolled column starts (the fixed name excluded)."""
@@ -315,14 +321,11 @@ class KernelPane(Pane):
         self._show_table_line()
 
     def focus_target(self):
-        return self.table if not self.has_class("-empty") else self
+        # at 80x24 the table is folded into one line: the pane itself takes focus (o, /, w)
+        return self.table if not self.has_class("-empty") and self.table.display else self
 
-    def on_resize(self) -> None:
-        super().on_resize()
-        # the table's columns follow its width, known once this layout is done
-        self.call_after_refresh(self._refit)
-
-    def _refit(self) -> None:
+    def refit(self) -> None:
+        """Lay the table's columns out again when its width changed."""
         if len(self._top) and self._table_width() != self._fit_key[:1]:
             self._fill_table()
 
@@ -377,7 +380,9 @@ class KernelPane(Pane):
         if self._duty or self.window_choice:
             starts, ends = window_rows(markers)
             if view.mode == "live":
-                starts, ends = with_open_window(starts, ends, batch["start_ns"], view.until_ns)
+                starts, ends = with_open_window(
+                    starts, ends, batch["start_ns"], batch["end_ns"], view.until_ns
+                )
             share = recorded_share(starts, ends, view.since_ns, view.until_ns)
             if use_window_view(self.window_choice, self._duty, share):
                 packing = pack(starts, ends, view.since_ns, view.until_ns, lane_bins(width))

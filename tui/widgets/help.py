@@ -15,7 +15,7 @@ from textual.widgets import Static
 
 EXTRA_KEYS: list[tuple[str, str]] = [
     ("↑ ↓ pgup pgdn", "move in the focused table (or scroll this help)"),
-    ("← →", "in the kernel table (focused) with columns out of view: scroll it sideways"),
+    ("← →", "focused kernel table: scroll to the columns out of view"),
 ]
 
 KEY_NAMES = {
