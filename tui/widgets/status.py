@@ -4,7 +4,8 @@ Live with an agent recording it also says the kernel-activity mode (`a` switches
 kdash's estimated cost to the target ("activity sampled, kdash cost ≈ 3%", from
 `kdash.analyses.cost`); "≈" because it is a model of measured per-record costs, not a
 measurement of this target. What watching costs is what a user of a production server asks
-first, so it outranks everything but the capture state and the mode.
+first, so it outranks everything but the capture state and the mode. The window shown (what
+pan and zoom changed) outranks a source's state, whose reason the panes say anyway.
 
 Always one line. The bar is a row of segments, each with one or more forms (longest first) and
 a rank per form; while the line is too wide for the bar, the shown form with the lowest rank
@@ -88,7 +89,7 @@ def segments(info: StatusInfo, st) -> list[Segment]:
         path = info.capture_path if info.capture_path in info.capture else ""
         segs.append(Segment([info.capture], [95], st(style), keep=True, squeeze=1, path=path))
     if info.window:
-        segs.append(Segment([info.window], [45]))
+        segs.append(Segment([info.window], [62]))
     bad = st("status-bar--bad") if info.dropped else None
     segs.append(Segment([f"dropped {info.dropped}"], [70 if info.dropped else 20], bad))
     for name, health in info.sources.items():
