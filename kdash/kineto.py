@@ -694,19 +694,23 @@ def _read_one(path: Path, tables: dict[str, _Table], offset: int, chunk: int) ->
                     if mark.n >= chunk:
                         mark.flush(info.base_ns, offset, host_pid)
                         rc = mark.cols
-                    gpu = cat == "gpu_user_annotation"
-                    pid = _int(ev.get("pid"))
-                    if not gpu and host_pid is None and pid >= 0:
-                        host_pid = pid
-                    rc["ts"].append(ev.get("ts"))
+                    # raw pid and tid, made integers per chunk (CPU ops are most events)
+                    if cat == "cpu_op":
+                        cpu_ops += 1
+                        pid = ev.get("pid")
+                    elif cat == "gpu_user_annotation":
+                        pid = None
+                    else:
+                        pid = ev.get("pid")
+                    if host_pid is None and pid is not None and _int(pid) >= 0:
+                        host_pid = _int(pid)
+                    rc["ts"].append(ev["ts"])
                     rc["dur"].append(ev.get("dur", 0.0))
                     rc["name"].append(name)
                     rc["domain"].append(cat)
-                    rc["pid"].append(None if gpu else pid)
-                    rc["tid"].append(_int(ev.get("tid")))
+                    rc["pid"].append(pid)
+                    rc["tid"].append(ev.get("tid"))
                     mark.n += 1
-                    if cat == "cpu_op":
-                        cpu_ops += 1
                 else:
                     if host_pid is None and cat in HOST_CATS:
                         p = _int(ev.get("pid"))
