@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from kdash import kineto, schema
-from kdash.analyses.cpu_ops import cpu_op_threads, self_and_depth, top_cpu_ops
+from kdash.analyses.cpu_ops import cpu_op_threads, has_host_ranges, self_and_depth, top_cpu_ops
 
 TRACE = Path(__file__).parent / "data" / "cpu-mlp.trace.json.gz"
 
@@ -115,3 +115,12 @@ def test_real_trace_self_times_against_brute_force():
     top = top_cpu_ops(m)
     assert top["calls"].sum() == len(ops)
     assert top["self_ms"].sum() == pytest.approx(s.sum() / 1e6)
+
+
+def test_host_ranges_are_more_than_recording_windows():
+    windows = schema.make_batch(
+        "markers", start_ns=[0], end_ns=[10], name=["activity on"], domain=["kdash"]
+    )
+    assert not has_host_ranges(windows) and not has_host_ranges(schema.empty("markers"))
+    tables, _ = kineto.read_traces([TRACE])
+    assert has_host_ranges(tables["markers"])

@@ -22,6 +22,16 @@ TOP_COLUMNS = [
 THREAD_COLUMNS = ["pid", "tid", "ops", "busy_ms", "top_op", "top_op_self_ms"]
 
 
+def has_host_ranges(markers: dict[str, np.ndarray] | None) -> bool:
+    """Whether a markers batch holds ranges to draw on the time axis (CPU ops, annotations,
+    NVTX), not only the agent's recording windows: a trace without kernels still has them."""
+    from kdash.analyses.kernels import ACTIVITY_DOMAIN
+
+    if markers is None or not len(markers["start_ns"]):
+        return False
+    return bool((markers["domain"] != ACTIVITY_DOMAIN).any())
+
+
 def cpu_ops(markers: pd.DataFrame | None) -> pd.DataFrame:
     """The CPU-op rows of a markers table (empty frame when there are none)."""
     if markers is None or markers.empty or "domain" not in markers:
