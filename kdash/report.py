@@ -349,27 +349,33 @@ def render(summary: dict, console) -> None:
     if summary.get("top_cpu_ops"):
         from rich.markup import escape
 
-        ct = Table(title="Top CPU ops (by self time: inside the op, outside the ops it called)")
-        ct.add_column("op", min_width=24, no_wrap=True)
-        for c in ("calls", "self ms", "%", "total ms", "mean us", "max us", "threads"):
+        ct = Table(title="Top CPU ops (by self time: in the op, not in the ops it called)")
+        # as the kernels' table: the name keeps 28 columns at 80 wide, the rest go first
+        narrow = console.width < 120
+        width = 28 if narrow else 48
+        ct.add_column("op", min_width=width, max_width=width, no_wrap=True)
+        cols = ("calls", "self ms", "%", "mean us") + (
+            () if narrow else ("total ms", "max us", "threads")
+        )
+        for c in cols:
             ct.add_column(c, justify="right")
         for r in summary["top_cpu_ops"]:
-            ct.add_row(
-                escape(r["name"][:60]),
+            cells = [
+                escape(_cut(r["name"], width)),
                 str(r["calls"]),
                 _fmt(r["self_ms"], 3),
                 _fmt(r["self_pct"], 1),
-                _fmt(r["total_ms"], 3),
                 _fmt(r["mean_us"], 1),
-                _fmt(r["max_us"], 1),
-                str(r["threads"]),
-            )
+            ]
+            if not narrow:
+                cells += [_fmt(r["total_ms"], 3), _fmt(r["max_us"], 1), str(r["threads"])]
+            ct.add_row(*cells)
         console.print(ct)
         for r in summary.get("cpu_op_threads") or []:
             console.print(
                 f"  thread {r['tid']} (pid {r['pid']}): {r['ops']} CPU ops, "
                 f"{_fmt(r['busy_ms'], 3)} ms in ops, most self time in "
-                f"{escape(r['top_op'][:60])} ({_fmt(r['top_op_self_ms'], 3)} ms)"
+                f"{escape(_cut(r['top_op'], 48))} ({_fmt(r['top_op_self_ms'], 3)} ms)"
             )
 
     if summary.get("hot_lines"):
@@ -415,6 +421,10 @@ def _gpu_time_line(g: dict) -> str:
     )
     how = ", the agent's recording windows" if g["duty_cycled"] else ""
     return f"{gpu_time_text(t)} (of {g['recorded_s']:.2f} s recorded{how})"
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _fmt(v, nd: int = 0) -> str:

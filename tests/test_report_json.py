@@ -136,6 +136,13 @@ def test_cpu_only_trace_reports_its_cpu_ops(tmp_path):
     assert f"thread {threads[0]['tid']} (pid {threads[0]['pid']}): {threads[0]['ops']} CPU ops" in (
         r.stdout
     )
+    r = subprocess.run(
+        [sys.executable, "-m", "kdash.cli", "report", str(cap)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "80"},
+    )  # fmt: skip
+    table = r.stdout[r.stdout.index("Top CPU ops") :].splitlines()
+    assert r.returncode == 0 and all(len(line) <= 80 for line in table)
+    assert any(line.startswith(f"│ {top[0]['name']} ") for line in table)
 
 
 @pytest.mark.parametrize("path", CAPTURES, ids=lambda p: p.name)
