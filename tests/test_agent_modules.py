@@ -87,3 +87,24 @@ def test_the_boot_code_fits_the_page_it_is_written_to():
     assert len(code.encode()) + 1 <= 4096 - ptrace_session.D_CODE
     assert "loader.py" in code and "load_agent()" in code
     compile(code, "boot", "exec")
+
+
+def test_an_armed_process_imports_nothing_heavy_until_a_client_comes():
+    from kdash.collectors.agent import bootstrap
+
+    code = (
+        "import sys, time\n"
+        "time.sleep(1.0)  # the agent's listener thread has long been waiting by now\n"
+        "s = sys.modules['kdash.collectors.agent.server']\n"
+        "print(s.current_agent() is not None, 'numpy' in sys.modules, 'kdash' in sys.modules)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env=bootstrap.run_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "False", "False"]

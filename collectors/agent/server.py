@@ -313,7 +313,7 @@ class Agent:
         and the connection is closed. The loop sleeps in poll() with no
         timeout while nothing is waiting: no wake-ups in an idle target.
         """
-        wire = wire_module()
+        wire: Any = None  # wire.py (and numpy with it) once a first connection comes
         lst = self._listener
         assert lst is not None
         lfd = lst.fileno()
@@ -328,11 +328,15 @@ class Agent:
                 timeout_ms = max(0.0, (nearest - time.monotonic()) * 1000)
             for fd, _ev in poller.poll(timeout_ms):
                 if fd == lfd:
-                    if self._closing or not self._accept_some(wire, pending, poller):
+                    if self._closing:
+                        return
+                    wire = wire or wire_module()
+                    if not self._accept_some(wire, pending, poller):
                         return
                 elif fd in pending:
                     self._read_first(wire, pending[fd], pending, poller)
-            self._admit_ready(wire, pending, poller)
+            if pending:
+                self._admit_ready(wire, pending, poller)
             now = time.monotonic()
             for p in [p for p in pending.values() if p.deadline <= now]:
                 if p.msg is not None:  # spoke, but the last session's teardown took too long
