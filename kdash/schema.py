@@ -160,6 +160,15 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("sass", STR),
         ("file_sha256", STR),  # the source file's hash when the table was made
     ],
+    # The text of each source file a line table points at, as it was when the table was made,
+    # so a capture shows the code that ran wherever it is opened (the file may be gone there,
+    # or changed: torch.compile's generated modules live in /tmp). Static, like source_lines.
+    "source_files": [
+        ("t_ns", "i8"),
+        ("file", STR),
+        ("sha256", STR),
+        ("text", STR),
+    ],
     "findings": [
         ("t_ns", "i8"),
         ("severity", STR),  # "critical" | "warning" | "info"
@@ -178,7 +187,7 @@ TABLES: dict[str, list[tuple[str, str]]] = {
 # Tables that describe things rather than record events: the store never ages them out by
 # time, and a capture keeps them whole (a line table made before the window still maps the
 # window's samples).
-STATIC_TABLES: frozenset[str] = frozenset({"source_lines", "kernel_symbols"})
+STATIC_TABLES: frozenset[str] = frozenset({"source_lines", "source_files", "kernel_symbols"})
 
 TIME_COLUMN: dict[str, str] = {
     name: ("start_ns" if cols[0][0] == "start_ns" else "t_ns") for name, cols in TABLES.items()

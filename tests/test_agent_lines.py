@@ -89,3 +89,70 @@ def test_triton_cache_of_the_target_from_its_environment(tmp_path):
         p.wait()
     # a process that is gone: this user's cache, no error
     assert target_triton_cache(p.pid) == cubin.triton_cache_dir()
+
+
+def test_torch_compile_cubins_are_found_under_inductors_cache(tmp_path):
+    """inductor compiles its Triton modules with the cache under its own folder, which the
+    target's environment does not name: the roots include `<inductor dir>/triton/<device>`."""
+    import os
+    import subprocess
+    import sys
+
+    from kdash.collectors.agent.lines import triton_cache_roots
+
+    ind = tmp_path / "ind"
+    (ind / "triton" / "0").mkdir(parents=True)
+    own = tmp_path / "own"
+    own.mkdir()
+    home = tmp_path / "home"
+    (home / ".triton" / "cache").mkdir(parents=True)
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(ind), TRITON_CACHE_DIR=str(own))
+    env["HOME"] = str(home)
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    try:
+        import time
+
+        for _ in range(100):  # /proc/PID/environ is the child's own once it has exec'd
+            if f"{own}".encode() in Path(f"/proc/{p.pid}/environ").read_bytes():
+                break
+            time.sleep(0.05)
+        roots = triton_cache_roots(p.pid)
+    finally:
+        p.kill()
+        p.wait()
+    assert roots == [own, home / ".triton" / "cache", ind / "triton" / "0"]
+
+
+def test_the_text_of_the_files_a_line_table_points_at_is_carried_once(tmp_path):
+    """A cubin compiled here (sm_90, line info) in a Triton-shaped cache: its line table comes
+    with one `source_files` row, the file's text and hash, and not again for the same text."""
+    import hashlib
+
+    from cubin_fixtures import compile_kernel
+
+    data = compile_kernel("_decode_stage2", tmp_path / "tc")
+    d = tmp_path / "cache" / "h0"
+    d.mkdir(parents=True)
+    (d / "_decode_stage2.cubin").write_bytes(data)
+    (d / "_decode_stage2.json").write_text(json.dumps({"name": "_decode_stage2"}))
+    crc, _ = cubin.cubin_crc(data)
+    batch = schema.make_batch(
+        "pc_samples",
+        t_ns=[1],
+        kernel=["_decode_stage2"],
+        cubin_crc=[cubin.crc_to_i8(crc)],
+        pc_offset=[0],
+        stall_reason=["smsp__pcsamp_warps_issue_stalled_selected"],
+        count=[1],
+    )
+    feeder = LineTableFeeder(pid=1, cache_dir=tmp_path / "cache")
+    feeder.offer(batch)
+    assert feeder.wait_idle(60)
+    assert feeder.take() and feeder.outcomes[("_decode_stage2", cubin.crc_to_i8(crc))] == "ok"
+    files = schema.to_frame("source_files", schema.concat("source_files", feeder.take_files()))
+    assert len(files) == 1
+    path = Path(files["file"].iloc[0])
+    assert path.name == "decode_attention.py" and path.read_text() == files["text"].iloc[0]
+    assert files["sha256"].iloc[0] == hashlib.sha256(path.read_bytes()).hexdigest()
+    feeder._one("_decode_stage2", cubin.crc_to_i8(crc))  # the same table again
+    assert feeder.take_files() == []

@@ -361,3 +361,64 @@ async def test_the_hottest_kernel_without_source_is_named_and_the_next_readable_
         head = plain(pane.body).splitlines()[0]
         assert "(no source) · showing _decode_stage1" in head, head
         assert "hottest with source (f: pin)" in head
+
+
+# -- the code that ran, carried in the data -----------------------------------------------------
+@pytest.fixture
+def carried_app(make_app, demo, stage1_table):
+    """As `sampled_app`, but the line table points at a file that does not exist here (as a
+    capture from another machine does: torch.compile's modules live in its /tmp) and the data
+    carries that file's text in `source_files`, with one line edited so the test can tell the
+    carried text from the checkout's."""
+    store = store_from_capture(demo)
+    win = demo.meta["window"]
+    gone = "/nonexistent/elsewhere/decode_attention.py"
+    rows = cubin.to_rows(stage1_table, t_ns=int(win["start_ns"]))
+    rows["file"] = [gone if f else f for f in rows["file"]]
+    text = DECODE.read_text().replace("def _decode_stage1(", "def _decode_stage1(  # as run", 1)
+    import hashlib
+
+    sha = hashlib.sha256(text.encode()).hexdigest()
+    rows["file_sha256"] = [sha if f else "" for f in rows["file"]]
+    store.append(
+        "source_lines",
+        schema.make_batch("source_lines", **{k: np.asarray(v) for k, v in rows.items()}),
+    )
+    store.append(
+        "source_files",
+        schema.make_batch(
+            "source_files",
+            t_ns=np.array([int(win["start_ns"])], dtype=np.int64),
+            file=np.array([gone], dtype=object),
+            sha256=np.array([sha], dtype=object),
+            text=np.array([text], dtype=object),
+        ),
+    )
+    crc = cubin.crc_to_i8(stage1_table.crc)
+    s = fixture_samples(
+        [i.pc_offset for i in stage1_table.instrs], "_decode_stage1", crc, t0=int(win["start_ns"])
+    )
+    store.append("pc_samples", schema.from_frame("pc_samples", s))
+    return make_app(store=store, meta=dict(demo.meta), mode="replay")
+
+
+async def test_a_file_missing_here_is_shown_from_the_text_the_data_carries(carried_app):
+    async with carried_app.run_test(size=(120, 40)) as pilot:
+        pane = source(carried_app)
+        assert await wait_for(pilot, lambda: pane.kernel is not None)
+        await pilot.press("4")
+        await pilot.pause()
+        await pilot.press("n")  # the hottest line, then around the definition
+        text = plain(pane.body)
+        assert "not readable here" not in text and "lines may not match" not in text
+        assert "(source not available on this machine)" not in text
+        key = ("_decode_stage1", False)
+        def_line = next(
+            i + 1
+            for i, s in enumerate(DECODE.read_text().splitlines())
+            if s.startswith("def _decode_stage1(")
+        )
+        pane._selected[key] = def_line
+        pane._redraw()
+        await pilot.pause()
+        assert "def _decode_stage1(  # as run" in plain(pane.body)

@@ -28,7 +28,7 @@ from typing import Any
 from kdash.collectors.agent import server, wire
 from kdash.collectors.base import OK, Health
 
-from kdash import schema
+from kdash import schema, target_python
 from kdash.schema import Batch
 
 TABLES = ("kernels", "api", "memcpy", "markers")
@@ -49,19 +49,43 @@ def find_agent_socket(pid: int) -> str | None:
 
 def agent_failure_note(pid: int) -> str | None:
     """Why `pid` has no agent, if anything says so: the note the start-up hook wrote when the
-    agent could not start, else, for a process that `kdash run` armed, what is wrong with the
-    socket folders (so the advice is not to use `kdash run`, which it already did)."""
+    agent could not start, else, for a process that `kdash run` armed, what keeps it from
+    having one (not Python; the socket folders), so the advice is not to use `kdash run`,
+    which it already did."""
+    note = unavailable_note(pid)
+    if note is not None or not _armed(pid):
+        return note
+    tp = target_python.target_python(pid)
+    if tp.is_python:
+        return (
+            f"pid {pid} ({tp.label()}) was started by `kdash run` but its agent has no socket "
+            f"({socket_problems()})"
+        )
+    name = os.path.basename(tp.argv[0]) if tp.argv else (tp.exe or "?")
+    also = "; also: " + "; ".join(server.folder_problems()) if server.folder_problems() else ""
+    return (
+        f"pid {pid} ({name}) was started by `kdash run` but is not Python, and kdash's agent "
+        f"starts only in Python processes{also}"
+    )
+
+
+def unavailable_note(pid: int) -> str | None:
+    """The note the start-up hook of `pid` wrote when its agent could not start, with its
+    install advice run through the interpreter the target really runs."""
     for d in _our_dirs():
         try:
             with open(os.path.join(d, f"{pid}.unavailable")) as f:
-                return f.read().strip() or None
+                note = f.read().strip()
         except OSError:
             continue
-    if _armed(pid):
-        problems = server.folder_problems()
-        why = "; ".join(problems) if problems else "no socket in " + ", ".join(server.socket_dirs())
-        return f"pid {pid} was started by `kdash run` but its agent has no socket ({why})"
+        return target_python.for_target(note, target_python.target_python(pid)) or None
     return None
+
+
+def socket_problems() -> str:
+    """What the socket folders say when an armed process has no socket."""
+    problems = server.folder_problems()
+    return "; ".join(problems) if problems else "no socket in " + ", ".join(server.socket_dirs())
 
 
 def _our_dirs() -> list[str]:
@@ -156,6 +180,7 @@ class AgentSource:
         self._stopping = False
         self._last_stats_req = 0.0
         self._lock = threading.Lock()
+        self._python: target_python.TargetPython | None = None
 
     # Source protocol
     def start(self) -> None:
@@ -221,6 +246,9 @@ class AgentSource:
             made = self.lines.take()
             if made:
                 out["source_lines"] = schema.concat("source_lines", made)
+            files = self.lines.take_files()
+            if files:
+                out["source_files"] = schema.concat("source_files", files)
         return out
 
     def stop(self) -> None:
@@ -392,12 +420,24 @@ class AgentSource:
 
     def _on_status(self, body: dict[str, Any]) -> None:
         self.status_line = str(body.get("line", ""))
-        notes = body.get("notes") or []
+        notes = [self._for_target(str(n)) for n in body.get("notes") or []]
         with self._lock:
-            self.stats["notes"] = list(notes)
+            self.stats["notes"] = notes
             if "sampling" in body:
                 self.stats["sampling"] = body["sampling"]
-        self.health = _health_from_status(body)
+        health = _health_from_status(body)
+        if "pip install" in health.reason:
+            health = Health(health.state, self._for_target(health.reason))
+        self.health = health
+
+    def _for_target(self, text: str) -> str:
+        """The agent's advice, with its `pip install` run through the target's interpreter
+        (read once: a process does not change its interpreter)."""
+        if "pip install" not in text:
+            return text
+        if self._python is None:
+            self._python = target_python.target_python(self.pid)
+        return target_python.for_target(text, self._python)
 
     def dropped(self) -> int:
         """Every row lost between CUPTI and this source, from all three places it can happen."""

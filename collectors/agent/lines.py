@@ -8,6 +8,14 @@ the cached one with that kernel name whose CRC (`cuptiGetCubinCrc`, no GPU neede
 The resulting `source_lines` rows go into the store like any other table, so captures carry
 them and the source pane needs nothing else.
 
+Where the cubins are: the target's `TRITON_CACHE_DIR` (from its environment), its user's
+`~/.triton/cache`, and torch.compile's: inductor compiles its generated Triton modules with
+the cache under its own folder (`$TORCHINDUCTOR_CACHE_DIR`, else `/tmp/torchinductor_<user>`,
+`triton/<device>/`), which the target's environment does not show because inductor sets it
+inside the process. Each line table comes with the text of the files it points at
+(`source_files` rows, read once per file and content), so a capture shows the code that ran
+where that file is gone (inductor's modules live in /tmp) or has changed since.
+
 Kernels that are not in Triton's cache (cuBLAS, ATen, CUDA extensions) get no line table here:
 their cubins would have to come from CUPTI's module-load callback, which needs a callback
 subscriber, and a subscriber blinds torch.profiler for the life of the process (issue 3). The
@@ -25,6 +33,50 @@ import numpy as np
 
 from kdash import cubin, schema
 from kdash.target import read_environ
+
+MAX_SOURCE_BYTES = 2 << 20  # a source file larger than this is not carried in the data
+
+
+def inductor_cache_dir(env: dict[str, str], uid: int | None) -> Path:
+    """torch.compile's cache folder for a process with environment `env` run by `uid`."""
+    if env.get("TORCHINDUCTOR_CACHE_DIR"):
+        return Path(env["TORCHINDUCTOR_CACHE_DIR"])
+    import tempfile
+
+    user = ""
+    if uid is not None:
+        import pwd
+
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            user = str(uid)
+    # inductor's own rule: getpass.getuser() with path separators and spaces replaced
+    user = "".join("_" if c in "/\\ :" else c for c in user)
+    tmp = env.get("TMPDIR") or tempfile.gettempdir()
+    return Path(tmp) / f"torchinductor_{user}"
+
+
+def triton_cache_roots(pid: int) -> list[Path]:
+    """Every folder where process `pid`'s Triton cubins may be, existing ones only, in the
+    order they are searched: its TRITON_CACHE_DIR, its user's ~/.triton/cache, inductor's."""
+    try:
+        env = read_environ(pid)
+    except OSError:
+        env = {}
+    try:
+        uid: int | None = Path(f"/proc/{pid}").stat().st_uid
+    except OSError:
+        uid = None
+    roots = [target_triton_cache(pid)]
+    home = env.get("HOME")
+    roots.append(Path(home) / ".triton" / "cache" if home else cubin.triton_cache_dir())
+    roots.extend(sorted((inductor_cache_dir(env, uid) / "triton").glob("*")))
+    out: list[Path] = []
+    for r in roots:
+        if r.is_dir() and r not in out:
+            out.append(r)
+    return out
 
 
 def target_triton_cache(pid: int) -> Path:
@@ -56,6 +108,8 @@ class LineTableFeeder:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._crc_of_path: dict[str, int | None] = {}
+        self._files_sent: set[tuple[str, str]] = set()  # (file, sha256) carried already
+        self._files_ready: list[Any] = []
 
     def offer(self, batch: Any) -> None:
         """Note the (kernel, CRC) pairs of a pc_samples batch not seen before."""
@@ -72,8 +126,15 @@ class LineTableFeeder:
                 self._thread.start()
 
     def take(self) -> list[Any]:
+        """The `source_lines` batches made since the last call."""
         with self._lock:
             out, self._ready = self._ready, []
+        return out
+
+    def take_files(self) -> list[Any]:
+        """The `source_files` batches (the text of the files those tables point at)."""
+        with self._lock:
+            out, self._files_ready = self._files_ready, []
         return out
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
@@ -103,19 +164,56 @@ class LineTableFeeder:
                     self._ready.append(batch)
 
     def _one(self, kernel: str, crc_i8: int) -> tuple[str, Any]:
-        root = self.cache_dir or target_triton_cache(self.pid)
+        roots = [self.cache_dir] if self.cache_dir else triton_cache_roots(self.pid)
         want = int(np.int64(crc_i8).view(np.uint64)) if crc_i8 != -1 else None
-        for c in cubin.triton_cached_cubins({kernel}, root):
-            data = Path(c.path).read_bytes()
-            if want is not None:
-                if c.path not in self._crc_of_path:
-                    self._crc_of_path[c.path] = cubin.cubin_crc(data)[0]
-                if self._crc_of_path[c.path] != want:
-                    continue
-            lt = cubin.line_table(data, compiled_ns=c.mtime_ns)
-            if lt.why:
-                return f"no line table: {lt.why}", None
-            rows = cubin.to_rows(lt, t_ns=time.monotonic_ns())
-            batch = schema.make_batch("source_lines", **{k: np.asarray(v) for k, v in rows.items()})
-            return "ok", batch
-        return f"not in the Triton cache at {root}", None
+        for root in roots:
+            for c in cubin.triton_cached_cubins({kernel}, root):
+                data = Path(c.path).read_bytes()
+                if want is not None:
+                    if c.path not in self._crc_of_path:
+                        self._crc_of_path[c.path] = cubin.cubin_crc(data)[0]
+                    if self._crc_of_path[c.path] != want:
+                        continue
+                lt = cubin.line_table(data, compiled_ns=c.mtime_ns)
+                if lt.why:
+                    return f"no line table: {lt.why}", None
+                t_ns = time.monotonic_ns()
+                rows = cubin.to_rows(lt, t_ns=t_ns)
+                batch = schema.make_batch(
+                    "source_lines", **{k: np.asarray(v) for k, v in rows.items()}
+                )
+                self._carry_files(lt.files, t_ns)
+                return "ok", batch
+        where = ", ".join(str(r) for r in roots) or "no Triton cache folder of the target"
+        return f"not in the Triton cache at {where}", None
+
+    def _carry_files(self, files: list[str], t_ns: int) -> None:
+        """`source_files` rows for the files not carried yet (this content)."""
+        import hashlib
+
+        rows: dict[str, list] = {"t_ns": [], "file": [], "sha256": [], "text": []}
+        for f in files:
+            try:
+                raw = Path(f).read_bytes()
+            except OSError:
+                continue  # the pane says the file is not readable
+            if len(raw) > MAX_SOURCE_BYTES:
+                continue
+            sha = hashlib.sha256(raw).hexdigest()
+            if (f, sha) in self._files_sent:
+                continue
+            self._files_sent.add((f, sha))
+            rows["t_ns"].append(t_ns)
+            rows["file"].append(f)
+            rows["sha256"].append(sha)
+            rows["text"].append(raw.decode("utf-8", "replace"))
+        if rows["file"]:
+            batch = schema.make_batch(
+                "source_files",
+                t_ns=np.asarray(rows["t_ns"], dtype=np.int64),
+                file=np.asarray(rows["file"], dtype=object),
+                sha256=np.asarray(rows["sha256"], dtype=object),
+                text=np.asarray(rows["text"], dtype=object),
+            )
+            with self._lock:
+                self._files_ready.append(batch)

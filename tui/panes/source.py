@@ -86,6 +86,27 @@ def read_source(path: str) -> _SourceFile | None:
     return sf
 
 
+_CARRIED: dict[str, _SourceFile] = {}  # sha256 -> a file's text carried in the data
+
+
+def carried_source(store, path: str, sha: str = "") -> _SourceFile | None:
+    """The text of `path` carried in the data (`source_files`: as it was when its line table
+    was made), the version with hash `sha` when given; None when the data has none."""
+    b = store.get("source_files")
+    if not len(b["file"]):
+        return None
+    idx = [i for i in range(len(b["file"])) if b["file"][i] == path]
+    if sha:
+        idx = [i for i in idx if b["sha256"][i] == sha] or idx
+    if not idx:
+        return None
+    i = idx[-1]
+    key = str(b["sha256"][i])
+    if key not in _CARRIED:
+        _CARRIED[key] = _SourceFile(-1, str(b["text"][i]).splitlines())
+    return _CARRIED[key]
+
+
 def styled_lines(sf: _SourceFile, path: str, theme: str | None) -> list[Text]:
     """The file's lines highlighted once per theme (`None`: plain, for the mono theme)."""
     key = theme or ""
@@ -395,13 +416,7 @@ class SourcePane(Pane):
         shares = dict(zip(heat.get("line", []), heat.get("share", []), strict=False))
         counts = dict(zip(heat.get("line", []), heat.get("samples", []), strict=False))
         self._hot_rows = [int(x) for x in heat.get("line", []) if int(x) > 0]
-        sf = read_source(file) if file else None
-        flag = ""
-        if lt is not None and file:
-            st = cubin.source_status(lt).get(file, "ok")
-            flag = "" if st == "ok" else f"source {st}: lines may not match"
-        if sf is None and file:
-            flag = "source file not readable here"
+        sf, flag = self._source_for(view, file, lt)
         n_lines = len(sf.plain) if sf is not None else 0
         self._n_rows = n_lines
         default = self._hot_rows[0] if self._hot_rows else (loc.def_line if loc else 1)
@@ -441,6 +456,27 @@ class SourcePane(Pane):
             out.append("\n")
             out.append_text(b)
         return out
+
+    @staticmethod
+    def _source_for(
+        view: View, file: str, lt: cubin.LineTable | None
+    ) -> tuple[_SourceFile | None, str]:
+        """The file's text and a header flag: the file on disk when it is the one the line
+        table was made from, else the copy carried in the data, else what is on disk with a
+        warning that lines may not match."""
+        if not file:
+            return None, ""
+        disk = read_source(file)
+        st = cubin.source_status(lt).get(file, "ok") if lt is not None else "ok"
+        if disk is not None and st == "ok":
+            return disk, ""
+        sha = lt.file_sha256.get(file, "") if lt is not None else ""
+        carried = carried_source(view.store, file, sha)
+        if carried is not None:
+            return carried, "" if disk is None else "as captured (the file here has changed)"
+        if disk is not None:
+            return disk, f"source {st}: lines may not match"
+        return None, "source file not readable here"
 
     def _code_row(
         self,
