@@ -26,9 +26,10 @@ for size in "80 24" "120 40" "200 50"; do
     tmux send-keys -t ks Escape; sleep 1; tmux send-keys -t ks q; sleep 2; tmux kill-session -t ks 2>/dev/null
     tmux new -d -s ks -x "$1" -y "$2" "$kdash open $duty"
     snap ks "kdash open duty.kdash (MADE-UP 100 ms windows every 3 s over the demo): window view by default" 9
-    tmux send-keys -t ks 1; sleep 1; tmux send-keys -t ks Escape; sleep 1  # a quick key after esc reads as alt+key
-    tmux send-keys -t ks w; snap ks "1, esc, w (the table has focus): continuous time, mostly not recorded"
-    tmux send-keys -t ks w + +; snap ks "w + +: window view again, zoomed to the last 5 s"
+    tmux send-keys -t ks 1; snap ks "1: kernels maximised, the window view"
+    tmux send-keys -t ks w; snap ks "w: continuous time, mostly not recorded"
+    tmux send-keys -t ks w + +; snap ks "w + +: the window view again, zoomed to the last 5 s"
+    tmux send-keys -t ks Escape; sleep 1  # a key right after esc would read as alt+key
     tmux send-keys -t ks Tab; sleep 0.5; tmux send-keys -t ks Left Left Left Left; snap ks "tab, ← ×4 (another pane has focus): panned 5 s earlier"
     tmux send-keys -t ks q; sleep 2; tmux kill-session -t ks 2>/dev/null
   } > "$f" 2>&1
