@@ -188,20 +188,22 @@ class StatusBar(Static):
     def __init__(self, **kwargs) -> None:
         super().__init__("", markup=False, **kwargs)
         self.info: StatusInfo | None = None
+        self._segs: list[Segment] = []
+        self._fitted: tuple[int, Text] | None = None  # (width, line): render and tooltip share it
 
     def show(self, info: StatusInfo) -> None:
         """Take new state: the whole line becomes `content`; `render` fits it to the width."""
         self.info = info
-        segs = segments(info, self.get_component_rich_style)
-        self.update(assemble(segs, [s.forms[0] for s in segs]), layout=False)
+        self._segs = segments(info, self.get_component_rich_style)
+        self._fitted = None
+        self.update(assemble(self._segs, [s.forms[0] for s in self._segs]), layout=False)
         self._update_tooltip()
 
     def fitted(self, width: int) -> Text:
         """The line as drawn in `width` cells."""
-        if self.info is None:
-            return Text("")
-        segs = segments(self.info, self.get_component_rich_style)
-        return assemble(segs, fit(segs, width))
+        if self._fitted is None or self._fitted[0] != width:
+            self._fitted = (width, assemble(self._segs, fit(self._segs, width)))
+        return self._fitted[1]
 
     def render(self) -> Text:
         return self.fitted(self.content_size.width)
