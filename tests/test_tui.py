@@ -1060,3 +1060,19 @@ async def test_demo_title_says_replay_at_80x24(demo_app, monkeypatch):
         assert "replay" in strip.text, strip.text
     late = demo_app(title="kdash demo workload (paged decode + prefill), no GPU here: replay")
     assert late._titles()[0].startswith("kdash replay — kdash demo workload")
+
+
+def test_fit_cuts_paths_from_the_left_and_other_words_at_the_end():
+    from kdash.tui.widgets.fit import cut_end, cut_path, fit_words
+
+    path = "/home/someone/.local/share/kdash/captures/run-1201.kdash"
+    assert cut_path(path, 80) == path
+    assert cut_path(path, 25) == "…/captures/run-1201.kdash"
+    assert cut_path(path, 24) == "…/run-1201.kdash"  # whole components only
+    assert cut_path(path, 10) == "…201.kdash"  # the name alone too wide: its end kept
+    assert cut_path("run-1201.kdash", 10) == "…201.kdash"
+    assert cut_end("abcdef", 4) == "abc…" and cut_end("abc", 3) == "abc"
+    message = f"capture saved: {path}\nnext line with averyveryverylongword"
+    fitted = fit_words(message, 20)
+    assert fitted == "capture saved: …/run-1201.kdash\nnext line with averyveryverylongwo…"
+    assert all(len(word) <= 20 for word in fitted.split())

@@ -52,6 +52,8 @@ def cut_path(path: str, width: int) -> str:
     and the distinguishing part, e.g. a run number)."""
     if cell_len(path) <= width:
         return path
+    if "/" not in path.rstrip("/"):
+        return cut_start(path, width)
     parts = path.split("/")
     tail = parts[-1]
     for part in reversed(parts[1:-1]):
