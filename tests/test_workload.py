@@ -375,3 +375,31 @@ def test_noisy_neighbour_dies_with_the_workload(tmp_path) -> None:
         time.sleep(0.1)
     os.kill(child, signal.SIGKILL)
     pytest.fail("the busy child outlived its parent")
+
+
+def test_the_workload_loop_runs_eagerly_without_cuda(capsys) -> None:
+    """`python -m kdash.kernels --device cpu`: no CUDA, so decode stays eager (no graphs)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("CPU engine run needs the Triton interpreter")
+    from kdash.kernels.workload import main
+
+    rc = main(
+        [
+            "--device", "cpu", "--duration", "3", "--rate", "20", "--prompt-len", "8",
+            "--output-len", "4", "--max-context", "64", "--num-pages", "64", "--page-size", "4",
+            "--max-running", "4", "--layers", "1", "--hidden", "128", "--q-heads", "2",
+            "--kv-heads", "1", "--head-dim", "64", "--mlp", "256", "--report-every", "1",
+        ]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "decode: eager" in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("kdash workload:")
+    import re
+
+    steps = int(re.search(r"(\d+) steps", last).group(1))
+    assert steps >= 1
+    assert "graphs captured" not in last
