@@ -38,3 +38,24 @@ async def test_replay_of_an_imported_trace_draws_its_cpu_ops(make_app, tmp_path)
         assert len(ops) == 1 and set(ops[0][12:]) - {" "}  # a lane that covers some columns
         assert any(ln.startswith("nvtx user_an") for ln in lines)
         assert any(ln.startswith("GPU0 s7") for ln in lines)
+
+
+CPU_TRACE = Path(__file__).parent / "data" / "cpu-mlp.trace.json.gz"
+
+
+async def test_replay_of_a_cpu_only_trace_draws_its_cpu_ops(make_app, tmp_path):
+    """The REAL CPU-only trace has no kernel: the pane still draws its CPU ops and annotations
+    on the time axis instead of collapsing to "no kernel data"."""
+    cap = load_capture(kineto.import_traces([CPU_TRACE], tmp_path / "cpu.kdash").path)
+    assert len(cap.tables["kernels"]) == 0
+    meta = dict(cap.meta, capture_path=str(cap.path))
+    app = make_app(store=store_from_capture(cap), meta=meta, mode="replay")
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.pause()
+        pane = app.query_one(KernelPane)
+        assert not pane.has_class("-empty")
+        lines = _plain(pane.lanes).splitlines()
+        ops = [ln for ln in lines if ln.startswith("nvtx cpu_op")]
+        assert len(ops) == 1 and set(ops[0][12:]) - {" "}
+        assert any(ln.startswith("nvtx user_an") for ln in lines)
+        assert not any(ln.startswith("GPU") for ln in lines)

@@ -36,6 +36,7 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Input, Static
 
 from kdash import schema
+from kdash.analyses.cpu_ops import has_host_ranges
 from kdash.analyses.gpu_time import Accounting, account, gpu_time_text
 from kdash.analyses.kernel_findings import (
     ACTIONABLE,
@@ -336,6 +337,14 @@ class KernelPane(Pane):
         batch = view.store.get("kernels", view.since_ns, view.until_ns)
         if len(batch["start_ns"]) == 0:
             total = view.store.stats()["kernels"]["rows"]
+            if total == 0:  # a trace without kernels (CPU-only torch.profiler) still has lanes
+                all_markers = view.store.get("markers", None, view.until_ns)
+                if has_host_ranges(all_markers):
+                    self.set_empty(None)
+                    open_ = all_markers["end_ns"] >= view.since_ns
+                    markers = {c: v[open_] for c, v in all_markers.items()}
+                    self._draw_lanes(view, batch, markers, all_markers)
+                    return
             self.set_empty(
                 empty_line(view.health.get("agent", ""))
                 if total == 0
