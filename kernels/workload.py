@@ -334,7 +334,9 @@ class GraphDecoder:
             self._run(slot)
         t.cuda.current_stream().wait_stream(side)
         graph = t.cuda.CUDAGraph()
-        with t.cuda.graph(graph):
+        # thread_local: a profiler's threads in this process (kdash's agent under `kdash run`)
+        # may make CUDA calls while this thread captures; only this thread's must be capturable.
+        with t.cuda.graph(graph, capture_error_mode="thread_local"):
             slot.out = self._run(slot)
         slot.graph = graph
         self.captured.append(slot.size)
