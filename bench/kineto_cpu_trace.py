@@ -1,18 +1,20 @@
 """Record the REAL CPU-only torch.profiler trace shipped as tests/data/cpu-mlp.trace.json.gz.
 
-    .venv/bin/python bench/kineto_cpu_trace.py [--out tests/data] [--steps 3]
+    .venv/bin/python bench/kineto_cpu_trace.py [--out tests/data] [--steps 4]
 
 A small training step, as a CPU-only torch.profiler sees it: a two-layer MLP (Linear, GELU,
 Linear), an attention-shaped matmul, a softmax, a layer norm, backward and an SGD step,
 `--steps` steps each inside a `record_function("model_step_N")`, their batches made first by a
 second thread (`record_function("load_batch_N")`), recorded with
 `profile(activities=[ProfilerActivity.CPU], record_shapes=True)` (and `profile_all_threads`,
-so the loader thread is in it) and written by `export_chrome_trace`, then gzipped. Beside the trace,
-`cpu-mlp.meta.json` says how it was made (torch version, command, events per category, size).
+so the loader thread is in it) and written by `export_chrome_trace`, then gzipped. Beside the
+trace, `cpu-mlp.meta.json` says how it was made (torch version, command, events per category,
+size).
 
 Each run writes new numbers (times, pids, thread ids): the tests read the trace's own events
 to check the import, never numbers copied from one recording. The file is kept under
-`LIMIT_BYTES`; steps are halved until it fits. kdash is not imported here.
+`LIMIT_BYTES` (200 KB; 4 steps make ~25 KB); steps are halved until it fits. kdash is not
+imported here.
 """
 
 from __future__ import annotations
