@@ -21,7 +21,8 @@ log=$OUT/kernels.log
 
   echo "== gates (pytest -m gpu)"
   timeout 150 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/test_kernels_decode.py \
-    tests/test_kernels_plan.py tests/test_kernels_prefill.py > "$OUT/gates.log" 2>&1
+    tests/test_kernels_plan.py tests/test_kernels_prefill.py tests/test_workload.py \
+    > "$OUT/gates.log" 2>&1
   echo "rc=$?"; tail -6 "$OUT/gates.log"
 
   echo "== bench"

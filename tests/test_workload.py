@@ -403,3 +403,48 @@ def test_the_workload_loop_runs_eagerly_without_cuda(capsys) -> None:
     steps = int(re.search(r"(\d+) steps", last).group(1))
     assert steps >= 1
     assert "graphs captured" not in last
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replayed_decode_equals_the_same_step_run_eagerly() -> None:
+    """On CUDA: the captured decode step, replayed over rewritten buffers for three steps (batch
+    sizes 3, 3 and 2: one slot reused, one new), gives the eager static-buffer step's tokens and
+    K/V bit for bit (same plan, same kernels; only launch mode differs)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        pytest.skip("needs CUDA and TRITON_INTERPRET=0")
+    from kdash.kernels.workload import Engine, GraphDecoder, ModelConfig
+
+    cfg = ModelConfig(layers=2, hidden=512, q_heads=4, kv_heads=2, head_dim=128, mlp=1024)
+
+    def setup(capture: bool):
+        torch.manual_seed(0)
+        eng = Engine(cfg, num_pages=256, page_size=16, max_running=8, max_context=1024)
+        s = Scheduler(page_size=16, num_pages=256, max_running=8, max_context=1024)
+        for i, n in enumerate((100, 37, 300)):
+            s.add(Request(i, prompt_len=n, max_new_tokens=3 if i == 1 else 8))
+        step = s.schedule()
+        eng.prefill(step)
+        s.complete(step)
+        return eng, s, GraphDecoder(eng, max_batch=8, max_context=1024, capture=capture)
+
+    ea, sa, ga = setup(False)
+    eb, sb, gb = setup(True)
+    sizes = []
+    for i in range(3):
+        a, b = sa.schedule(), sb.schedule()
+        assert a.kind == b.kind == "decode"
+        ids = torch.randint(0, cfg.vocab, (len(a.requests),), device="cuda")
+        ta, tb = ga.decode(a, tokens=ids), gb.decode(b, tokens=ids)
+        torch.cuda.synchronize()
+        assert torch.equal(ta, tb), i
+        sizes.append(len(a.requests))
+        sa.complete(a)
+        sb.complete(b)
+    assert gb.captured and ga.captured == []
+    pad = ea.pad_page
+    for layer in range(cfg.layers):
+        assert torch.equal(ea.k_cache[layer][:pad], eb.k_cache[layer][:pad])
+        assert torch.equal(ea.v_cache[layer][:pad], eb.v_cache[layer][:pad])
+    assert sizes == [3, 3, 2] and sorted(gb.captured) == [2, 4]
