@@ -586,7 +586,8 @@ def table_for_kernel(tables: list[LineTable], kernel: str) -> LineTable | None:
 def hot_lines_by_kernel(
     samples: pd.DataFrame, source_lines: pd.DataFrame | None, per_kernel: int = 10
 ) -> list[dict]:
-    """`kdash report`'s hot lines: per sampled kernel (most samples first), its top lines.
+    """`kdash report`'s hot lines: per sampled kernel, its top lines; kernels with a line table
+    first (most samples first), so the first row is the hottest line that has source.
 
     A kernel with samples but no line table in the capture is listed with file "" and a note,
     so the report says what is missing instead of dropping the kernel.
@@ -597,7 +598,12 @@ def hot_lines_by_kernel(
     tables = from_frame(source_lines) if source_lines is not None else []
     out: list[dict] = []
     per = real.groupby("kernel")["count"].sum().sort_values(ascending=False)
-    for kernel in per.index:
+    # kernels whose lines can be named first (most samples first), then the rest by PC
+    order = sorted(
+        per.index,
+        key=lambda k: (table_for_kernel(tables, str(k)) is None, -int(per[k])),
+    )
+    for kernel in order:
         lt = table_for_kernel(tables, str(kernel))
         if lt is None:
             # No lines to name: its hottest PCs instead (offsets from the kernel's start).

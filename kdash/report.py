@@ -134,7 +134,9 @@ def summarize(cap: Capture, top: int = DEFAULT_TOP) -> dict:
         "gpu_time": [g.to_json() for g in acc.gpus],
         "threads_top": thread_summary(t["threads"], limit=top),
         "findings": _findings(t, acc),
-        "top_kernels": _top_kernel_rows(tk, symbols_of(t["kernel_symbols"])),
+        "top_kernels": _top_kernel_rows(
+            tk, symbols_of(t["kernel_symbols"]), _readable_kernels(t.get("source_lines"))
+        ),
         "top_cpu_ops": _rows(top_cpu_ops(t.get("markers"), limit=top), CPU_OP_DIGITS),
         "cpu_op_threads": _rows(cpu_op_threads(t.get("markers")).head(top), CPU_OP_DIGITS),
         "hot_lines": hot_lines_by_kernel(t["pc_samples"], t.get("source_lines"))[:top],
@@ -158,15 +160,28 @@ def _rows(df: pd.DataFrame, digits: dict[str, int]) -> list[dict]:
     return out
 
 
-def _top_kernel_rows(tk: pd.DataFrame, symbols: dict[str, str]) -> list[dict]:
+def _readable_kernels(source_lines: pd.DataFrame | None) -> set[str]:
+    """Kernel names the data holds a line table with source lines for."""
+    if source_lines is None or source_lines.empty:
+        return set()
+    has = source_lines[source_lines["file"].astype(str) != ""]
+    return set(has["kernel"].astype(str)) | set(has["function"].astype(str))
+
+
+def _top_kernel_rows(
+    tk: pd.DataFrame, symbols: dict[str, str], readable: set[str] | None = None
+) -> list[dict]:
     """The top kernels as JSON rows: `name` demangled, `mangled` the symbol as recorded (null
-    when the name was never mangled), `label` what the tables show (kdash.names)."""
+    when the name was never mangled), `label` what the tables show (kdash.names), `has_source`
+    whether the data maps it to source lines (a line table of its cubin)."""
     labels = short_names(tk["name"].astype(str), 48) if len(tk) else {}
+    readable = readable or set()
     rows = []
     for row in tk.to_dict("records"):
         r = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()}
         r["mangled"] = symbols.get(str(r["name"]))
         r["label"] = labels[str(r["name"])]
+        r["has_source"] = str(r["name"]) in readable or (r["mangled"] or "") in readable
         rows.append(r)
     return rows
 

@@ -149,3 +149,34 @@ def test_cpu_only_trace_reports_its_cpu_ops(tmp_path):
 def test_captures_without_cpu_ops_report_empty_lists(path):
     doc = _doc(load_capture(path))
     assert doc["top_cpu_ops"] == [] and doc["cpu_op_threads"] == []
+
+
+def test_top_kernels_say_which_have_source_and_hot_lines_start_with_one_that_has(tmp_path):
+    """The shipped H200 samples (Triton kernels with line tables, cuBLAS and ATen without):
+    `has_source` marks the kernels the data maps to lines; `hot_lines[0]` is one of them even
+    where a kernel without source has more samples."""
+    import gzip
+    import json as _json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from kdash import cubin
+    from kdash.report import _readable_kernels, _top_kernel_rows
+
+    data = Path(__file__).parent / "data"
+    with gzip.open(data / "h200-pcsamples.json.gz", "rt") as f:
+        samples = pd.DataFrame(_json.load(f))
+    lt = cubin.line_table((data / "h200-cubins" / "_decode_stage2.cubin").read_bytes())
+    if not lt.has_lines:
+        pytest.skip(lt.why or "no line info")
+    sl = pd.DataFrame(cubin.to_rows(lt, t_ns=0))
+    readable = _readable_kernels(sl)
+    assert "_decode_stage2" in readable and not any(k.startswith("nvjet") for k in readable)
+    tk = pd.DataFrame({"name": ["nvjet_sm90_tst_x", "_decode_stage2"], "calls": [1, 1]})
+    rows = _top_kernel_rows(tk, {}, readable)
+    assert [r["has_source"] for r in rows] == [False, True]
+    per = samples.groupby("kernel")["count"].sum().sort_values(ascending=False)
+    assert per.index[0] != "_decode_stage2"  # hotter kernels without a table exist
+    hot = cubin.hot_lines_by_kernel(samples, sl)
+    assert hot[0]["kernel"] == "_decode_stage2" and hot[0]["file"]
