@@ -12,7 +12,9 @@ lines give the rate (decode + prefill tokens/s, steps/s). Segments of 10 s, in o
 Kept: rates and their ratios (the floor: sampling on within 5% of off), the agent's PC state,
 per-range costs (enable/start/stop wall ms, CPU ms of stop + reads), samples per range, and
 the hot lines per kernel from the samples and the line tables kdash made from the target's
-Triton cache (collectors/agent/lines.py). Writes $OUT/pcs-agent-h200.json.
+Triton cache (collectors/agent/lines.py). Writes $OUT/pcs-agent-h200.json, with `attribution`
+(also alone as $OUT/pcs-attribution-h200.json: `summary` non_user_sample_share,
+max_share_gap_points).
 Run from the repository root: `python bench/gpu_pcs_agent.py`.
 """
 
@@ -39,7 +41,10 @@ REPORT = re.compile(
 
 class Workload:
     def __init__(self, env: dict) -> None:
+        # eager decode: a graph-replaying process gets no kernel records by default, and the
+        # attribution is judged against them
         cmd = [sys.executable, "-m", "kdash.kernels", "--rate", "400", "--report-every", "1"]
+        cmd += ["--eager-decode"]
         self.proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -77,9 +82,17 @@ class Workload:
 
 
 def attribution(got: dict, ranges: list[dict]) -> dict:
-    """Each kernel's share of PC samples (issued + stalled, `_not_issued` duplicates left out)
-    against its share of GPU time from the same process's kernel records; and how much of the
-    sampled time CUPTI put in its non-user bucket."""
+    """Within each PC range: each kernel's share of the range's PC samples (issued + stalled,
+    the `_not_issued` duplicates left out) against its share of GPU time in the kernel records
+    of the same process around it (the activity windows within RANGE_NEAR_S); and how much of
+    the sampled time CUPTI put in its non-user bucket, over all ranges.
+
+    `coverage` also weighs each kernel's time by the share of the GPU's SM sub-partitions its
+    grid can occupy (CTAs x warps / (SMs x 4), at most 1): a sampler that reads every SM
+    sub-partition at a fixed period sees a kernel that fills a quarter of the GPU a quarter as
+    often, so that comparison says whether a gap is the sampler's nature or lost samples."""
+    import numpy as np
+
     from kdash import schema
 
     out: dict = {}
@@ -87,29 +100,57 @@ def attribution(got: dict, ranges: list[dict]) -> dict:
     nu = sum(int(r.get("non_user_samples", 0)) for r in ranges)
     out["total_samples"], out["non_user_samples"] = tot, nu
     out["non_user_sample_share"] = round(nu / tot, 4) if tot else None
+    out["per_range_non_user_share"] = [r.get("non_user_share") for r in ranges]
     if not got.get("kernels") or not got.get("pc_samples"):
         return out
     k = schema.to_frame("kernels", schema.concat("kernels", got["kernels"]))
-    k["dur"] = k["end_ns"] - k["start_ns"]
-    t_share = k.groupby("name")["dur"].sum()
-    t_share = t_share / t_share.sum()
+    k["dur"] = (k["end_ns"] - k["start_ns"]).clip(lower=0)
+    warps = np.ceil(k["block_x"] * k["block_y"] * k["block_z"] / 32).clip(lower=1)
+    ctas = (k["grid_x"] * k["grid_y"] * k["grid_z"]).clip(lower=1)
+    k["cov_dur"] = k["dur"] * np.minimum(1.0, ctas * np.minimum(warps, 4) / (SMS * 4))
     pcs = schema.to_frame("pc_samples", schema.concat("pc_samples", got["pc_samples"]))
     pcs = pcs[~pcs["stall_reason"].str.endswith("_not_issued")]
-    s_share = pcs.groupby("kernel")["count"].sum()
-    s_share = s_share / s_share.sum()
-    names = sorted(set(t_share.index) | set(s_share.index), key=lambda n: -t_share.get(n, 0))
-    rows = []
-    for n in names[:15]:
-        t, sm = float(t_share.get(n, 0.0)), float(s_share.get(n, 0.0))
-        rows.append({"kernel": n[:80], "gpu_time_share": round(t, 4), "sample_share": round(sm, 4)})
-    out["kernels"] = rows
-    big = [r for r in rows if r["gpu_time_share"] > 0.05]
-    out["max_share_gap_points"] = (
-        round(100 * max(abs(r["gpu_time_share"] - r["sample_share"]) for r in big), 2)
-        if big
-        else None
-    )
+    per = []
+    for t_end, rs in pcs.groupby("t_ns"):
+        near = k[(k["start_ns"] >= t_end - RANGE_NEAR_S * 1e9) & (k["end_ns"] <= t_end + 1e9 * 1.5)]
+        if near.empty:
+            continue
+        t_sh = near.groupby("name")["dur"].sum()
+        t_sh = t_sh / t_sh.sum()
+        c_sh = near.groupby("name")["cov_dur"].sum()
+        c_sh = c_sh / c_sh.sum()
+        s_sh = rs.groupby("kernel")["count"].sum()
+        s_sh = s_sh / s_sh.sum()
+        big = [n for n, v in t_sh.items() if v > 0.05]
+        rows = [
+            {
+                "kernel": n[:80],
+                "gpu_time_share": round(float(t_sh[n]), 4),
+                "coverage_share": round(float(c_sh.get(n, 0.0)), 4),
+                "sample_share": round(float(s_sh.get(n, 0.0)), 4),
+            }
+            for n in sorted(big, key=lambda n: -t_sh[n])
+        ]
+        gaps = [abs(r["gpu_time_share"] - r["sample_share"]) for r in rows]
+        cgaps = [abs(r["coverage_share"] - r["sample_share"]) for r in rows]
+        per.append(
+            {
+                "t_ns": int(t_end),
+                "kernels": rows,
+                "max_gap_points": round(100 * max(gaps), 2) if gaps else None,
+                "max_gap_points_coverage": round(100 * max(cgaps), 2) if cgaps else None,
+            }
+        )
+    out["ranges"] = per
+    g = [r["max_gap_points"] for r in per if r["max_gap_points"] is not None]
+    cg = [r["max_gap_points_coverage"] for r in per if r["max_gap_points_coverage"] is not None]
+    out["max_share_gap_points"] = max(g) if g else None
+    out["max_share_gap_points_coverage"] = max(cg) if cg else None
     return out
+
+
+RANGE_NEAR_S = 3.0  # kernel records this long before a range's end count as "around it"
+SMS = 132  # H200
 
 
 def main() -> int:
@@ -163,15 +204,19 @@ def main() -> int:
                 for t, b in src.poll(time.monotonic_ns()).items():
                     got.setdefault(t, []).append(b)
                 last = src.stats.get("agent_pc_last") or {}
-                if "range_id" in last:
-                    per_range[int(last["range_id"])] = dict(last)
+                n_ranges = src.stats.get("agent_pc_ranges") or 0
+                if last and n_ranges:
+                    tot = int(last.get("total_samples", 0))
+                    share = int(last.get("non_user_samples", 0)) / tot if tot else None
+                    per_range[int(n_ranges)] = dict(last, non_user_share=share)
+                    per_range[int(n_ranges)]["refreshes"] = src.stats.get("agent_pc_refreshes")
                 time.sleep(0.1)
 
         th = threading.Thread(target=drain, daemon=True)
         th.start()
         seg("activity")
         src.set_pc_sampling(True)
-        seg("pc_sampling", 12.0)
+        seg("pc_sampling", 24.0)
         res["pc_status_during"] = src.pc_status()
         res["agent_pc"] = {k: v for k, v in src.stats.items() if k.startswith("agent_pc")}
         src.set_pc_sampling(False)
@@ -202,6 +247,28 @@ def main() -> int:
             )
         res["pc_ranges"] = [per_range[k] for k in sorted(per_range)]
         res["attribution"] = attribution(got, res["pc_ranges"])
+        a = res["attribution"]
+        (OUT / "pcs-attribution-h200.json").write_text(
+            json.dumps(
+                {
+                    "command": "python bench/gpu_pcs_agent.py (demo workload, --eager-decode)",
+                    "summary": {
+                        k: a.get(k)
+                        for k in (
+                            "non_user_sample_share",
+                            "max_share_gap_points",
+                            "max_share_gap_points_coverage",
+                            "total_samples",
+                        )
+                    },
+                    "ranges": res["pc_ranges"],
+                    "attribution": a,
+                },
+                indent=2,
+                default=str,
+            )
+            + "\n"
+        )
         res["rows"] = {t: sum(len(b[next(iter(b))]) for b in bs) for t, bs in got.items()}
         if got.get("pc_samples"):
             pcs = schema.to_frame("pc_samples", schema.concat("pc_samples", got["pc_samples"]))
