@@ -71,3 +71,36 @@ def test_status_bar_long_note_mono_80x24(snap_compare, demo_replay):
         pilot.app._update_status()
 
     assert snap_compare(demo_replay, terminal_size=(80, 24), press=["2"], run_before=long_note)
+
+
+# -- the kernel pane: the table fitted to the pane, the window view under a duty cycle ---------
+async def _kernels_ready(pilot) -> None:
+    from kdash.tui.panes.kernels import KernelPane
+
+    pane = pilot.app.query_one(KernelPane)
+    for _ in range(200):
+        await pilot.pause(0.05)
+        if pane.analyses_applied > 0 and pane.table.row_count:
+            break
+    await pilot.pause(0.2)
+
+
+def test_kernel_table_fitted_maximised_80x24(snap_compare, demo_replay):
+    """Key 1 at 80x24: the name column takes what the share, total, calls, mean and p99 columns
+    leave; the rest are out of view to the right (the scrollbar says so)."""
+    assert snap_compare(demo_replay, terminal_size=(80, 24), press=["1"], run_before=_kernels_ready)
+
+
+def test_kernel_window_view_maximised_120x40(snap_compare, make_app):
+    """The demo under MADE-UP 100 ms windows every 3 s (test_window_view.duty_cycled says
+    how): the last recorded windows side by side, each slice labelled with its start."""
+    from test_window_view import DEMO, duty_cycled
+
+    from kdash.capture import load_capture
+
+    cap = load_capture(DEMO)
+    store, _, _ = duty_cycled(cap)
+    meta = dict(cap.meta)
+    meta["capture_path"] = DEMO.name
+    app = make_app(store=store, meta=meta, mode="replay")
+    assert snap_compare(app, terminal_size=(120, 40), press=["1"], run_before=_kernels_ready)
