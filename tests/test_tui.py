@@ -1076,3 +1076,22 @@ def test_fit_cuts_paths_from_the_left_and_other_words_at_the_end():
     fitted = fit_words(message, 20)
     assert fitted == "capture saved: …/run-1201.kdash\nnext line with averyveryverylongwo…"
     assert all(len(word) <= 20 for word in fitted.split())
+
+
+@pytest.mark.parametrize("theme", ["dark", "light", "mono"])
+async def test_focused_pane_frame_differs_without_colour(demo_app, monkeypatch, theme):
+    """NO_COLOR strips the focus colour from the frames: the focused pane's frame is double,
+    the others round, in every theme."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = demo_app(theme=theme)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        for focused in ("kernels", "cpu"):
+            app.query_one(f"#{focused}", Pane).focus_target().focus()
+            await pilot.pause()
+            corners = {
+                pid: drawn(app.query_one(f"#{pid}", Pane))[0].text[0]
+                for pid in ("kernels", "clocks", "cpu", "source")
+            }
+            assert corners.pop(focused) == "╔", (focused, corners)
+            assert set(corners.values()) == {"╭"}, (focused, corners)
