@@ -1,7 +1,8 @@
 """Kernel timeline pane: per-(GPU, stream) lanes, NVTX lanes and the top-kernels table.
 
-The lanes share the clock pane's time axis (same window, same binning), so a busy lane and a
-throttle band line up column for column; the app's `+`/`-`/`←`/`→`/`p`/`r` move that window.
+In continuous time the lanes share the clock pane's time axis (same window, same binning), so a
+busy lane and a throttle band line up column for column; the app's `+`/`-`/`←`/`→`/`p`/`r` move
+that window.
 The strip itself is drawn by `kdash.tui.lanes` (NVTX lanes, "·" for time the agent did not
 record, the one-pass binning that keeps a redraw of 100,000 kernels within a few ms); the
 pane reuses the last drawn text while the window, the rows and the width are unchanged.
