@@ -563,7 +563,9 @@ class KernelPane(Pane):
             self.table.clear()
         for r, row in zip(rows.itertuples(index=False), cells, strict=True):
             self.table.add_row(labels[str(r.name)], *(row[i] for i in fit.order), key=str(r.name))
-        self.table.scroll_to(x=min(scroll_x, self.table.max_scroll_x), animate=False)
+        if scroll_x:
+            # after the new columns are laid out (the scroll range is theirs by then)
+            self.table.call_after_refresh(self.table.scroll_to, x=scroll_x, animate=False)
         self._show_table_line(len(rows))
         self.top_line.update(top_summary(rows, SORTS[self.sort][0]))
         if self.table.row_count:
