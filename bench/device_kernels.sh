@@ -3,7 +3,7 @@
 # run, or runs here when /tmp/site lacks kdash):
 #   1. the kernel gates: pytest -m gpu on the decode, plan/run and prefill kernel tests;
 #   2. the kernel bench -> $OUT/kernels-h200.json (decode sweep; summary keys pass/miss);
-#   3. the demo workload with graph-replayed decode (the default), then 10 s with --eager-decode
+#   3. the demo workload with graph-replayed decode (--graph-decode), then 10 s eager
 #      for comparison; each must finish and report decode tokens;
 #   4. (NCU=1, the default; NCU=0 skips) Nsight Compute on the fp8 and bf16 stage-1 decode
 #      kernels at 8 x 16k tokens: one launch each, key sections only;
@@ -31,7 +31,8 @@ log=$OUT/kernels.log
   echo "rc=$?"; grep -E "^(decode|summary|configs|wrote)" "$OUT/bench.log" | cut -c1-260
 
   echo "== demo workload, graph-replayed decode (20 s)"
-  timeout 75 python3 -m kdash.kernels --duration 20 --report-every 4 > "$OUT/demo-graphs.log" 2>&1
+  timeout 75 python3 -m kdash.kernels --duration 20 --report-every 4 --graph-decode \
+    > "$OUT/demo-graphs.log" 2>&1
   echo "rc=$?"; cat "$OUT/demo-graphs.log"
   if tail -1 "$OUT/demo-graphs.log" | grep -q "decode graphs captured for batch sizes \[[0-9]"; then
     echo "graph demo: OK"

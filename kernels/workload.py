@@ -11,13 +11,16 @@ The model is random weights (nothing to download) and has no rotary embedding (i
 kernel, not change what is being watched). Sampling is greedy. The host waits for a step's tokens
 one step later (the "overlap" pattern of SGLang's scheduler), unless ``--sync-every-step``.
 
-Decode steps are replayed from CUDA graphs, as SGLang's CUDA-graph runner does: one graph per
-padded batch size, captured the first time that size is needed, over static input buffers (token
-ids, positions, lengths, page table) that each step rewrites before the replay; the attention's
-plan (:class:`~kdash.kernels.decode_attention.DecodePlan`) is made once per graph and cuts the
-work on the GPU from the lengths in memory. ``--eager-decode`` launches every kernel of every
-step from Python instead: the host-bound way, for kdash's launch-gap and CPU panes. Without CUDA
-(the CPU interpreter) decode is eager.
+With ``--graph-decode`` decode steps are replayed from CUDA graphs, as SGLang's CUDA-graph
+runner does: one graph per padded batch size, captured the first time that size is needed, over
+static input buffers (token ids, positions, lengths, page table) that each step rewrites before
+the replay; the attention's plan (:class:`~kdash.kernels.decode_attention.DecodePlan`) is made
+once per graph and cuts the work on the GPU from the lengths in memory. By default (and with
+``--eager-decode``) every kernel of every step is launched from Python: the host-bound way, for
+kdash's launch-gap and CPU panes. The graph path is not the default until it has run on a GPU
+(bench/device_kernels.sh checks it), and because kdash's agent records no kernels in a process
+that replays graphs unless asked (`--graph-kernels`), which `kdash demo` does not yet ask.
+Without CUDA (the CPU interpreter) decode is eager.
 
 Pathologies on purpose, for kdash's CPU-affinity and idle-gap panes:
 
@@ -26,7 +29,8 @@ Pathologies on purpose, for kdash's CPU-affinity and idle-gap panes:
 - ``--noisy-neighbour``: start a busy process pinned to the launch thread's CPU;
 - ``--sync-every-step``: ``torch.cuda.synchronize()`` after every step (GPU idle while the host
   schedules the next one);
-- ``--eager-decode``: decode without CUDA graphs (the GPU waits on Python's launches).
+- ``--eager-decode``: decode without CUDA graphs (the GPU waits on Python's launches; the
+  default for now).
 """
 
 from __future__ import annotations
@@ -521,8 +525,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--eager-decode",
         action="store_true",
-        help="launch every decode kernel from Python instead of replaying CUDA graphs "
-        "(host-bound, as a server without graphs is)",
+        help="launch every decode kernel from Python (host-bound, as a server without graphs "
+        "is; the default)",
+    )
+    ap.add_argument(
+        "--graph-decode",
+        action="store_true",
+        help="replay decode steps from CUDA graphs, one per padded batch size, as SGLang does",
     )
     return ap
 
@@ -575,12 +584,11 @@ def run(args: argparse.Namespace) -> int:
         notes.append(msg)
     if args.sync_every_step:
         notes.append("synchronizing after every step")
-    graphs = cuda and not args.eager_decode
+    graphs = cuda and args.graph_decode and not args.eager_decode
     notes.append(
-        "decode: replayed from CUDA graphs, one per padded batch size (--eager-decode: launched "
-        "from Python)"
+        "decode: replayed from CUDA graphs, one per padded batch size"
         if graphs
-        else "decode: eager, every kernel launched from Python"
+        else "decode: eager, every kernel launched from Python (--graph-decode: CUDA graphs)"
     )
     t_build = time.monotonic()
     engine = Engine(

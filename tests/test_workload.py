@@ -228,8 +228,9 @@ def test_cli_has_the_pathology_flags() -> None:
     )
     assert a.duration == 5 and a.pin_off_local and a.noisy_neighbour and a.sync_every_step
     assert build_parser().parse_args(["--noisy-neighbor"]).noisy_neighbour
-    assert not a.eager_decode  # decode replays CUDA graphs unless asked otherwise
+    assert not a.graph_decode  # eager until the graph path has run on a GPU
     assert build_parser().parse_args(["--eager-decode"]).eager_decode
+    assert build_parser().parse_args(["--graph-decode"]).graph_decode
 
 
 def test_graph_batch_sizes_cover_every_batch_once() -> None:
