@@ -122,16 +122,3 @@ def test_refresh_is_refused_after_graph_kernels_with_kinds_on_and_taken_back_whe
     assert lib.events == ["subscribe", "unsubscribe"]
     lib.call(RT, LAUNCH)
     assert "finalize" not in lib.events and not c.needs_register
-
-
-def test_a_sampling_session_starts_with_a_refresh():
-    """The first range through the agent on the H200 lost every sample; after a refresh none."""
-    r = make_runner([(1000, 0)])
-    assert not r.refresh_wanted
-    r.set_state(pcrun.PCState.STARTING)
-    assert r.refresh_due(1e9)
-    r.refreshed("finalized", now=5.0)
-    run_range(r)
-    assert not r.refresh_wanted
-    r.reset(pcrun.PCState.STARTING)  # a new START that asks for sampling
-    assert r.refresh_wanted
