@@ -149,6 +149,8 @@ def attribution(got: dict, ranges: list[dict]) -> dict:
     return out
 
 
+SEG_S = float(os.environ.get("PCS_SEG_S", "10"))  # each segment but PC sampling's
+PC_SEG_S = float(os.environ.get("PCS_PC_SEG_S", "24"))
 RANGE_NEAR_S = 3.0  # kernel records this long before a range's end count as "around it"
 SMS = 132  # H200
 
@@ -179,7 +181,7 @@ def main() -> int:
         pid = wl.proc.pid
         res["socket"] = find_agent_socket(pid)
 
-        def seg(name: str, seconds: float = 10.0) -> tuple[int, int]:
+        def seg(name: str, seconds: float = SEG_S) -> tuple[int, int]:
             t0 = time.monotonic_ns()
             time.sleep(seconds)
             t1 = time.monotonic_ns()
@@ -216,7 +218,7 @@ def main() -> int:
         th.start()
         seg("activity")
         src.set_pc_sampling(True)
-        seg("pc_sampling", 24.0)
+        seg("pc_sampling", PC_SEG_S)
         res["pc_status_during"] = src.pc_status()
         res["agent_pc"] = {k: v for k, v in src.stats.items() if k.startswith("agent_pc")}
         src.set_pc_sampling(False)
