@@ -7,7 +7,7 @@ and counts their rows (`stats["dropped_client"]`), never silently. The agent's o
 arrive in STATS replies, requested once a second from `poll()`, and are merged into `stats`.
 
 Health follows the agent's STATUS lines: "ok: sampling 10% (100 ms/s)" while activity is on
-with the default duty cycle (see `server.DutyCycle`), "ok: continuous" after
+with the default duty cycle (see `duty.DutyCycle`), "ok: continuous" after
 `set_continuous(True)`; "unavailable: ..." with the
 agent's reason (no cupti-python, no driver, CUPTI held by torch.profiler, ...), or "no kdash
 agent in pid N (start it with `kdash run -- CMD`)" when there is no socket; "starting:
@@ -25,7 +25,8 @@ import threading
 import time
 from typing import Any
 
-from kdash.collectors.agent import server, wire
+from kdash.collectors.agent import constants, security, wire
+from kdash.collectors.agent.duty import sampling_text
 from kdash.collectors.base import OK, Health
 
 from kdash import schema, target_python
@@ -62,7 +63,7 @@ def agent_failure_note(pid: int) -> str | None:
             f"({socket_problems()})"
         )
     name = os.path.basename(tp.argv[0]) if tp.argv else (tp.exe or "?")
-    also = "; also: " + "; ".join(server.folder_problems()) if server.folder_problems() else ""
+    also = "; also: " + "; ".join(security.folder_problems()) if security.folder_problems() else ""
     return (
         f"pid {pid} ({name}) was started by `kdash run` but is not Python, and kdash's agent "
         f"starts only in Python processes{also}"
@@ -84,21 +85,21 @@ def unavailable_note(pid: int) -> str | None:
 
 def socket_problems() -> str:
     """What the socket folders say when an armed process has no socket."""
-    problems = server.folder_problems()
-    return "; ".join(problems) if problems else "no socket in " + ", ".join(server.socket_dirs())
+    problems = security.folder_problems()
+    return "; ".join(problems) if problems else "no socket in " + ", ".join(security.socket_dirs())
 
 
 def _our_dirs() -> list[str]:
-    """server.socket_dirs() without folders someone else made: a socket or note planted there
+    """security.socket_dirs() without folders someone else made: a socket or note planted there
     is not our agent's."""
-    return [d for d in server.socket_dirs() if server.folder_problem(d, os.getuid()) is None]
+    return [d for d in security.socket_dirs() if security.folder_problem(d, os.getuid()) is None]
 
 
 def _armed(pid: int) -> bool:
     """Does `pid`'s environment say `kdash run` armed it (KDASH_AGENT=1)?"""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            return f"{server.ENV_FLAG}=1".encode() in f.read().split(b"\0")
+            return f"{constants.ENV_FLAG}=1".encode() in f.read().split(b"\0")
     except OSError:
         return False
 
@@ -122,7 +123,7 @@ def _health_from_status(body: dict[str, Any]) -> Health:
     line = str(body.get("line", ""))
     why = line.split(": ", 1)[1] if ": " in line else line
     if state == "active":
-        sampling = server.sampling_text(body.get("sampling"))
+        sampling = sampling_text(body.get("sampling"))
         return Health("ok", sampling) if sampling else OK
     if state in ("unavailable", "busy"):
         return Health.unavailable(why)
@@ -146,22 +147,22 @@ class AgentSource:
         max_queued_batches: int = 1024,
         connect_timeout_s: float = 2.0,
         continuous: bool = False,
-        period_ms: int = server.DUTY_PERIOD_MS,
-        on_ms: int = server.DUTY_ON_MS,
+        period_ms: int = constants.DUTY_PERIOD_MS,
+        on_ms: int = constants.DUTY_ON_MS,
         pc_sampling: bool = False,
-        pc_on_ms: int = server.PC_ON_MS,
-        pc_period_ms: int = server.PC_PERIOD_MS,
+        pc_on_ms: int = constants.PC_ON_MS,
+        pc_period_ms: int = constants.PC_PERIOD_MS,
         graph_kernels: bool = False,
     ) -> None:
         self.pid = pid
         self.socket_path = socket_path
-        self.activities = list(activities or server.DEFAULT_ACTIVITIES)
-        # duty cycle asked of the agent (see server.DutyCycle): the default samples, because
+        self.activities = list(activities or constants.DEFAULT_ACTIVITIES)
+        # duty cycle asked of the agent (see duty.DutyCycle): the default samples, because
         # continuous activity costs graph-replayed decode far more than the 2% floor
         self.continuous = continuous
         self.period_ms = period_ms
         self.on_ms = on_ms
-        self.graph_kernels = graph_kernels  # START "graph_kernels": see server.CuptiActivity
+        self.graph_kernels = graph_kernels  # START "graph_kernels": see controller.CuptiActivity
         # PC sampling (issue 5): off unless asked; ranges of pc_on_ms every pc_period_ms
         self.pc_sampling = pc_sampling
         self.pc_on_ms = pc_on_ms
@@ -294,7 +295,7 @@ class AgentSource:
     def sampling(self) -> str:
         """ "sampling 10% (100 ms/s)", "continuous", or "" before the agent has said."""
         with self._lock:
-            return server.sampling_text(self.stats.get("sampling"))
+            return sampling_text(self.stats.get("sampling"))
 
     def set_pc_sampling(self, on: bool) -> None:
         """Ask the agent to start (True) or stop PC-sampling ranges; before the connection is

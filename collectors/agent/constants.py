@@ -45,8 +45,7 @@ PC_WINDOW_NAME = "pc sampling"  # markers rows bounding every PC-sampling range
 # PC sampling: off until a client asks (START/SET "pc_sampling": true); then a range
 # of PC_ON_MS every PC_PERIOD_MS, run by its own thread while kernel activity is off (CUPTI
 # refuses both at once), its CUPTI calls made with the GIL held (pcsampling.SamplingRanges says
-# why). Not yet run end to end on a GPU in this form: the first H200 run, with the GIL released,
-# hung its target (bench/results/pcs-agent-h200-hang.json).
+# why).
 PC_ON_MS = 200
 PC_PERIOD_MS = 2000
 PC_MIN_ON_MS, PC_MAX_ON_MS = 20, 2000

@@ -83,6 +83,8 @@ class Phase(enum.Enum):
 
 
 class Session:
+    """One client's session; `step(msg)` after each message and at least every POLL_S."""
+
     def __init__(
         self,
         agent: Agent,
@@ -146,12 +148,9 @@ class Session:
         if msg is not None and not self.handlers.get(msg.type, self.on_other)(msg):
             return
         if self.phase is Phase.WAITING:
-            outcome = self.try_start()
-            if outcome == "active":
-                self.phase = Phase.ACTIVE
+            self.phase = self.try_start()
+            if self.phase is Phase.ACTIVE:
                 self.duty.begin(self.now(), self.ctl)
-            elif outcome == "gave_up":
-                self.phase = Phase.IDLE
         if self.phase is Phase.ACTIVE and self.ctl is not None and not self.tick(self.now()):
             return
         self.send_rows()
@@ -239,17 +238,17 @@ class Session:
 
     # ---- WAITING -> ACTIVE -----------------------------------------------------------------
 
-    def try_start(self) -> str:
+    def try_start(self) -> Phase:
         """One step of START: probe CUPTI, wait for CUDA, enable.
 
-        Returns "active" once enabled, "retry" while waiting (for CUDA to be loaded, or for
-        another CUPTI client to finish: checked again every second), "gave_up" when CUPTI
-        cannot be had in this process at all (the STATUS line says why and what to do).
+        The phase that follows: ACTIVE once enabled, WAITING (for CUDA to be loaded, or for
+        another CUPTI client to finish: checked again every second), IDLE when CUPTI cannot
+        be had in this process at all (the STATUS line says why and what to do).
         """
         agent = self.agent
         now = self.now()
         if now < agent.next_try:
-            return "retry"
+            return Phase.WAITING
         c = agent.controller
         if c is None:
             c = agent.controller = agent.make_controller(agent.pid)
@@ -261,7 +260,7 @@ class Session:
                     c.precheck()
                     agent.next_try = now + MAPS_RETRY_S
                     self.status("waiting", f"waiting: pid {agent.pid} has not loaded CUDA yet")
-                    return "retry"
+                    return Phase.WAITING
                 c.probe()
             else:
                 held = c.held_by_other()
@@ -276,18 +275,18 @@ class Session:
             self.status("unavailable", f"unavailable: {e}")
             if e.retry:
                 agent.next_try = now + RETRY_S
-                return "retry"
-            return "gave_up"
+                return Phase.WAITING
+            return Phase.IDLE
         except Exception as e:  # noqa: BLE001 - say why in the STATUS line, stay idle
             if c.enabled:
                 c.disable(flush=False)
             self.status(
                 "unavailable", f"unavailable: enabling CUPTI failed: {type(e).__name__}: {e}"
             )
-            return "gave_up"
+            return Phase.IDLE
         names = ", ".join(a for a, _ in c.enabled)
         self.status("active", active_line(names, self.duty.cycle))
-        return "active"
+        return Phase.ACTIVE
 
     # ---- ACTIVE ----------------------------------------------------------------------------
 
