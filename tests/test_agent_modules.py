@@ -108,3 +108,29 @@ def test_an_armed_process_imports_nothing_heavy_until_a_client_comes():
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "False", "False"]
+
+
+def test_the_socket_appears_only_once_it_listens(tmp_path):
+    """Bound under a hidden name and moved into place after listen(): a client that finds
+    `<pid>.sock` is never refused by a socket still being set up."""
+    import os
+    import socket
+
+    from kdash.collectors.agent import security, server
+
+    folder = tmp_path / "kd"
+    path = folder / "4194301.sock"
+    folder.mkdir(mode=0o700)
+    dead = folder / ".4194302.binding"  # left by a process killed mid-listen
+    dead.write_text("")
+    agent = server.Agent(str(path))
+    agent.listen()
+    try:
+        assert sorted(os.listdir(folder)) == ["4194301.sock"]  # the leftover was swept too
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(10)
+            s.connect(str(path))  # accepted: it was listening before it had this name
+    finally:
+        agent.close()
+    assert not path.exists()
+    assert security.sweep_stale(str(folder)) == 0

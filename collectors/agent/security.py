@@ -133,8 +133,8 @@ def sweep_stale(folder: str) -> int:
     except OSError:
         return 0
     for name in names:
-        stem, dot, ext = name.partition(".")
-        if not dot or ext not in ("sock", "unavailable") or not stem.isdigit():
+        stem, dot, ext = name.removeprefix(".").partition(".")  # ".<pid>.binding": server.py
+        if not dot or ext not in ("sock", "unavailable", "binding") or not stem.isdigit():
             continue
         if os.path.exists(f"/proc/{stem}"):
             continue

@@ -246,16 +246,23 @@ class Agent:
         folder = os.path.dirname(self.path)
         ensure_private_dir(folder)
         sweep_stale(folder)
+        # Bound under a name no client looks for, and moved into place once it listens: a
+        # client that found `<pid>.sock` between bind and listen would be refused and take it
+        # for a stale socket. The move also replaces a stale one of an earlier pid holder.
+        binding = os.path.join(folder, f".{self.pid}.binding")
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)  # a stale socket of an earlier process with our pid
+            os.unlink(binding)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            s.bind(self.path)
-            os.chmod(self.path, 0o600)
+            s.bind(binding)
+            os.chmod(binding, 0o600)
             s.listen(LISTEN_BACKLOG)
             s.setblocking(False)  # the accept loop drains the backlog and never waits in accept
+            os.replace(binding, self.path)
         except BaseException:
             s.close()
+            with contextlib.suppress(OSError):
+                os.unlink(binding)
             raise
         self._listener = s
         self._thread = threading.Thread(target=self._serve, name="kdash-agent", daemon=True)
