@@ -263,29 +263,8 @@ def read_header(path: Path) -> tuple[dict[str, Any], str]:
                 return header, "item"
             if ev != "start_map":
                 raise UserError(f"{path} is not a trace (JSON {ev}, not an object)")
-            builder: Any = None
-            build_key = ""
-            for prefix, ev, value in events:
-                if builder is not None:
-                    if prefix == build_key and ev in ("end_map", "end_array"):
-                        builder.event(ev, value)
-                        header[build_key] = builder.value
-                        builder = None
-                    else:
-                        builder.event(ev, value)
-                    continue
-                if prefix == "" and ev == "map_key":
-                    if value == "traceEvents":
-                        return header, "traceEvents.item"
-                    continue
-                if "." in prefix:
-                    continue
-                if ev in ("start_map", "start_array") and prefix == "deviceProperties":
-                    builder = ijson.ObjectBuilder()
-                    build_key = prefix
-                    builder.event(ev, value)
-                elif ev in ("string", "number", "boolean", "null"):
-                    header[prefix] = value
+            if _header_fields(events, header):
+                return header, "traceEvents.item"
         except limits.LimitError as e:
             raise _stream_error(path, e, 0) from None
         except UserError:
@@ -293,6 +272,37 @@ def read_header(path: Path) -> tuple[dict[str, Any], str]:
         except errors as e:
             raise _stream_error(path, e, 0) from None
     raise UserError(f"{path}: JSON without traceEvents (not a Chrome/Kineto trace)")
+
+
+def _header_fields(events: Iterator[tuple[str, str, Any]], header: dict[str, Any]) -> bool:
+    """Fill `header` with the top-level scalars (and `deviceProperties` whole) from the parse
+    events after the opening `{`; True once the `traceEvents` key is reached."""
+    import ijson
+
+    builder: Any = None
+    build_key = ""
+    for prefix, ev, value in events:
+        if builder is not None:
+            if prefix == build_key and ev in ("end_map", "end_array"):
+                builder.event(ev, value)
+                header[build_key] = builder.value
+                builder = None
+            else:
+                builder.event(ev, value)
+            continue
+        if prefix == "" and ev == "map_key":
+            if value == "traceEvents":
+                return True
+            continue
+        if "." in prefix:
+            continue
+        if ev in ("start_map", "start_array") and prefix == "deviceProperties":
+            builder = ijson.ObjectBuilder()
+            build_key = prefix
+            builder.event(ev, value)
+        elif ev in ("string", "number", "boolean", "null"):
+            header[prefix] = value
+    return False
 
 
 # -- the columns ---------------------------------------------------------------------------
@@ -585,6 +595,26 @@ def _read_one(path: Path, tables: dict[str, _Table], offset: int, chunk: int) ->
     import ijson
 
     header, where = read_header(path)
+    info = _trace_info(path, header)
+    first_batch = {name: len(t.batches) for name, t in tables.items()}
+    reader = _EventReader(tables, info.base_ns, offset, chunk)
+    errors = (*_READ_ERRORS, ijson.JSONError)
+    with _open_binary(path) as fh:
+        try:
+            for ev in ijson.items(fh, where, use_float=True, buf_size=_BUF):
+                reader.add(ev)
+        except limits.LimitError as e:
+            raise _stream_error(path, e, reader.n) from None
+        except UserError:
+            raise
+        except errors as e:
+            raise _stream_error(path, e, reader.n) from None
+    _finish_trace(path, info, reader, tables, first_batch, offset)
+    return info
+
+
+def _trace_info(path: Path, header: dict[str, Any]) -> TraceInfo:
+    """The file's TraceInfo from its header: base time (checked), host name, devices."""
     info = TraceInfo(path=str(path), name=parse_trace_name(path.name))
     base = header.get("baseTimeNanoseconds")
     info.base_ns = _int(base, 0) if isinstance(base, int | float) else 0
@@ -595,143 +625,178 @@ def _read_one(path: Path, tables: dict[str, _Table], offset: int, chunk: int) ->
     devs = header.get("deviceProperties")
     if isinstance(devs, list):
         info.devices = [d for d in devs if isinstance(d, dict)]
-    first_batch = {name: len(t.batches) for name, t in tables.items()}
-    kern, api, mem, mark = (tables[k] for k in ("kernels", "api", "memcpy", "markers"))
-    kc, ac, mc, rc = kern.cols, api.cols, mem.cols, mark.cols
-    interned: dict[str, str] = {}
-    skipped: Counter[str] = Counter()
-    host_pid: int | None = None
-    flows = _Flows()
-    cpu_ops = 0
-    n = 0
-    errors = (*_READ_ERRORS, ijson.JSONError)
-    with _open_binary(path) as fh:
-        try:
-            for ev in ijson.items(fh, where, use_float=True, buf_size=_BUF):
-                n += 1
-                if not isinstance(ev, dict):
-                    continue
-                ph = ev.get("ph")
-                if ph != "X":
-                    if ph in ("s", "t", "f"):  # a flow's start, step, end
-                        cat = ev.get("cat")
-                        cat = cat.lower() if isinstance(cat, str) else ""
-                        if cat != LAUNCH_FLOW or ph == "t" or not flows.add(ev):
-                            key = f"{cat or '(none)'} flow"
-                            if key not in skipped and len(skipped) >= MAX_SKIP_KEYS:
-                                key = "(other)"
-                            skipped[key] += 1
-                    continue
-                cat = ev.get("cat")
-                cat = cat.lower() if isinstance(cat, str) else ""
-                if cat in _STORED:
-                    ts = ev.get("ts")
-                    if not isinstance(ts, int | float) or isinstance(ts, bool):
-                        skipped[f"{cat} without ts"] += 1
-                        continue
-                    if not -MAX_TIME_US < ts < MAX_TIME_US:  # NaN fails too
-                        skipped[f"{cat} with a ts that is not a time"] += 1
-                        continue
-                name = ev.get("name")
-                name = interned.setdefault(name, name) if isinstance(name, str) else ""
-                args = ev.get("args")
-                if not isinstance(args, dict):
-                    args = {}
-                if cat == "kernel":
-                    if kern.n >= chunk:
-                        kern.flush(info.base_ns, offset, host_pid)
-                        kc = kern.cols
-                    g = args.get("grid")
-                    b = args.get("block")
-                    gx, gy, gz = g if type(g) is list and len(g) == 3 else _dim3(g)
-                    bx, by, bz = b if type(b) is list and len(b) == 3 else _dim3(b)
-                    kc["ts"].append(ev["ts"])
-                    kc["dur"].append(ev.get("dur", 0.0))
-                    kc["name"].append(name)
-                    kc["device"].append(args.get("device", ev.get("pid")))
-                    kc["stream"].append(args.get("stream", ev.get("tid")))
-                    kc["pid"].append(None)
-                    kc["grid_x"].append(gx)
-                    kc["grid_y"].append(gy)
-                    kc["grid_z"].append(gz)
-                    kc["block_x"].append(bx)
-                    kc["block_y"].append(by)
-                    kc["block_z"].append(bz)
-                    kc["registers"].append(args.get("registers per thread", -1))
-                    kc["dynamic_smem"].append(args.get("shared memory", -1))
-                    kc["correlation_id"].append(args.get("correlation", -1))
-                    kc["graph_id"].append(args.get("graph id", args.get("graph_id", -1)))
-                    kern.n += 1
-                elif cat in ("cuda_runtime", "cuda_driver"):
-                    if api.n >= chunk:
-                        api.flush(info.base_ns, offset, host_pid)
-                        ac = api.cols
-                    pid = ev.get("pid")
-                    if host_pid is None and _int(pid) >= 0:
-                        host_pid = _int(pid)
-                    ac["ts"].append(ev["ts"])
-                    ac["dur"].append(ev.get("dur", 0.0))
-                    ac["name"].append(name)
-                    ac["pid"].append(pid)
-                    ac["tid"].append(ev.get("tid", -1))
-                    ac["correlation_id"].append(args.get("correlation", -1))
-                    api.n += 1
-                elif cat in ("gpu_memcpy", "gpu_memset"):
-                    if mem.n >= chunk:
-                        mem.flush(info.base_ns, offset, host_pid)
-                        mc = mem.cols
-                    mc["ts"].append(ev["ts"])
-                    mc["dur"].append(ev.get("dur", 0.0))
-                    kind = _memcpy_kind(name, cat)
-                    mc["kind"].append(interned.setdefault(kind, kind))
-                    mc["bytes"].append(args.get("bytes", -1))
-                    mc["device"].append(args.get("device", ev.get("pid")))
-                    mc["stream"].append(args.get("stream", ev.get("tid")))
-                    mc["pid"].append(None)
-                    mc["correlation_id"].append(args.get("correlation", -1))
-                    mem.n += 1
-                elif cat in ("user_annotation", "gpu_user_annotation", "cpu_op"):
-                    if mark.n >= chunk:
-                        mark.flush(info.base_ns, offset, host_pid)
-                        rc = mark.cols
-                    # raw pid and tid, made integers per chunk (CPU ops are most events)
-                    if cat == "cpu_op":
-                        cpu_ops += 1
-                        pid = ev.get("pid")
-                    elif cat == "gpu_user_annotation":
-                        pid = None
-                    else:
-                        pid = ev.get("pid")
-                    if host_pid is None and pid is not None and _int(pid) >= 0:
-                        host_pid = _int(pid)
-                    rc["ts"].append(ev["ts"])
-                    rc["dur"].append(ev.get("dur", 0.0))
-                    rc["name"].append(name)
-                    rc["domain"].append(cat)
-                    rc["pid"].append(pid)
-                    rc["tid"].append(ev.get("tid"))
-                    mark.n += 1
-                else:
-                    if host_pid is None and cat in HOST_CATS:
-                        p = _int(ev.get("pid"))
-                        host_pid = p if p >= 0 else None
-                    key = cat or "(none)"
-                    if key not in skipped and len(skipped) >= MAX_SKIP_KEYS:
-                        key = "(other)"
-                    skipped[key] += 1
-        except limits.LimitError as e:
-            raise _stream_error(path, e, n) from None
-        except UserError:
-            raise
-        except errors as e:
-            raise _stream_error(path, e, n) from None
+    return info
+
+
+class _EventReader:
+    """One trace's events into the tables' row lists: one method per kind of event, and the
+    state a pass carries (the host pid once seen, the flows, what was skipped, the counts)."""
+
+    def __init__(self, tables: dict[str, _Table], base_ns: int, offset: int, chunk: int) -> None:
+        self.kern, self.api, self.mem, self.mark = (
+            tables[k] for k in ("kernels", "api", "memcpy", "markers")
+        )
+        self.base_ns = base_ns
+        self.offset = offset
+        self.chunk = chunk
+        self.interned: dict[str, str] = {}
+        self.skipped: Counter[str] = Counter()
+        self.host_pid: int | None = None
+        self.flows = _Flows()
+        self.cpu_ops = 0
+        self.n = 0
+        self._by_cat = {
+            "kernel": self._kernel,
+            "cuda_runtime": self._api,
+            "cuda_driver": self._api,
+            "gpu_memcpy": self._memcpy,
+            "gpu_memset": self._memcpy,
+            "user_annotation": self._marker,
+            "gpu_user_annotation": self._marker,
+            "cpu_op": self._marker,
+        }
+
+    def _skip(self, key: str) -> None:
+        if key not in self.skipped and len(self.skipped) >= MAX_SKIP_KEYS:
+            key = "(other)"
+        self.skipped[key] += 1
+
+    def _cols(self, t: _Table) -> dict[str, list]:
+        """The table's row lists, flushed first when a chunk is full."""
+        if t.n >= self.chunk:
+            t.flush(self.base_ns, self.offset, self.host_pid)
+        return t.cols
+
+    def add(self, ev: Any) -> None:
+        self.n += 1
+        if not isinstance(ev, dict):
+            return
+        ph = ev.get("ph")
+        if ph != "X":
+            if ph in ("s", "t", "f"):  # a flow's start, step, end
+                self._flow(ev, ph)
+            return
+        cat = ev.get("cat")
+        cat = cat.lower() if isinstance(cat, str) else ""
+        if cat in _STORED:
+            ts = ev.get("ts")
+            if not isinstance(ts, int | float) or isinstance(ts, bool):
+                self.skipped[f"{cat} without ts"] += 1
+                return
+            if not -MAX_TIME_US < ts < MAX_TIME_US:  # NaN fails too
+                self.skipped[f"{cat} with a ts that is not a time"] += 1
+                return
+        name = ev.get("name")
+        name = self.interned.setdefault(name, name) if isinstance(name, str) else ""
+        args = ev.get("args")
+        if not isinstance(args, dict):
+            args = {}
+        handler = self._by_cat.get(cat)
+        if handler is None:
+            self._other(ev, cat)
+        else:
+            handler(ev, cat, name, args)
+
+    def _flow(self, ev: dict[str, Any], ph: str) -> None:
+        cat = ev.get("cat")
+        cat = cat.lower() if isinstance(cat, str) else ""
+        if cat != LAUNCH_FLOW or ph == "t" or not self.flows.add(ev):
+            self._skip(f"{cat or '(none)'} flow")
+
+    def _kernel(self, ev: dict[str, Any], cat: str, name: str, args: dict[str, Any]) -> None:
+        kc = self._cols(self.kern)
+        g = args.get("grid")
+        b = args.get("block")
+        gx, gy, gz = g if type(g) is list and len(g) == 3 else _dim3(g)
+        bx, by, bz = b if type(b) is list and len(b) == 3 else _dim3(b)
+        kc["ts"].append(ev["ts"])
+        kc["dur"].append(ev.get("dur", 0.0))
+        kc["name"].append(name)
+        kc["device"].append(args.get("device", ev.get("pid")))
+        kc["stream"].append(args.get("stream", ev.get("tid")))
+        kc["pid"].append(None)
+        kc["grid_x"].append(gx)
+        kc["grid_y"].append(gy)
+        kc["grid_z"].append(gz)
+        kc["block_x"].append(bx)
+        kc["block_y"].append(by)
+        kc["block_z"].append(bz)
+        kc["registers"].append(args.get("registers per thread", -1))
+        kc["dynamic_smem"].append(args.get("shared memory", -1))
+        kc["correlation_id"].append(args.get("correlation", -1))
+        kc["graph_id"].append(args.get("graph id", args.get("graph_id", -1)))
+        self.kern.n += 1
+
+    def _api(self, ev: dict[str, Any], cat: str, name: str, args: dict[str, Any]) -> None:
+        ac = self._cols(self.api)
+        pid = ev.get("pid")
+        if self.host_pid is None and _int(pid) >= 0:
+            self.host_pid = _int(pid)
+        ac["ts"].append(ev["ts"])
+        ac["dur"].append(ev.get("dur", 0.0))
+        ac["name"].append(name)
+        ac["pid"].append(pid)
+        ac["tid"].append(ev.get("tid", -1))
+        ac["correlation_id"].append(args.get("correlation", -1))
+        self.api.n += 1
+
+    def _memcpy(self, ev: dict[str, Any], cat: str, name: str, args: dict[str, Any]) -> None:
+        mc = self._cols(self.mem)
+        mc["ts"].append(ev["ts"])
+        mc["dur"].append(ev.get("dur", 0.0))
+        kind = _memcpy_kind(name, cat)
+        mc["kind"].append(self.interned.setdefault(kind, kind))
+        mc["bytes"].append(args.get("bytes", -1))
+        mc["device"].append(args.get("device", ev.get("pid")))
+        mc["stream"].append(args.get("stream", ev.get("tid")))
+        mc["pid"].append(None)
+        mc["correlation_id"].append(args.get("correlation", -1))
+        self.mem.n += 1
+
+    def _marker(self, ev: dict[str, Any], cat: str, name: str, args: dict[str, Any]) -> None:
+        rc = self._cols(self.mark)
+        # raw pid and tid, made integers per chunk (CPU ops are most events)
+        if cat == "cpu_op":
+            self.cpu_ops += 1
+            pid = ev.get("pid")
+        elif cat == "gpu_user_annotation":
+            pid = None
+        else:
+            pid = ev.get("pid")
+        if self.host_pid is None and pid is not None and _int(pid) >= 0:
+            self.host_pid = _int(pid)
+        rc["ts"].append(ev["ts"])
+        rc["dur"].append(ev.get("dur", 0.0))
+        rc["name"].append(name)
+        rc["domain"].append(cat)
+        rc["pid"].append(pid)
+        rc["tid"].append(ev.get("tid"))
+        self.mark.n += 1
+
+    def _other(self, ev: dict[str, Any], cat: str) -> None:
+        if self.host_pid is None and cat in HOST_CATS:
+            p = _int(ev.get("pid"))
+            self.host_pid = p if p >= 0 else None
+        self._skip(cat or "(none)")
+
+
+def _finish_trace(
+    path: Path,
+    info: TraceInfo,
+    reader: _EventReader,
+    tables: dict[str, _Table],
+    first_batch: dict[str, int],
+    offset: int,
+) -> None:
+    """The last rows flushed, the flows checked and linked, and what the file held into `info`."""
+    n, host_pid = reader.n, reader.host_pid
     for t in tables.values():
         try:
             t.flush(info.base_ns, offset, host_pid)
         except limits.LimitError as e:
             raise _stream_error(path, e, n) from None
     try:
-        flows.check()
+        reader.flows.check()
     except limits.LimitError as e:
         raise _stream_error(path, e, n) from None
     for t in tables.values():
@@ -746,14 +811,13 @@ def _read_one(path: Path, tables: dict[str, _Table], offset: int, chunk: int) ->
         info.kept[t.table] = sum(len(b["start_ns"]) for b in t.batches[first_batch[t.table] :])
     mine = {name: t.batches[first_batch[name] :] for name, t in tables.items()}
     gpu = {"kernels": mine["kernels"], "memcpy": mine["memcpy"]}
-    info.flows = link_flows(flows, mine["api"], gpu, info.base_ns, offset)
-    info.cpu_ops = cpu_ops
+    info.flows = link_flows(reader.flows, mine["api"], gpu, info.base_ns, offset)
+    info.cpu_ops = reader.cpu_ops
     info.pid = host_pid
     info.events = n
-    info.skipped = dict(skipped)
+    info.skipped = dict(reader.skipped)
     if n == 0:
         raise UserError(f"{path}: a trace with no events (was the profiler running?)")
-    return info
 
 
 # -- capture -------------------------------------------------------------------------------
