@@ -31,10 +31,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kdash.collectors.agent import server
-from kdash.collectors.agent.client import AgentSource, agent_failure_note, find_agent_socket
+from kdash.collectors.agent.client import (
+    AgentSource,
+    agent_failure_note,
+    find_agent_socket,
+    socket_problems,
+    unavailable_note,
+)
 from kdash.collectors.base import OK, Health, safe_call, safe_poll
 
-from kdash import schema
+from kdash import schema, target_python
 from kdash.analyses.cost import (
     DEFAULT_BUDGET,
     PC_GPU_SHARE,
@@ -258,6 +264,8 @@ class AgentTreeSource:
         self.pc_sampling = pc_sampling  # PC-sampling ranges in every agent (`L`, --pc-sampling)
         # pid -> "injecting" | "ok" | the one-line reason it failed (tried once per pid)
         self.injections: dict[int, str] = {}
+        # why the tree has no agent, read at each rescan rather than at every poll
+        self._no_agent_note: str | None = None
         # pause() comes from a capture worker thread while poll() runs on the poll thread.
         self._lock = threading.RLock()
 
@@ -337,7 +345,22 @@ class AgentTreeSource:
             self.agents[pid] = src
         if self.try_inject:
             self._inject_where_missing(pids)
+        self._no_agent_note = None if self.agents else self._why_no_agent(pids)
         self._update_health()
+
+    def _why_no_agent(self, pids: list[int]) -> str | None:
+        """The start-up hook's note, an injection's failure, or, for a tree `kdash run`
+        started, what in the tree keeps its Python from starting an agent."""
+        pid = self.target.pid
+        root = target_python.target_python(pid)
+        if target_python.armed(root, server.ENV_FLAG):
+            note = unavailable_note(pid)
+            if note is not None:
+                return note
+            tree = [root] + [target_python.target_python(p) for p in pids if p != pid]
+            return target_python.tree_note(pid, tree, server.ENV_FLAG, socket_problems())
+        failed = [st for st in self.injections.values() if st not in ("injecting", "ok")]
+        return agent_failure_note(pid) or (failed[0] if failed else None)
 
     def _inject_where_missing(self, pids: list[int]) -> None:
         """Start an injection for each CUDA-holding process of the tree without an agent
@@ -363,6 +386,8 @@ class AgentTreeSource:
             why = inject.inject(pid)
         except Exception as e:  # noqa: BLE001 - the reason becomes the pane's line
             why = f"injection into pid {pid} failed: {type(e).__name__}: {e}"
+        if why is not None:  # its install advice for the interpreter the target really runs
+            why = target_python.for_target(why, target_python.target_python(pid))
         with self._lock:
             self.injections[pid] = "ok" if why is None else why
             self._next_scan = 0.0  # connect at the next poll
@@ -428,11 +453,10 @@ class AgentTreeSource:
         pid = self.target.pid
         if not self.agents:
             running = [p for p, st in self.injections.items() if st == "injecting"]
-            failed = [st for st in self.injections.values() if st not in ("injecting", "ok")]
             if running:
                 self.health = Health("starting", f"injecting the kdash agent into pid {running[0]}")
                 return
-            note = agent_failure_note(pid) or (failed[0] if failed else None)
+            note = self._no_agent_note
             self.health = Health.unavailable(no_agent_reason(pid, note, self.inject_allowed))
             return
         states = {p: s.health for p, s in self.agents.items()}

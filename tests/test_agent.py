@@ -1300,7 +1300,11 @@ def test_attach_injects_into_a_tree_without_agent_or_says_why():
             assert tree.injections[p.pid] == "ok"
         else:
             assert wait_for(lambda: tree.poll(0) is not None and tree.health.state != "starting")
-            assert want.reason in tree.health.reason and "\n" not in tree.health.reason
+            # the check's advice, worded for the interpreter the target runs (its venv's)
+            from kdash import target_python
+
+            said = target_python.for_target(want.reason, target_python.target_python(p.pid))
+            assert said in tree.health.reason and "\n" not in tree.health.reason
         tree.stop()
     finally:
         out, err = p.communicate(timeout=30)
