@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,13 @@ class Target:
     pid: int
     cmdline: list[str] = field(default_factory=list)
     host: str = field(default_factory=socket.gethostname)
+    # (monotonic s, pids) of the last walk: the scheduler and agent sources both rescan the
+    # tree each second, and one walk reads every process's /proc stat on the machine
+    _walked: tuple[float, list[int]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    PIDS_MAX_AGE_S = 0.5
 
     @classmethod
     def from_pid(cls, pid: int) -> Target:
@@ -40,7 +48,17 @@ class Target:
             return False
 
     def pids(self) -> list[int]:
-        """The root and every descendant still alive (children spawn and die; re-read each poll)."""
+        """The root and every descendant still alive (children spawn and die: walked again
+        when the last walk is older than PIDS_MAX_AGE_S)."""
+        walked = self._walked
+        now = time.monotonic()
+        if walked is not None and now - walked[0] < self.PIDS_MAX_AGE_S:
+            return list(walked[1])
+        out = self._walk()
+        self._walked = (now, out)
+        return list(out)
+
+    def _walk(self) -> list[int]:
         try:
             root = psutil.Process(self.pid)
             kids = root.children(recursive=True)
