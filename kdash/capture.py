@@ -31,6 +31,7 @@ import stat
 import struct
 import zipfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -270,7 +271,6 @@ def _read_table(name: str, raw: bytes, expected: int | None, p: Path, member: st
     first (row count, uncompressed size, column types); read on this thread only, so a damaged
     file never leaves pyarrow's reader threads running when kdash exits."""
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     def damaged(why: object) -> CaptureError:
@@ -284,6 +284,29 @@ def _read_table(name: str, raw: bytes, expected: int | None, p: Path, member: st
         arrow_schema = pf.schema_arrow
     except Exception as e:  # noqa: BLE001 - pyarrow raises several types for corrupt input
         raise damaged(e) from None
+    _check_footer(rows, inflated, expected, p, member, damaged)
+    spec = dict(schema.TABLES[name])
+    present = {f.name: f.type for f in arrow_schema}
+    for col, code in spec.items():
+        if col in present and not _arrow_kind_ok(code, present[col]):
+            raise damaged(f"column {col} is {present[col]}, not {_KIND_NAMES[code[0]]}")
+    wanted = [c for c in spec if c in present]
+    df = _read_columns(pf, wanted, spec, rows, damaged)
+    for col, code in spec.items():  # a column kdash did not write yet: its n/a value
+        if col not in df.columns:
+            df[col] = schema.empty_column(code, len(df))
+    return df[list(spec)]
+
+
+def _check_footer(
+    rows: int,
+    inflated: int,
+    expected: int | None,
+    p: Path,
+    member: str,
+    damaged: Callable[[object], CaptureError],
+) -> None:
+    """The footer's row count and inflated size against kdash's limits and the metadata."""
     if rows < 0 or rows > limits.MAX_ROWS:
         raise limits.LimitError(
             f"{p}: {member} claims {rows} rows, over kdash's limit of {limits.MAX_ROWS} "
@@ -296,12 +319,19 @@ def _read_table(name: str, raw: bytes, expected: int | None, p: Path, member: st
             f"{p}: {member} inflates to {inflated / 2**30:.1f} GiB, over kdash's limit of "
             f"{limits.MAX_PARQUET_BYTES / 2**30:.0f} GiB"
         )
-    spec = dict(schema.TABLES[name])
-    present = {f.name: f.type for f in arrow_schema}
-    for col, code in spec.items():
-        if col in present and not _arrow_kind_ok(code, present[col]):
-            raise damaged(f"column {col} is {present[col]}, not {_KIND_NAMES[code[0]]}")
-    wanted = [c for c in spec if c in present]
+
+
+def _read_columns(
+    pf: Any,
+    wanted: list[str],
+    spec: dict[str, str],
+    rows: int,
+    damaged: Callable[[object], CaptureError],
+) -> Any:
+    """The wanted columns as a DataFrame, nulls filled with each column's n/a value."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     try:
         tbl = pf.read(columns=wanted, use_threads=False)
         if tbl.num_rows != rows:
@@ -312,17 +342,13 @@ def _read_table(name: str, raw: bytes, expected: int | None, p: Path, member: st
                 fill = _fill_scalar(spec[col])
                 filled = pc.fill_null(arr.cast(_arrow_type(spec[col])), fill)
                 tbl = tbl.set_column(tbl.schema.get_field_index(col), col, filled)
-        df = tbl.to_pandas(use_threads=False)
+        return tbl.to_pandas(use_threads=False)
     except CaptureError:
         raise
     except MemoryError:
         raise
     except Exception as e:  # noqa: BLE001 - pyarrow raises several types for corrupt input
         raise damaged(e) from None
-    for col, code in spec.items():  # a column kdash did not write yet: its n/a value
-        if col not in df.columns:
-            df[col] = schema.empty_column(code, len(df))
-    return df[list(spec)]
 
 
 _KIND_NAMES = {"s": "strings", "f": "numbers", "i": "integers"}
@@ -491,46 +517,63 @@ META_SPEC = _Obj(
 
 def _check(value: object, spec: Any, where: str) -> str:
     """ "" when `value` fits `spec`, else what does not (naming the key)."""
-    here = where or "the metadata"
     if isinstance(spec, tuple):
-        for alt in spec:
-            if isinstance(alt, _Obj | _List | _Map):
-                if isinstance(value, dict if not isinstance(alt, _List) else list):
-                    return _check(value, alt, where)
-            elif isinstance(value, alt) and not (isinstance(value, bool) and alt in (int, float)):
-                if isinstance(value, int) and not -(2**63) <= value < 2**63:
-                    return f"{here} is an integer beyond 64 bits"
-                return ""
-        return f"{here} is {_json_type(value)}, not {_spec_name(spec)}"
+        return _check_alts(value, spec, where)
     if isinstance(spec, _Obj):
-        if not isinstance(value, dict):
-            return f"{here} is {_json_type(value)}, not an object"
-        for key in spec.required:
-            if key not in value:
-                return f"{where}.{key} is missing" if where else f"{key} is missing"
-        for key, sub in spec.fields.items():
-            if key in value:
-                problem = _check(value[key], sub, f"{where}.{key}" if where else key)
-                if problem:
-                    return problem
-        return ""
+        return _check_obj(value, spec, where)
     if isinstance(spec, _List):
-        if not isinstance(value, list):
-            return f"{here} is {_json_type(value)}, not a list"
-        for i, item in enumerate(value):
-            problem = _check(item, spec.item, f"{here}[{i}]")
-            if problem:
-                return problem
-        return ""
+        return _check_list(value, spec, where)
     if isinstance(spec, _Map):
-        if not isinstance(value, dict):
-            return f"{here} is {_json_type(value)}, not an object"
-        for key, item in value.items():
-            problem = _check(item, spec.value, f"{where}.{key}" if where else key)
+        return _check_map(value, spec, where)
+    raise TypeError(f"bad spec {spec!r}")
+
+
+def _check_alts(value: object, spec: tuple, where: str) -> str:
+    here = where or "the metadata"
+    for alt in spec:
+        if isinstance(alt, _Obj | _List | _Map):
+            if isinstance(value, dict if not isinstance(alt, _List) else list):
+                return _check(value, alt, where)
+        elif isinstance(value, alt) and not (isinstance(value, bool) and alt in (int, float)):
+            if isinstance(value, int) and not -(2**63) <= value < 2**63:
+                return f"{here} is an integer beyond 64 bits"
+            return ""
+    return f"{here} is {_json_type(value)}, not {_spec_name(spec)}"
+
+
+def _check_obj(value: object, spec: _Obj, where: str) -> str:
+    if not isinstance(value, dict):
+        return f"{where or 'the metadata'} is {_json_type(value)}, not an object"
+    for key in spec.required:
+        if key not in value:
+            return f"{where}.{key} is missing" if where else f"{key} is missing"
+    for key, sub in spec.fields.items():
+        if key in value:
+            problem = _check(value[key], sub, f"{where}.{key}" if where else key)
             if problem:
                 return problem
-        return ""
-    raise TypeError(f"bad spec {spec!r}")
+    return ""
+
+
+def _check_list(value: object, spec: _List, where: str) -> str:
+    here = where or "the metadata"
+    if not isinstance(value, list):
+        return f"{here} is {_json_type(value)}, not a list"
+    for i, item in enumerate(value):
+        problem = _check(item, spec.item, f"{here}[{i}]")
+        if problem:
+            return problem
+    return ""
+
+
+def _check_map(value: object, spec: _Map, where: str) -> str:
+    if not isinstance(value, dict):
+        return f"{where or 'the metadata'} is {_json_type(value)}, not an object"
+    for key, item in value.items():
+        problem = _check(item, spec.value, f"{where}.{key}" if where else key)
+        if problem:
+            return problem
+    return ""
 
 
 def _spec_name(spec: tuple) -> str:
