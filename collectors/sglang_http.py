@@ -511,22 +511,9 @@ def parse_metrics(text: str) -> Scrape:
         if name in GAUGES:
             gauge_series[name] = [(s.labels, float(s.value)) for s in fam.samples]
         elif name in HISTOGRAMS:
-            buckets = out.hist.setdefault(HISTOGRAMS[name], {})
-            for s in fam.samples:
-                if s.name.endswith("_bucket") and "le" in s.labels:
-                    le = float(s.labels["le"])
-                    buckets[le] = buckets.get(le, 0.0) + float(s.value)
+            _add_buckets(out.hist.setdefault(HISTOGRAMS[name], {}), fam.samples)
         elif name == STAGE_HISTOGRAM:
-            samples = [
-                (s.labels, float(s.value)) for s in fam.samples if s.name.endswith("_bucket")
-            ]
-            for items in one_per_dp(samples, keep=("stage", "le")).values():
-                for labels, v in items:
-                    if "le" not in labels or "stage" not in labels:
-                        continue
-                    buckets = out.hist.setdefault(f"stage.{labels['stage']}", {})
-                    le = float(labels["le"])
-                    buckets[le] = buckets.get(le, 0.0) + v
+            _add_stage_buckets(out.hist, fam.samples)
         elif base in SCHED_COUNTERS:
             samples = [(s.labels, float(s.value)) for s in fam.samples if s.name.endswith("_total")]
             per_dp = [sum(v for _, v in items) for items in one_per_dp(samples, ("x",)).values()]
@@ -537,6 +524,32 @@ def parse_metrics(text: str) -> Scrape:
             out.counters[COUNTERS[base]] = total
     if "itl" not in out.hist and "tpot" in out.hist:
         out.hist["itl"] = out.hist.pop("tpot")
+    _add_gauges(out, gauge_series)
+    return out
+
+
+def _add_buckets(buckets: dict[float, float], samples: Iterable[Any]) -> None:
+    """A histogram family's bucket samples summed into `buckets` (upper bound -> count)."""
+    for s in samples:
+        if s.name.endswith("_bucket") and "le" in s.labels:
+            le = float(s.labels["le"])
+            buckets[le] = buckets.get(le, 0.0) + float(s.value)
+
+
+def _add_stage_buckets(hist: dict[str, dict[float, float]], samples: Iterable[Any]) -> None:
+    """The per-stage histogram as one `stage.<name>` histogram per stage, one DP rank each."""
+    series = [(s.labels, float(s.value)) for s in samples if s.name.endswith("_bucket")]
+    for items in one_per_dp(series, keep=("stage", "le")).values():
+        for labels, v in items:
+            if "le" not in labels or "stage" not in labels:
+                continue
+            buckets = hist.setdefault(f"stage.{labels['stage']}", {})
+            le = float(labels["le"])
+            buckets[le] = buckets.get(le, 0.0) + v
+
+
+def _add_gauges(out: Scrape, gauge_series: dict[str, list[tuple[dict[str, str], float]]]) -> None:
+    """Gauges combined over DP ranks, and one ranked row per rank when there are several."""
     for name, series in gauge_series.items():
         per_dp = {
             dp: items[0][1]
@@ -550,7 +563,6 @@ def parse_metrics(text: str) -> Scrape:
             for dp, v in per_dp.items():
                 if dp != "":
                     out.ranked[f"{name}[dp={dp}]"] = v
-    return out
 
 
 def bucket_quantile(q: float, buckets: Mapping[float, float]) -> float:
@@ -785,46 +797,62 @@ class SglangMetricsSource:
         # Histograms: compare with the newest scrape at least hist_window_s old (less half a
         # poll interval, so a poll that comes a little early still pairs with the previous one).
         min_age = int((self.hist_window_s - self.interval_s / 2) * 1e9)
+        self._window_quantiles(rows, scrape, now_ns, min_age)
+        self._bucket_rows(rows, scrape)
+        self._prev_hist = scrape.hist
+        self._hist_hist.append((now_ns, scrape.hist))
+        while len(self._hist_hist) > 1 and now_ns - self._hist_hist[1][0] >= min_age:
+            self._hist_hist.popleft()
+        self._counter_rates(rows, scrape, now_ns)
+        self._last_counters = (now_ns, scrape.counters)
+        return rows
+
+    def _window_quantiles(
+        self, rows: dict[str, float], scrape: Scrape, now_ns: int, min_age: int
+    ) -> None:
+        """Count and quantile rows per histogram over the observations since the newest kept
+        scrape at least `min_age` old; none before there is one."""
         base = None
         for t, h in self._hist_hist:
             if now_ns - t >= min_age:
                 base = h
             else:
                 break
-        if base is not None:
-            for short, buckets in scrape.hist.items():
-                delta = bucket_delta(buckets, base.get(short, {}))
-                n = delta.get(math.inf, 0.0)
-                if n > 0:
-                    rows[f"{short}_n"] = n
-                    for q, tag in QUANTILES:
-                        rows[f"{short}_{tag}_s"] = bucket_quantile(q, delta)
+        if base is None:
+            return
+        for short, buckets in scrape.hist.items():
+            delta = bucket_delta(buckets, base.get(short, {}))
+            n = delta.get(math.inf, 0.0)
+            if n > 0:
+                rows[f"{short}_n"] = n
+                for q, tag in QUANTILES:
+                    rows[f"{short}_{tag}_s"] = bucket_quantile(q, delta)
+
+    def _bucket_rows(self, rows: dict[str, float], scrape: Scrape) -> None:
         # Bucket counts observed since the previous scrape, one row per bound
         # (`ttft_le:0.1`, ..., `ttft_le:+Inf`; cumulative within the delta, as Prometheus
         # buckets are): summing them over any span of rows gives that span's histogram, so a
         # pane can take p50/p99 over its whole window, not only per scrape.
-        if self._prev_hist is not None:
-            for short, buckets in scrape.hist.items():
-                if short.startswith("stage."):
-                    continue  # 30 buckets per stage: quantile rows only
-                delta = bucket_delta(buckets, self._prev_hist.get(short, {}))
-                if delta.get(math.inf, 0.0) > 0:
-                    for le, c in delta.items():
-                        rows[f"{short}{BUCKET_TAG}{_le_text(le)}"] = c
-        self._prev_hist = scrape.hist
-        self._hist_hist.append((now_ns, scrape.hist))
-        while len(self._hist_hist) > 1 and now_ns - self._hist_hist[1][0] >= min_age:
-            self._hist_hist.popleft()
-        # Counter rates
-        if self._last_counters is not None:
-            t_old, old = self._last_counters
-            dt = (now_ns - t_old) / 1e9
-            if dt > 0:
-                for k, v in scrape.counters.items():
-                    if k in old and v >= old[k]:
-                        rows[k] = (v - old[k]) / dt
-        self._last_counters = (now_ns, scrape.counters)
-        return rows
+        if self._prev_hist is None:
+            return
+        for short, buckets in scrape.hist.items():
+            if short.startswith("stage."):
+                continue  # 30 buckets per stage: quantile rows only
+            delta = bucket_delta(buckets, self._prev_hist.get(short, {}))
+            if delta.get(math.inf, 0.0) > 0:
+                for le, c in delta.items():
+                    rows[f"{short}{BUCKET_TAG}{_le_text(le)}"] = c
+
+    def _counter_rates(self, rows: dict[str, float], scrape: Scrape, now_ns: int) -> None:
+        """Per-second rates of the counters since the previous scrape (a reset gives none)."""
+        if self._last_counters is None:
+            return
+        t_old, old = self._last_counters
+        dt = (now_ns - t_old) / 1e9
+        if dt > 0:
+            for k, v in scrape.counters.items():
+                if k in old and v >= old[k]:
+                    rows[k] = (v - old[k]) / dt
 
 
 # -- a capture window through the server's own profiler ------------------------------------
