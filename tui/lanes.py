@@ -238,8 +238,60 @@ def render_lanes(
     out = Text(no_wrap=True, overflow="ellipsis")
     rows: list[tuple[str, str, Style, list[tuple[int, int]]]] = []
 
-    # Recorded time: the agent's "activity on" windows. None: no windows, all recorded (and
-    # in the window view every column but the cuts is recorded time).
+    recorded, nvtx_rows = _recorded(markers, duty_cycled, packing, since_ns, until_ns, bins)
+    extra_note = ""
+    if nvtx_rows is not None and nvtx_rows.any():
+        extra_note = _nvtx_lanes(rows, markers, nvtx_rows, scale, bins, cuts, st)
+
+    keys, n_pairs, shown, busy = _kernel_busy(kernels, scale, bins)
+    unrec_runs: list[tuple[int, int]] = []
+    unrecorded = None
+    if recorded is not None:
+        # A bin with a kernel was recorded whatever the windows say (the live tail: a window's
+        # row is sent when it closes, its kernels may come first).
+        unrecorded = (recorded <= 0) & (busy.sum(axis=0) <= 0)
+        unrec_runs = _runs(unrecorded)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            busy = np.where(recorded > 0, np.minimum(1.0, busy / recorded), busy)
+    if cuts is not None and len(cuts):
+        unrec_runs = [(int(c), int(c) + 1) for c in cuts]  # the cuts are drawn dim too
+    for n in range(shown):
+        k = int(keys[n])
+        name = f"GPU{k >> 40} s{k - ((k >> 40) << 40) - 1}"
+        rows.append((name, lane_chars(busy[n], unrecorded, cuts), st.lane, unrec_runs))
+    if idle is not None and len(idle["start_ns"]):
+        for d in sorted({int(k) >> 40 for k in keys[:shown]}):
+            chars = idle_chars(idle, d, since_ns, until_ns, bins, packing)
+            if chars.replace(CUT, " ").strip():
+                rows.append((f"GPU{d} idle", chars, st.note, []))
+
+    _append_rows(out, rows, st)
+    if n_pairs > MAX_LANES:
+        out.append(f"\n… {n_pairs - MAX_LANES} more streams", st.note)
+    if extra_note:
+        out.append("\n" + extra_note, st.note)
+    if packing is not None:
+        line_axis = packed_axis(packing, label or (lambda t: f"{(t - since_ns) / 1e9:.1f}s"))
+    else:
+        line_axis = axis(bins)
+    out.append("\n" + " " * LABEL_W + line_axis, st.note)
+    line = _note_parts(packing, recorded, notes, since_ns, until_ns)
+    if line:
+        out.append("\n" + " · ".join(line), st.note)
+    return out
+
+
+def _recorded(
+    markers: dict[str, np.ndarray] | None,
+    duty_cycled: bool | None,
+    packing: Packing | None,
+    since_ns: int,
+    until_ns: int,
+    bins: int,
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Recorded time per bin from the agent's "activity on" windows (None: no windows, all
+    recorded; in the window view every column but the cuts is recorded time), and which
+    marker rows are NVTX ranges (None without markers)."""
     recorded = None
     nvtx_rows = None
     if markers is not None and len(markers["start_ns"]):
@@ -256,28 +308,45 @@ def render_lanes(
         nvtx_rows = ~own
     elif duty_cycled and packing is None:
         recorded = np.zeros(bins)
+    return recorded, nvtx_rows
 
-    # NVTX lanes: one per domain (most rows first), shaded where any range covers the bin.
-    extra_note = ""
-    if nvtx_rows is not None and nvtx_rows.any():
-        doms = markers["domain"][nvtx_rows].astype(str)
-        codes, uniq = _factorize(doms)
-        order = np.argsort(-np.bincount(codes, minlength=len(uniq)), kind="stable")
-        keep = order[:MAX_NVTX_LANES]
-        remap = np.full(len(uniq), -1, dtype=np.int64)
-        remap[keep] = np.arange(len(keep))
-        lane = remap[codes]
-        sel = lane >= 0
-        s = markers["start_ns"][nvtx_rows][sel].astype(np.int64)
-        e = markers["end_ns"][nvtx_rows][sel].astype(np.int64)
-        e = np.maximum(e, s + 1)  # an instant marker still marks its bin
-        frac = coverage_of(lane[sel], len(keep), scale(s), scale(e), bins)
-        for i, d in enumerate(uniq[keep]):
-            rows.append((f"nvtx {d}", lane_chars(frac[i], None, cuts), st.nvtx, []))
-        if len(uniq) > MAX_NVTX_LANES:
-            extra_note = f"… {len(uniq) - MAX_NVTX_LANES} more NVTX domains"
 
-    # Kernel lanes. One int64 key per (device, stream); stream + 1 keeps -1 (n/a) >= 0.
+def _nvtx_lanes(
+    rows: list[tuple[str, str, Style, list[tuple[int, int]]]],
+    markers: dict[str, np.ndarray],
+    nvtx_rows: np.ndarray,
+    scale: Scale,
+    bins: int,
+    cuts: np.ndarray | None,
+    st: LaneStyles,
+) -> str:
+    """NVTX lanes into `rows`: one per domain (most rows first), shaded where any range
+    covers the bin. Returns the note on the domains left out ("" when none were)."""
+    doms = markers["domain"][nvtx_rows].astype(str)
+    codes, uniq = _factorize(doms)
+    order = np.argsort(-np.bincount(codes, minlength=len(uniq)), kind="stable")
+    keep = order[:MAX_NVTX_LANES]
+    remap = np.full(len(uniq), -1, dtype=np.int64)
+    remap[keep] = np.arange(len(keep))
+    lane = remap[codes]
+    sel = lane >= 0
+    s = markers["start_ns"][nvtx_rows][sel].astype(np.int64)
+    e = markers["end_ns"][nvtx_rows][sel].astype(np.int64)
+    e = np.maximum(e, s + 1)  # an instant marker still marks its bin
+    frac = coverage_of(lane[sel], len(keep), scale(s), scale(e), bins)
+    for i, d in enumerate(uniq[keep]):
+        rows.append((f"nvtx {d}", lane_chars(frac[i], None, cuts), st.nvtx, []))
+    if len(uniq) > MAX_NVTX_LANES:
+        return f"… {len(uniq) - MAX_NVTX_LANES} more NVTX domains"
+    return ""
+
+
+def _kernel_busy(
+    kernels: dict[str, np.ndarray], scale: Scale, bins: int
+) -> tuple[np.ndarray, int, int, np.ndarray]:
+    """Kernel lanes' busy share per bin: the (device, stream) keys, how many pairs there are,
+    how many are shown, and the busy matrix (shown x bins)."""
+    # One int64 key per (device, stream); stream + 1 keeps -1 (n/a) >= 0.
     dev = kernels["device"].astype(np.int64)
     stream = kernels["stream"].astype(np.int64, copy=False)
     # Dense keys when the stream ids are a small range (the usual case): the O(n) table path.
@@ -303,27 +372,13 @@ def render_lanes(
         if len(starts)
         else np.zeros((shown, bins))
     )
-    unrec_runs: list[tuple[int, int]] = []
-    unrecorded = None
-    if recorded is not None:
-        # A bin with a kernel was recorded whatever the windows say (the live tail: a window's
-        # row is sent when it closes, its kernels may come first).
-        unrecorded = (recorded <= 0) & (busy.sum(axis=0) <= 0)
-        unrec_runs = _runs(unrecorded)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            busy = np.where(recorded > 0, np.minimum(1.0, busy / recorded), busy)
-    if cuts is not None and len(cuts):
-        unrec_runs = [(int(c), int(c) + 1) for c in cuts]  # the cuts are drawn dim too
-    for n in range(shown):
-        k = int(keys[n])
-        name = f"GPU{k >> 40} s{k - ((k >> 40) << 40) - 1}"
-        rows.append((name, lane_chars(busy[n], unrecorded, cuts), st.lane, unrec_runs))
-    if idle is not None and len(idle["start_ns"]):
-        for d in sorted({int(k) >> 40 for k in keys[:shown]}):
-            chars = idle_chars(idle, d, since_ns, until_ns, bins, packing)
-            if chars.replace(CUT, " ").strip():
-                rows.append((f"GPU{d} idle", chars, st.note, []))
+    return keys, n_pairs, shown, busy
 
+
+def _append_rows(
+    out: Text, rows: list[tuple[str, str, Style, list[tuple[int, int]]]], st: LaneStyles
+) -> None:
+    """Each lane as a label and its characters, its unrecorded runs dimmed."""
     for i, (name, chars, style, runs) in enumerate(rows):
         if i:
             out.append("\n")
@@ -332,15 +387,16 @@ def render_lanes(
         out.append(chars, style)
         for a, b in runs:
             out.stylize(st.unrecorded, at + a, at + b)
-    if n_pairs > MAX_LANES:
-        out.append(f"\n… {n_pairs - MAX_LANES} more streams", st.note)
-    if extra_note:
-        out.append("\n" + extra_note, st.note)
-    if packing is not None:
-        line_axis = packed_axis(packing, label or (lambda t: f"{(t - since_ns) / 1e9:.1f}s"))
-    else:
-        line_axis = axis(bins)
-    out.append("\n" + " " * LABEL_W + line_axis, st.note)
+
+
+def _note_parts(
+    packing: Packing | None,
+    recorded: np.ndarray | None,
+    notes: str | None,
+    since_ns: int,
+    until_ns: int,
+) -> list[str]:
+    """The last line's parts: the window view's note or the share recorded, then `notes`."""
     line = []
     if packing is not None:
         line.append(window_note(packing, (until_ns - since_ns) / 1e9))
@@ -349,6 +405,4 @@ def render_lanes(
         line.append(f"{UNRECORDED} not recorded (agent duty cycle: {100 * share:.0f}% recorded)")
     if notes:
         line.append(notes)
-    if line:
-        out.append("\n" + " · ".join(line), st.note)
-    return out
+    return line
