@@ -45,6 +45,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .scheduler import ArrivalProcess, Scheduler, Step, off_local_cpus, parse_cpulist
 
@@ -575,21 +576,7 @@ def run(args: argparse.Namespace) -> int:
         stop["now"] = True
 
     signal.signal(signal.SIGTERM, on_signal)
-    notes = [f"pid {os.getpid()}, launch thread {threading_tid()}"]
-    neighbour = None
-    if args.pin_off_local and cuda:
-        notes.append(pin_off_local(torch.cuda.current_device()))
-    if args.noisy_neighbour:
-        neighbour, msg = start_noisy_neighbour()
-        notes.append(msg)
-    if args.sync_every_step:
-        notes.append("synchronizing after every step")
-    graphs = cuda and args.graph_decode and not args.eager_decode
-    notes.append(
-        "decode: replayed from CUDA graphs, one per padded batch size"
-        if graphs
-        else "decode: eager, every kernel launched from Python (--graph-decode: CUDA graphs)"
-    )
+    notes, neighbour, graphs = _start_extras(args, cuda)
     t_build = time.monotonic()
     engine = Engine(
         cfg,
@@ -631,15 +618,7 @@ def run(args: argparse.Namespace) -> int:
                 continue
             toks = engine.prefill(step) if step.kind == "prefill" else decoder.decode(step)
             if cuda:
-                host = torch.empty(toks.shape, dtype=toks.dtype, pin_memory=True)
-                host.copy_(toks, non_blocking=True)
-                ev = torch.cuda.Event()
-                ev.record()
-                if args.sync_every_step:
-                    torch.cuda.synchronize()
-                elif pending is not None:
-                    pending[0].synchronize()
-                pending = (ev, host)
+                pending = _copy_tokens(toks, pending, args.sync_every_step)
             done = sched.complete(step, time.monotonic() - t0)
             totals["finished"] += len(done)
             tokens = step.num_tokens
@@ -649,15 +628,7 @@ def run(args: argparse.Namespace) -> int:
             totals["steps"] += 1
             now = time.monotonic()
             if now - last_report >= args.report_every:
-                dt = now - last_report
-                print(
-                    f"[{now - t0:7.1f}s] decode {win['decode'] / dt:8.0f} tok/s  "
-                    f"prefill {win['prefill'] / dt:8.0f} tok/s  steps/s {win['steps'] / dt:6.1f}  "
-                    f"running {len(sched.running):3d} waiting {len(sched.waiting):3d}  "
-                    f"free pages {sched.pages.num_free}/{args.num_pages}  "
-                    f"done {totals['finished']} preempted {sched.preemptions}",
-                    flush=True,
-                )
+                _report(now - t0, now - last_report, win, totals, sched, args.num_pages)
                 win = {"prefill": 0, "decode": 0, "steps": 0}
                 last_report = now
     except KeyboardInterrupt:
@@ -668,7 +639,74 @@ def run(args: argparse.Namespace) -> int:
         if neighbour is not None:
             neighbour.terminate()
             neighbour.wait(timeout=5)
-    el = max(1e-9, time.monotonic() - t0)
+    _summary(max(1e-9, time.monotonic() - t0), totals, decoder)
+    return 0
+
+
+def _start_extras(args: argparse.Namespace, cuda: bool) -> tuple[list[str], Any, bool]:
+    """The notes printed at start, after what they describe is set up (CPU pinning, the noisy
+    neighbour, whose process is returned to be stopped at the end), and whether decode
+    replays CUDA graphs."""
+    import torch
+
+    notes = [f"pid {os.getpid()}, launch thread {threading_tid()}"]
+    neighbour = None
+    if args.pin_off_local and cuda:
+        notes.append(pin_off_local(torch.cuda.current_device()))
+    if args.noisy_neighbour:
+        neighbour, msg = start_noisy_neighbour()
+        notes.append(msg)
+    if args.sync_every_step:
+        notes.append("synchronizing after every step")
+    graphs = cuda and args.graph_decode and not args.eager_decode
+    notes.append(
+        "decode: replayed from CUDA graphs, one per padded batch size"
+        if graphs
+        else "decode: eager, every kernel launched from Python (--graph-decode: CUDA graphs)"
+    )
+    return notes, neighbour, graphs
+
+
+def _copy_tokens(
+    toks: Any, pending: tuple[Any, Any] | None, sync_every_step: bool
+) -> tuple[Any, Any]:
+    """The step's tokens copied to pinned host memory behind an event; the step before is
+    waited on (one step late), or the whole device with `sync_every_step`. Returns this
+    step's (event, host tokens)."""
+    import torch
+
+    host = torch.empty(toks.shape, dtype=toks.dtype, pin_memory=True)
+    host.copy_(toks, non_blocking=True)
+    ev = torch.cuda.Event()
+    ev.record()
+    if sync_every_step:
+        torch.cuda.synchronize()
+    elif pending is not None:
+        pending[0].synchronize()
+    return (ev, host)
+
+
+def _report(
+    at: float,
+    dt: float,
+    win: dict[str, int],
+    totals: dict[str, int],
+    sched: Scheduler,
+    num_pages: int,
+) -> None:
+    """One progress line: the rates over the last `dt` seconds and the scheduler's state."""
+    print(
+        f"[{at:7.1f}s] decode {win['decode'] / dt:8.0f} tok/s  "
+        f"prefill {win['prefill'] / dt:8.0f} tok/s  steps/s {win['steps'] / dt:6.1f}  "
+        f"running {len(sched.running):3d} waiting {len(sched.waiting):3d}  "
+        f"free pages {sched.pages.num_free}/{num_pages}  "
+        f"done {totals['finished']} preempted {sched.preemptions}",
+        flush=True,
+    )
+
+
+def _summary(el: float, totals: dict[str, int], decoder: Any) -> None:
+    """The last line: mean rates over the whole run, the decode graphs captured."""
     graphs_note = ""
     if isinstance(decoder, GraphDecoder):
         graphs_note = f", decode graphs captured for batch sizes {sorted(decoder.captured)}"
@@ -678,7 +716,6 @@ def run(args: argparse.Namespace) -> int:
         f"{totals['finished']} requests done{graphs_note}",
         flush=True,
     )
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
