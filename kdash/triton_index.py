@@ -125,39 +125,11 @@ class TritonIndex:
                     c.score += 3
                     c.reasons.append(f"module matches {module_hint!r}")
             if caller_file:
-                cf = os.path.realpath(caller_file)
-                if os.path.realpath(f.file) == cf:
-                    c.score += 4
-                    c.reasons.append("defined in the launching file")
-                elif any(os.path.realpath(s.file) == cf for s in f.launches):
-                    c.score += 4
-                    c.reasons.append("launched from that file")
-                elif os.path.dirname(os.path.realpath(f.file)) == os.path.dirname(cf):
-                    c.score += 1
-                    c.reasons.append("same folder as the launching file")
+                _score_caller(c, f, caller_file)
             if block:
-                threads = 1
-                for b in block:
-                    if b and b > 0:
-                        threads *= b
-                warps = threads // 32 if threads % 32 == 0 else None
-                known = f.launch_num_warps()
-                if warps is not None and known:
-                    if warps in known:
-                        c.score += 2
-                        c.reasons.append(f"num_warps={warps} at a launch site")
-                    else:
-                        c.score -= 1
-                        c.reasons.append(f"launch sites use num_warps {sorted(known)}, not {warps}")
+                _score_block(c, f, block)
             if grid:
-                used = [i for i, g in enumerate(grid[:3]) if g and g > 1]
-                axes = set(f.program_axes)
-                if used and axes and not set(used) <= axes:
-                    c.score -= 2
-                    c.reasons.append(f"grid uses axes {used}; kernel reads {sorted(axes)}")
-                elif used and axes and set(used) <= axes:
-                    c.score += 0.5
-                    c.reasons.append("grid axes read by the kernel")
+                _score_grid(c, f, grid)
             out.append(c)
         out.sort(key=lambda c: (-c.score, c.function.qualname))
         return out
@@ -170,6 +142,49 @@ class TritonIndex:
         if len(ranked) > 1 and ranked[0].score == ranked[1].score:
             return None
         return ranked[0].function
+
+
+def _score_caller(c: Candidate, f: TritonFunction, caller_file: str) -> None:
+    """Closer to the launching file scores higher: defined or launched there, or beside it."""
+    cf = os.path.realpath(caller_file)
+    if os.path.realpath(f.file) == cf:
+        c.score += 4
+        c.reasons.append("defined in the launching file")
+    elif any(os.path.realpath(s.file) == cf for s in f.launches):
+        c.score += 4
+        c.reasons.append("launched from that file")
+    elif os.path.dirname(os.path.realpath(f.file)) == os.path.dirname(cf):
+        c.score += 1
+        c.reasons.append("same folder as the launching file")
+
+
+def _score_block(c: Candidate, f: TritonFunction, block: Sequence[int]) -> None:
+    """The block's warp count against the num_warps its launch sites pass."""
+    threads = 1
+    for b in block:
+        if b and b > 0:
+            threads *= b
+    warps = threads // 32 if threads % 32 == 0 else None
+    known = f.launch_num_warps()
+    if warps is not None and known:
+        if warps in known:
+            c.score += 2
+            c.reasons.append(f"num_warps={warps} at a launch site")
+        else:
+            c.score -= 1
+            c.reasons.append(f"launch sites use num_warps {sorted(known)}, not {warps}")
+
+
+def _score_grid(c: Candidate, f: TritonFunction, grid: Sequence[int]) -> None:
+    """The grid axes in use against the program axes the kernel reads."""
+    used = [i for i, g in enumerate(grid[:3]) if g and g > 1]
+    axes = set(f.program_axes)
+    if used and axes and not set(used) <= axes:
+        c.score -= 2
+        c.reasons.append(f"grid uses axes {used}; kernel reads {sorted(axes)}")
+    elif used and axes and set(used) <= axes:
+        c.score += 0.5
+        c.reasons.append("grid axes read by the kernel")
 
 
 def resolve_kernels(
