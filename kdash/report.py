@@ -229,8 +229,20 @@ def _plain(v):
 
 def render(summary: dict, console) -> None:
     """Print the summary as rich tables (plain text when the output is not a terminal)."""
-    from rich.table import Table
+    _render_head(summary, console)
+    _render_table_rows(summary, console)
+    _render_gpus(summary, console)
+    for g in summary.get("gpu_time") or []:
+        console.print("  " + _gpu_time_line(g))
+    _render_findings(summary, console)
+    _render_threads(summary, console)
+    _render_kernels(summary, console)
+    _render_cpu_ops(summary, console)
+    _render_hot_lines(summary, console)
 
+
+def _render_head(summary: dict, console) -> None:
+    """The capture's title line, its target, window, versions, GPUs and sources."""
     tgt = summary["target"]
     win = summary["window"]
     head = f"[b]{summary.get('title') or 'kdash capture'}[/b]  pid {tgt['pid']} on {tgt['host']}"
@@ -248,6 +260,11 @@ def render(summary: dict, console) -> None:
         )
     console.print("  sources: " + ", ".join(f"{k} {v}" for k, v in summary["sources"].items()))
 
+
+def _render_table_rows(summary: dict, console) -> None:
+    """Rows per table (the non-empty ones)."""
+    from rich.table import Table
+
     tables = Table(title="Tables", show_header=True)
     tables.add_column("table")
     tables.add_column("rows", justify="right")
@@ -255,6 +272,11 @@ def render(summary: dict, console) -> None:
         if n:
             tables.add_row(name, str(n))
     console.print(tables)
+
+
+def _render_gpus(summary: dict, console) -> None:
+    """Clocks, temperature, power, utilisation and throttle reasons per GPU."""
+    from rich.table import Table
 
     if summary["gpu_summary"]:
         gt = Table(title="GPUs over the window")
@@ -283,8 +305,10 @@ def render(summary: dict, console) -> None:
         console.print(gt)
         console.print("  (util % = share of time a kernel was running, not SM occupancy)")
 
-    for g in summary.get("gpu_time") or []:
-        console.print("  " + _gpu_time_line(g))
+
+def _render_findings(summary: dict, console) -> None:
+    """The findings: a table when wide, a block each when narrow."""
+    from rich.table import Table
 
     if summary["findings"] and console.width < 120:
         # A five-column table at 80 wide folds every cell into a narrow strip: a block each.
@@ -307,6 +331,11 @@ def render(summary: dict, console) -> None:
     else:
         console.print("Findings: none over this window")
 
+
+def _render_threads(summary: dict, console) -> None:
+    """The busiest threads."""
+    from rich.table import Table
+
     if summary["threads_top"]:
         tt = Table(title="Busiest threads")
         for c in ("pid", "tid", "name", "cpu %", "runq ms/s", "CPUs seen", "allowed", "invol sw"):
@@ -323,6 +352,11 @@ def render(summary: dict, console) -> None:
                 str(r["invol_switches"]),
             )
         console.print(tt)
+
+
+def _render_kernels(summary: dict, console) -> None:
+    """The top kernels by GPU time, or why there are none."""
+    from rich.table import Table
 
     if summary["top_kernels"]:
         kt = Table(title="Top kernels (by GPU time)")
@@ -361,6 +395,11 @@ def render(summary: dict, console) -> None:
             "torch.profiler trace recorded with CUDA activity)"
         )
 
+
+def _render_cpu_ops(summary: dict, console) -> None:
+    """The top CPU ops by self time and the threads that ran them."""
+    from rich.table import Table
+
     if summary.get("top_cpu_ops"):
         from rich.markup import escape
 
@@ -392,6 +431,11 @@ def render(summary: dict, console) -> None:
                 f"{_fmt(r['busy_ms'], 3)} ms in ops, most self time in "
                 f"{escape(_cut(r['top_op'], 48))} ({_fmt(r['top_op_self_ms'], 3)} ms)"
             )
+
+
+def _render_hot_lines(summary: dict, console) -> None:
+    """The hot source lines from PC sampling, or why there are none."""
+    from rich.table import Table
 
     if summary.get("hot_lines"):
         ht = Table(title="Hot source lines (PC sampling)")
