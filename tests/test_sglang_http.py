@@ -130,106 +130,7 @@ class StandIn:
 
     # -- HTTP ------------------------------------------------------------------------------
     def _handler(self) -> type[BaseHTTPRequestHandler]:
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, fmt: str, *args: Any) -> None:  # keep pytest output clean
-                return
-
-            def _send(self, code: int, body: str | bytes, ctype: str = "application/json"):
-                data = body.encode() if isinstance(body, str) else body
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _route(self, method: str) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
-                body = json.loads(raw) if raw else None
-                owner.requests.append((method, self.path, body, dict(self.headers)))
-                if self.path == "/health":
-                    return self._send(200, "")
-                if owner.api_key and self.headers.get("Authorization") != f"Bearer {owner.api_key}":
-                    return self._send(401, json.dumps({"error": "Unauthorized"}))
-                if self.path in ("/server_info", "/get_server_info"):
-                    info = {
-                        "tp_size": owner.tp_size,
-                        "dp_size": owner.dp_size,
-                        "pp_size": 1,
-                        "base_gpu_id": 0,
-                        "gpu_id_step": 1,
-                        "enable_dp_attention": False,
-                        "enable_metrics": owner.enable_metrics,
-                        "attention_backend": "triton",
-                        "disable_cuda_graph": False,
-                        "version": "0.5.stand-in",
-                    }
-                    return self._send(200, json.dumps(info))
-                if self.path == "/metrics":
-                    if not owner.enable_metrics:
-                        return self._send(404, json.dumps({"detail": "Not Found"}))
-                    from prometheus_client import generate_latest
-
-                    return self._send(
-                        200, generate_latest(owner.registry), "text/plain; version=0.0.4"
-                    )
-                if self.path == "/get_load":
-                    loads = [
-                        {
-                            "dp_rank": dp,
-                            "num_reqs": 3 + dp + dp,  # running + waiting, as 0.5.10 counts
-                            "num_waiting_reqs": dp,
-                            "num_tokens": 1000 * (dp + 1),
-                            "ts_tic": time.time(),
-                        }
-                        for dp in range(owner.dp_size)
-                    ]
-                    return self._send(200, json.dumps(loads))
-                if self.path == "/start_profile":
-                    return self._start(body)
-                if self.path == "/stop_profile":
-                    if not owner.profiling:
-                        return self._send(500, "Internal Server Error", "text/plain")
-                    owner.profiling = False
-                    return self._send(
-                        200, "Stop profiling. This will take some time.\n", "text/plain"
-                    )
-                return self._send(404, json.dumps({"detail": "Not Found"}))
-
-            def _start(self, body: dict | None):
-                body = body or {}
-                for k, v in body.items():
-                    if k not in PROFILE_FIELDS or not isinstance(v, PROFILE_FIELDS[k]):
-                        return self._send(400, json.dumps({"detail": f"bad field {k}"}))
-                    if k in ("start_step", "num_steps") and isinstance(v, bool):
-                        return self._send(400, json.dumps({"detail": f"bad field {k}"}))
-                # As 0.5.10's scheduler: a start with start_step (or by stage) is refused while
-                # a profile runs and only arms one until the next forward step; a plain start
-                # is never refused and replaces the running profile.
-                guarded = "start_step" in body or bool(body.get("profile_by_stage"))
-                if guarded and owner.profiling:
-                    return self._send(500, "Internal Server Error", "text/plain")
-                if guarded and not owner.steps_happen:
-                    owner.armed = body
-                    return self._send(200, "Start profiling.\n", "text/plain")
-                owner.replaced += int(owner.profiling)
-                owner.profiling = True
-                if body.get("num_steps") and owner.steps_happen:
-                    owner.profile_thread = threading.Thread(
-                        target=owner._run_profile, args=(body,), daemon=True
-                    )
-                    owner.profile_thread.start()
-                return self._send(200, "Start profiling.\n", "text/plain")
-
-            def do_GET(self) -> None:
-                self._route("GET")
-
-            def do_POST(self) -> None:
-                self._route("POST")
-
-        return Handler
+        return type("Handler", (_Handler,), {"owner": self})
 
     def _run_profile(self, body: dict) -> None:
         """What each scheduler does: profile `num_steps` forward steps, write its trace."""
@@ -263,6 +164,109 @@ class StandIn:
                 path.write_bytes(first.read_bytes())
             self.written.append(path)
         self.profiling = False
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """The stand-in's routes; `owner` is set per server by StandIn._handler."""
+
+    owner: StandIn
+
+    def log_message(self, fmt: str, *args: Any) -> None:  # keep pytest output clean
+        return
+
+    def _send(self, code: int, body: str | bytes, ctype: str = "application/json"):
+        data = body.encode() if isinstance(body, str) else body
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _route(self, method: str) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        body = json.loads(raw) if raw else None
+        self.owner.requests.append((method, self.path, body, dict(self.headers)))
+        if self.path == "/health":
+            return self._send(200, "")
+        if (
+            self.owner.api_key
+            and self.headers.get("Authorization") != f"Bearer {self.owner.api_key}"
+        ):
+            return self._send(401, json.dumps({"error": "Unauthorized"}))
+        if self.path in ("/server_info", "/get_server_info"):
+            info = {
+                "tp_size": self.owner.tp_size,
+                "dp_size": self.owner.dp_size,
+                "pp_size": 1,
+                "base_gpu_id": 0,
+                "gpu_id_step": 1,
+                "enable_dp_attention": False,
+                "enable_metrics": self.owner.enable_metrics,
+                "attention_backend": "triton",
+                "disable_cuda_graph": False,
+                "version": "0.5.stand-in",
+            }
+            return self._send(200, json.dumps(info))
+        if self.path == "/metrics":
+            if not self.owner.enable_metrics:
+                return self._send(404, json.dumps({"detail": "Not Found"}))
+            from prometheus_client import generate_latest
+
+            return self._send(
+                200, generate_latest(self.owner.registry), "text/plain; version=0.0.4"
+            )
+        if self.path == "/get_load":
+            loads = [
+                {
+                    "dp_rank": dp,
+                    "num_reqs": 3 + dp + dp,  # running + waiting, as 0.5.10 counts
+                    "num_waiting_reqs": dp,
+                    "num_tokens": 1000 * (dp + 1),
+                    "ts_tic": time.time(),
+                }
+                for dp in range(self.owner.dp_size)
+            ]
+            return self._send(200, json.dumps(loads))
+        if self.path == "/start_profile":
+            return self._start(body)
+        if self.path == "/stop_profile":
+            if not self.owner.profiling:
+                return self._send(500, "Internal Server Error", "text/plain")
+            self.owner.profiling = False
+            return self._send(200, "Stop profiling. This will take some time.\n", "text/plain")
+        return self._send(404, json.dumps({"detail": "Not Found"}))
+
+    def _start(self, body: dict | None):
+        body = body or {}
+        for k, v in body.items():
+            if k not in PROFILE_FIELDS or not isinstance(v, PROFILE_FIELDS[k]):
+                return self._send(400, json.dumps({"detail": f"bad field {k}"}))
+            if k in ("start_step", "num_steps") and isinstance(v, bool):
+                return self._send(400, json.dumps({"detail": f"bad field {k}"}))
+        # As 0.5.10's scheduler: a start with start_step (or by stage) is refused while
+        # a profile runs and only arms one until the next forward step; a plain start
+        # is never refused and replaces the running profile.
+        guarded = "start_step" in body or bool(body.get("profile_by_stage"))
+        if guarded and self.owner.profiling:
+            return self._send(500, "Internal Server Error", "text/plain")
+        if guarded and not self.owner.steps_happen:
+            self.owner.armed = body
+            return self._send(200, "Start profiling.\n", "text/plain")
+        self.owner.replaced += int(self.owner.profiling)
+        self.owner.profiling = True
+        if body.get("num_steps") and self.owner.steps_happen:
+            self.owner.profile_thread = threading.Thread(
+                target=self.owner._run_profile, args=(body,), daemon=True
+            )
+            self.owner.profile_thread.start()
+        return self._send(200, "Start profiling.\n", "text/plain")
+
+    def do_GET(self) -> None:
+        self._route("GET")
+
+    def do_POST(self) -> None:
+        self._route("POST")
 
 
 # -- tests ---------------------------------------------------------------------------------
