@@ -62,26 +62,9 @@ def errors(value: Any, schema: dict, root: dict | None = None, where: str = "$")
     if "enum" in schema and value not in schema["enum"]:
         out.append(f"{where}: {value!r} not in {schema['enum']}")
     if _is_type(value, "number"):
-        if "minimum" in schema and value < schema["minimum"]:
-            out.append(f"{where}: {value} < {schema['minimum']}")
-        if "maximum" in schema and value > schema["maximum"]:
-            out.append(f"{where}: {value} > {schema['maximum']}")
-        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
-            out.append(f"{where}: {value} <= {schema['exclusiveMinimum']}")
+        out += _number_errors(value, schema, where)
     if isinstance(value, dict):
-        props = schema.get("properties", {})
-        for k in schema.get("required", []):
-            if k not in value:
-                out.append(f"{where}: missing {k!r}")
-        for k, v in value.items():
-            if "propertyNames" in schema:
-                out += errors(k, schema["propertyNames"], root, f"{where}.{k} (name)")
-            if k in props:
-                out += errors(v, props[k], root, f"{where}.{k}")
-            elif schema.get("additionalProperties") is False:
-                out.append(f"{where}: unexpected {k!r}")
-            elif isinstance(schema.get("additionalProperties"), dict):
-                out += errors(v, schema["additionalProperties"], root, f"{where}.{k}")
+        out += _object_errors(value, schema, root, where)
     if isinstance(value, list) and "items" in schema:
         for i, v in enumerate(value):
             out += errors(v, schema["items"], root, f"{where}[{i}]")
@@ -89,4 +72,33 @@ def errors(value: Any, schema: dict, root: dict | None = None, where: str = "$")
         out += errors(value, sub, root, where)
     if "if" in schema and not errors(value, schema["if"], root, where):
         out += errors(value, schema.get("then", {}), root, where)
+    return out
+
+
+def _number_errors(value: Any, schema: dict, where: str) -> list[str]:
+    out: list[str] = []
+    if "minimum" in schema and value < schema["minimum"]:
+        out.append(f"{where}: {value} < {schema['minimum']}")
+    if "maximum" in schema and value > schema["maximum"]:
+        out.append(f"{where}: {value} > {schema['maximum']}")
+    if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+        out.append(f"{where}: {value} <= {schema['exclusiveMinimum']}")
+    return out
+
+
+def _object_errors(value: dict, schema: dict, root: dict, where: str) -> list[str]:
+    out: list[str] = []
+    props = schema.get("properties", {})
+    for k in schema.get("required", []):
+        if k not in value:
+            out.append(f"{where}: missing {k!r}")
+    for k, v in value.items():
+        if "propertyNames" in schema:
+            out += errors(k, schema["propertyNames"], root, f"{where}.{k} (name)")
+        if k in props:
+            out += errors(v, props[k], root, f"{where}.{k}")
+        elif schema.get("additionalProperties") is False:
+            out.append(f"{where}: unexpected {k!r}")
+        elif isinstance(schema.get("additionalProperties"), dict):
+            out += errors(v, schema["additionalProperties"], root, f"{where}.{k}")
     return out
