@@ -41,6 +41,22 @@ def problems(doc: dict) -> list[str]:
     }
     named_procs = {e["pid"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
     slices: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+    out += _event_problems(ev, slices)
+    for track in slices:
+        if track not in named_threads:
+            out.append(f"track without a thread_name: {track}")
+        if track[0] not in named_procs:
+            out.append(f"process without a process_name: {track[0]}")
+    out += _overlap_problems(slices)
+    out += _flow_problems(ev, slices)
+    return out
+
+
+def _event_problems(
+    ev: list[dict], slices: dict[tuple[int, int], list[tuple[int, int]]]
+) -> list[str]:
+    """Ids out of range and counters without numbers; each track's slices into `slices`."""
+    out: list[str] = []
     for e in ev:
         if e["ph"] in (*SLICE, "s", "f", "C", "M") and not 0 <= e["pid"] < 2**32:
             out.append(f"pid out of range: {e}")
@@ -51,11 +67,12 @@ def problems(doc: dict) -> list[str]:
             slices[(e["pid"], e["tid"])].append((s, s + _ns(e["dur"])))
         if e["ph"] == "C" and not all(isinstance(v, int | float) for v in e["args"].values()):
             out.append(f"counter without numbers: {e}")
-    for track in slices:
-        if track not in named_threads:
-            out.append(f"track without a thread_name: {track}")
-        if track[0] not in named_procs:
-            out.append(f"process without a process_name: {track[0]}")
+    return out
+
+
+def _overlap_problems(slices: dict[tuple[int, int], list[tuple[int, int]]]) -> list[str]:
+    """Slices that overlap without nesting (the first per track); sorts each track's slices."""
+    out: list[str] = []
     for track, spans in slices.items():
         spans.sort(key=lambda se: (se[0], -se[1]))
         stack: list[int] = []
@@ -66,11 +83,19 @@ def problems(doc: dict) -> list[str]:
                 out.append(f"partial overlap on {track}: [{s}, {e}] past {stack[-1]}")
                 break
             stack.append(e)
+    return out
+
+
+def _flow_problems(
+    ev: list[dict], slices: dict[tuple[int, int], list[tuple[int, int]]]
+) -> list[str]:
+    """Flows without one start and one end, or with an end that binds to no slice."""
+    out: list[str] = []
     # a time lies in a slice of a track when the latest end among slices begun by then is later
     reach: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
     for track, spans in slices.items():
         starts, far, top = [], [], -1
-        for s, e in spans:  # sorted above
+        for s, e in spans:  # sorted by _overlap_problems
             top = max(top, e)
             starts.append(s)
             far.append(top)
