@@ -80,10 +80,20 @@ def _meta_change(edit: Callable[[dict], object]) -> Callable[[str, bytes], tuple
 
 
 def _one_capture(src: Path, rnd: random.Random) -> list[Case]:
-    cases: list[Case] = []
     raw = src.read_bytes()
     tag = src.stem
     big = "demo" in tag
+    cases = _byte_cases(raw, tag, big, rnd)
+    cases += _member_cases(src, raw, tag, rnd)
+    cases += _meta_cases(src, tag, big)
+    if not big:
+        cases.append(Case(f"{tag}-export", lambda d, src=src: src, "export"))
+    return cases
+
+
+def _byte_cases(raw: bytes, tag: str, big: bool, rnd: random.Random) -> list[Case]:
+    """Bit flips anywhere, byte flips in the zip's headers, truncations."""
+    cases: list[Case] = []
     flips = 10 if big else 25
     for i in range(flips):
         pos = [rnd.randrange(len(raw)) for _ in range(rnd.randint(1, 3))]
@@ -118,6 +128,12 @@ def _one_capture(src: Path, rnd: random.Random) -> list[Case]:
             return d / "c.kdash"
 
         cases.append(Case(f"{tag}-cut{i}", trunc, "report"))
+    return cases
+
+
+def _member_cases(src: Path, raw: bytes, tag: str, rnd: random.Random) -> list[Case]:
+    """Per table member: a renamed entry, a 3 GiB size, an unknown method, flips inside."""
+    cases: list[Case] = []
     for o, name in _central_entries(raw):
         if not name.startswith("tables/"):
             continue
@@ -161,6 +177,12 @@ def _one_capture(src: Path, rnd: random.Random) -> list[Case]:
             Case(f"{tag}-method-{name}", method, "report"),
             Case(f"{tag}-innerflip-{name}", inner_flip, "report"),
         ]
+    return cases
+
+
+def _meta_cases(src: Path, tag: str, big: bool) -> list[Case]:
+    """Metadata that is the wrong shape, too large, too deep or not an object."""
+    cases: list[Case] = []
     meta_edits: list[tuple[str, Callable[[dict], object]]] = [
         ("rows-huge", lambda m: m["tables"].update({k: 200_000_000 for k in m["tables"]})),
         ("rows-off", lambda m: m["tables"].update({k: v + 1 for k, v in m["tables"].items()})),
@@ -191,8 +213,6 @@ def _one_capture(src: Path, rnd: random.Random) -> list[Case]:
         cases.append(Case(f"{tag}-meta-{label}", meta_case, "report"))
         if label in ("target-list", "window-str", "gpus-noindex", "sglang-bad"):
             cases.append(Case(f"{tag}-meta-{label}-open", meta_case, "open-check"))
-    if not big:
-        cases.append(Case(f"{tag}-export", lambda d, src=src: src, "export"))
     return cases
 
 
