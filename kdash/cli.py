@@ -153,7 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="PATH|-",
             help="write the same sample as one JSON line a second (- = stdout, with --headless)",
         )
-        sp.add_argument("--duration", type=_positive("--duration"), default=None, metavar="S")
+        sp.add_argument(
+            "--duration",
+            type=_positive("--duration"),
+            default=None,
+            metavar="S",
+            help="with --headless: seconds to record, then write --output and exit",
+        )
         sp.add_argument(
             "-o",
             "--output",
@@ -214,11 +220,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     o = sub.add_parser("open", help="replay a capture in the dashboard")
-    o.add_argument("path", type=Path)
-    o.add_argument("--theme", default=None, metavar="NAME")
+    o.add_argument("path", type=Path, help="the capture (.kdash) to replay")
+    o.add_argument("--theme", default=None, metavar="NAME", help="dark, light or mono")
 
     r = sub.add_parser("report", help="print a capture's summary tables")
-    r.add_argument("path", type=Path)
+    r.add_argument("path", type=Path, help="the capture (.kdash) to summarise")
     r.add_argument("--json", action="store_true", help="one JSON document on stdout")
     r.add_argument("--top", type=int, metavar="N", help="rows of each list (default 20)")
     r.add_argument(
@@ -261,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     e = sub.add_parser("export", help="convert a capture to another format")
-    e.add_argument("path", type=Path)
+    e.add_argument("path", type=Path, help="the capture (.kdash) to convert")
     e.add_argument(
         "--perfetto",
         type=Path,
@@ -283,15 +289,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     d = sub.add_parser("demo", help="the embedded demo (live on a GPU, else a recorded replay)")
-    d.add_argument("--theme", default=None, metavar="NAME")
+    d.add_argument("--theme", default=None, metavar="NAME", help="dark, light or mono")
     d.add_argument(
         "--replay",
         action="store_true",
         help="open the bundled H200 capture even on a machine with a GPU",
     )
-    d.add_argument("--headless", action="store_true")
-    d.add_argument("--duration", type=_positive("--duration"), default=None, metavar="S")
-    d.add_argument("-o", "--output", type=Path, default=None, metavar="PATH")
+    d.add_argument(
+        "--headless", action="store_true", help="record the demo without a UI (with --duration, -o)"
+    )
+    d.add_argument(
+        "--duration",
+        type=_positive("--duration"),
+        default=None,
+        metavar="S",
+        help="with --headless: seconds to record",
+    )
+    d.add_argument(
+        "-o", "--output", type=Path, default=None, metavar="PATH", help="capture to write (.kdash)"
+    )
+
+    cp = sub.add_parser(
+        "completion", help="print the shell completion script (see README: where it goes)"
+    )
+    cp.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell to complete in")
+    sub.add_parser("man", help="print the kdash(1) man page in roff (`kdash man | man -l -`)")
     return p
 
 
@@ -302,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             build_parser().print_usage(sys.stdout)
             raise UserError(
-                "give a command: attach, run, snapshot, open, report, export, import, demo"
+                "give a command: attach, run, snapshot, open, report, export, import, demo, "
+                "completion, man"
             )
         return _dispatch(args)
     except UserError as e:
@@ -362,11 +385,30 @@ def _dispatch(args: argparse.Namespace) -> int:
         from kdash.kineto import cmd_import
 
         return cmd_import(args)
+    if args.command in ("completion", "man"):
+        return _print_generated(args)
     if args.command == "snapshot":
         from kdash.snapshot import cmd_snapshot
 
         return cmd_snapshot(args)
     return getattr(commands, f"cmd_{args.command}")(args)
+
+
+def _print_generated(args: argparse.Namespace) -> int:
+    """`kdash completion SHELL` and `kdash man`: made from this parser, printed to stdout."""
+    from kdash import __version__
+    from kdash.cli_spec import spec_of
+
+    spec = spec_of(build_parser())
+    if args.command == "man":
+        from kdash.manpage import render
+
+        sys.stdout.write(render(spec, __version__))
+    else:
+        from kdash.completion import script
+
+        sys.stdout.write(script(args.shell, spec))
+    return 0
 
 
 if __name__ == "__main__":
