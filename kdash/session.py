@@ -86,6 +86,7 @@ class Recorder:
         self._next_findings = 0
         self._target_gone_reported = False
         self._topo: dict | None = None
+        self._topo_no_gpu: tuple[float, dict] | None = None  # (monotonic s, topo) without GPUs
 
     # -- life cycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -178,6 +179,9 @@ class Recorder:
     # -- analyses -------------------------------------------------------------------------
     def topology(self) -> dict:
         """The `topo` dict findings take; cached, since GPUs and CPUs do not move under us."""
+        kept = self._topo_no_gpu
+        if self._topo is None and kept is not None and time.monotonic() - kept[0] < 30.0:
+            return kept[1]
         if self._topo is None:
             from kdash.collectors.topology import build_topo
 
@@ -193,7 +197,10 @@ class Recorder:
                 if g.get("local_cpus") and not topo["gpu_local_cpus"].get(g["index"]):
                     topo["gpu_local_cpus"][g["index"]] = g["local_cpus"]
             if not gpus:
-                return topo  # NVML may come up later; do not cache an empty view
+                # NVML may come up later: keep this view only a while, since rebuilding it
+                # reads sysfs for every CPU at each findings pass
+                self._topo_no_gpu = (time.monotonic(), topo)
+                return topo
             self._topo = topo
         return self._topo
 

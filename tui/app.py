@@ -12,7 +12,8 @@ Construction (the CLI does this; tests do it too)::
 - replay: the store is pre-filled from a capture, `recorder` is None, the time axis is anchored
   at the capture's window (`meta["window"]`), and the title says "replay".
 
-Redraw: a timer at `redraw_hz` (2 Hz by default: a slow SSH link carries it) rebuilds the
+Redraw: a timer at `redraw_hz` (1 Hz by default: a slow SSH link carries it, and each
+redraw of the tables is most of kdash's own CPU) rebuilds the
 status bar and, unless paused, the visible panes; a replay redraws panes only when the view
 changed (pan, zoom, theme, layout). Nothing is drawn on the poll thread, and panes hidden by a
 maximised pane are not drawn at all.
@@ -296,7 +297,7 @@ class KdashApp(App[None]):
         mode: str,
         config: Config,
         theme: str | None = None,
-        redraw_hz: float = 2.0,
+        redraw_hz: float = 1.0,
         title: str | None = None,
     ) -> None:
         # Under NO_COLOR, native ANSI colours make Textual strip colour with its NoColor filter
