@@ -74,3 +74,44 @@ def test_the_agent_loads_only_the_standard_library():
         tops = {m.split(".")[0] for m in modules_after_import(name)}
         foreign = sorted(t for t in tops - allowed if not t.startswith("_"))
         assert foreign == [], (name, foreign)
+
+
+# -- import-linter's contracts (pyproject.toml), run here so CI, which runs pytest, runs them --
+def _repo():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parent.parent
+
+
+def test_import_contracts_hold():
+    """`lint-imports` over the package laid out as the wheel installs it (.ci/lint_imports.py
+    stages it: in the checkout collectors/ and tui/ sit beside kdash/)."""
+    import importlib.util
+
+    if importlib.util.find_spec("importlinter") is None:
+        import pytest
+
+        pytest.skip("import-linter is not installed (it is in the test extra)")
+    r = subprocess.run(
+        [sys.executable, str(_repo() / ".ci" / "lint_imports.py")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 broken" in r.stdout, r.stdout
+
+
+def test_core_contract_names_every_core_module():
+    """A module added to kdash/ is checked too: the core contract lists every top-level module
+    (the package's own __init__ aside: as a source it would stand for the whole package)."""
+    import tomllib
+
+    repo = _repo()
+    contracts = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["importlinter"][
+        "contracts"
+    ]
+    core = next(c for c in contracts if c["name"].startswith("The core never"))
+    on_disk = {f"kdash.{p.stem}" for p in (repo / "kdash").glob("*.py") if p.stem != "__init__"}
+    missing = sorted(on_disk - set(core["source_modules"]))
+    assert missing == [], f"add to the core contract in pyproject.toml: {missing}"
