@@ -117,13 +117,19 @@ def coverage(
     return coverage_of(codes, n_lanes, scale(starts), scale(ends), bins)
 
 
+FRAC_EPS = 1e-9
+
+
 def lane_chars(
     frac: np.ndarray, unrecorded: np.ndarray | None, cuts: np.ndarray | None = None
 ) -> str:
     """Busy share per bin as shade characters (vectorised `spark.shade`); "·" where the bin
     was not recorded at all, "┊" on the window view's cuts."""
     top = len(SHADES) - 1
-    idx = np.where(frac > 0, np.clip(np.ceil(frac * top), 1, top), 0).astype(np.int64)
+    # FRAC_EPS, not 0: a kernel that ends on a bin's edge leaves float residue (~1e-12) in the
+    # next bin once times go through the window view's interpolation; a real kernel covers
+    # more than a billionth of any bin a lane draws
+    idx = np.where(frac > FRAC_EPS, np.clip(np.ceil(frac * top), 1, top), 0).astype(np.int64)
     chars = np.array(list(SHADES))[idx]
     if unrecorded is not None:
         chars[unrecorded] = UNRECORDED
