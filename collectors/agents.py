@@ -38,7 +38,7 @@ from kdash.collectors.agent.client import (
     socket_problems,
     unavailable_note,
 )
-from kdash.collectors.base import OK, Health, safe_call, safe_poll
+from kdash.collectors.base import OK, Health, health_from_text, safe_call, safe_poll
 
 from kdash import schema, target_python
 from kdash.analyses.cost import (
@@ -72,6 +72,11 @@ def no_agent_reason(pid: int, note: str | None, inject_allowed: bool) -> str:
         return f"no agent in pid {pid} ({NO_INJECT}){why}"
     why = f": {note}" if note else " (start the target with `kdash run -- CMD`)"
     return f"no kdash agent in pid {pid} or its children{why}"
+
+
+def _pid_field(pid: int, h: Health) -> dict[str, int]:
+    """{"pid": pid} for an agent that is there, {} when its client found no agent socket."""
+    return {} if h.code == "no_socket" else {"pid": pid}
 
 
 @dataclass(frozen=True)
@@ -308,10 +313,11 @@ class AgentTreeSource:
                     return status()
         return ""
 
-    def extra_health(self) -> dict[str, str]:
-        """ "pc sampling": the agents' PC-sampling state, for the source pane's one line."""
+    def extra_health(self) -> dict[str, Health]:
+        """ "pc sampling": the agents' PC-sampling state, for the source pane's one line (the
+        agent says it as text on the wire)."""
         state = self.pc_status()
-        return {"pc sampling": state} if state else {}
+        return {"pc sampling": health_from_text(state, "pc sampling")} if state else {}
 
     def set_continuous(self, on: bool) -> None:
         """Continuous activity (True) or the agents' duty cycle (False), for every agent of
@@ -454,10 +460,20 @@ class AgentTreeSource:
         if not self.agents:
             running = [p for p, st in self.injections.items() if st == "injecting"]
             if running:
-                self.health = Health("starting", f"injecting the kdash agent into pid {running[0]}")
+                self.health = Health(
+                    "starting",
+                    f"injecting the kdash agent into pid {running[0]}",
+                    "injecting",
+                    {"pid": running[0]},
+                )
                 return
             note = self._no_agent_note
-            self.health = Health.unavailable(no_agent_reason(pid, note, self.inject_allowed))
+            self.health = Health.unavailable(
+                no_agent_reason(pid, note, self.inject_allowed),
+                "no_agent" if self.inject_allowed else "no_inject",
+                pid=pid,
+                **({"note": note} if note else {}),
+            )
             return
         states = {p: s.health for p, s in self.agents.items()}
         active = [p for p, h in states.items() if h.ok]
@@ -468,13 +484,27 @@ class AgentTreeSource:
             budgeted = (first.period_ms, first.on_ms) != (server.DUTY_PERIOD_MS, server.DUTY_ON_MS)
             if sampling and budgeted and not first.continuous and self.cost_budget:
                 sampling += f", lowered to keep kdash's cost ≈ {100 * self.cost_budget:g}%"
-            self.health = Health("ok", sampling) if sampling else OK
+            code = "continuous" if sampling.startswith("continuous") else "sampling"
+            self.health = Health("ok", sampling, code) if sampling else OK
         elif active:
             p, h = next(iter(bad.items()))
-            self.health = Health.degraded(f"{len(active)} process(es) ok; pid {p}: {h.reason}")
+            self.health = Health.degraded(
+                f"{len(active)} process(es) ok; pid {p}: {h.reason}",
+                "agent_degraded",
+                **_pid_field(p, h),
+            )
         elif bad:
             p, h = next(iter(bad.items()))
-            self.health = Health.unavailable(f"pid {p}: {h.reason}")
+            self.health = Health.unavailable(
+                f"pid {p}: {h.reason}", "agent_unavailable", **_pid_field(p, h)
+            )
         else:
             p, h = next(iter(states.items()))
-            self.health = Health("starting", h.reason or f"waiting for CUDA in pid {p}")
+            # the pid is named where the agent's reason names it (or there is none but ours)
+            named = not h.reason or h.code in ("connecting", "agent_waiting")
+            self.health = Health(
+                "starting",
+                h.reason or f"waiting for CUDA in pid {p}",
+                "agent_starting",
+                {"pid": p} if named else {},
+            )

@@ -400,17 +400,19 @@ class NvmlSource:
         try:
             lib = importlib.import_module("pynvml")
         except ImportError as e:
-            return Health.unavailable(f"pynvml not importable ({e}); pip install nvidia-ml-py")
+            return Health.unavailable(
+                f"pynvml not importable ({e}); pip install nvidia-ml-py", "no_pynvml"
+            )
         try:
             lib.nvmlInit()
         except Exception as e:  # noqa: BLE001 - every failure here means "no NVML"
-            return Health.unavailable(_init_failure(e))
+            return Health.unavailable(_init_failure(e), "nvml_init_failed")
         self._lib = lib
         nv = NvmlCalls(lib)
         count = nv.get(-1, "nvmlDeviceGetCount")
         if not count:
             self._shutdown(lib)
-            return Health.unavailable("NVML sees no NVIDIA GPU")
+            return Health.unavailable("NVML sees no NVIDIA GPU", "no_gpu", gpus=0)
         indices = list(range(int(count)))
         missing: list[int] = []
         if self.wanted_gpus is not None:
@@ -426,14 +428,18 @@ class NvmlSource:
             self._shutdown(lib)
             self.nv = None
             return Health.unavailable(
-                f"none of the GPUs asked for ({self.wanted_gpus}) exist; NVML sees {count}"
+                f"none of the GPUs asked for ({self.wanted_gpus}) exist; NVML sees {count}",
+                "gpus_not_found",
+                gpus=int(count),
             )
         now = time.time()
         for g in self.gpus:
             self._util_last_seen[g] = int((now - 1.0) * 1e6)
         if missing:
             return Health.degraded(
-                f"GPU {missing} not found (NVML sees {count}); watching the rest"
+                f"GPU {missing} not found (NVML sees {count}); watching the rest",
+                "gpus_not_found",
+                gpus=int(count),
             )
         return OK
 

@@ -544,7 +544,9 @@ class SchedSource:
 
     def _update_health(self) -> None:
         if not self._pids:
-            self.health = Health.unavailable(f"target pid {self.target.pid} has exited")
+            self.health = Health.unavailable(
+                f"target pid {self.target.pid} has exited", "target_exited", pid=self.target.pid
+            )
             return
         notes = {**self._notes, **self._poll_notes}
         if self._schedstat_ok is False:

@@ -739,7 +739,8 @@ class SglangMetricsSource:
                 self.last_mode = "load"
                 self.health = Health.degraded(
                     "metrics off (start the server with --enable-metrics); using "
-                    f"{self.client._load_path or '/v1/loads'}"
+                    f"{self.client._load_path or '/v1/loads'}",
+                    "metrics_off",
                 )
         except SglangError as e:
             self.failures += 1

@@ -478,6 +478,20 @@ META_SPEC = _Obj(
             ),
         ),
         "sources": (_N, _Map(_SCALAR)),
+        "sources_health": (
+            _N,
+            _Map(
+                _Obj(
+                    {
+                        "state": (str,),
+                        "code": (str,),
+                        "reason": (str,),
+                        "fields": (_N, _Map(_SCALAR)),
+                    },
+                    ("state",),
+                )
+            ),
+        ),
         "overflowed_rows": (int, _N),
         "interval_s": (*_NUM, _N),
         "topology": (_N, _Obj({"gpu_local_cpus": (_N, _Map((str, _N)))})),

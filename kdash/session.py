@@ -18,13 +18,13 @@ import platform
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kdash import clock, schema
 from kdash.capture import write_capture
-from kdash.collectors.base import Source, safe_call, safe_poll
+from kdash.collectors.base import Health, Source, as_health, safe_call, safe_poll
 from kdash.config import Thresholds
 from kdash.errors import UserError
 from kdash.store import Store
@@ -320,7 +320,7 @@ class Recorder:
         return build_meta(
             target=self.target,
             gpus=self.gpus(),
-            sources=source_health(self.sources),
+            sources=source_healths(self.sources),
             start_ns=start_ns,
             end_ns=end_ns,
             trigger_ns=trigger_ns,
@@ -337,18 +337,37 @@ class Recorder:
                 log.exception("event callback failed for %s", event)
 
 
-def source_health(sources) -> dict[str, str]:
-    """Each source's health line by name, plus the lines a source reports for parts of
-    itself (`extra_health()`: the agents' PC sampling, which the source pane explains)."""
-    out = {s.name: str(s.health) for s in sources}
+def source_healths(sources) -> dict[str, Health]:
+    """Each source's health by name, plus the healths a source reports for parts of itself
+    (`extra_health()`: the agents' PC sampling, which the source pane explains)."""
+    out = {s.name: s.health for s in sources}
     for s in sources:
         extra = getattr(s, "extra_health", None)
         if extra is None:
             continue
         try:  # a bug here must not cost a capture or a redraw: it is shown instead
-            out.update({str(k): str(v) for k, v in extra().items()})
+            out.update({str(k): as_health(v, str(k)) for k, v in extra().items()})
         except Exception as e:  # noqa: BLE001
-            out[f"{s.name} (detail)"] = f"degraded: extra_health failed: {type(e).__name__}: {e}"
+            out[f"{s.name} (detail)"] = Health.degraded(
+                f"extra_health failed: {type(e).__name__}: {e}", "extra_health_failed"
+            )
+    return out
+
+
+def source_health(sources) -> dict[str, str]:
+    """`source_healths` as the lines users read."""
+    return {k: str(h) for k, h in source_healths(sources).items()}
+
+
+def capture_healths(meta: dict) -> dict[str, Health]:
+    """The sources' health a capture recorded: from `sources_health` where the capture has
+    it, else from the lines of `sources` (older captures) through `health_from_text`."""
+    lines = meta.get("sources") or {}
+    data = meta.get("sources_health") or {}
+    out: dict[str, Health] = {}
+    for k, v in lines.items():
+        d = data.get(k)
+        out[str(k)] = Health.from_dict(d) if isinstance(d, dict) else as_health(str(v), str(k))
     return out
 
 
@@ -356,7 +375,7 @@ def build_meta(
     *,
     target: Target | None,
     gpus: list[dict],
-    sources: dict[str, str],
+    sources: Mapping[str, Health | str],
     start_ns: int,
     end_ns: int,
     trigger_ns: int | None,
@@ -389,7 +408,8 @@ def build_meta(
             "seconds": round((end_ns - start_ns) / 1e9, 3),
             "trigger_ns": int(trigger_ns) if trigger_ns is not None else None,
         },
-        "sources": sources,
+        "sources": {k: str(v) for k, v in sources.items()},
+        "sources_health": {k: as_health(v, k).to_dict() for k, v in sources.items()},
         "overflowed_rows": overflowed,
     }
     if extra:

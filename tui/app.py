@@ -40,6 +40,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from kdash.collectors.base import Health, as_health
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -54,7 +55,7 @@ from textual.worker import Worker, WorkerState
 from kdash import clock, schema
 from kdash.config import Config, save_config
 from kdash.errors import UserError
-from kdash.session import CaptureState, Recorder, source_health
+from kdash.session import CaptureState, Recorder, capture_healths, source_healths
 from kdash.store import Store
 
 from .panes.base import Pane, View
@@ -234,15 +235,12 @@ def short_cmdline(cmd: str, width: int = 32) -> str:
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
-def activity_label(agent_health: str) -> str:
-    """ "sampled" or "continuous" from the agent source's health ("ok: sampling 10% (100
-    ms/s)", "ok: continuous"); "" when no agent records (the status bar then says nothing of
-    activity or cost: there is none)."""
-    if agent_health.startswith("ok: continuous"):
-        return "continuous"
-    if agent_health.startswith("ok: sampling"):
-        return "sampled"
-    return ""
+def activity_label(agent_health: Health | str) -> str:
+    """ "sampled" or "continuous" from the agent source's health (codes "sampling",
+    "continuous"); "" when no agent records (the status bar then says nothing of activity or
+    cost: there is none)."""
+    code = as_health(agent_health, "agent").code
+    return {"continuous": "continuous", "sampling": "sampled"}.get(code, "")
 
 
 class KdashApp(App[None]):
@@ -515,11 +513,11 @@ class KdashApp(App[None]):
         since, until = self.view_range()
         anchor = self.data_start_ns if self.mode == "replay" else self._anchor_end_ns()
         if self.recorder is not None:
-            health = source_health(self.recorder.sources)
+            healths = source_healths(self.recorder.sources)
             findings = self.recorder.findings
             gpus = list(self.meta.get("gpus") or [])
         else:
-            health = {str(k): str(v) for k, v in (self.meta.get("sources") or {}).items()}
+            healths = capture_healths(self.meta)
             findings = None
             gpus = list(self.meta.get("gpus") or [])
         sglang = self.meta.get("sglang") if self.sglang else None
@@ -532,7 +530,8 @@ class KdashApp(App[None]):
             until_ns=until,
             mode=self.mode,
             anchor_ns=anchor,
-            health=health,
+            health={k: str(h) for k, h in healths.items()},
+            healths=healths,
             findings=findings,
             gpus=gpus,
             sglang=sglang,
@@ -620,16 +619,16 @@ class KdashApp(App[None]):
                 info.capture = f"saved: {cap.path}"
             elif cap.phase == "failed":
                 info.capture = f"capture failed: {cap.error}"
-            info.sources = {s.name: str(s.health) for s in rec.sources}
+            info.sources = {s.name: s.health for s in rec.sources}
             info.poll_ms = rec.poll_cost_ms
             agent = self.agent_source()
             if agent is not None:
-                info.activity = activity_label(str(agent.health))
+                info.activity = activity_label(agent.health)
                 estimate = getattr(agent, "cost_estimate", None)
                 info.cost = estimate() if estimate is not None and info.activity else None
             info.dropped = self.store.overflowed()
         else:
-            info.sources = {str(k): str(v) for k, v in (self.meta.get("sources") or {}).items()}
+            info.sources = dict(capture_healths(self.meta))
             info.dropped = int(self.meta.get("overflowed_rows") or 0)
             info.capture = self._capture_note
         return info
@@ -923,7 +922,9 @@ class KdashApp(App[None]):
         # The source pane's own keys (active while it has focus) belong in the list too.
         keys += [b for b in KernelPane.BINDINGS if isinstance(b, Binding)]
         keys += [b for b in SourcePane.BINDINGS if isinstance(b, Binding) and b.key in "nNs"]
-        self.push_screen(HelpScreen(keys, self.mode, self.status_info().sources))
+        self.push_screen(
+            HelpScreen(keys, self.mode, {k: str(h) for k, h in self.status_info().sources.items()})
+        )
 
     async def action_quit(self) -> None:
         self._stop_recorder()

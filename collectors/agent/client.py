@@ -124,11 +124,12 @@ def _health_from_status(body: dict[str, Any]) -> Health:
     why = line.split(": ", 1)[1] if ": " in line else line
     if state == "active":
         sampling = sampling_text(body.get("sampling"))
-        return Health("ok", sampling) if sampling else OK
+        code = "continuous" if sampling == "continuous" else "sampling"
+        return Health("ok", sampling, code) if sampling else OK
     if state in ("unavailable", "busy"):
-        return Health.unavailable(why)
+        return Health.unavailable(why, "agent_busy" if state == "busy" else "")
     if state == "waiting":
-        return Health("starting", line)
+        return Health("starting", line, "agent_waiting")
     if state == "error":
         return Health.degraded(why)
     return Health("starting", line or state)
@@ -169,7 +170,9 @@ class AgentSource:
         self.pc_period_ms = pc_period_ms
         self.lines: Any = None  # lines.LineTableFeeder, made when the first samples arrive
         self._gone = False  # the reader saw the agent close: later send errors say nothing new
-        self.health: Health = Health("starting", f"connecting to the agent in pid {pid}")
+        self.health: Health = Health(
+            "starting", f"connecting to the agent in pid {pid}", "connecting", {"pid": pid}
+        )
         self.hello: dict[str, Any] = {}
         self.stats: dict[str, Any] = {"dropped_client": 0, "received_rows": 0}
         self.status_line = ""
@@ -189,10 +192,13 @@ class AgentSource:
         if path is None:
             note = agent_failure_note(self.pid)
             if note:
-                self.health = Health.unavailable(f"no kdash agent in pid {self.pid}: {note}")
+                self.health = Health.unavailable(
+                    f"no kdash agent in pid {self.pid}: {note}", "no_socket", note=note
+                )
             else:
                 self.health = Health.unavailable(
-                    f"no kdash agent in pid {self.pid} (start it with `kdash run -- CMD`)"
+                    f"no kdash agent in pid {self.pid} (start it with `kdash run -- CMD`)",
+                    "no_socket",
                 )
             return
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -207,7 +213,8 @@ class AgentSource:
                 os.unlink(path)
             self.health = Health.unavailable(
                 f"no kdash agent in pid {self.pid} (start it with `kdash run -- CMD`; "
-                "a stale socket was removed)"
+                "a stale socket was removed)",
+                "no_socket",
             )
             return
         except OSError as e:
@@ -428,7 +435,7 @@ class AgentSource:
                 self.stats["sampling"] = body["sampling"]
         health = _health_from_status(body)
         if "pip install" in health.reason:
-            health = Health(health.state, self._for_target(health.reason))
+            health = Health(health.state, self._for_target(health.reason), health.code)
         self.health = health
 
     def _for_target(self, text: str) -> str:

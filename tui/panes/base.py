@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pandas as pd
+from kdash.collectors.base import Health, as_health
 from textual.containers import Vertical
 from textual.widgets import Static
 
@@ -33,6 +34,18 @@ class View:
     findings: pd.DataFrame | None = None
     gpus: list[dict] = field(default_factory=list)  # describe() of the GPUs, may be empty
     sglang: dict | None = None  # meta["sglang"]: the server's tree and args (SGLang targets)
+    # the same health as data (codes and fields), by name; a name missing here has its text
+    # in `health` read by `collectors.base.health_from_text`
+    healths: dict[str, Health] = field(default_factory=dict)
+
+    def health_of(self, name: str) -> Health | None:
+        """Source `name`'s health as data, None when there is no such source."""
+        h = self.healths.get(name, self.health.get(name))
+        return None if h is None else as_health(h, name)
+
+    def health_data(self) -> dict[str, Health]:
+        """Every source's health as data, by name."""
+        return {k: h for k in {**self.health, **self.healths} if (h := self.health_of(k))}
 
     @property
     def seconds(self) -> float:

@@ -75,10 +75,10 @@ def throttle_band(view: View, g: pd.DataFrame, bins: int) -> tuple[str, str, boo
 
 def no_gpu_line(view: View) -> str:
     """Why there is no GPU data, from the NVML source's health (live) or the capture (replay)."""
-    health = view.health.get("nvml")
+    health = view.health_of("nvml")
     if health is None:
         why = "no NVML source" if view.mode == "live" else "the capture has no GPU samples"
-    elif health.startswith("ok") or health.startswith("starting"):
+    elif health.state in ("ok", "starting"):
         why = "waiting for the first NVML sample" if view.mode == "live" else "no GPU samples"
     else:
         why = f"nvml {health}"

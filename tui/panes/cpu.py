@@ -147,10 +147,10 @@ class CpuPane(Pane):
         threads = view.store.get("threads", view.since_ns, view.until_ns)
         findings = current_findings(view)
         if len(threads["t_ns"]) == 0 and not findings:
-            health = view.health.get("sched")
+            health = view.health_of("sched")
             why = (
                 f"sched {health}"
-                if health and not health.startswith(("ok", "starting"))
+                if health is not None and str(health) and health.state not in ("ok", "starting")
                 else "no thread samples in the shown window"
             )
             self.set_empty(f"CPU affinity: no thread data — {why}")

@@ -26,11 +26,11 @@ view to the right by priority, and `←`/`→` scroll the table to them while it
 
 from __future__ import annotations
 
-import re
 import time
 
 import numpy as np
 import pandas as pd
+from kdash.collectors.base import Health, as_health
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -84,7 +84,8 @@ NO_KERNELS = (
     "Kernel timeline: no kernel data — needs the kdash agent in the target: start it with "
     "`kdash run -- CMD` (`?` shows why)"
 )
-NO_INJECT_MARK = "--no-inject"  # in the agent source's reason under `attach --no-inject`
+# the agent tree's codes for an agent that is there but does not record (yet)
+AGENT_FOUND_CODES = ("injecting", "agent_starting", "agent_degraded", "agent_unavailable")
 ANALYSIS_EVERY_S = 1.0
 TABLE_ROWS = 50
 NAME_MAX = 200  # the longest label the name column ever asks for
@@ -135,22 +136,22 @@ def analysis_notes(
     return " · ".join(notes)
 
 
-def empty_line(agent_health: str) -> str:
+def empty_line(agent_health: Health | str) -> str:
     """The pane's one line before any kernel arrived: the generic "needs the agent" advice,
     except under `attach --no-inject`, where the agent source's own reason ("no agent in pid
     N (injection off: --no-inject); ...") says the pane is empty by the user's choice, and
     where the source says why no agent could be had (a failed injection's precondition)."""
-    if NO_INJECT_MARK in agent_health:
-        return "Kernel timeline: " + agent_health.split(": ", 1)[-1]
+    h = as_health(agent_health, "agent")
+    if h.code == "no_inject":
+        return "Kernel timeline: " + h.reason
     # why an agent is missing where kdash tried to put one (injection failed or a precondition
     # did not hold): say that, not the generic advice
-    if "or its children: " in agent_health:
-        return "Kernel timeline: no agent — " + agent_health.split("or its children: ", 1)[1]
+    if h.code == "no_agent" and h.fields.get("note"):
+        return f"Kernel timeline: no agent — {h.fields['note']}"
     # an agent is there but cannot record (no driver, CUPTI held by a profiler, busy): its
     # reason, not the advice to start one
-    m = re.match(r"(unavailable|degraded|starting): (.*)", agent_health)
-    if m and re.search(r"\bpid \d+", m.group(2)) and "no kdash agent" not in m.group(2):
-        return f"Kernel timeline: no kernels yet — agent {m.group(2)}"
+    if h.code in AGENT_FOUND_CODES and "pid" in h.fields:
+        return f"Kernel timeline: no kernels yet — agent {h.reason}"
     return NO_KERNELS
 
 
@@ -347,7 +348,7 @@ class KernelPane(Pane):
                     self._draw_lanes(view, batch, markers, all_markers)
                     return
             self.set_empty(
-                empty_line(view.health.get("agent", ""))
+                empty_line(view.health_of("agent") or "")
                 if total == 0
                 else "Kernel timeline: no kernels in the shown window"
             )

@@ -71,12 +71,12 @@ def _count(v: float) -> str:
 
 def health_line(view: View) -> str | None:
     """One line about the metrics source when it is not plainly ok; None when it is."""
-    h = view.health.get("sglang")
-    if h is None or h.startswith("ok"):
+    h = view.health_of("sglang")
+    if h is None or h.ok:
         return None
-    if "metrics off" in h:
+    if h.code == "metrics_off":
         return METRICS_OFF
-    if h.startswith("starting"):
+    if h.state == "starting":
         return "server: waiting for the first /metrics answer"
     return f"server {h}"
 

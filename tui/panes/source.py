@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from kdash.collectors.base import Health, as_health, is_pc_part
 from rich.style import Style
 from rich.syntax import Syntax
 from rich.text import Text
@@ -141,28 +143,27 @@ def project_index() -> ti.TritonIndex:
     return _INDEXES[key]
 
 
-def why_no_samples(health: dict[str, str]) -> str:
+def why_no_samples(health: Mapping[str, Health | str]) -> str:
     """One line: why this window has no PC samples, from the sources' health."""
-    pcs = next((v for k, v in health.items() if "pc" in k.lower() and "sampl" in k.lower()), None)
+    pcs = next((as_health(v, k) for k, v in health.items() if is_pc_part(k)), None)
     agent = health.get("agent")
     if pcs is not None:
-        low = pcs.lower()
-        if "nvgpuctrperm" in low or "insufficient_privileges" in low:
+        if pcs.code == "pc_unavailable_perm":
             return (
                 "no line samples: profiling counters are restricted to admins (ERR_NVGPUCTRPERM)"
                 " — run the target as root, or set NVreg_RestrictProfilingToAdminUsers=0"
             )
-        if "another" in low or "in use" in low or "not_compatible" in low:
+        if pcs.code == "pc_unavailable_other_client":
             return f"no line samples: another profiler holds the counters ({pcs})"
-        if low.startswith("ok"):
+        if pcs.code == "pc_on":
             return "no line samples for this kernel in the window yet (PC sampling is on)"
-        if low.startswith("starting"):
+        if pcs.code == "pc_starting":
             return "no line samples yet: PC sampling is starting (first range within ~2 s)"
-        if low.startswith("off"):
+        if pcs.code == "pc_off":
             return "no line samples: PC sampling was off (live: press L to turn it on)"
         return f"no line samples: PC sampling {pcs}"
-    if agent is None or not str(agent).startswith("ok"):
-        why = f" ({agent})" if agent else ""
+    if agent is None or not as_health(agent, "agent").ok:
+        why = f" ({agent})" if agent is not None and str(agent) else ""
         return (
             f"no line samples: no in-process agent{why} — start the target with `kdash run -- CMD`"
         )
@@ -358,7 +359,7 @@ class SourcePane(Pane):
                 self.set_empty(
                     f"Source: {short_name(kernel, 40)} ({_pct(pct)} of GPU time) — no source "
                     "here: not a Triton kernel found on this machine and no line table in the "
-                    f"data · {why_no_samples(view.health)}"
+                    f"data · {why_no_samples(view.health_data())}"
                 )
                 return
             # Samples but nothing to map them to: where in the kernel they fall, by PC.
@@ -429,7 +430,9 @@ class SourcePane(Pane):
         # the bottom block: stall bars for the selected line, or why there are none
         bottom: list[Text] = []
         if heat.empty:
-            why = why_no_samples(view.health) if ks.empty else (lt.no_lines_hint if lt else "")
+            why = (
+                why_no_samples(view.health_data()) if ks.empty else (lt.no_lines_hint if lt else "")
+            )
             if ks.empty and loc is not None:
                 why += f" · definition line {loc.def_line} marked ({loc.how})"
             bottom.append(Text(why, style=note_style, no_wrap=True, overflow="ellipsis"))
@@ -558,7 +561,7 @@ class SourcePane(Pane):
         out.append_text(self._header(kernel, pct, where, lt.no_lines_hint and "no line info"))
         foot = Text(no_wrap=True, overflow="ellipsis")
         if ks.empty:
-            foot.append(why_no_samples(view.health), note_style)
+            foot.append(why_no_samples(view.health_data()), note_style)
         elif cur is not None and cur["samples"] > 0:
             foot.append(
                 f"+0x{int(cur['pc_offset']):x}: {int(cur['samples'])} samples, "
@@ -669,7 +672,7 @@ class SourcePane(Pane):
             return
         if not self._hot_rows:
             view = self._last_view
-            why = why_no_samples(view.health) if view is not None else "no data yet"
+            why = why_no_samples(view.health_data()) if view is not None else "no data yet"
             self._say(f"no hot lines for {short_name(self.kernel, 30)}: {why}")
             return
         key = (self.kernel, self._sass_shown() or self._pc_view)

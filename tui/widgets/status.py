@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kdash.collectors.base import Health, as_health
 from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
@@ -45,7 +46,7 @@ class StatusInfo:
     capture_phase: str = "idle"
     capture_path: str = ""  # the saved file (inside `capture`): cut from its left when long
     dropped: int = 0
-    sources: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, Health | str] = field(default_factory=dict)
     poll_ms: float | None = None
     paused: bool = False
     window: str = ""  # "window 60 s" / "0.0–15.0 s of 15.0 s"
@@ -92,12 +93,12 @@ def segments(info: StatusInfo, st) -> list[Segment]:
         segs.append(Segment([info.window], [62]))
     bad = st("status-bar--bad") if info.dropped else None
     segs.append(Segment([f"dropped {info.dropped}"], [70 if info.dropped else 20], bad))
-    for name, health in info.sources.items():
-        state = health.split(":", 1)[0]
-        full = f"{name} {cut_end(health, 70)}"
-        short_form = f"{name} {state}"
+    for name, value in info.sources.items():
+        health = as_health(value, name)
+        full = f"{name} {cut_end(str(health), 70)}"
+        short_form = f"{name} {health.state}"
         forms = [full] if full == short_form else [full, short_form]
-        if health.startswith("ok"):
+        if health.ok:
             segs.append(Segment(forms, [25, 12][-len(forms) :]))
         else:
             segs.append(Segment(forms, [30, 60][-len(forms) :], st("status-bar--bad")))
