@@ -300,63 +300,62 @@ class _Arrows:
         )  # fmt: skip
 
 
+def _stream_rows(df, flows: _Arrows):
+    """Per (device, stream) in order: (pid, stream, row, end, overlap lane, launch call) of
+    each row, ends clamped to starts, overlapping rows on lanes of their own."""
+    df = df.sort_values(["device", "stream", "start_ns"], kind="stable")
+    for (dev, stream), g in df.groupby(["device", "stream"], sort=True):
+        pid = GPU_PID_BASE + int(dev)
+        ends = np.maximum(g["end_ns"].to_numpy(), g["start_ns"].to_numpy())
+        lanes = _lanes(g["start_ns"].to_numpy(), ends)
+        calls = flows.calls(g["correlation_id"].to_numpy(np.int64))
+        for row, end, lane, call in zip(
+            g.itertuples(index=False), ends.tolist(), lanes, calls.tolist(), strict=True
+        ):
+            yield pid, stream, row, end, lane, call
+
+
 def _write_kernels(t, out: _Out, tracks: _Tracks, us, flows: _Arrows, symbols: dict) -> None:
     k = t["kernels"]
     if k.empty:
         return
     labels = short_names(k["name"].astype(str), 48)
-    k = k.sort_values(["device", "stream", "start_ns"], kind="stable")
-    for (dev, stream), g in k.groupby(["device", "stream"], sort=True):
-        pid = GPU_PID_BASE + int(dev)
-        ends = np.maximum(g["end_ns"].to_numpy(), g["start_ns"].to_numpy())
-        lanes = _lanes(g["start_ns"].to_numpy(), ends)
-        calls = flows.calls(g["correlation_id"].to_numpy(np.int64))
-        for row, end, lane, call in zip(
-            g.itertuples(index=False), ends.tolist(), lanes, calls.tolist(), strict=True
-        ):
-            name = f"stream {int(stream)}" + (f" (overlap {lane})" if lane else "")
-            track = tracks.tid(pid, ("kernel", int(stream), lane), name, sort=2 + lane)
-            ts = us(row.start_ns)
-            args = {
-                "name": row.name,
-                "grid": [int(row.grid_x), int(row.grid_y), int(row.grid_z)],
-                "block": [int(row.block_x), int(row.block_y), int(row.block_z)],
-                "registers": int(row.registers),
-                "shared_memory": int(row.static_smem) + int(row.dynamic_smem),
-                "correlation": int(row.correlation_id),
-                "graph_id": int(row.graph_id),
-            }
-            if row.name in symbols:
-                args["mangled"] = symbols[row.name]
-            out.ev(
-                {"ph": "X", "cat": "kernel", "name": labels[row.name], "pid": pid, "tid": track,
-                 "ts": ts, "dur": (end - row.start_ns) / 1e3, "args": args}
-            )  # fmt: skip
-            flows.arrow(call, pid, track, ts, us)
+    for pid, stream, row, end, lane, call in _stream_rows(k, flows):
+        name = f"stream {int(stream)}" + (f" (overlap {lane})" if lane else "")
+        track = tracks.tid(pid, ("kernel", int(stream), lane), name, sort=2 + lane)
+        ts = us(row.start_ns)
+        args = {
+            "name": row.name,
+            "grid": [int(row.grid_x), int(row.grid_y), int(row.grid_z)],
+            "block": [int(row.block_x), int(row.block_y), int(row.block_z)],
+            "registers": int(row.registers),
+            "shared_memory": int(row.static_smem) + int(row.dynamic_smem),
+            "correlation": int(row.correlation_id),
+            "graph_id": int(row.graph_id),
+        }
+        if row.name in symbols:
+            args["mangled"] = symbols[row.name]
+        out.ev(
+            {"ph": "X", "cat": "kernel", "name": labels[row.name], "pid": pid, "tid": track,
+             "ts": ts, "dur": (end - row.start_ns) / 1e3, "args": args}
+        )  # fmt: skip
+        flows.arrow(call, pid, track, ts, us)
 
 
 def _write_copies(m, out: _Out, tracks: _Tracks, us, flows: _Arrows) -> None:
     if m.empty:
         return
-    m = m.sort_values(["device", "stream", "start_ns"], kind="stable")
-    for (dev, stream), g in m.groupby(["device", "stream"], sort=True):
-        pid = GPU_PID_BASE + int(dev)
-        ends = np.maximum(g["end_ns"].to_numpy(), g["start_ns"].to_numpy())
-        lanes = _lanes(g["start_ns"].to_numpy(), ends)
-        calls = flows.calls(g["correlation_id"].to_numpy(np.int64))
-        for row, end, lane, call in zip(
-            g.itertuples(index=False), ends.tolist(), lanes, calls.tolist(), strict=True
-        ):
-            name = f"stream {int(stream)} copies" + (f" (overlap {lane})" if lane else "")
-            track = tracks.tid(pid, ("memcpy", int(stream), lane), name, sort=1000 + lane)
-            ts = us(row.start_ns)
-            out.ev(
-                {"ph": "X", "cat": "memcpy", "name": f"{row.kind} {int(row.bytes)} B",
-                 "pid": pid, "tid": track, "ts": ts,
-                 "dur": (end - row.start_ns) / 1e3,
-                 "args": {"bytes": int(row.bytes), "correlation": int(row.correlation_id)}}
-            )  # fmt: skip
-            flows.arrow(call, pid, track, ts, us)
+    for pid, stream, row, end, lane, call in _stream_rows(m, flows):
+        name = f"stream {int(stream)} copies" + (f" (overlap {lane})" if lane else "")
+        track = tracks.tid(pid, ("memcpy", int(stream), lane), name, sort=1000 + lane)
+        ts = us(row.start_ns)
+        out.ev(
+            {"ph": "X", "cat": "memcpy", "name": f"{row.kind} {int(row.bytes)} B",
+             "pid": pid, "tid": track, "ts": ts,
+             "dur": (end - row.start_ns) / 1e3,
+             "args": {"bytes": int(row.bytes), "correlation": int(row.correlation_id)}}
+        )  # fmt: skip
+        flows.arrow(call, pid, track, ts, us)
 
 
 def _write_idle_gaps(t, out: _Out, tracks: _Tracks, us) -> None:
