@@ -220,6 +220,8 @@ class SourcePane(Pane):
         self._pc_view = False  # the shown kernel has samples but no line table: PCs only
         self.kernel: str | None = None  # the kernel shown
         self.skipped: tuple[str, float] | None = None  # a hotter kernel without source
+        self._follow_key: tuple = ()
+        self._follow: str | None = None
         self.window_names: list[str] = []  # kernels in the window, hottest first
         self._selected: dict[tuple[str, bool], int] = {}  # (kernel, sass) -> line / row
         self._hot_key: tuple = ()
@@ -265,6 +267,19 @@ class SourcePane(Pane):
             self._tables = cubin.from_frame(frame)
             self._tables_rows = n
         return self._tables
+
+    def _readable_among(self, view: View) -> str | None:
+        """The hottest kernel after the first that has source, looked for once per window,
+        line tables and index (each look reads the window's kernels: too much per redraw)."""
+        key = (self._hot_key, self._tables_rows, id(self._live_index))
+        if key != self._follow_key:
+            self._follow_key, self._follow = key, None
+            for name in self.window_names[1:FOLLOW_CANDIDATES]:
+                lt = cubin.table_for_kernel(self._line_tables(view), name)
+                if _readable(lt, self._locate(name, lt, view)):
+                    self._follow = name
+                    break
+        return self._follow
 
     def _locate(self, kernel: str, lt: cubin.LineTable | None, view: View) -> Located | None:
         if lt is not None and lt.has_lines:
@@ -342,13 +357,12 @@ class SourcePane(Pane):
         skipped: tuple[str, float] | None = None
         if not self.pinned and not _readable(lt, loc):
             # follow what can be read: the hottest kernel that has source, saying so
-            for name in self.window_names[1:FOLLOW_CANDIDATES]:
-                lt2 = cubin.table_for_kernel(self._line_tables(view), name)
-                loc2 = self._locate(name, lt2, view)
-                if _readable(lt2, loc2):
-                    skipped = (kernel, _pct_of(hot, kernel))
-                    kernel, lt, loc = name, lt2, loc2
-                    break
+            name = self._readable_among(view)
+            if name is not None:
+                skipped = (kernel, _pct_of(hot, kernel))
+                kernel = name
+                lt = cubin.table_for_kernel(self._line_tables(view), kernel)
+                loc = self._locate(kernel, lt, view)
         self.kernel = kernel
         self.skipped = skipped
         pct = _pct_of(hot, kernel)
