@@ -110,3 +110,19 @@ async def test_compile_capture_at_80x24_follows_to_inductors_kernel_with_its_hot
 @pytest.mark.parametrize("path", [DEMO, COMPILE], ids=["demo", "compile"])
 def test_snapshot_h200_pcs_source_maximised(snap_compare, replay, path, size):
     assert snap_compare(replay(path), terminal_size=size, run_before=_settle)
+
+
+async def test_a_pinned_aten_kernel_finds_its_samples_under_the_symbol_cupti_recorded(replay):
+    """Kernel records carry demangled names (`void at::native::elementwise_kernel<...>`), the
+    PC samples the mangled symbol: pinning the ATen kernel shows its hottest PCs."""
+    app = replay(DEMO)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _settle(pilot)
+        pane = app.query_one("#source", SourcePane)
+        aten = next(n for n in pane.window_names if n.startswith("void at::native::"))
+        pane.toggle_pin(aten)
+        await pilot.pause()
+        assert pane.kernel == aten and pane._pc_view
+        text = _text(pane)
+        assert "samples" in text and "+0x" in text
+        assert "no line samples for this kernel" not in str(pane.empty_line.render())

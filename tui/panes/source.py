@@ -48,7 +48,7 @@ from textual.widgets import Static
 from kdash import cubin, schema
 from kdash import triton_index as ti
 from kdash.analyses.kernels import short_name
-from kdash.names import short_names
+from kdash.names import short_names, symbols_of
 
 from .base import Pane, View
 
@@ -220,6 +220,8 @@ class SourcePane(Pane):
         self._pc_view = False  # the shown kernel has samples but no line table: PCs only
         self.kernel: str | None = None  # the kernel shown
         self.skipped: tuple[str, float] | None = None  # a hotter kernel without source
+        self._symbols: dict[str, str] = {}  # demangled name -> symbol
+        self._symbols_rows = -1
         self._follow_key: tuple = ()
         self._follow: str | None = None
         self.window_names: list[str] = []  # kernels in the window, hottest first
@@ -267,6 +269,14 @@ class SourcePane(Pane):
             self._tables = cubin.from_frame(frame)
             self._tables_rows = n
         return self._tables
+
+    def _names_of(self, view: View, kernel: str) -> list[str]:
+        """`kernel` and the symbol it was recorded under (`kernel_symbols`), for the samples."""
+        b = view.store.get("kernel_symbols")
+        if len(b["name"]) != self._symbols_rows:
+            self._symbols, self._symbols_rows = symbols_of(b), len(b["name"])
+        m = self._symbols.get(kernel)
+        return [kernel, m] if m else [kernel]
 
     def _readable_among(self, view: View) -> str | None:
         """The hottest kernel after the first that has source, looked for once per window,
@@ -366,7 +376,10 @@ class SourcePane(Pane):
         self.kernel = kernel
         self.skipped = skipped
         pct = _pct_of(hot, kernel)
-        ks = samples[samples["kernel"] == kernel]
+        # kernel records carry demangled names, PC samples the symbol CUPTI gave them
+        ks = samples[samples["kernel"].isin(self._names_of(view, kernel))]
+        if len(ks) and (ks["kernel"] != kernel).any():
+            ks = ks.assign(kernel=kernel)  # one name for the analyses that select by it
         self._pc_view = False
         if loc is None and (lt is None or not lt.instrs):
             if ks.empty:
