@@ -39,11 +39,12 @@ FAKE_LIBCUPTI_C = FAKES / "libcupti.c"
 
 TARGET = textwrap.dedent(
     """
-    import sys, time
+    import os, sys, time
     seconds = float(sys.argv[1])
+    stop = sys.argv[2] if len(sys.argv) > 2 else ""  # a file whose creation ends it early
     n = 0
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    while time.monotonic() < end and not (stop and os.path.exists(stop)):
         n += sum(range(200))
         time.sleep(0.001)
     print("done", n, flush=True)
@@ -52,14 +53,17 @@ TARGET = textwrap.dedent(
 
 
 def start_target(
-    seconds: float = 6.0, extra_env: dict[str, str] | None = None, armed: bool = True
+    seconds: float = 6.0,
+    extra_env: dict[str, str] | None = None,
+    armed: bool = True,
+    stop_file: Path | None = None,
 ) -> subprocess.Popen:
     base = dict(os.environ)
     base.pop(server.ENV_FAKE_CUDA, None)
     base.update(extra_env or {})
     env = bootstrap.run_env(base) if armed else bootstrap.disarmed_env(base)
     return subprocess.Popen(
-        [sys.executable, "-c", TARGET, str(seconds)],
+        [sys.executable, "-c", TARGET, str(seconds), *([str(stop_file)] if stop_file else [])],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -358,11 +362,13 @@ def kinds_left_on(events: list[str]) -> dict[int, int]:
 
 
 @pytest.mark.parametrize("mode", ["duty", "continuous"])
-def test_sigkilled_client_detaches_and_the_next_one_gets_in(fake_cupti, mode):
+def test_sigkilled_client_detaches_and_the_next_one_gets_in(fake_cupti, mode, tmp_path):
     """A client killed with SIGKILL: the agent sees its socket close, switches everything off
     and flushes, and admits the next client. Order and completion are asserted, not speed
-    (the agent polls every 50 ms; a loaded CI machine may take seconds)."""
-    p = start_target(10.0, fake_cupti)
+    (the agent polls every 50 ms; a loaded CI machine may take seconds), and the target lives
+    until the test is done with it, not for a fixed time a loaded machine can outrun."""
+    stop = tmp_path / "stop"
+    p = start_target(120.0, fake_cupti, stop_file=stop)
     client = None
     try:
         wait_socket(p.pid)
@@ -408,6 +414,7 @@ def test_sigkilled_client_detaches_and_the_next_one_gets_in(fake_cupti, mode):
     finally:
         if client and client.poll() is None:
             client.kill()
+        stop.touch()
         rc, out, err = finish(p)
     assert rc == 0 and out.startswith("done"), err
     assert kinds_left_on([w for _, w in log_lines(fake_cupti)]) == {}
