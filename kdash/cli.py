@@ -299,6 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--headless", action="store_true", help="record the demo without a UI (with --duration, -o)"
     )
     d.add_argument(
+        "--eager-decode",
+        action="store_true",
+        help="launch every decode kernel from Python (host-bound) instead of replaying CUDA graphs",
+    )
+    d.add_argument(
         "--duration",
         type=_positive("--duration"),
         default=None,

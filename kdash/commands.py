@@ -685,11 +685,19 @@ def cmd_demo(args) -> int:
 
 
 def _demo_live(args) -> int:
-    """`kdash run -- python -m kdash.kernels`: the attention workload under the agent."""
+    """`kdash run -- python -m kdash.kernels`: the attention workload under the agent.
+
+    Decode steps replay from CUDA graphs as a real server's do, so the agent is asked for the
+    kernels of graph replays (`--graph-kernels`): the CUPTI it leaves in the process costs that
+    process until it exits, which is the demo's own and exits with kdash. `--eager-decode`
+    launches every kernel from Python instead (the host-bound pathology)."""
     import argparse
 
+    eager = getattr(args, "eager_decode", False)
+    mode = "--eager-decode" if eager else "--graph-decode"
     run_args = argparse.Namespace(
-        cmd=[sys.executable, "-m", "kdash.kernels"],
+        cmd=[sys.executable, "-m", "kdash.kernels", mode],
+        graph_kernels=not eager,
         interval=0.25,
         pre=10.0,
         post=5.0,

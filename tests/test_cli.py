@@ -425,3 +425,24 @@ def test_gpus_are_checked_against_the_machine(monkeypatch):
         commands._check_gpus([1, 7])
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not importable: NVML cannot say
     commands._check_gpus([7])
+
+
+def test_demo_replays_decode_from_graphs_and_asks_for_their_kernels(monkeypatch) -> None:
+    """`kdash demo` runs the workload the way a server does (graph-replayed decode, the agent
+    asked for graph kernels); `--eager-decode` gives the host-bound loop without that ask.
+    cmd_run is replaced: starting the workload needs a GPU."""
+    import argparse
+
+    from kdash import commands
+
+    seen: list[argparse.Namespace] = []
+    monkeypatch.setattr(commands, "cmd_run", lambda a, **_kw: seen.append(a) or 0)
+    monkeypatch.setattr(commands, "_gpu_name", lambda: "a GPU")
+    base = {"theme": None, "headless": True, "duration": 1.0, "output": None}
+    commands._demo_live(argparse.Namespace(**base))
+    commands._demo_live(argparse.Namespace(**base, eager_decode=True))
+    graph, eager = seen
+    assert graph.cmd[-1] == "--graph-decode" and graph.graph_kernels is True
+    assert commands._agent_opts(graph)["graph_kernels"] is True
+    assert eager.cmd[-1] == "--eager-decode" and eager.graph_kernels is False
+    assert commands._agent_opts(eager)["graph_kernels"] is False
