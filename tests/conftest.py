@@ -26,6 +26,58 @@ from pathlib import Path
 import pytest
 
 DATA = Path(__file__).parent / "data"
+
+# The tests run against the installed kdash (site-packages, or the editable install's mapping),
+# never against the checkout's kdash/ folder by accident: `python -m` and `python -c` children
+# started with the checkout as their working folder would otherwise find ./kdash first, and
+# in a non-editable install that folder has no collectors/, tui/ or kernels/ inside it.
+os.environ["PYTHONSAFEPATH"] = "1"
+
+
+def installed_distribution():
+    """kdash's distribution in this interpreter's site-packages (the checkout's own
+    kdash.egg-info, which setuptools leaves there, is not an install), or None."""
+    import sysconfig
+    from importlib.metadata import Distribution
+
+    where = list(dict.fromkeys([sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]))
+    return next(iter(Distribution.discover(name="kdash", path=where)), None)
+
+
+def installed_kdash_problem() -> str:
+    """Why `import kdash` here does not find the installed package ("" when it does).
+
+    An editable install maps `kdash` to the checkout's own folders, so there the two agree by
+    construction. A regular install must be what this interpreter imports: `python -m pytest`
+    run from the checkout puts the checkout first on sys.path, and ./kdash would shadow it.
+    """
+    import importlib.util
+    import json
+
+    dist = installed_distribution()
+    if dist is None:
+        return "kdash is not installed in this Python: pip install -e '.[test]' (or '.[test]')"
+    direct = dist.read_text("direct_url.json")
+    if direct and json.loads(direct).get("dir_info", {}).get("editable"):
+        return ""
+    spec = importlib.util.find_spec("kdash")
+    found = Path(spec.origin).resolve() if spec and spec.origin else None
+    installed = Path(str(dist.locate_file("kdash/__init__.py"))).resolve()
+    if found == installed:
+        return ""
+    return (
+        f"`import kdash` finds {found}, not the installed {installed}: run the tests as "
+        "`pytest` (or `python -P -m pytest`); `python -m pytest` puts the checkout first on "
+        "sys.path"
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    problem = installed_kdash_problem()
+    if problem:
+        raise pytest.UsageError(problem)
+
+
 LOCAL_CAPTURE = DATA / "local-cpu.kdash"
 
 # A busy target with named threads: two spinners pinned to CPU 0 (they queue behind each
