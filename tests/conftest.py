@@ -239,3 +239,88 @@ def fake_cupti(tmp_path: Path) -> dict[str, str]:
         "FAKE_CUPTI_LOG": str(log),
         ENV_FAKE_CUDA: "13000",
     }
+
+
+# ---- test kinds: every test gets exactly one of the markers unit, integration, tui ----------
+# `pytest -m unit` is the fast in-process part; `-m integration` starts processes, servers or
+# sockets; `-m tui` drives the dashboard (Pilot) or compares snapshots. Chosen here rather than
+# by a `pytestmark` in each module, so a module that mixes kinds still splits per test:
+#   tui          an async test (every one here runs the app under Pilot) or one using
+#                `snap_compare`;
+#   integration  a test in one of INTEGRATION_MODULES, one named in INTEGRATION_TESTS, or one
+#                using a fixture of PROCESS_FIXTURES;
+#   unit         everything else.
+
+# Modules whose tests are mostly about real child processes, servers or sockets.
+INTEGRATION_MODULES = frozenset(
+    {
+        "test_agent",
+        "test_agent_abuse",
+        "test_agent_lines",
+        "test_agent_modules",
+        "test_cli",
+        "test_completion_man",
+        "test_demo_capture",
+        "test_health_codes",
+        "test_layering",
+        "test_names",
+        "test_pcsampling_layout",
+        "test_prom",
+        "test_sched",
+        "test_session",
+        "test_sglang_attach",
+        "test_sglang_http",
+        "test_sglang_real",
+        "test_sglang_tree",
+        "test_snapshot",
+        "test_ssh",
+        "test_target_python",
+    }
+)
+# The tests that start a process in modules that are otherwise in-process: (module, test).
+INTEGRATION_TESTS = frozenset(
+    {
+        ("test_fuzz_inputs", "test_fuzz_real_command"),
+        ("test_h200_pcs_captures", "test_demo_report_hot_lines_start_with_decode_stage1"),
+        (
+            "test_h200_pcs_captures",
+            "test_compile_report_names_the_gemm_without_source_and_starts_hot_lines_with_inductor",
+        ),
+        ("test_input_hardening", "test_two_imports_to_one_output_only_one_saves"),
+        ("test_input_hardening", "test_report_on_a_pipe_does_not_block"),
+        ("test_input_hardening", "test_kill_during_the_write_leaves_no_temp"),
+        ("test_kineto", "test_streaming_memory_stays_small"),
+        ("test_nvml", "test_nspid_maps_host_pid_to_namespace_pid_real_namespace"),
+        ("test_nvml", "test_inside_private_pid_namespace_host_pids_degrade_with_advice"),
+        ("test_nvml", "test_real_gpu_under_matmul_load"),
+        ("test_report_json", "test_top_cuts_the_lists"),
+        ("test_report_json", "test_cpu_only_trace_reports_its_cpu_ops"),
+        ("test_workload", "test_noisy_neighbour_dies_with_the_workload"),
+    }
+)
+# Fixtures that start a real child process (or build a library for one).
+PROCESS_FIXTURES = frozenset({"busy_child", "child", "fake_cupti", "fake_libcupti", "pcs_standin"})
+
+
+def kind_of(item: pytest.Item) -> str:
+    """unit, integration or tui for one collected test (see the table above)."""
+    import inspect
+
+    func = getattr(item, "function", None)
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if inspect.iscoroutinefunction(func) or "snap_compare" in fixtures:
+        return "tui"
+    module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else ""
+    name = getattr(item, "originalname", item.name)
+    if (
+        module in INTEGRATION_MODULES
+        or (module, name) in INTEGRATION_TESTS
+        or fixtures & PROCESS_FIXTURES
+    ):
+        return "integration"
+    return "unit"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(getattr(pytest.mark, kind_of(item)))
