@@ -6,7 +6,7 @@
 # Each argument is one run of bench/gpu_ab_cost.py with those options ("" = the A/B).
 set -uo pipefail
 bash bench/device_setup.sh >/dev/null || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
 cd bench  # not the repository root: `python -m kdash...` must find the installed kdash
 for opts in "$@"; do
     echo "== gpu_ab_cost.py $opts"

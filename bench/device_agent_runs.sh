@@ -7,7 +7,7 @@
 # A device command may run 10 minutes: give long scripts a call each.
 set -uo pipefail
 bash bench/device_setup.sh >/dev/null || exit 1
-export PYTHONPATH=/tmp/site
+export PYTHONPATH=/tmp/site PYTHONSAFEPATH=1
 cd bench  # not the repository root: `python -m kdash...` must find the installed kdash
 if [ "$#" -eq 0 ]; then
     set -- gpu_pcs_agent.py

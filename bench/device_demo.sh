@@ -7,7 +7,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 bash bench/device_setup.sh || exit 1
-export PYTHONPATH=/tmp/site
+export PYTHONPATH=/tmp/site PYTHONSAFEPATH=1
 log=$OUT/demo.log
 {
   echo "== workload alone (8 s)"; timeout 120 python3 -m kdash.kernels --duration 8 --report-every 2; echo "rc=$?"

@@ -6,7 +6,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 bash bench/device_setup.sh || exit 1
-export PYTHONPATH=/tmp/site
+export PYTHONPATH=/tmp/site PYTHONSAFEPATH=1
 log=$OUT/host.log
 {
   nvidia-smi --query-gpu=name,driver_version,pci.bus_id,clocks.max.sm,power.limit --format=csv

@@ -13,7 +13,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 [ -d /tmp/site/kdash ] || bash bench/device_setup.sh || exit 1
-export PYTHONPATH=/tmp/site
+export PYTHONPATH=/tmp/site PYTHONSAFEPATH=1
 log=$OUT/kernels.log
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv

@@ -3,7 +3,7 @@
 # option, the kernels' GPU gates, and PC samples re-recorded for tests/data (the kernel changed).
 set -uo pipefail
 bash bench/device_setup.sh >/dev/null || exit 1
-export PYTHONPATH=/tmp/site
+export PYTHONPATH=/tmp/site PYTHONSAFEPATH=1
 cd bench
 echo "== pcs agent"; timeout 200 python3 -u gpu_pcs_agent.py > "$OUT/gpu_pcs_agent.log" 2>&1; echo rc=$?
 tail -c 400 "$OUT/gpu_pcs_agent.log"; echo

@@ -9,7 +9,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 bash bench/device_setup.sh || exit 1
-export PYTHONPATH=/tmp/site
+export PYTHONPATH=/tmp/site PYTHONSAFEPATH=1
 snap() { echo "== $2"; sleep "${3:-2}"; tmux capture-pane -p -t "$1"; }
 command -v tmux >/dev/null || { echo "no tmux on this machine"; exit 1; }
 for size in "120 40" "200 50"; do

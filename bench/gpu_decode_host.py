@@ -1,0 +1,81 @@
+"""Where a DecodePlan.run spends its host time on the GPU machine (diagnostic).
+
+One decode shape (32/8/128, 8 x 16k tokens) with bf16 and fp8 KV: whether each stage's
+BoundKernel took the direct launcher path, the host us per run (CPU timer over 100 calls in a
+row, as the bench's decode_host_us), the same for each stage's launch alone, and cProfile's top
+entries over 2,000 runs. Prints one JSON document (also to $OUT/decode-host-h200.json).
+Run: python bench/gpu_decode_host.py   (kdash importable, a CUDA GPU)
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import json
+import os
+import pstats
+import time
+from pathlib import Path
+
+import torch
+import triton
+from kdash.kernels import bench
+from kdash.kernels.decode_attention import default_config
+
+
+def per_call_us(fn, calls: int = 100, reps: int = 7) -> float:
+    for _ in range(5):
+        fn()
+    per = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per.append((time.perf_counter() - t0) / calls)
+    torch.cuda.synchronize()
+    return sorted(per)[reps // 2] * 1e6
+
+
+def main() -> None:
+    out: dict = {"triton": triton.__version__, "torch": torch.__version__, "cases": {}}
+    for fp8 in (False, True):
+        case = bench.DecodeCase([16384] * 8, 32, 8, 128, fp8)
+        fn, splits = case.fn(default_config(case.k.dtype))
+        fn()
+        torch.cuda.synchronize()
+        plan = case.last_plan
+        s1, s2 = plan._s1, plan._s2
+        r: dict = {"splits": splits}
+        for name, s in (("s1", s1), ("s2", s2)):
+            r[name] = {
+                "fast": s.fast,
+                "direct": s._direct is not None,
+                "grid": list(s.grid),
+            }
+        r["run_us"] = per_call_us(fn)
+        q, k, v = case.q, case.k, case.v
+        a1 = (q, k, v, plan.page_table, plan.seq_lens, plan._ks, plan._ks, *plan._rest1)
+        if fp8:
+            a1 = (q, k, v, plan.page_table, plan.seq_lens, plan._ks, plan._vs, *plan._rest1)
+        r["s1_us"] = per_call_us(lambda s1=s1, a1=a1: s1(*a1))
+        r["s2_us"] = per_call_us(lambda s2=s2, a2=plan._args2: s2(*a2))
+        r["empty_launch_us"] = per_call_us(lambda: torch.empty(0, device="cuda"))
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(2000):
+            fn()
+        prof.disable()
+        torch.cuda.synchronize()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
+        r["profile"] = buf.getvalue().splitlines()[-24:]
+        out["cases"]["fp8" if fp8 else "bf16"] = r
+    text = json.dumps(out, indent=1)
+    print(text)
+    dest = Path(os.environ.get("OUT") or ".") / "decode-host-h200.json"
+    dest.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
