@@ -38,7 +38,14 @@ from kdash.collectors.agent.client import (
     socket_problems,
     unavailable_note,
 )
-from kdash.collectors.base import OK, Health, health_from_text, safe_call, safe_poll
+from kdash.collectors.base import (
+    OK,
+    Health,
+    PcSamplingStatus,
+    health_from_text,
+    safe_call,
+    safe_poll,
+)
 
 from kdash import schema, target_python
 from kdash.analyses.cost import (
@@ -308,9 +315,8 @@ class AgentTreeSource:
         """One line for the source pane: the first agent's PC-sampling state ("" if none)."""
         with self._lock:
             for src in self.agents.values():
-                status = getattr(src, "pc_status", None)
-                if src.health.ok and status is not None:
-                    return status()
+                if src.health.ok and isinstance(src, PcSamplingStatus):
+                    return src.pc_status()
         return ""
 
     def extra_health(self) -> dict[str, Health]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from kdash.schema import Batch
 
@@ -172,6 +172,98 @@ class Source(Protocol):
     def stop(self) -> None: ...
 
 
+# -- what a source may offer beyond `Source` ----------------------------------------------------
+# Callers test these with `isinstance` and then call the method by its name; nothing looks a
+# method up by a computed name. tests/test_capabilities.py checks every class in collectors/
+# that has one of these methods against its Protocol, so a renamed method fails a test.
+
+
+@runtime_checkable
+class Paced(Protocol):
+    """A source with its own poll interval (the recorder's default interval otherwise)."""
+
+    interval_s: float
+
+
+@runtime_checkable
+class DescribesGpus(Protocol):
+    """A source that can say which GPUs it sees (NVML): a capture's `gpus` metadata."""
+
+    def describe(self) -> list[dict[str, Any]]: ...
+
+
+@runtime_checkable
+class ExtraHealth(Protocol):
+    """A source that reports the health of parts of itself (the agents' PC sampling)."""
+
+    def extra_health(self) -> dict[str, Health]: ...
+
+
+@runtime_checkable
+class CostEstimating(Protocol):
+    """A source that estimates what watching costs the target (a fraction; None unknown)."""
+
+    def cost_estimate(self) -> float | None: ...
+
+
+@runtime_checkable
+class ActiveAgents(Protocol):
+    """A source over in-process agents: the pids whose agent records now."""
+
+    def active_pids(self) -> list[int]: ...
+
+
+@runtime_checkable
+class ContinuousSwitch(Protocol):
+    """Agents that switch between their duty cycle and continuous kernel activity."""
+
+    continuous: bool
+
+    def set_continuous(self, on: bool) -> None: ...
+
+
+@runtime_checkable
+class PcSamplingSwitch(Protocol):
+    """Agents that switch PC-sampling ranges on and off."""
+
+    pc_sampling: bool
+
+    def set_pc_sampling(self, on: bool) -> None: ...
+
+
+@runtime_checkable
+class PcSamplingStatus(Protocol):
+    """An agent that says its PC-sampling state in one line ("off", "ok", "unavailable: …")."""
+
+    def pc_status(self) -> str: ...
+
+
+@runtime_checkable
+class PausableAgents(Protocol):
+    """Agents that can all be let go (so another CUPTI client can record) and taken back;
+    `agents` holds the connected ones by pid."""
+
+    agents: dict[int, Any]
+
+    def pause(self) -> list[int]: ...
+
+    def resume(self) -> None: ...
+
+
+# Every optional capability above, for the test that checks the classes against them.
+CAPABILITIES: tuple[type, ...] = (
+    Paced,
+    DescribesGpus,
+    ExtraHealth,
+    CostEstimating,
+    ActiveAgents,
+    ContinuousSwitch,
+    PcSamplingSwitch,
+    PcSamplingStatus,
+    PausableAgents,
+)
+
+
 def safe_poll(source: Source, now_ns: int) -> dict[str, Batch]:
     """Poll a source; a bug in it degrades that source's health instead of stopping the app."""
     try:
@@ -182,9 +274,11 @@ def safe_poll(source: Source, now_ns: int) -> dict[str, Batch]:
         return {}
 
 
-def safe_call(source: Source, method: str) -> None:
+def safe_call(source: Source, method: Literal["start", "stop"]) -> None:
+    """`source.start()` or `source.stop()`; a bug in it makes the source unavailable."""
+    call = source.start if method == "start" else source.stop
     try:
-        getattr(source, method)()
+        call()
     except Exception as e:
         log.exception("source %s failed in %s", source.name, method)
         source.health = Health.unavailable(f"{method} failed: {type(e).__name__}: {e}")

@@ -269,11 +269,12 @@ def _record_headless(
     show = _progress(args.duration)
     costs: list[float] = []
 
+    from kdash.collectors.base import CostEstimating
+
     def progress(elapsed: float) -> None:
         # the estimate exists only while the agents are connected: read it as the run goes
         for s in sources:
-            estimate = getattr(s, "cost_estimate", None)
-            value = estimate() if estimate is not None else None
+            value = s.cost_estimate() if isinstance(s, CostEstimating) else None
             if value is not None:
                 costs.append(value)
         show(elapsed)
@@ -360,6 +361,7 @@ def _run_live(
     sources: list | None = None,
 ) -> int:
     from kdash.session import RecorderOptions
+    from kdash.session_control import LiveSession
     from kdash.store import Store
     from kdash.tui.app import KdashApp
 
@@ -377,7 +379,7 @@ def _run_live(
     meta = {"target": target.describe(), "title": title}
     if server is not None:
         meta["sglang"] = rec.sglang_meta()
-    app = KdashApp(store=store, recorder=rec, meta=meta, mode="live", config=cfg, theme=theme)
+    app = KdashApp(store=store, session=LiveSession(rec), meta=meta, config=cfg, theme=theme)
     with _exporter(args, store, sources):
         app.run()
     return 0
@@ -534,6 +536,7 @@ def open_capture(path: Path, theme_name: str | None, title: str | None = None) -
     cap = _load(path)  # a bad file is reported before any UI starts
     _need_terminal("open", f"without one use `kdash report {path}`")
 
+    from kdash.session_control import ReplaySession
     from kdash.tui.app import KdashApp
 
     cfg, theme = _theme(theme_name)
@@ -541,11 +544,11 @@ def open_capture(path: Path, theme_name: str | None, title: str | None = None) -
     if title:
         meta["title"] = title
     meta["capture_path"] = str(path)
+    store = _store_from_capture(cap)
     app = KdashApp(
-        store=_store_from_capture(cap),
-        recorder=None,
+        store=store,
+        session=ReplaySession(meta, store),
         meta=meta,
-        mode="replay",
         config=cfg,
         theme=theme,
     )

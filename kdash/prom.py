@@ -21,6 +21,7 @@ import sys
 import threading
 from typing import Any
 
+from kdash.collectors.base import CostEstimating
 from kdash.errors import UserError
 
 WINDOW_S = 10.0
@@ -100,9 +101,8 @@ def sample(store: Any, sources: list, now_ns: int | None = None) -> dict:
     out["findings"] = [{"kind": k, "severity": s, "count": n} for (k, s), n in counts.items()]
     cost = None
     for s in sources:
-        estimate = getattr(s, "cost_estimate", None)
-        if estimate is not None:
-            cost = estimate()
+        if isinstance(s, CostEstimating):
+            cost = s.cost_estimate()
     out["kdash_cost_estimate"] = cost
     t = os.times()
     out["kdash_cpu_seconds"] = t.user + t.system

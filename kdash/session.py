@@ -24,7 +24,16 @@ from pathlib import Path
 
 from kdash import clock, schema
 from kdash.capture import write_capture
-from kdash.collectors.base import Health, Source, as_health, safe_call, safe_poll
+from kdash.collectors.base import (
+    DescribesGpus,
+    ExtraHealth,
+    Health,
+    Paced,
+    Source,
+    as_health,
+    safe_call,
+    safe_poll,
+)
 from kdash.config import Thresholds
 from kdash.errors import UserError
 from kdash.store import Store
@@ -130,7 +139,7 @@ class Recorder:
 
     # -- polling --------------------------------------------------------------------------
     def _interval(self, s: Source) -> float:
-        base = getattr(s, "interval_s", self.opt.interval_s)
+        base = s.interval_s if isinstance(s, Paced) else self.opt.interval_s
         if self.capture.phase == "recording":
             return min(base, self.opt.fast_interval_s)
         return base
@@ -206,10 +215,9 @@ class Recorder:
 
     def gpus(self) -> list[dict]:
         for s in self.sources:
-            describe = getattr(s, "describe", None)
-            if describe is not None:
+            if isinstance(s, DescribesGpus):
                 try:
-                    return list(describe())
+                    return list(s.describe())
                 except Exception as e:  # noqa: BLE001 - metadata must not stop a capture
                     log.warning("describe() failed on %s: %s", s.name, e)
         return []
@@ -342,11 +350,10 @@ def source_healths(sources) -> dict[str, Health]:
     (`extra_health()`: the agents' PC sampling, which the source pane explains)."""
     out = {s.name: s.health for s in sources}
     for s in sources:
-        extra = getattr(s, "extra_health", None)
-        if extra is None:
+        if not isinstance(s, ExtraHealth):
             continue
         try:  # a bug here must not cost a capture or a redraw: it is shown instead
-            out.update({str(k): as_health(v, str(k)) for k, v in extra().items()})
+            out.update({str(k): as_health(v, str(k)) for k, v in s.extra_health().items()})
         except Exception as e:  # noqa: BLE001
             out[f"{s.name} (detail)"] = Health.degraded(
                 f"extra_health failed: {type(e).__name__}: {e}", "extra_health_failed"

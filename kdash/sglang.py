@@ -39,6 +39,7 @@ from typing import Any
 import psutil
 
 from kdash import schema
+from kdash.collectors.base import ActiveAgents, PausableAgents
 from kdash.collectors.sglang_http import (
     ServerCapture,
     SglangClient,
@@ -440,8 +441,8 @@ class SglangRecorder(Recorder):
 
     # -- capture through the server ---------------------------------------------------------
     def agents_active(self) -> list[int]:
-        active = getattr(self.agents, "active_pids", None)
-        return list(active()) if active is not None else []
+        agents = self.agents
+        return list(agents.active_pids()) if isinstance(agents, ActiveAgents) else []
 
     def trigger_capture(
         self,
@@ -490,11 +491,11 @@ class SglangRecorder(Recorder):
             job.done.wait(self.capture_opts.timeout_s + 30)
             return
         paused: list[int] = []
-        pause = getattr(self.agents, "pause", None)
+        agents = self.agents
         try:
-            if pause is not None and getattr(self.agents, "agents", None):
+            if isinstance(agents, PausableAgents) and agents.agents:
                 job.phase = "pausing agents"
-                paused = pause()
+                paused = agents.pause()
                 job.paused_agents = paused
                 time.sleep(0.3)  # each agent turns CUPTI off when its client goes
             job.phase = "profiling"
@@ -533,8 +534,8 @@ class SglangRecorder(Recorder):
             job.error = f"{type(e).__name__}: {e}"
             job.phase = "failed"
         finally:
-            if paused:
-                self.agents.resume()
+            if paused and isinstance(agents, PausableAgents):
+                agents.resume()
             job.done.set()
 
     def write_window(

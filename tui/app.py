@@ -2,14 +2,19 @@
 
 Construction (the CLI does this; tests do it too)::
 
-    app = KdashApp(store, recorder, meta, mode="live", config=cfg, theme="dark")
+    app = KdashApp(store, session=LiveSession(recorder), meta=meta, config=cfg, theme="dark")
     app.run()
 
-- live: `recorder.run_forever` runs in a Textual thread worker (`@work(thread=True)`), so
-  polling never blocks the UI; the recorder's events (`on_event`, called on the poll thread) are
-  turned into typed `Message`s and posted to the app (`post_message` is thread-safe). Quitting
-  stops the recorder before the worker's thread is joined at exit.
-- replay: the store is pre-filled from a capture, `recorder` is None, the time axis is anchored
+The session (`kdash.session_control`) is what differs between live and replay; the app asks it
+and does not branch on which it is (`recorder=` with `mode=` builds one, for callers that have a
+recorder or none):
+
+- live (`LiveSession`): `recorder.run_forever` runs in a Textual thread worker
+  (`@work(thread=True)`), so polling never blocks the UI; the recorder's events (`on_event`,
+  called on the poll thread) are turned into typed `Message`s and posted to the app
+  (`post_message` is thread-safe). Quitting stops the recorder before the worker's thread is
+  joined at exit.
+- replay (`ReplaySession`): the store is pre-filled from a capture, the time axis is anchored
   at the capture's window (`meta["window"]`), and the title says "replay".
 
 Redraw: a timer at `redraw_hz` (1 Hz by default: a slow SSH link carries it, and each
@@ -40,7 +45,6 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from kdash.collectors.base import Health, as_health
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -52,10 +56,18 @@ from textual.timer import Timer
 from textual.widgets import Header
 from textual.worker import Worker, WorkerState
 
-from kdash import clock, schema
+from kdash import clock
 from kdash.config import Config, save_config
 from kdash.errors import UserError
-from kdash.session import CaptureState, Recorder, capture_healths, source_healths
+from kdash.session import CaptureState, Recorder
+from kdash.session_control import (
+    MIN_WINDOW_S,
+    AgentToggle,
+    SessionControl,
+    activity_label,
+    session_for,
+    short_cmdline,
+)
 from kdash.store import Store
 
 from .panes.base import Pane, View
@@ -211,12 +223,9 @@ EVENT_MESSAGES: dict[str, type[RecorderMessage]] = {
 }
 
 # -- the app ----------------------------------------------------------------------------------
-LIVE_WINDOW_S = 60.0
-MIN_WINDOW_S = 1.0
 COMPACT_WIDTH = 110  # below this many columns (or COMPACT_HEIGHT rows) the panes stack
 COMPACT_HEIGHT = 30
 REPLAY_NOTE_S = 10.0  # how long a replay's bar answers `c` (its toast: Textual's default 5 s)
-REPLAY_WITHIN = 24  # a replay's title says "replay" within its first this many characters
 # Textual's Toast: 60 cells wide at most and half the screen, 2 of padding, a 1-cell border.
 TOAST_WIDTH, TOAST_FRAME = 60, 3
 
@@ -226,21 +235,7 @@ def toast_text_width(screen_width: int) -> int:
     return max(1, min(TOAST_WIDTH, screen_width // 2) - TOAST_FRAME)
 
 
-def short_cmdline(cmd: str, width: int = 32) -> str:
-    parts = cmd.split()
-    if not parts:
-        return ""
-    parts[0] = os.path.basename(parts[0])
-    s = " ".join(parts)
-    return s if len(s) <= width else s[: width - 1] + "…"
-
-
-def activity_label(agent_health: Health | str) -> str:
-    """ "sampled" or "continuous" from the agent source's health (codes "sampling",
-    "continuous"); "" when no agent records (the status bar then says nothing of activity or
-    cost: there is none)."""
-    code = as_health(agent_health, "agent").code
-    return {"continuous": "continuous", "sampling": "sampled"}.get(code, "")
+__all__ = ["KdashApp", "activity_label", "available_themes", "resolve_theme", "short_cmdline"]
 
 
 class KdashApp(App[None]):
@@ -290,26 +285,28 @@ class KdashApp(App[None]):
     def __init__(
         self,
         store: Store,
-        recorder: Recorder | None,
-        meta: dict,
-        mode: str,
+        recorder: Recorder | None = None,
+        meta: dict | None = None,
+        mode: str | None = None,
+        *,
         config: Config,
         theme: str | None = None,
         redraw_hz: float = 1.0,
         title: str | None = None,
+        session: SessionControl | None = None,
     ) -> None:
+        """`session` says live or replay; without one, `mode` ("live" with its `recorder`,
+        or "replay") builds it."""
         # Under NO_COLOR, native ANSI colours make Textual strip colour with its NoColor filter
         # (terminal default colours: readable); its Monochrome filter, chosen otherwise, maps
         # the mono theme's "default" colours to black on black.
         super().__init__(ansi_color=True if os.environ.get("NO_COLOR") else None)
-        if mode not in ("live", "replay"):
-            raise ValueError(f"mode must be 'live' or 'replay', not {mode!r}")
-        if mode == "live" and recorder is None:
-            raise ValueError("live mode needs a recorder")
         self.store = store
-        self.recorder = recorder
         self.meta = dict(meta or {})
-        self.mode = mode
+        if session is None:
+            session = session_for(recorder, mode or "", self.meta, store)
+        self.session = session
+        self.mode = session.mode
         self.config = config
         self.redraw_hz = max(0.1, float(redraw_hz))
         self.kd_theme = resolve_theme(theme) if theme else default_theme(config)
@@ -340,20 +337,10 @@ class KdashApp(App[None]):
         self.note = ""
         self._capture_note = ""
         self._capture_note_timer: Timer | None = None
-        # Window: `window_s` long, ending `offset_s` before the anchor end.
-        self.data_start_ns, self.data_end_ns = self._data_range()
-        full = (self.data_end_ns - self.data_start_ns) / 1e9
-        self.window_s = max(MIN_WINDOW_S, full) if mode == "replay" else LIVE_WINDOW_S
+        # Window: `window_s` long, ending `offset_s` before the session's end (now, live).
+        self.window_s = session.default_window_s()
         self.offset_s = 0.0
-        if recorder is not None:
-            previous = recorder.on_event
-
-            def on_event(event: str, payload: object) -> None:
-                self._on_recorder_event(event, payload)
-                if previous is not None:
-                    previous(event, payload)
-
-            recorder.on_event = on_event
+        session.subscribe(self._on_recorder_event)
 
     # -- layout -------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -384,8 +371,7 @@ class KdashApp(App[None]):
     def on_mount(self) -> None:
         self.title, self.sub_title = self._titles()
         self._apply_layout(self.size.width, self.size.height)
-        if self.mode == "live":
-            self._run_recorder()
+        self._run_recorder()  # a replay's returns at once: it has nothing to poll
         self._update_status()
         self.call_after_refresh(self._first_draw)
         if self.config.warning:
@@ -413,7 +399,7 @@ class KdashApp(App[None]):
         change (`now`) is drawn at once so the key feels immediate.
         """
         self._dirty = True
-        if self.mode == "live" and not self.paused and not now:
+        if self.session.follows_now and not self.paused and not now:
             return  # the next tick redraws: live redraws stay within redraw_hz
         if not self._redraw_pending:
             self._redraw_pending = True
@@ -449,60 +435,14 @@ class KdashApp(App[None]):
         self.set_class(self.compact or any_empty, "-stacked")
 
     def _titles(self) -> tuple[str, str]:
-        target = self.meta.get("target") or {}
-        cmd = short_cmdline(str(target.get("cmdline") or ""))
-        if self.mode == "live":
-            title = self._title_arg or self.meta.get("title") or "kdash"
-            return title, f"live · pid {target.get('pid', '?')} {cmd}".rstrip()
-        title = self._title_arg or self.meta.get("title") or ""
-        # "replay" near the start: a narrow header cuts a long title at its end.
-        at = title.lower().find("replay")
-        if at < 0 or at > REPLAY_WITHIN:
-            title = f"kdash replay — {title}" if title else "kdash replay"
-        bits = []
-        if self.meta.get("capture_path"):
-            bits.append(Path(str(self.meta["capture_path"])).name)
-        host = target.get("host") or (self.meta.get("host") or {}).get("hostname")
-        what = cmd or (f"pid {target.get('pid')}" if target.get("pid") else "")
-        if what:
-            bits.append(f"{what} on {host}" if host else what)
-        created = self.meta.get("created_wall_ns")
-        if isinstance(created, int):
-            bits.append(time.strftime("recorded %Y-%m-%d %H:%M UTC", time.gmtime(created / 1e9)))
-        return title, " · ".join(bits)
+        return self.session.titles(self.meta, self._title_arg)
 
     # -- time window --------------------------------------------------------------------------
-    def _data_range(self) -> tuple[int, int]:
-        """Replay: the capture's window (else the data's span). Live: the store's retention."""
-        win = self.meta.get("window") or {}
-        if self.mode == "replay":
-            start, end = win.get("start_ns"), win.get("end_ns")
-            if isinstance(start, int) and isinstance(end, int) and end > start:
-                return start, end
-            lo, hi = None, 0
-            for t in schema.TABLES:
-                b = self.store.get(t)
-                col = b[schema.TIME_COLUMN[t]]
-                if len(col):
-                    lo = int(col.min()) if lo is None else min(lo, int(col.min()))
-                    hi = max(hi, int(col.max()))
-            if lo is None:
-                now = clock.now_ns()
-                return now - int(1e9), now
-            return lo, max(hi, lo + int(1e9))
-        return 0, 0
-
     def _anchor_end_ns(self) -> int:
-        if self.mode == "replay":
-            return self.data_end_ns
-        if self.paused and self._frozen_ns is not None:
-            return self._frozen_ns
-        return clock.now_ns()
+        return self.session.end_ns(self._frozen_ns if self.paused else None)
 
     def _max_window_s(self) -> float:
-        if self.mode == "replay":
-            return max(MIN_WINDOW_S, (self.data_end_ns - self.data_start_ns) / 1e9)
-        return max(MIN_WINDOW_S, self.store.retention_ns / 1e9)
+        return self.session.max_window_s()
 
     def view_range(self) -> tuple[int, int]:
         end = self._anchor_end_ns() - int(self.offset_s * 1e9)
@@ -511,19 +451,12 @@ class KdashApp(App[None]):
 
     def build_view(self) -> View:
         since, until = self.view_range()
-        anchor = self.data_start_ns if self.mode == "replay" else self._anchor_end_ns()
-        if self.recorder is not None:
-            healths = source_healths(self.recorder.sources)
-            findings = self.recorder.findings
-            gpus = list(self.meta.get("gpus") or [])
-        else:
-            healths = capture_healths(self.meta)
-            findings = None
-            gpus = list(self.meta.get("gpus") or [])
-        sglang = self.meta.get("sglang") if self.sglang else None
-        describe = getattr(self.recorder, "sglang_meta", None)
-        if self.sglang and describe is not None:
-            sglang = describe()  # live: GPU mapping refreshed from NVML's process list
+        anchor = self.session.anchor_ns(self._anchor_end_ns())
+        healths = self.session.healths()
+        sglang = None
+        if self.sglang:  # live: GPU mapping refreshed from NVML's process list
+            now = self.session.sglang_meta()
+            sglang = self.meta.get("sglang") if now is None else now
         return View(
             store=self.store,
             since_ns=since,
@@ -532,29 +465,22 @@ class KdashApp(App[None]):
             anchor_ns=anchor,
             health={k: str(h) for k, h in healths.items()},
             healths=healths,
-            findings=findings,
-            gpus=gpus,
+            findings=self.session.findings(),
+            gpus=list(self.meta.get("gpus") or []),
             sglang=sglang,
+            target_pid=self.session.target_pid(),
         )
 
     def window_label(self) -> str:
         since, until = self.view_range()
-        if self.mode == "replay":
-            full = (self.data_end_ns - self.data_start_ns) / 1e9
-            a = (since - self.data_start_ns) / 1e9
-            b = (until - self.data_start_ns) / 1e9
-            return f"t {a:.1f}–{b:.1f} s of {full:.1f} s"
-        label = f"window {self.window_s:g} s"
-        if self.offset_s:
-            label += f", ending {self.offset_s:g} s ago"
-        return label
+        return self.session.window_label(since, until, self.window_s, self.offset_s)
 
     # -- redraw -------------------------------------------------------------------------------
     def _tick(self) -> None:
         self._update_status()
         if self.paused:
             return
-        if self.mode == "replay" and not self._dirty:
+        if not self.session.follows_now and not self._dirty:
             return
         self._redraw()
 
@@ -588,56 +514,33 @@ class KdashApp(App[None]):
 
     def status_info(self) -> StatusInfo:
         target = self.meta.get("target") or {}
-        rec = self.recorder
-        if rec is not None and rec.target is not None:
-            tgt = f"pid {rec.target.pid} {short_cmdline(' '.join(rec.target.cmdline))}"
+        pid = self.session.target_pid()
+        if pid is not None:
+            tgt = f"pid {pid} {short_cmdline(self.session.target_cmdline())}"
         else:
             tgt = f"pid {target.get('pid', '?')} {short_cmdline(str(target.get('cmdline') or ''))}"
-        info = StatusInfo(
+        st = self.session.status(clock.now_ns())
+        return StatusInfo(
             mode=self.mode,
             target=tgt.rstrip(),
             paused=self.paused,
             window=self.window_label(),
             note=self.note,
+            # the session's capture state, else a replay's answer to `c`
+            capture=st.capture or self._capture_note,
+            capture_phase=st.capture_phase,
+            capture_path=st.capture_path,
+            sources=dict(st.sources),
+            poll_ms=st.poll_ms,
+            activity=st.activity,
+            cost=st.cost,
+            dropped=st.dropped,
         )
-        if rec is not None:
-            cap = rec.capture
-            info.capture_phase = cap.phase
-            if cap.phase == "recording":
-                info.capture = f"capturing… {cap.remaining_s(clock.now_ns()):.1f} s"
-            elif cap.phase == "writing":
-                info.capture = "writing capture…"
-            detail = getattr(rec, "capture_detail", None)
-            extra = detail() if detail is not None else ""
-            if cap.phase == "saved":
-                info.capture_path = str(cap.path)
-            if extra and cap.phase == "saved":  # e.g. the DP ranks that had no step
-                info.capture = f"saved: {cap.path} ({extra})"
-            elif extra:
-                info.capture = f"{info.capture} ({extra})"
-            elif cap.phase == "saved":
-                info.capture = f"saved: {cap.path}"
-            elif cap.phase == "failed":
-                info.capture = f"capture failed: {cap.error}"
-            info.sources = {s.name: s.health for s in rec.sources}
-            info.poll_ms = rec.poll_cost_ms
-            agent = self.agent_source()
-            if agent is not None:
-                info.activity = activity_label(agent.health)
-                estimate = getattr(agent, "cost_estimate", None)
-                info.cost = estimate() if estimate is not None and info.activity else None
-            info.dropped = self.store.overflowed()
-        else:
-            info.sources = dict(capture_healths(self.meta))
-            info.dropped = int(self.meta.get("overflowed_rows") or 0)
-            info.capture = self._capture_note
-        return info
 
     # -- recorder worker and its events -------------------------------------------------------
     @work(thread=True, exit_on_error=False, name="recorder", group="recorder")
     def _run_recorder(self) -> None:
-        assert self.recorder is not None
-        self.recorder.run_forever()
+        self.session.run()
 
     def _on_recorder_event(self, event: str, payload: object) -> None:
         """Called on the poll thread: only turn the event into a message for the UI thread."""
@@ -692,8 +595,7 @@ class KdashApp(App[None]):
             self.notify(self.note, severity="error", timeout=15)
 
     def _stop_recorder(self) -> None:
-        if self.recorder is not None:
-            self.recorder.stop()
+        self.session.stop()
 
     def on_unmount(self) -> None:
         self._stop_recorder()
@@ -707,18 +609,28 @@ class KdashApp(App[None]):
         return action in ("help", "quit") or not isinstance(self.screen, HelpScreen)
 
     def action_capture(self) -> None:
-        if self.recorder is None:
-            self._capture_note = "replay: nothing to capture (captures are taken live)"
-            self.notify("This is a replay: captures are taken live, with `kdash attach`.")
-            self._update_status()
+        self._capture(via_server=False)
+
+    def action_capture_via_server(self) -> None:
+        """`C`: capture through the server's own profiler even when kdash's agents are in
+        the schedulers (they are switched off for it and back on after); `c` where the
+        session cannot."""
+        self._capture(via_server=True)
+
+    def _capture(self, via_server: bool) -> None:
+        answer = self.session.capture(via_server)
+        if answer.toast:
+            self.notify(answer.toast, severity=answer.severity)  # type: ignore[arg-type]
+        if answer.note:
             # An answer to the key, not a state: it gives the one line back to the window.
+            self._capture_note = answer.note
+            self._update_status()
             if self._capture_note_timer is not None:
                 self._capture_note_timer.stop()
             self._capture_note_timer = self.set_timer(REPLAY_NOTE_S, self._clear_capture_note)
             return
-        if not self.recorder.trigger_capture():
-            self.notify("a capture is already being recorded or written", severity="warning")
-        self._start_server_job()
+        if answer.job is not None:
+            self._run_server_job(answer.job)
         self._update_status()
 
     def _clear_capture_note(self) -> None:
@@ -726,29 +638,11 @@ class KdashApp(App[None]):
         self._capture_note_timer = None
         self._update_status()
 
-    def action_capture_via_server(self) -> None:
-        """`C`: capture through the server's own profiler even when kdash's agents are in
-        the schedulers (they are switched off for it and back on after)."""
-        if self.recorder is None or not hasattr(self.recorder, "run_server_job"):
-            self.action_capture()
-            return
-        if not self.recorder.trigger_capture(via_server=True):
-            self.notify("a capture is already being recorded or written", severity="warning")
-        self._start_server_job()
-        self._update_status()
-
-    def _start_server_job(self) -> None:
-        job = getattr(self.recorder, "server_job", None)
-        if job is not None and self.recorder is not None and job.seq == self.recorder.capture.seq:
-            self._run_server_job(job)
-
     @work(thread=True, exit_on_error=False, name="server-capture", group="server-capture")
     def _run_server_job(self, job) -> None:
         """/start_profile and the wait for every rank's trace: seconds to a minute of
         blocking HTTP and file polling, so a thread worker (the recorder's writer waits for it)."""
-        run = getattr(self.recorder, "run_server_job", None)
-        if run is not None:
-            run(job)
+        self.session.run_server_job(job)
 
     def action_pause(self) -> None:
         self.paused = not self.paused
@@ -832,7 +726,7 @@ class KdashApp(App[None]):
 
     def action_reset_window(self) -> None:
         self.offset_s = 0.0
-        self.window_s = self._max_window_s() if self.mode == "replay" else LIVE_WINDOW_S
+        self.window_s = self.session.default_window_s()
         self._view_changed()
 
     def action_gpu_detail(self) -> None:
@@ -852,40 +746,25 @@ class KdashApp(App[None]):
             known = kernel if kernel in pane.window_names else None
             self.notify(pane.toggle_pin(known), timeout=3)
 
-    def agent_source(self):
-        """The live agent tree source (anything with `set_continuous`), or None (replay)."""
-        for src in getattr(self.recorder, "sources", None) or []:
-            if getattr(src, "name", "") == "agent" and hasattr(src, "set_continuous"):
-                return src
-        return None
-
-    def _agents_to_switch(self, what: str, setter: str):
-        """The agent source when it has agents to switch (and `setter`), else None after
-        saying in one line that there is nothing to switch."""
-        src = self.agent_source()
-        pids = src.active_pids() if src is not None else []
-        if not pids or not hasattr(src, setter):
-            self.notify(f"no kdash agent attached: {what} cannot be switched", timeout=4)
-            return None, 0
-        return src, len(pids)
-
     @work(thread=True, exit_on_error=False, name="agent-switch", group="agent-switch")
-    def _switch_agents(self, src, setter: str, on: bool) -> None:
+    def _switch_agents(self, toggle: AgentToggle, on: bool) -> None:
         """A socket write per agent under the source's lock (which a poll may hold): never on
         the UI thread. The status bar and the panes follow at once."""
-        getattr(src, setter)(on)
+        toggle.set(on)
         self.call_from_thread(self._update_status)
         self.call_from_thread(self.request_redraw, now=True)
 
-    def _toggle_agents(self, what: str, setter: str, attr: str, texts: tuple[str, str]) -> None:
-        """Flip the agent source's `attr` through `setter` for every agent; `texts` say the
-        new state (on, off) in the notification."""
-        src, n = self._agents_to_switch(what, setter)
-        if src is None:
+    def _toggle_agents(self, what: str, toggle: AgentToggle | None, texts: tuple[str, str]) -> None:
+        """Flip `toggle` for every attached agent; `texts` say the new state (on, off) in the
+        notification. Without agents (none attached, a replay) say so in one line."""
+        if toggle is None:
+            self.notify(f"no kdash agent attached: {what} cannot be switched", timeout=4)
             return
-        on = not bool(getattr(src, attr, False))
-        self._switch_agents(src, setter, on)
-        self.notify(f"{what}: {texts[0] if on else texts[1]} in {n} process(es)", timeout=4)
+        on = not toggle.on
+        self._switch_agents(toggle, on)
+        self.notify(
+            f"{what}: {texts[0] if on else texts[1]} in {toggle.agents} process(es)", timeout=4
+        )
 
     def action_toggle_activity(self) -> None:
         """`a`: every attached agent between its duty cycle and continuous kernel activity.
@@ -894,7 +773,7 @@ class KdashApp(App[None]):
         so it is the user's explicit choice, and the status bar's cost estimate follows it.
         """
         texts = ("continuous (every kernel; costs the target more)", "duty-cycled")
-        self._toggle_agents("kernel activity", "set_continuous", "continuous", texts)
+        self._toggle_agents("kernel activity", self.session.continuous_toggle(), texts)
 
     def action_toggle_pc_sampling(self) -> None:
         """`L`: PC-sampling ranges in every attached agent on or off (issue 5).
@@ -905,7 +784,7 @@ class KdashApp(App[None]):
         and the reason when sampling cannot run.
         """
         texts = ("on (200 ms ranges every 2 s)", "off")
-        self._toggle_agents("PC sampling", "set_pc_sampling", "pc_sampling", texts)
+        self._toggle_agents("PC sampling", self.session.pc_sampling_toggle(), texts)
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
@@ -916,7 +795,7 @@ class KdashApp(App[None]):
             at = next(i for i, b in enumerate(keys) if b.key == "4") + 1
             keys[at:at] = self.SGLANG_BINDINGS[:1]
             keys.insert(1, self.SGLANG_BINDINGS[1])
-        if self.mode == "live":  # after `f`, with the other keys about the kernels
+        if self.session.live:  # after `f`, with the other keys about the kernels
             at = next(i for i, b in enumerate(keys) if b.key == "f") + 1
             keys[at:at] = self.LIVE_BINDINGS
         # The source pane's own keys (active while it has focus) belong in the list too.

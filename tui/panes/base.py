@@ -1,9 +1,9 @@
 """What every pane shares: the view it is drawn for, and the empty-pane convention.
 
 A pane is a read-only view over the store. The app builds one `View` per redraw (the time
-window, the mode, the sources' health, the findings) and hands it to each visible pane's
-`show(view)`; panes never poll a source or touch the recorder themselves, and they never run
-on the poll thread.
+window, the mode, the sources' health, the findings, the target's pid) and hands it to each
+visible pane's `show(view)`; panes never poll a source or touch the recorder (or the app's
+session) themselves, and they never run on the poll thread.
 
 A pane with nothing to show says why in one line and gets the `-empty` class, which the
 stylesheet uses to collapse it to that line so the panes with data get the room.
@@ -37,6 +37,8 @@ class View:
     # the same health as data (codes and fields), by name; a name missing here has its text
     # in `health` read by `collectors.base.health_from_text`
     healths: dict[str, Health] = field(default_factory=dict)
+    # the pid of the process watched now (live); None in a replay and without a target
+    target_pid: int | None = None
 
     def health_of(self, name: str) -> Health | None:
         """Source `name`'s health as data, None when there is no such source."""

@@ -325,10 +325,8 @@ class SourcePane(Pane):
         """Live: index the target's site-packages once, off the UI thread."""
         if view.mode != "live":
             return
-        rec = getattr(self.app, "recorder", None)
-        target = getattr(rec, "target", None)
-        pid = getattr(target, "pid", None)
-        if isinstance(pid, int) and pid != self._live_index_pid:
+        pid = view.target_pid
+        if pid is not None and pid != self._live_index_pid:
             self._live_index_pid = pid
             self._scan_live(pid)
 
