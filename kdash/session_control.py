@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,7 +126,7 @@ class SessionStatus:
 
 
 # -- the controller -------------------------------------------------------------------------------
-class SessionControl:
+class SessionControl(ABC):
     """The questions the app asks; `LiveSession` and `ReplaySession` answer them."""
 
     mode: str = ""
@@ -137,13 +138,16 @@ class SessionControl:
         return self.mode == "live"
 
     # life cycle
+    @abstractmethod
     def subscribe(self, callback: Callable[[str, object], None]) -> None:
         """Have `callback(event, payload)` called (on the poll thread) for the recorder's
         events: capture-started, capture-saved, capture-failed, target-exited."""
 
+    @abstractmethod
     def run(self) -> None:
         """Poll until `stop()` (blocking: the app runs it on a worker thread)."""
 
+    @abstractmethod
     def stop(self) -> None:
         """Stop polling (and the sources)."""
 
@@ -156,8 +160,8 @@ class SessionControl:
     def target_cmdline(self) -> str:
         return ""
 
-    def healths(self) -> dict[str, Health]:
-        raise NotImplementedError
+    @abstractmethod
+    def healths(self) -> dict[str, Health]: ...
 
     def findings(self) -> Any:
         return None
@@ -166,13 +170,14 @@ class SessionControl:
         """The server as it is now (live SGLang target); None where only the meta has it."""
         return None
 
-    def status(self, now_ns: int) -> SessionStatus:
-        raise NotImplementedError
+    @abstractmethod
+    def status(self, now_ns: int) -> SessionStatus: ...
 
     # what the keys do
-    def capture(self, via_server: bool = False) -> CaptureAnswer:
-        raise NotImplementedError
+    @abstractmethod
+    def capture(self, via_server: bool = False) -> CaptureAnswer: ...
 
+    @abstractmethod
     def run_server_job(self, job: Any) -> None:
         """Blocking: the capture through the server that `capture` handed out."""
 
@@ -185,25 +190,27 @@ class SessionControl:
         return None
 
     # the time axis
+    @abstractmethod
     def end_ns(self, frozen_ns: int | None) -> int:
         """Where the view's window ends before any pan (`frozen_ns`: now when paused)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def anchor_ns(self, end_ns: int) -> int:
         """Time 0 of the axis labels."""
-        raise NotImplementedError
 
-    def max_window_s(self) -> float:
-        raise NotImplementedError
+    @abstractmethod
+    def max_window_s(self) -> float: ...
 
-    def default_window_s(self) -> float:
-        raise NotImplementedError
+    @abstractmethod
+    def default_window_s(self) -> float: ...
 
-    def window_label(self, since_ns: int, until_ns: int, window_s: float, offset_s: float) -> str:
-        raise NotImplementedError
+    @abstractmethod
+    def window_label(
+        self, since_ns: int, until_ns: int, window_s: float, offset_s: float
+    ) -> str: ...
 
-    def titles(self, meta: dict, title: str | None) -> tuple[str, str]:
-        raise NotImplementedError
+    @abstractmethod
+    def titles(self, meta: dict, title: str | None) -> tuple[str, str]: ...
 
 
 def short_cmdline(cmd: str, width: int = 32) -> str:
@@ -394,6 +401,15 @@ class ReplaySession(SessionControl):
             return now - int(1e9), now
         return lo, max(hi, lo + int(1e9))
 
+    def subscribe(self, callback: Callable[[str, object], None]) -> None:
+        """A capture has no events: nothing is recorded."""
+
+    def run(self) -> None:
+        """Nothing to poll: returns at once."""
+
+    def stop(self) -> None:
+        """Nothing runs."""
+
     def healths(self) -> dict[str, Health]:
         return capture_healths(self.meta)
 
@@ -404,6 +420,9 @@ class ReplaySession(SessionControl):
 
     def capture(self, via_server: bool = False) -> CaptureAnswer:
         return CaptureAnswer(False, REPLAY_TOAST, note=REPLAY_NOTE)
+
+    def run_server_job(self, job: Any) -> None:
+        """A replay hands out no job."""
 
     def end_ns(self, frozen_ns: int | None) -> int:
         return self.data_end_ns
