@@ -13,7 +13,7 @@ log=$OUT/host.log
   bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | head -1 | tr 'A-Z' 'a-z' | sed 's/^0000//')
   echo "local_cpulist: $(cat /sys/bus/pci/devices/$bus/local_cpulist 2>&1)"; nproc
   echo "== nvml check"; python3 bench/gpu_nvml_check.py --out $OUT/nvml-h200.json; echo "rc=$?"
-  echo "== gpu tests"; python3 -P -m pytest -q -rs -m gpu tests/test_nvml.py -p no:cacheprovider; echo "rc=$?"
+  echo "== gpu tests"; python3 -m pytest -q -rs -m gpu tests/test_nvml.py -p no:cacheprovider; echo "rc=$?"
   echo "== capture: matmul"
   python3 bench/matmul_load.py --seconds 22 > $OUT/matmul-plain.txt & P=$!
   sleep 4

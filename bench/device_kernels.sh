@@ -20,7 +20,7 @@ log=$OUT/kernels.log
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 
   echo "== gates (pytest -m gpu)"
-  timeout 150 python3 -P -m pytest -q -rs -m gpu -p no:cacheprovider tests/test_kernels_decode.py \
+  timeout 150 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/test_kernels_decode.py \
     tests/test_kernels_plan.py tests/test_kernels_prefill.py tests/test_workload.py \
     > "$OUT/gates.log" 2>&1
   echo "rc=$?"; tail -6 "$OUT/gates.log"

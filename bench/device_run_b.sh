@@ -11,5 +11,5 @@ echo "== pcsampling"; timeout 120 python3 -u gpu_pcsampling.py > "$OUT/pcs.log" 
 echo "== bench"; timeout 200 python3 -m kdash.kernels.bench --sweep decode --out "$OUT/kernels-h200.json" > "$OUT/bench.log" 2>&1; echo rc=$?
 tail -c 1500 "$OUT/bench.log"; echo
 cd ..
-echo "== gates"; TRITON_INTERPRET=0 timeout 150 python3 -P -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_decode.py > "$OUT/gates.log" 2>&1; echo rc=$?
+echo "== gates"; TRITON_INTERPRET=0 timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_decode.py > "$OUT/gates.log" 2>&1; echo rc=$?
 tail -5 "$OUT/gates.log"

@@ -38,6 +38,7 @@ from typing import Any
 
 from kdash import limits, schema
 from kdash.errors import CaptureError, UserError
+from kdash.meta import CaptureMeta
 from kdash.names import demangle_kernel_frame, symbol_rows
 
 FORMAT_TAG = "kdash-capture"
@@ -47,9 +48,13 @@ SUFFIX = ".kdash"
 
 @dataclass
 class Capture:
-    meta: dict
+    meta: dict  # kdash.json as read (checked against META_SPEC); `info` is its typed record
     tables: dict = field(default_factory=dict)  # table name -> pandas.DataFrame
     path: Path | None = None
+
+    @property
+    def info(self) -> CaptureMeta:
+        return CaptureMeta.from_dict(self.meta)
 
     def batch(self, table: str) -> schema.Batch:
         df = self.tables.get(table)
@@ -94,7 +99,9 @@ def check_writable_folder(folder: Path) -> None:
         os.unlink(name)
 
 
-def write_capture(path: str | os.PathLike, meta: dict, tables: dict[str, schema.Batch]) -> Path:
+def write_capture(
+    path: str | os.PathLike, meta: CaptureMeta | dict, tables: dict[str, schema.Batch]
+) -> Path:
     """Write atomically and exclusively; returns the final path. `tables` maps table name ->
     batch. UserError when the path exists (even one created while writing) or the disk fails."""
     import pyarrow as pa
@@ -110,7 +117,7 @@ def write_capture(path: str | os.PathLike, meta: dict, tables: dict[str, schema.
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create the folder {path.parent}: {e.strerror or e}") from None
-    full_meta = dict(meta)
+    full_meta = meta.to_dict() if isinstance(meta, CaptureMeta) else dict(meta)
     full_meta["format"] = FORMAT_TAG
     full_meta["schema_version"] = schema.SCHEMA_VERSION
     full_meta.setdefault("kdash_version", __version__)

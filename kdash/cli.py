@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from kdash import options
 from kdash.errors import UserError
 
 
@@ -77,41 +82,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"kdash {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    live = options.LiveOptions()
 
     def live_options(sp: argparse.ArgumentParser) -> None:
         sp.add_argument(
             "--interval",
             type=_positive("--interval"),
-            default=0.25,
             metavar="S",
-            help="seconds between host polls (default 0.25 = 4 Hz)",
+            help=f"seconds between host polls (default {live.interval:g} = "
+            f"{1 / live.interval:g} Hz)",
         )
         sp.add_argument(
             "--pre",
             type=_non_negative("--pre"),
-            default=10.0,
             metavar="S",
-            help="seconds before the capture key to keep (default 10)",
+            help=f"seconds before the capture key to keep (default {live.pre:g})",
         )
         sp.add_argument(
             "--post",
             type=_non_negative("--post"),
-            default=5.0,
             metavar="S",
-            help="seconds after the capture key to record (default 5)",
+            help=f"seconds after the capture key to record (default {live.post:g})",
         )
         sp.add_argument(
             "--capture-dir",
             type=Path,
-            default=None,
             metavar="DIR",
             help="where `c` saves captures (default: current folder)",
         )
-        sp.add_argument("--theme", default=None, metavar="NAME", help="dark, light or mono")
+        sp.add_argument("--theme", metavar="NAME", help="dark, light or mono")
         sp.add_argument(
             "--gpus",
             type=_gpu_list,
-            default=None,
             metavar="I,J",
             help="only these GPU indices (default: all)",
         )
@@ -131,7 +133,6 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument(
             "--cost-budget",
             type=_non_negative("--cost-budget"),
-            default=None,
             metavar="PCT",
             help="while sampling, lower each agent's duty cycle so kdash's estimated cost of "
             "the target stays at PCT percent (default 1.5; 0: always 10%% of each second)",
@@ -143,20 +144,17 @@ def build_parser() -> argparse.ArgumentParser:
         )
         sp.add_argument(
             "--prometheus",
-            default=None,
             metavar="[HOST:]PORT",
             help="serve kdash_* series on http://HOST:PORT/metrics (host 127.0.0.1 unless given)",
         )
         sp.add_argument(
             "--jsonl",
-            default=None,
             metavar="PATH|-",
             help="write the same sample as one JSON line a second (- = stdout, with --headless)",
         )
         sp.add_argument(
             "--duration",
             type=_positive("--duration"),
-            default=None,
             metavar="S",
             help="with --headless: seconds to record, then write --output and exit",
         )
@@ -164,7 +162,6 @@ def build_parser() -> argparse.ArgumentParser:
             "-o",
             "--output",
             type=Path,
-            default=None,
             metavar="PATH",
             help="capture file to write in --headless mode (.kdash)",
         )
@@ -184,22 +181,19 @@ def build_parser() -> argparse.ArgumentParser:
     who.add_argument(
         "--sglang",
         metavar="URL",
-        default=None,
         help="an SGLang server on this machine, e.g. http://127.0.0.1:30000",
     )
     a.add_argument(
         "--api-key",
-        default=os.environ.get("KDASH_SGLANG_API_KEY"),
         metavar="KEY",
         help="the server's --api-key, for /server_info and /v1/loads (default: "
-        "$KDASH_SGLANG_API_KEY)",
+        f"${options.ENV_API_KEY})",
     )
     a.add_argument(
         "--admin-api-key",
-        default=os.environ.get("KDASH_SGLANG_ADMIN_API_KEY"),
         metavar="KEY",
         help="the server's --admin-api-key, for /start_profile (default: "
-        "$KDASH_SGLANG_ADMIN_API_KEY; without it --api-key is sent there)",
+        f"${options.ENV_ADMIN_API_KEY}; without it --api-key is sent there)",
     )
     a.add_argument(
         "--no-inject",
@@ -219,9 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
         "cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command to run (after --)"
     )
 
-    o = sub.add_parser("open", help="replay a capture in the dashboard")
-    o.add_argument("path", type=Path, help="the capture (.kdash) to replay")
-    o.add_argument("--theme", default=None, metavar="NAME", help="dark, light or mono")
+    op = sub.add_parser("open", help="replay a capture in the dashboard")
+    op.add_argument("path", type=Path, help="the capture (.kdash) to replay")
+    op.add_argument("--theme", metavar="NAME", help="dark, light or mono")
 
     r = sub.add_parser("report", help="print a capture's summary tables")
     r.add_argument("path", type=Path, help="the capture (.kdash) to summarise")
@@ -234,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="columns of the text report (default: the terminal's; into a pipe $COLUMNS or 200)",
     )
 
+    snap = options.SnapshotOptions()
     sn = sub.add_parser(
         "snapshot",
         help="watch a process for a few seconds, print what the panes would show, exit",
@@ -244,20 +239,20 @@ def build_parser() -> argparse.ArgumentParser:
     who_sn.add_argument("--sglang", metavar="URL", help="a live SGLang server on this machine")
     sn.add_argument(
         "--api-key",
-        default=os.environ.get("KDASH_SGLANG_API_KEY"),
         metavar="KEY",
-        help="the server's --api-key (default: $KDASH_SGLANG_API_KEY)",
+        help=f"the server's --api-key (default: ${options.ENV_API_KEY})",
     )
     sn.add_argument(
-        "--seconds", type=float, default=2.0, metavar="S", help="how long to watch (default 2)"
+        "--seconds",
+        type=float,
+        metavar="S",
+        help=f"how long to watch (default {snap.seconds:g})",
     )
     sn.add_argument("--json", action="store_true", help="one JSON document on stdout")
     sn.add_argument("--top", type=int, metavar="N", help="rows of each list (default 20)")
+    sn.add_argument("--gpus", type=_gpu_list, metavar="I,J", help="only these GPU indices")
     sn.add_argument(
-        "--gpus", type=_gpu_list, default=None, metavar="I,J", help="only these GPU indices"
-    )
-    sn.add_argument(
-        "--interval", type=float, default=0.25, metavar="S", help="poll period (default 0.25)"
+        "--interval", type=float, metavar="S", help=f"poll period (default {snap.interval:g})"
     )
     sn.add_argument(
         "--inject",
@@ -283,13 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
         "-o",
         "--output",
         type=Path,
-        default=None,
         metavar="PATH",
         help="capture to write (default: beside the first trace)",
     )
 
     d = sub.add_parser("demo", help="the embedded demo (live on a GPU, else a recorded replay)")
-    d.add_argument("--theme", default=None, metavar="NAME", help="dark, light or mono")
+    d.add_argument("--theme", metavar="NAME", help="dark, light or mono")
     d.add_argument(
         "--replay",
         action="store_true",
@@ -306,33 +300,31 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--duration",
         type=_positive("--duration"),
-        default=None,
         metavar="S",
         help="with --headless: seconds to record",
     )
-    d.add_argument(
-        "-o", "--output", type=Path, default=None, metavar="PATH", help="capture to write (.kdash)"
-    )
+    d.add_argument("-o", "--output", type=Path, metavar="PATH", help="capture to write (.kdash)")
 
     cp = sub.add_parser(
         "completion", help="print the shell completion script (see README: where it goes)"
     )
     cp.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell to complete in")
     sub.add_parser("man", help="print the kdash(1) man page in roff (`kdash man | man -l -`)")
+    # every default is the options record's (defined once, in kdash.options)
+    for name, sp in sub.choices.items():
+        sp.set_defaults(**options.defaults(COMMANDS[name].options))
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args = parser.parse_args(argv)
         if args.command is None:
-            build_parser().print_usage(sys.stdout)
-            raise UserError(
-                "give a command: attach, run, snapshot, open, report, export, import, demo, "
-                "completion, man"
-            )
-        return _dispatch(args)
+            parser.print_usage(sys.stdout)
+            raise UserError(f"give a command: {', '.join(COMMANDS)}")
+        return run_command(args)
     except UserError as e:
         print(f"kdash: {one_line(str(e))}", file=sys.stderr)
         return 2
@@ -383,37 +375,72 @@ def _internal_error(e: BaseException) -> int:
     return 1
 
 
-def _dispatch(args: argparse.Namespace) -> int:
-    from kdash import commands
+def print_completion(opts: options.CompletionOptions) -> int:
+    """`kdash completion SHELL`: made from this parser, printed to stdout."""
+    from kdash.cli_spec import spec_of
+    from kdash.completion import script
 
-    if args.command == "import":
-        from kdash.kineto import cmd_import
-
-        return cmd_import(args)
-    if args.command in ("completion", "man"):
-        return _print_generated(args)
-    if args.command == "snapshot":
-        from kdash.snapshot import cmd_snapshot
-
-        return cmd_snapshot(args)
-    return getattr(commands, f"cmd_{args.command}")(args)
+    sys.stdout.write(script(opts.shell, spec_of(build_parser())))
+    return 0
 
 
-def _print_generated(args: argparse.Namespace) -> int:
-    """`kdash completion SHELL` and `kdash man`: made from this parser, printed to stdout."""
+def print_man(opts: options.ManOptions) -> int:
+    """`kdash man`: the man page made from this parser, in roff on stdout."""
     from kdash import __version__
     from kdash.cli_spec import spec_of
+    from kdash.manpage import render
 
-    spec = spec_of(build_parser())
-    if args.command == "man":
-        from kdash.manpage import render
-
-        sys.stdout.write(render(spec, __version__))
-    else:
-        from kdash.completion import script
-
-        sys.stdout.write(script(args.shell, spec))
+    sys.stdout.write(render(spec_of(build_parser()), __version__))
     return 0
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command: its options record and the function that runs it with one."""
+
+    options: type
+    run: Callable[[Any], int]
+
+
+def _lazy(module: str, function: str) -> Callable[[Any], int]:
+    """`module.function`, imported only when the command runs (so `kdash report` never loads
+    what `kdash attach` needs)."""
+
+    def run(opts: Any) -> int:
+        return getattr(importlib.import_module(module), function)(opts)
+
+    run.__qualname__ = f"{module}.{function}"
+    return run
+
+
+# The command table: name -> options record and handler. The parser has one subcommand for
+# each (a test holds the two together), in the order `kdash` with no command lists them.
+COMMANDS: dict[str, Command] = {
+    "attach": Command(options.AttachOptions, _lazy("kdash.commands", "cmd_attach")),
+    "run": Command(options.RunOptions, _lazy("kdash.commands", "cmd_run")),
+    "snapshot": Command(options.SnapshotOptions, _lazy("kdash.snapshot", "cmd_snapshot")),
+    "open": Command(options.OpenOptions, _lazy("kdash.commands", "cmd_open")),
+    "report": Command(options.ReportOptions, _lazy("kdash.commands", "cmd_report")),
+    "export": Command(options.ExportOptions, _lazy("kdash.commands", "cmd_export")),
+    "import": Command(options.ImportOptions, _lazy("kdash.kineto", "cmd_import")),
+    "demo": Command(options.DemoOptions, _lazy("kdash.commands", "cmd_demo")),
+    "completion": Command(options.CompletionOptions, print_completion),
+    "man": Command(options.ManOptions, print_man),
+}
+
+
+def parse(argv: list[str]):
+    """The options record of a command line (UserError, one line, when it is not one)."""
+    args = build_parser().parse_args(argv)
+    if args.command is None:
+        raise UserError(f"give a command: {', '.join(COMMANDS)}")
+    return options.from_namespace(COMMANDS[args.command].options, args, skip=("command",))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the parsed command line's command with its options record."""
+    command = COMMANDS[args.command]
+    return command.run(options.from_namespace(command.options, args, skip=("command",)))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The subcommands behind `kdash.cli`: each takes parsed args and returns an exit status."""
+"""The subcommands behind `kdash.cli`: each takes its options record (kdash.options) and returns
+an exit status."""
 
 from __future__ import annotations
 
@@ -9,11 +10,21 @@ import stat
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import BinaryIO
 
 from kdash.errors import UserError
+from kdash.options import (
+    AttachOptions,
+    DemoOptions,
+    ExportOptions,
+    LiveOptions,
+    OpenOptions,
+    ReportOptions,
+    RunOptions,
+)
 
 DEMO_CAPTURE = "demo-h200.kdash"
 
@@ -84,12 +95,12 @@ def _check_gpus(gpus: list[int] | None) -> None:
         raise UserError(f"--gpus {','.join(map(str, missing))}: this machine has {have}")
 
 
-def _agent_opts(args) -> dict:
-    """The agent options of `attach`, `run` and `demo` (absent on a command: the defaults)."""
-    budget = getattr(args, "cost_budget", None)
+def _agent_opts(args: LiveOptions) -> dict:
+    """The agent options of `attach` and `run` (and so `demo`), as build_sources takes them."""
+    budget = args.cost_budget
     return {
-        "pc_sampling": getattr(args, "pc_sampling", False),
-        "graph_kernels": getattr(args, "graph_kernels", False),
+        "pc_sampling": args.pc_sampling,
+        "graph_kernels": args.graph_kernels,
         "cost_budget": None if budget is None else budget / 100,
     }
 
@@ -168,7 +179,7 @@ def _make_recorder(sources: list, store, target, opts, server=None):
     return SglangRecorder(sources, store, target, opts, server)
 
 
-def _sglang_sources(server, args) -> list:
+def _sglang_sources(server, interval_s: float) -> list:
     """The server's metrics source, at most once a second: each scrape costs the server.
 
     A server kdash itself just started is still loading its model and refuses connections
@@ -183,20 +194,16 @@ def _sglang_sources(server, args) -> list:
     return [
         SglangMetricsSource(
             server.url,
-            interval_s=max(1.0, getattr(args, "interval", 0.25)),
+            interval_s=max(1.0, interval_s),
             api_key=server.api_key,
             retry_s=2.0 if starting else 5.0,
         )
     ]
 
 
-def _exporting(args) -> bool:
-    return bool(getattr(args, "prometheus", None) or getattr(args, "jsonl", None))
-
-
-def _check_headless(args) -> None:
+def _check_headless(args: LiveOptions) -> None:
     """The options of `attach`/`run` that go together (one line each when they do not)."""
-    if args.headless and not _exporting(args) and (args.duration is None or args.output is None):
+    if args.headless and not args.exporting and (args.duration is None or args.output is None):
         raise UserError(
             "--headless needs --duration S and --output PATH (or --prometheus/--jsonl, "
             "to serve until stopped)"
@@ -205,26 +212,26 @@ def _check_headless(args) -> None:
         raise UserError("--output needs --duration S")
     if not args.headless and (args.duration is not None or args.output is not None):
         raise UserError("--duration and --output go with --headless")
-    if not args.headless and getattr(args, "jsonl", None) == "-":
+    if not args.headless and args.jsonl == "-":
         raise UserError(
             "--jsonl - writes to stdout, where the dashboard draws: give a file, or --headless"
         )
-    if getattr(args, "prometheus", None):
+    if args.prometheus:
         from kdash.prom import parse_listen
 
         parse_listen(args.prometheus)
 
 
-def _exporter(args, store, sources):
+def _exporter(args: LiveOptions, store, sources):
     """`--prometheus`/`--jsonl` while the recorder runs (a no-op context without them)."""
-    if not _exporting(args):
+    if not args.exporting:
         return contextlib.nullcontext(None)
     from kdash.prom import Exporter
 
-    return Exporter(store, sources, getattr(args, "prometheus", None), getattr(args, "jsonl", None))
+    return Exporter(store, sources, args.prometheus, args.jsonl)
 
 
-def _serve_headless(target, args, sources: list, server=None) -> int:
+def _serve_headless(target, args: LiveOptions, sources: list, server=None) -> int:
     """`--headless --prometheus/--jsonl` without `--output`: serve until stopped (SIGINT or
     SIGTERM) or for --duration, and write no capture."""
     import signal
@@ -233,7 +240,7 @@ def _serve_headless(target, args, sources: list, server=None) -> int:
     from kdash.store import Store
 
     store = Store(retention_s=120.0)
-    opts = RecorderOptions(interval_s=getattr(args, "interval", 0.25))
+    opts = RecorderOptions(interval_s=args.interval)
     rec = _make_recorder(sources, store, target, opts, server)
     old = {
         sig: signal.signal(sig, lambda *a: rec.stop()) for sig in (signal.SIGTERM, signal.SIGINT)
@@ -252,8 +259,9 @@ def _serve_headless(target, args, sources: list, server=None) -> int:
 
 
 def _record_headless(
-    target, args, sources: list, extra_meta: dict | None = None, server=None
+    target, args: LiveOptions, sources: list, extra_meta: dict | None = None, server=None
 ) -> int:
+    """`--headless`: record for --duration and write --output (or serve, without --output)."""
     from kdash import clock
     from kdash.analyses.cost import cost_text
     from kdash.session import RecorderOptions
@@ -263,7 +271,7 @@ def _record_headless(
         return _serve_headless(target, args, sources, server=server)
     out = _check_output(args.output)
     store = Store(retention_s=args.duration + 60, max_rows=20_000_000)
-    opts = RecorderOptions(interval_s=getattr(args, "interval", 0.25))
+    opts = RecorderOptions(interval_s=args.interval)
     rec = _make_recorder(sources, store, target, opts, server)
     start = clock.now_ns()
     show = _progress(args.duration)
@@ -305,7 +313,7 @@ def _record_headless(
 
 
 # -- attach ----------------------------------------------------------------------------------
-def cmd_attach(args) -> int:
+def cmd_attach(args: AttachOptions) -> int:
     """`attach --pid` (an SGLang server's pid is recognised) or `attach --sglang URL`.
 
     An SGLang server is watched from its root, so the schedulers (where the GPU work runs)
@@ -315,13 +323,11 @@ def cmd_attach(args) -> int:
 
     _check_headless(args)
     server = None
-    sglang_url = getattr(args, "sglang", None)
-    api_key = getattr(args, "api_key", None)
-    admin_key = getattr(args, "admin_api_key", None)
-    if sglang_url is not None:
+    api_key, admin_key = args.api_key, args.admin_api_key
+    if args.sglang is not None:
         from kdash.sglang import discover_from_url
 
-        server = discover_from_url(sglang_url, api_key, admin_key)
+        server = discover_from_url(args.sglang, api_key, admin_key)
     else:
         Target.from_pid(args.pid)  # a dead or bad pid is refused first, in its own words
         from kdash.sglang import discover_from_pid
@@ -329,15 +335,14 @@ def cmd_attach(args) -> int:
         server = discover_from_pid(args.pid, api_key, admin_key)
     root = server.tree.root.pid if server is not None and server.tree.root else args.pid
     target = Target.from_pid(root)
-    inject_allowed = not getattr(args, "no_inject", False)
     sources = build_sources(
         target,
         args.gpus,
         args.interval,
-        inject_allowed,
+        not args.no_inject,
         **_agent_opts(args),
     )
-    sources += _sglang_sources(server, args)
+    sources += _sglang_sources(server, args.interval)
     if args.headless:
         return _record_headless(target, args, sources, server=server)
     cap_dir = _check_capture_dir(args.capture_dir)
@@ -352,7 +357,7 @@ def cmd_attach(args) -> int:
 
 def _run_live(
     target,
-    args,
+    args: LiveOptions,
     cfg,
     theme,
     cap_dir: Path,
@@ -386,7 +391,7 @@ def _run_live(
 
 
 # -- run ---------------------------------------------------------------------------------------
-def cmd_run(args, title: str | None = None, extra_meta: dict | None = None) -> int:
+def cmd_run(args: RunOptions, title: str | None = None, extra_meta: dict | None = None) -> int:
     """Run CMD with the agent armed in it and its Python children, and watch (or record) it.
 
     kdash owns the command it started: when the dashboard quits or the recording ends, the
@@ -436,12 +441,17 @@ def cmd_run(args, title: str | None = None, extra_meta: dict | None = None) -> i
             try_inject=False,
             **_agent_opts(args),
         )
-        sources += _sglang_sources(server, args)
+        sources += _sglang_sources(server, args.interval)
         if server is not None and title is None:
             title = f"SGLang server {server.url} (started by kdash run)"
         if args.headless:
-            args.output = out_check
-            return _record_headless(target, args, sources, extra_meta=extra_meta, server=server)
+            return _record_headless(
+                target,
+                replace(args, output=out_check),
+                sources,
+                extra_meta=extra_meta,
+                server=server,
+            )
         return _run_live(
             target, args, cfg, theme, cap_dir, title=title, server=server, sources=sources
         )
@@ -556,25 +566,25 @@ def open_capture(path: Path, theme_name: str | None, title: str | None = None) -
     return 0
 
 
-def cmd_open(args) -> int:
+def cmd_open(args: OpenOptions) -> int:
     return open_capture(args.path, args.theme)
 
 
-def cmd_report(args) -> int:
+def cmd_report(args: ReportOptions) -> int:
     import json
 
     from rich.console import Console
 
     from kdash.report import DEFAULT_TOP, render, summarize
 
-    top = getattr(args, "top", None)
+    top = args.top
     if top is not None and top < 1:
         raise UserError(f"--top must be at least 1, not {top}")
     summary = summarize(_load(args.path), top=top or DEFAULT_TOP)
     if args.json:
         sys.stdout.write(json.dumps(summary, indent=1, default=str) + "\n")
     else:
-        render(summary, Console(width=report_width(getattr(args, "width", None))))
+        render(summary, Console(width=report_width(args.width)))
     return 0
 
 
@@ -594,14 +604,14 @@ def report_width(asked: int | None) -> int | None:
     return int(cols) if cols.isdigit() and int(cols) >= 40 else PIPE_WIDTH
 
 
-def cmd_export(args) -> int:
+def cmd_export(args: ExportOptions) -> int:
     from kdash.export import write_perfetto
 
     cap = _load(args.path)
     out = args.perfetto
     if not (out.name.endswith(".json") or out.name.endswith(".json.gz")):
         raise UserError(f"--perfetto {out}: the name must end .json or .json.gz")
-    if (out.exists() or out.is_symlink()) and not getattr(args, "force", False):
+    if (out.exists() or out.is_symlink()) and not args.force:
         raise UserError(f"{out} exists; remove it, choose another name, or pass --force")
     path, n = write_perfetto(cap, out)
     size = path.stat().st_size
@@ -656,7 +666,7 @@ def workload_missing() -> str:
     return ""
 
 
-def cmd_demo(args) -> int:
+def cmd_demo(args: DemoOptions) -> int:
     gpu = has_gpu()
     why_not_live = workload_missing() if gpu else ""
     live = gpu and not args.replay and not why_not_live
@@ -673,9 +683,10 @@ def cmd_demo(args) -> int:
     if not live:
         path = bundled_demo()
         from kdash.capture import read_meta
+        from kdash.meta import CaptureMeta
 
-        meta = read_meta(path)
-        title = meta.get("title") or "replay of the kdash demo workload recorded on an H200"
+        recorded = CaptureMeta.from_dict(read_meta(path)).title
+        title = recorded or "replay of the kdash demo workload recorded on an H200"
         if why_not_live:
             reason = f"replay ({why_not_live})"
         elif args.replay:
@@ -687,26 +698,20 @@ def cmd_demo(args) -> int:
     return _demo_live(args)
 
 
-def _demo_live(args) -> int:
+def _demo_live(args: DemoOptions) -> int:
     """`kdash run -- python -m kdash.kernels`: the attention workload under the agent.
 
     Decode steps replay from CUDA graphs as a real server's do, so the agent is asked for the
     kernels of graph replays (`--graph-kernels`): the CUPTI it leaves in the process costs that
     process until it exits, which is the demo's own and exits with kdash. `--eager-decode`
-    launches every kernel from Python instead (the host-bound pathology)."""
-    import argparse
-
-    eager = getattr(args, "eager_decode", False)
+    launches every kernel from Python instead (the host-bound pathology). Every other option
+    of `kdash run` keeps its default."""
+    eager = args.eager_decode
     mode = "--eager-decode" if eager else "--graph-decode"
-    run_args = argparse.Namespace(
+    run_args = RunOptions(
         cmd=[sys.executable, "-m", "kdash.kernels", mode],
         graph_kernels=not eager,
-        interval=0.25,
-        pre=10.0,
-        post=5.0,
-        capture_dir=None,
         theme=args.theme,
-        gpus=None,
         headless=args.headless,
         duration=args.duration,
         output=args.output,

@@ -74,6 +74,7 @@ import numpy as np
 
 from kdash import limits, schema
 from kdash.errors import UserError
+from kdash.meta import CaptureMeta
 from kdash.names import demangle_kernels
 from kdash.schema import Batch
 
@@ -841,10 +842,13 @@ def _gpus_from(infos: Sequence[TraceInfo]) -> list[dict[str, Any]]:
     return [seen[k] for k in sorted(seen)]
 
 
-def build_meta(infos: Sequence[TraceInfo], wall_offset_ns: int | None) -> dict[str, Any]:
+def trace_meta(infos: Sequence[TraceInfo], wall_offset_ns: int | None) -> CaptureMeta:
     """Capture metadata for imported traces, in the same keys a recorded capture has."""
     import platform
     import socket
+
+    from kdash.meta import MONOTONIC, WALL, ClockInfo, Window
+    from kdash.meta import build_meta as new_meta
 
     starts = [i.start_ns for i in infos if i.start_ns is not None]
     ends = [i.end_ns for i in infos if i.end_ns is not None]
@@ -858,31 +862,31 @@ def build_meta(infos: Sequence[TraceInfo], wall_offset_ns: int | None) -> dict[s
         d.pop("devices")
         d["name"] = {k: v for k, v in d["name"].items() if v is not None and v is not False}
         traces.append(d)
-    return {
-        "title": f"imported {len(infos)} Kineto trace{'s' if len(infos) != 1 else ''}",
-        "origin": "kineto-import",
-        "target": {"pid": pid, "cmdline": "", "host": host or ""},
-        "host": {
+    return new_meta(
+        title=f"imported {len(infos)} Kineto trace{'s' if len(infos) != 1 else ''}",
+        origin="kineto-import",
+        target={"pid": pid, "cmdline": "", "host": host or ""},
+        host={
             "hostname": host or "",
             "imported_on": socket.gethostname(),
             "machine": platform.machine(),
         },
-        "gpus": _gpus_from(infos),
-        "driver": None,
-        "clock": {
-            "domain": "host monotonic ns" if wall_offset_ns is not None else "unix wall ns",
-            "wall_offset_ns": wall_offset_ns if wall_offset_ns is not None else 0,
-            "from": "Kineto baseTimeNanoseconds + ts",
-        },
-        "window": {
-            "start_ns": int(start),
-            "end_ns": int(end),
-            "seconds": round((end - start) / 1e9, 6),
-            "trigger_ns": None,
-        },
-        "sources": {"kineto": "ok"},
-        "traces": traces,
-    }
+        gpus=_gpus_from(infos),
+        clock=ClockInfo(
+            domain=MONOTONIC if wall_offset_ns is not None else WALL,
+            wall_offset_ns=wall_offset_ns if wall_offset_ns is not None else 0,
+            derived_from="Kineto baseTimeNanoseconds + ts",
+        ),
+        # Kineto's timestamps are microseconds: keep them in the window's length
+        window=Window.of(start, end, digits=6),
+        sources={"kineto": "ok"},
+        traces=traces,
+    )
+
+
+def build_meta(infos: Sequence[TraceInfo], wall_offset_ns: int | None) -> dict[str, Any]:
+    """`trace_meta` as the JSON object a capture holds."""
+    return trace_meta(infos, wall_offset_ns).to_dict()
 
 
 @dataclass
@@ -906,15 +910,13 @@ def import_traces(
     if not paths:
         raise UserError("no trace files given")
     tables, infos = read_traces(paths, wall_offset_ns=wall_offset_ns)
-    meta = build_meta(infos, wall_offset_ns)
-    if extra_meta:
-        meta.update(extra_meta)
+    meta = trace_meta(infos, wall_offset_ns).merged(extra_meta)
     written = write_capture(output, meta, tables)
     return ImportResult(
         path=written,
         rows={k: schema.batch_len(v) for k, v in tables.items()},
         traces=infos,
-        seconds=meta["window"]["seconds"],
+        seconds=meta.window.seconds,
     )
 
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -390,35 +388,19 @@ def build_meta(
     overflowed: int = 0,
     extra: dict | None = None,
 ) -> dict:
-    from kdash import __version__
+    """A recorded window's metadata, as the JSON object of `kdash.json` (kdash.meta builds it:
+    the one builder of captures' metadata)."""
+    from kdash.meta import ClockInfo, Window
+    from kdash.meta import build_meta as new_meta
 
-    driver = next((g.get("driver_version") for g in gpus if g.get("driver_version")), None)
-    meta = {
-        "kdash_version": __version__,
-        "created_wall_ns": time.time_ns(),
-        "target": target.describe()
-        if target
-        else {"pid": None, "cmdline": "", "host": socket.gethostname()},
-        "host": {
-            "hostname": socket.gethostname(),
-            "kernel": platform.release(),
-            "machine": platform.machine(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-        },
-        "gpus": gpus,
-        "driver": driver,
-        "clock": {"domain": "host monotonic ns", "wall_offset_ns": wall_offset_ns},
-        "window": {
-            "start_ns": int(start_ns),
-            "end_ns": int(end_ns),
-            "seconds": round((end_ns - start_ns) / 1e9, 3),
-            "trigger_ns": int(trigger_ns) if trigger_ns is not None else None,
-        },
-        "sources": {k: str(v) for k, v in sources.items()},
-        "sources_health": {k: as_health(v, k).to_dict() for k, v in sources.items()},
-        "overflowed_rows": overflowed,
-    }
-    if extra:
-        meta.update(extra)
-    return meta
+    meta = new_meta(
+        created_wall_ns=time.time_ns(),
+        target=target.describe() if target else None,
+        gpus=gpus,
+        clock=ClockInfo(wall_offset_ns=wall_offset_ns),
+        window=Window.of(start_ns, end_ns, trigger_ns),
+        sources={k: str(v) for k, v in sources.items()},
+        sources_health={k: as_health(v, k).to_dict() for k, v in sources.items()},
+        overflowed_rows=overflowed,
+    )
+    return meta.merged(extra).to_dict()

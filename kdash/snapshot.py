@@ -20,12 +20,13 @@ import tempfile
 from pathlib import Path
 
 from kdash.errors import UserError
+from kdash.options import LiveOptions, SnapshotOptions
 
 DEFAULT_SECONDS = 2.0
 MAX_SECONDS = 600.0
 
 
-def cmd_snapshot(args) -> int:
+def cmd_snapshot(args: SnapshotOptions) -> int:
     from kdash import commands
     from kdash.capture import load_capture
     from kdash.report import DEFAULT_TOP, render, summarize
@@ -55,11 +56,11 @@ def cmd_snapshot(args) -> int:
         try_inject=args.inject,
     )
     if server is not None:
-        sources += commands._sglang_sources(server, args)
+        sources += commands._sglang_sources(server, args.interval)
     folder = Path(tempfile.mkdtemp(prefix="kdash-snapshot-"))
     try:
         out = folder / "snapshot.kdash"
-        rec_args = _RecordArgs(seconds, out, args.interval)
+        rec_args = LiveOptions(headless=True, duration=seconds, output=out, interval=args.interval)
         quiet = _Quiet()
         with quiet:
             commands._record_headless(target, rec_args, sources, server=server)
@@ -75,15 +76,6 @@ def cmd_snapshot(args) -> int:
 
         render(summary, Console(width=commands.report_width(None)))
     return 0
-
-
-class _RecordArgs:
-    """What `_record_headless` reads of `attach --headless`'s options."""
-
-    def __init__(self, duration: float, output: Path, interval: float) -> None:
-        self.duration = duration
-        self.output = output
-        self.interval = interval
 
 
 class _Quiet:

@@ -35,12 +35,14 @@ os.environ["PYTHONSAFEPATH"] = "1"
 
 
 def installed_distribution():
-    """kdash's distribution in this interpreter's site-packages (the checkout's own
-    kdash.egg-info, which setuptools leaves there, is not an install), or None."""
-    import sysconfig
+    """kdash's installed distribution (a venv's site-packages, or a folder on PYTHONPATH
+    holding the wheel), or None. The checkout's own kdash.egg-info, which setuptools leaves
+    at its root, is not an install."""
+    import sys
     from importlib.metadata import Distribution
 
-    where = list(dict.fromkeys([sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]))
+    checkout = Path(__file__).resolve().parent.parent
+    where = [p for p in sys.path if Path(p or ".").resolve() != checkout]
     return next(iter(Distribution.discover(name="kdash", path=where)), None)
 
 

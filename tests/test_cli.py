@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 import zipfile
+from dataclasses import replace
 
 import pytest
 
@@ -381,16 +382,14 @@ def test_report_into_a_pipe_is_not_cut_to_80_columns():
 
 def test_demo_replay_says_replay_first(monkeypatch):
     """At 80 columns the header keeps about 60 characters: "replay" must be among them."""
-    import argparse
-
     from kdash import commands
+    from kdash.options import DemoOptions
 
     seen = {}
     monkeypatch.setattr(
         commands, "open_capture", lambda path, theme, title=None: seen.setdefault("t", title)
     )
-    args = argparse.Namespace(replay=True, headless=False, theme=None, duration=None, output=None)
-    commands.cmd_demo(args)
+    commands.cmd_demo(DemoOptions(replay=True))
     assert seen["t"].startswith("replay")
 
 
@@ -431,17 +430,21 @@ def test_demo_replays_decode_from_graphs_and_asks_for_their_kernels(monkeypatch)
     """`kdash demo` runs the workload the way a server does (graph-replayed decode, the agent
     asked for graph kernels); `--eager-decode` gives the host-bound loop without that ask.
     cmd_run is replaced: starting the workload needs a GPU."""
-    import argparse
-
     from kdash import commands
+    from kdash.options import DemoOptions, RunOptions
 
-    seen: list[argparse.Namespace] = []
+    seen: list[RunOptions] = []
     monkeypatch.setattr(commands, "cmd_run", lambda a, **_kw: seen.append(a) or 0)
     monkeypatch.setattr(commands, "_gpu_name", lambda: "a GPU")
     base = {"theme": None, "headless": True, "duration": 1.0, "output": None}
-    commands._demo_live(argparse.Namespace(**base))
-    commands._demo_live(argparse.Namespace(**base, eager_decode=True))
+    commands._demo_live(DemoOptions(**base))
+    commands._demo_live(DemoOptions(**base, eager_decode=True))
     graph, eager = seen
+    assert all(isinstance(a, RunOptions) for a in seen)
+    # the rest of `kdash run`'s options keep their defaults (pc_sampling and cost_budget too)
+    assert replace(graph, cmd=[], graph_kernels=False, headless=False, duration=None) == (
+        RunOptions()
+    )
     assert graph.cmd[-1] == "--graph-decode" and graph.graph_kernels is True
     assert commands._agent_opts(graph)["graph_kernels"] is True
     assert eager.cmd[-1] == "--eager-decode" and eager.graph_kernels is False
