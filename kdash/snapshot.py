@@ -22,7 +22,6 @@ from pathlib import Path
 from kdash.errors import UserError
 from kdash.options import LiveOptions, SnapshotOptions
 
-DEFAULT_SECONDS = 2.0
 MAX_SECONDS = 600.0
 
 
