@@ -23,12 +23,23 @@ import triton
 
 from ._common import interpreting
 
+
+def _hook_set(hook: Any) -> bool:
+    """Whether a launch hook would do anything. Triton keeps each hook as a HookChain object
+    that is there whether or not anything was added to it (3.6 and 3.9 alike): only a chain with
+    calls in it, or a plain callable, is a hook."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return bool(calls) if isinstance(calls, list) else True
+
+
 try:  # Triton >= 3.4 keeps the launch hooks in its knobs
     from triton import knobs as _knobs
 
     def _hooks_installed() -> bool:
         rt = _knobs.runtime
-        return rt.launch_enter_hook is not None or rt.launch_exit_hook is not None
+        return _hook_set(rt.launch_enter_hook) or _hook_set(rt.launch_exit_hook)
 
 except ImportError:  # pragma: no cover - older Triton keeps them on CompiledKernel
 
@@ -36,9 +47,8 @@ except ImportError:  # pragma: no cover - older Triton keeps them on CompiledKer
         from triton.compiler import CompiledKernel
 
         ck: Any = CompiledKernel
-        return (
-            getattr(ck, "launch_enter_hook", None) is not None
-            or getattr(ck, "launch_exit_hook", None) is not None
+        return _hook_set(getattr(ck, "launch_enter_hook", None)) or _hook_set(
+            getattr(ck, "launch_exit_hook", None)
         )
 
 

@@ -87,7 +87,7 @@ def test_start_walks_the_duty_cycle_and_stop_detaches():
     h.at(100.1)  # its end: paused, and the window goes out as a markers row
     assert windows(h.received()) == [(100_000_000_000, 100_100_000_000)]
     h.at(100.6)
-    assert h.ctl.calls[-1] == "pause"
+    assert h.ctl.calls[-2:] == ["pause", "release"]
     h.at(101.0)  # the next period: on again
     assert h.ctl.calls[-1] == "resume" and h.session.duty.on
     h.clock.t = 101.05
@@ -101,6 +101,7 @@ def test_start_walks_the_duty_cycle_and_stop_detaches():
         "probe_graphs",
         f"enable {DEFAULTS}",
         "pause",
+        "release",
         "resume",
         "disable",
         "detach",
@@ -108,6 +109,33 @@ def test_start_walks_the_duty_cycle_and_stop_detaches():
     assert h.ctl.kinds_on() == [] and h.ctl.detach_state == "detached"
     assert h.session.phase is Phase.IDLE and h.agent.state == "idle"
     assert h.agent.outbox.windows_sent == 2 and h.agent.outbox.on_ns == 150_000_000
+
+
+def test_cupti_is_released_after_every_window_and_never_in_a_graph_process():
+    """Between windows nothing of CUPTI stays in an eager process: each window's end asks for
+    a finalize (at the target's next call) and the next window registers again; no offset read
+    meanwhile (it would initialise CUPTI). A process seen launching graphs is never released
+    (a finalize after graph kernels were recorded kills it)."""
+    h = Harness()
+    h.send(wire.MsgType.START)
+    for k in range(3):
+        h.at(100.1 + k)  # window k ends
+        assert h.ctl.calls[-2:] == ["pause", "release"] and h.ctl.released
+        h.at(100.6 + k)
+        h.at(101.0 + k)  # the next window
+        assert h.ctl.calls[-1] == "resume" and not h.ctl.released
+    assert h.ctl.releases == 3
+    h.ctl.target_calls = False  # an idle target: the release waits, CUPTI stays meanwhile
+    h.at(103.1)
+    assert not h.ctl.released and h.ctl.release_note.startswith("waiting")
+    h.at(104.0)
+    h.ctl.target_calls = True
+    h.ctl.graphs_seen = True  # a graph launch showed up in the window's API records
+    h.at(104.1)
+    assert h.ctl.calls[-2:] == ["pause", "release"] and not h.ctl.released
+    assert h.ctl.releases == 3 and "graphs" in h.ctl.release_note
+    h.send(wire.MsgType.STOP)
+    assert h.ctl.calls[-2:] == ["disable", "detach"] and h.ctl.detach_state == "detached"
 
 
 def test_a_start_waits_for_cuda_and_says_so_once():
@@ -212,7 +240,7 @@ def test_set_switches_to_continuous_and_back():
     h.send(wire.MsgType.SET, continuous=False, period_ms=500, on_ms=50)
     assert "sampling 10% (50 ms/0.5 s)" in h.lines()[-1]
     h.at(100.3)  # the running window became the first of the new cycle: 50 ms long
-    assert h.ctl.calls[-1] == "pause"
+    assert h.ctl.calls[-2:] == ["pause", "release"]
 
 
 def test_stats_answer_with_the_controllers_counters():

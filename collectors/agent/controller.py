@@ -116,6 +116,11 @@ class CuptiActivity:
         # (refresh_for_pc): CUPTI then has forgotten our buffer callbacks
         self.needs_register = False
         self.pc_refreshes = 0
+        # CUPTI finalized after a duty-cycle window (release_between_windows): nothing of it is
+        # in the process until the next window registers the buffer callbacks again
+        self.released = False
+        self.releases = 0
+        self.release_note = ""  # why the last window's release did not happen
 
     def note(self, text: str) -> None:
         """Add a STATUS note once: the duty cycle repeats enable/narrow every window, and the
@@ -381,6 +386,7 @@ class CuptiActivity:
         errors = []
         if self.needs_register:
             self.needs_register = False
+            self.released = False
             try:
                 self._register()
             except Exception as e:  # noqa: BLE001 - the kinds then record nothing: say so
@@ -531,6 +537,10 @@ class CuptiActivity:
         k = batches.get("kernels")
         if k is not None and len(k.get("graph_id", ())) and bool((k["graph_id"] > 0).any()):
             self.graphs_seen = self.graph_kernels_recorded = True
+        a = batches.get("api")
+        if not self.graphs_seen and a is not None and len(a.get("name", ())):
+            # a graph launch whose kernels' records have not come yet: no release may follow
+            self.graphs_seen = any("GraphLaunch" in str(n) for n in a["name"])
 
     # taking CUPTI out again (detach.py)
     def libcupti(self) -> Any:
@@ -576,6 +586,10 @@ class CuptiActivity:
 
         if self.cupti is None:
             return ""
+        if self.released and not self.kinds_on():  # finalized after the last window already
+            self.cupti_detached += 1
+            self.detach_state = "detached"
+            return ""
         if self.graph_kernels_recorded:
             self.detach_state = "attached for good (kernels of CUDA-graph replays were recorded)"
             return "CUPTI stays attached: kernels of CUDA-graph replays were recorded"
@@ -598,19 +612,33 @@ class CuptiActivity:
             return f"CUPTI stays attached: {hook.state}"
         return ""
 
-    def refresh_for_pc(self, wait_s: float) -> str:
-        """Finalize CUPTI between windows so that the next PC-sampling enable starts CUPTI
-        afresh and attributes every module loaded by then.
+    def release_between_windows(self, wait_s: float) -> str:
+        """After a duty-cycle window: finalize CUPTI at the target's next CUDA call, so that
+        nothing of it stays in the process until the next window registers again.
 
-        Why: once PC sampling has been enabled on a context, CUPTI never attributes a module
-        loaded while it is disabled (its samples go to the non-user bucket, no PC records),
-        and the agent disables it between ranges because kernel activity cannot run beside
-        it; a fresh CUPTI attributes all loaded modules at its first enable
-        (bench/results/pcs-modules-h200.json). Not done once kernels of CUDA-graph replays
-        were recorded (finalizing kills such a process, detach.py) or with a kind on.
-        Returns "finalized", or why not (a target that made no CUDA call meanwhile: the hook
-        is taken back, and the caller tries again at its next range).
+        Why: CUPTI initialised in a process costs every launch for as long as it stays, with
+        every kind off (bench/NOTES-agent.md: a launch-bound eager loop ran ~8% slower attached
+        at a 1% duty cycle, and after detach, where the finalize happens, it did not). Never in
+        a process seen replaying CUDA graphs (finalizing after kernel activity was on during
+        replays kills it); "finalized" or why not.
         """
+        if self.released:
+            return "finalized"
+        if self.graphs_seen or self.graph_kernels:
+            why = "the target replays CUDA graphs"
+        else:
+            why = self._finalize_for_restart(wait_s)
+        if why == "finalized":
+            self.released = True
+            self.releases += 1
+            self.release_note = ""
+        else:
+            self.release_note = why
+        return why
+
+    def _finalize_for_restart(self, wait_s: float) -> str:
+        """cuptiFinalize at the target's next CUDA call, the buffer callbacks registered again
+        at the next resume: "finalized", or why not (the hook taken back if no call came)."""
         from . import detach
 
         if self.cupti is None:
@@ -629,9 +657,29 @@ class CuptiActivity:
             return "waiting for the target's next CUDA call"
         if hook.state == "finalized":
             self.needs_register = True
-            self.pc_refreshes += 1
             return "finalized"
         return hook.state
+
+    def refresh_for_pc(self, wait_s: float) -> str:
+        """Finalize CUPTI between windows so that the next PC-sampling enable starts CUPTI
+        afresh and attributes every module loaded by then.
+
+        Why: once PC sampling has been enabled on a context, CUPTI never attributes a module
+        loaded while it is disabled (its samples go to the non-user bucket, no PC records),
+        and the agent disables it between ranges because kernel activity cannot run beside
+        it; a fresh CUPTI attributes all loaded modules at its first enable
+        (bench/results/pcs-modules-h200.json). Not done once kernels of CUDA-graph replays
+        were recorded (finalizing kills such a process, detach.py) or with a kind on.
+        Returns "finalized", or why not (a target that made no CUDA call meanwhile: the hook
+        is taken back, and the caller tries again at its next range).
+        """
+        if self.released:
+            self.pc_refreshes += 1
+            return "finalized"
+        why = self._finalize_for_restart(wait_s)
+        if why == "finalized":
+            self.pc_refreshes += 1
+        return why
 
     def _buffer_requested(self) -> tuple[int, int]:
         return BUFFER_BYTES, 0

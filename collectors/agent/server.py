@@ -548,6 +548,10 @@ class Agent:
             "pc_non_user_share": pc.non_user_share,
             "pc_refreshes": getattr(c, "pc_refreshes", 0),
             "pc_refresh_note": pc.refresh_note,
+            # CUPTI finalized after each window (controller.release_between_windows)
+            "cupti_releases": getattr(c, "releases", 0),
+            "cupti_released": bool(getattr(c, "released", False)),
+            "cupti_release_note": getattr(c, "release_note", ""),
         }
 
     def _session(self, conn: socket.socket, first: Any) -> None:

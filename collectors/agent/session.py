@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from .server import Agent
 
 HELD_CHECK_S = 1.0  # how often an active session looks for another CUPTI client
+RELEASE_WAIT_S = 0.2  # how long a window's end waits for the target's next CUDA call
 PC_REFRESH_WAIT_S = 0.5  # how long a PC refresh waits for the target's next CUDA call
 RETRY_S = 1.0  # how long a START waits before asking for CUPTI again (another client holds it)
 MAPS_RETRY_S = 0.5  # ... before looking again whether CUDA is loaded (/proc/self/maps is ~1 MB)
@@ -303,12 +304,15 @@ class Session:
         if c.raw_failed and c.mode == "raw" and self.duty.on and not self.reread_as_objects():
             return False
         if now >= self.duty.next_edge:
+            was_on = self.duty.on
             self.duty.edge(now, c, self.agent.pc.busy)
+            if was_on and not self.duty.on:
+                c.release_between_windows(RELEASE_WAIT_S)
         self.pc_tick(now)
         if self.duty.on and now - self.last_flush >= FLUSH_EVERY_S:
             c.flush()
             self.last_flush = now
-        if now - self.last_offset >= OFFSET_EVERY_S:
+        if now - self.last_offset >= OFFSET_EVERY_S and not c.released:  # would init CUPTI
             try:
                 c.measure_offset()
             except Exception as e:  # noqa: BLE001 - keep the previous offset

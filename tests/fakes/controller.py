@@ -44,6 +44,10 @@ class FakeController:
         self.dropped_by_cupti = self.discarded_records = self.records_seen = 0
         self.callback_ns = self.callback_cpu_ns = self.flush_cpu_ns = self.callback_errors = 0
         self.discarded_bytes = self.cupti_detached = 0
+        self.released = False
+        self.releases = 0
+        self.release_note = ""
+        self.target_calls = True  # the target makes CUDA calls (a release can fire)
 
     def _ns(self) -> int:
         return int(self.clock() * 1e9)
@@ -97,6 +101,7 @@ class FakeController:
 
     def resume(self) -> str:
         self.calls.append("resume")
+        self.released = False
         self.enabled_at_ns = self._ns()
         self.enabled, self.paused = self.paused, []
         self._switch(self.enabled, +1)
@@ -134,6 +139,7 @@ class FakeController:
         self.flushes += 1
 
     def measure_offset(self) -> None:
+        assert not self.released, "the offset read would initialise CUPTI again"
         self.offsets_measured += 1
 
     def read_dropped(self) -> int:
@@ -141,8 +147,34 @@ class FakeController:
 
     def detach_cupti(self, wait_s: float) -> str:
         self.calls.append("detach")
+        if self.released and not self.kinds_on():
+            self.cupti_detached += 1
+            self.detach_state = "detached"
+            return ""
         if self.kinds_on():
             return "CUPTI stays attached: activity kinds still on"
         self.cupti_detached += 1
         self.detach_state = "detached"
         return ""
+
+    def release_between_windows(self, wait_s: float) -> str:
+        """As CuptiActivity's: finalized unless graphs were seen, a kind is on, or the target
+        made no CUDA call (`target_calls`)."""
+        self.calls.append("release")
+        if self.released:
+            return "finalized"
+        if self.graphs_seen or self.graph_kernels:
+            why = "the target replays CUDA graphs"
+        elif self.graph_kernels_recorded:
+            why = "kernels of CUDA-graph replays were recorded, so CUPTI cannot be restarted"
+        elif self.kinds_on():
+            why = "activity kinds are on"
+        elif not self.target_calls:
+            why = "waiting for the target's next CUDA call"
+        else:
+            why = "finalized"
+        if why == "finalized":
+            self.released = True
+            self.releases += 1
+        self.release_note = "" if why == "finalized" else why
+        return why
