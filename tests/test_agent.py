@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import stat
+import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -37,14 +40,23 @@ from kdash.store import Store
 
 FAKE_LIBCUPTI_C = FAKES / "libcupti.c"
 
+# Every child here lives until the test says it is done with it (its stop file appears, or a
+# signal for the blocked ones), never for a fixed time: a loaded 2-core CI machine can take
+# many seconds over what an idle one does in a fraction of one, and a target that left early
+# took the test's last steps with it. SAFETY_S only bounds a child whose test died without
+# ending it; PATIENCE_S bounds each wait for something that must happen, so a hung test still
+# ends, while a slow machine passes.
+SAFETY_S = 300.0
+PATIENCE_S = 60.0
+
 TARGET = textwrap.dedent(
     """
     import os, sys, time
     seconds = float(sys.argv[1])
-    stop = sys.argv[2] if len(sys.argv) > 2 else ""  # a file whose creation ends it early
+    stop = sys.argv[2]  # the test creates this file when it is done with the target
     n = 0
     end = time.monotonic() + seconds
-    while time.monotonic() < end and not (stop and os.path.exists(stop)):
+    while time.monotonic() < end and not os.path.exists(stop):
         n += sum(range(200))
         time.sleep(0.001)
     print("done", n, flush=True)
@@ -52,26 +64,68 @@ TARGET = textwrap.dedent(
 )
 
 
+def _stop_file(given: Path | None) -> tuple[Path, str | None]:
+    """The stop file to give a child, and the private folder made for it (None if given)."""
+    if given is not None:
+        return Path(given), None
+    folder = tempfile.mkdtemp(prefix="kdash-test-target-")
+    return Path(folder) / "stop", folder
+
+
 def start_target(
-    seconds: float = 6.0,
     extra_env: dict[str, str] | None = None,
     armed: bool = True,
     stop_file: Path | None = None,
 ) -> subprocess.Popen:
+    """A busy Python child, armed with the agent unless `armed` is False; it runs until
+    `finish` (or `kill_target`) ends it."""
     base = dict(os.environ)
     base.pop(server.ENV_FAKE_CUDA, None)
     base.update(extra_env or {})
     env = bootstrap.run_env(base) if armed else bootstrap.disarmed_env(base)
-    return subprocess.Popen(
-        [sys.executable, "-c", TARGET, str(seconds), *([str(stop_file)] if stop_file else [])],
+    stop, folder = _stop_file(stop_file)
+    p = subprocess.Popen(
+        [sys.executable, "-c", TARGET, str(SAFETY_S), str(stop)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    p.stop_file, p.stop_folder = stop, folder  # type: ignore[attr-defined]
+    return p
 
 
-def wait_for(pred, timeout: float = 10.0, every: float = 0.02):
+def _forget_stop_file(p: subprocess.Popen) -> None:
+    folder = getattr(p, "stop_folder", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def finish(p: subprocess.Popen) -> tuple[int, str, str]:
+    """Tell the child it may end (its stop file) and collect it. A child that does not end
+    within PATIENCE_S is killed and the test fails, so none is left behind."""
+    stop = getattr(p, "stop_file", None)
+    if stop is not None:
+        Path(stop).touch()
+    try:
+        out, err = p.communicate(timeout=PATIENCE_S)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        raise AssertionError(f"pid {p.pid} did not end once told to: {err[-2000:]}") from None
+    finally:
+        _forget_stop_file(p)
+    return p.returncode, out, err
+
+
+def kill_target(p: subprocess.Popen) -> None:
+    """End a child at once (SIGKILL), for tests that do not look at how it ends."""
+    p.kill()
+    p.communicate()
+    _forget_stop_file(p)
+
+
+def wait_for(pred, timeout: float = PATIENCE_S, every: float = 0.02):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         v = pred()
@@ -85,11 +139,6 @@ def wait_socket(pid: int) -> str:
     path = wait_for(lambda: find_agent_socket(pid))
     assert path, f"no agent socket for pid {pid}"
     return path
-
-
-def finish(p: subprocess.Popen) -> tuple[int, str, str]:
-    out, err = p.communicate(timeout=30)
-    return p.returncode, out, err
 
 
 def log_lines(env: dict[str, str]) -> list[tuple[float, str]]:
@@ -127,7 +176,7 @@ def test_hook_chains_to_an_existing_sitecustomize(tmp_path):
         "print('numpy' in sys.modules)"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=PATIENCE_S
     )
     assert out.returncode == 0, out.stderr
     pid_line, numpy_line = out.stdout.split()
@@ -137,9 +186,9 @@ def test_hook_chains_to_an_existing_sitecustomize(tmp_path):
 
 
 def test_unarmed_child_has_no_agent_and_source_says_how():
-    p = start_target(3.0, armed=False)
+    p = start_target(armed=False)
     try:
-        time.sleep(0.5)
+        time.sleep(0.5)  # what it says does not depend on how far the child has got
         src = AgentSource(p.pid)
         src.start()
         assert str(src.health) == (
@@ -148,15 +197,14 @@ def test_unarmed_child_has_no_agent_and_source_says_how():
         assert src.poll(0) == {}
         src.stop()
     finally:
-        p.kill()
-        p.wait()
+        kill_target(p)
 
 
 # ---- the real child, honest about this machine --------------------------------------------------
 
 
 def test_handshake_modes_and_honest_unavailable_state():
-    p = start_target(6.0)
+    p = start_target()
     try:
         path = wait_socket(p.pid)
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
@@ -166,7 +214,7 @@ def test_handshake_modes_and_honest_unavailable_state():
         src = AgentSource(p.pid)
         assert isinstance(src, Source)
         src.start()
-        assert wait_for(lambda: src.health.state == "unavailable", 5)
+        assert wait_for(lambda: src.health.state == "unavailable")
         assert src.hello["pid"] == p.pid
         assert src.hello["wire_version"] == 1
         line = str(src.health)
@@ -240,14 +288,42 @@ def test_version_checks_say_what_to_install():
 # ---- the full path with the stand-in cupti ------------------------------------------------------
 
 
-def drain(src: AgentSource, seconds: float) -> dict[str, list]:
-    got: dict[str, list] = {}
+def drain(src: AgentSource, seconds: float, got: dict[str, list] | None = None) -> dict[str, list]:
+    """What the source delivers in `seconds` (added to `got` if given)."""
+    got = {} if got is None else got
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         for t, b in src.poll(time.monotonic_ns()).items():
             got.setdefault(t, []).append(b)
         time.sleep(0.05)
     return got
+
+
+def drain_until(src: AgentSource, enough, timeout: float = PATIENCE_S) -> dict[str, list]:
+    """What the source delivers until `enough(got)` holds (checked every 0.2 s), so a test asks
+    for an amount of records or windows, not for what an idle machine makes in a given time."""
+    got: dict[str, list] = {}
+    end = time.monotonic() + timeout
+    while not enough(got) and time.monotonic() < end:
+        drain(src, 0.2, got)
+    return got
+
+
+def stats_until(src: AgentSource, pred) -> bool:
+    """Ask the agent for STATS (and keep polling) until `pred(src.stats)` holds: a STATS
+    answer is only asked for by a poll, so a wait on stats must poll."""
+
+    def check() -> bool:
+        src._last_stats_req = 0.0
+        drain(src, 0.1)
+        return bool(pred(src.stats))
+
+    return wait_for(check, every=0.2)
+
+
+def count(got: dict[str, list], table: str) -> int:
+    """Rows of `table` delivered so far."""
+    return sum(len(next(iter(b.values()))) for b in got.get(table, []) if b)
 
 
 def columns(got: dict[str, list], table: str) -> dict[str, np.ndarray]:
@@ -275,14 +351,14 @@ def window_rows(got: dict[str, list]) -> list[tuple[int, int]]:
 
 def test_records_flow_from_activity_to_batches(fake_cupti):
     # kernels of graph replays too: recorded only when the user asks (--graph-kernels)
-    p = start_target(8.0, {**fake_cupti, "FAKE_CUPTI_GRAPHS": "1"})
+    p = start_target({**fake_cupti, "FAKE_CUPTI_GRAPHS": "1"})
     try:
         wait_socket(p.pid)
         t_before = time.monotonic_ns()
         src = AgentSource(p.pid, continuous=True, graph_kernels=True)  # duty cycle: below
         src.start()
-        assert wait_for(lambda: src.health.ok, 5), str(src.health)
-        got = drain(src, 1.5)
+        assert wait_for(lambda: src.health.ok), str(src.health)
+        got = drain_until(src, lambda g: count(g, "kernels") >= 2000)  # two flushes or more
         t_after = time.monotonic_ns()
         k = {c: np.concatenate([b[c] for b in got["kernels"]]) for c in got["kernels"][0]}
         assert len(k["name"]) >= 2000
@@ -306,7 +382,7 @@ def test_records_flow_from_activity_to_batches(fake_cupti):
         tids = np.concatenate([b["tid"] for b in got["api"]])
         launches = api == "cudaLaunchKernel"
         assert set(tids[launches]) == {p.pid} and set(tids[~launches]) == {-1}
-        assert wait_for(lambda: src.stats.get("agent_dropped_cupti", 0) > 0, 3)
+        assert stats_until(src, lambda st: st.get("agent_dropped_cupti", 0) > 0)
         assert src.dropped() >= src.stats["agent_dropped_cupti"]
         assert src.stats["agent_callback_errors"] == 0
         assert src.stats["agent_record_reader"] == "buffer"
@@ -323,7 +399,7 @@ def test_records_flow_from_activity_to_batches(fake_cupti):
         assert "rtapi 17 0" in events
         assert not any(w.startswith(("rtapi 211", "rtapi 131", "rtapi 0")) for w in events)
         # STOP disables every kind, then force-flushes
-        assert wait_for(lambda: any(w == "flush 1" for _, w in log_lines(fake_cupti)), 2)
+        assert wait_for(lambda: any(w == "flush 1" for _, w in log_lines(fake_cupti)))
         events = [w for _, w in log_lines(fake_cupti)]
         assert events.index("disable 10") < events.index("flush 1")
         assert events.index("rtapi 17 1") < events.index("disable 10")  # defaults restored
@@ -339,12 +415,12 @@ CLIENT = textwrap.dedent(
     from kdash.collectors.agent.client import AgentSource
     src = AgentSource(int(sys.argv[1]), continuous=sys.argv[2] == "continuous")
     src.start()
-    end = time.monotonic() + 10
+    end = time.monotonic() + 60  # a safety net: ok comes first
     while not src.health.ok and time.monotonic() < end:
         src.poll(0)
         time.sleep(0.02)
     print(src.health, flush=True)
-    time.sleep(60)
+    time.sleep(300)  # until the test SIGKILLs it
     """
 )
 
@@ -368,7 +444,7 @@ def test_sigkilled_client_detaches_and_the_next_one_gets_in(fake_cupti, mode, tm
     (the agent polls every 50 ms; a loaded CI machine may take seconds), and the target lives
     until the test is done with it, not for a fixed time a loaded machine can outrun."""
     stop = tmp_path / "stop"
-    p = start_target(120.0, fake_cupti, stop_file=stop)
+    p = start_target(fake_cupti, stop_file=stop)
     client = None
     try:
         wait_socket(p.pid)
@@ -383,8 +459,7 @@ def test_sigkilled_client_detaches_and_the_next_one_gets_in(fake_cupti, mode, tm
         killed_at = time.monotonic()
         client.wait()
         flushed = wait_for(
-            lambda: [t for t, w in log_lines(fake_cupti) if w == "flush 1" and t > killed_at],
-            20.0,
+            lambda: [t for t, w in log_lines(fake_cupti) if w == "flush 1" and t > killed_at]
         )
         assert flushed  # the final forced flush came after the death
         if mode == "continuous":  # on when the client died: switched off after it
@@ -393,7 +468,7 @@ def test_sigkilled_client_detaches_and_the_next_one_gets_in(fake_cupti, mode, tm
         # then the next client gets in: "busy" only while the detach is still finishing
         src = None
         tries = []
-        while time.monotonic() - killed_at < 20.0:
+        while time.monotonic() - killed_at < PATIENCE_S:
             src = AgentSource(p.pid)
             src.start()
             wait_for(lambda src=src: src.health.state != "starting", 1)
@@ -402,34 +477,34 @@ def test_sigkilled_client_detaches_and_the_next_one_gets_in(fake_cupti, mode, tm
                 break
             src.stop()
             time.sleep(0.05)
-        assert src is not None and wait_for(lambda: src.health.ok, 10), tries
+        assert src is not None and wait_for(lambda: src.health.ok), tries
         # and nothing of the first session was left on (the new one is on now: 1 each)
         events = [w for _, w in log_lines(fake_cupti)]
         before_second = events[: len(events) - events[::-1].index("register") - 1]
         assert kinds_left_on(before_second) == {}
-        assert wait_for(lambda: drain(src, 0.3).get("kernels"), 3)
-        assert wait_for(lambda: src.stats.get("agent_sessions") == 2, 3)
+        assert wait_for(lambda: drain(src, 0.3).get("kernels"))
+        assert wait_for(lambda: src.stats.get("agent_sessions") == 2)
         src.stop()
         assert p.poll() is None
     finally:
         if client and client.poll() is None:
             client.kill()
-        stop.touch()
+            client.wait()
         rc, out, err = finish(p)
     assert rc == 0 and out.startswith("done"), err
     assert kinds_left_on([w for _, w in log_lines(fake_cupti)]) == {}
 
 
 def test_second_client_is_told_busy(fake_cupti):
-    p = start_target(6.0, fake_cupti)
+    p = start_target(fake_cupti)
     try:
         wait_socket(p.pid)
         first = AgentSource(p.pid)
         first.start()
-        assert wait_for(lambda: first.health.ok, 5)
+        assert wait_for(lambda: first.health.ok)
         second = AgentSource(p.pid)
         second.start()
-        assert wait_for(lambda: second.health.state == "unavailable", 3)
+        assert wait_for(lambda: second.health.state == "unavailable")
         assert "busy: another kdash client" in str(second.health) or "busy" in second.status_line
         second.stop()
         assert first.health.ok
@@ -440,12 +515,12 @@ def test_second_client_is_told_busy(fake_cupti):
 
 
 def test_cupti_held_by_another_client_means_idle(fake_cupti):
-    p = start_target(5.0, {**fake_cupti, "FAKE_CUPTI_HELD": "1"})
+    p = start_target({**fake_cupti, "FAKE_CUPTI_HELD": "1"})
     try:
         wait_socket(p.pid)
         src = AgentSource(p.pid)
         src.start()
-        assert wait_for(lambda: src.health.state == "unavailable", 5)
+        assert wait_for(lambda: src.health.state == "unavailable")
         assert "CUPTI is held by another client" in str(src.health)
         assert "MULTIPLE_SUBSCRIBERS" in str(src.health)
         assert drain(src, 0.5) == {}
@@ -456,14 +531,16 @@ def test_cupti_held_by_another_client_means_idle(fake_cupti):
 
 
 def test_target_exits_normally_while_watched(fake_cupti):
-    p = start_target(1.5, fake_cupti)
-    wait_socket(p.pid)
-    src = AgentSource(p.pid)
-    src.start()
-    assert wait_for(lambda: src.health.ok, 5)
-    rc, out, err = finish(p)
+    p = start_target(fake_cupti)
+    try:
+        wait_socket(p.pid)
+        src = AgentSource(p.pid)
+        src.start()
+        assert wait_for(lambda: src.health.ok)
+    finally:
+        rc, out, err = finish(p)  # it ends on its own, told by its stop file, while watched
     assert rc == 0 and out.startswith("done"), err
-    assert wait_for(lambda: src.health.state == "unavailable", 3)
+    assert wait_for(lambda: src.health.state == "unavailable")
     assert "went away" in str(src.health)
     # a STATS request after that (poll sends one a second) fails with EPIPE; the health must
     # still say what happened, not "lost the agent: Broken pipe" (seen on the H200)
@@ -583,10 +660,11 @@ def start_unarmed(script: str, *args: str) -> subprocess.Popen:
 
 SLEEPER = textwrap.dedent(
     """
-    import time
+    import os, sys, time
     n = 0
-    end = time.monotonic() + float(__import__("sys").argv[1])
-    while time.monotonic() < end:
+    end = time.monotonic() + float(sys.argv[1])
+    print("ready", flush=True)
+    while time.monotonic() < end and not os.path.exists(sys.argv[2]):
         n += 1
         time.sleep(0.01)
     print("done", n, sorted(k for k in globals() if "kdash" in k), flush=True)
@@ -594,12 +672,26 @@ SLEEPER = textwrap.dedent(
 )
 
 
+def start_sleeper() -> subprocess.Popen:
+    """An unarmed Python child in a loop of short sleeps, until `finish` ends it; returns once
+    its interpreter is up and in that loop."""
+    stop, folder = _stop_file(None)
+    p = start_unarmed(SLEEPER, str(SAFETY_S), str(stop))
+    p.stop_file, p.stop_folder = stop, folder  # type: ignore[attr-defined]
+    assert p.stdout is not None
+    line = p.stdout.readline().strip()
+    if line != "ready":
+        kill_target(p)
+        raise AssertionError(f"the sleeper did not start: {line!r}")
+    return p
+
+
 def test_injectability_reasons_are_one_line_and_say_what_to_do():
     from kdash.collectors.agent import inject
 
     v = inject.check_injectable(999_999_999)
     assert not v.ok and v.reason == "no such process: 999999999"
-    sleeper = subprocess.Popen(["sleep", "5"])
+    sleeper = subprocess.Popen(["sleep", str(SAFETY_S)])  # killed below
     try:
         v = inject.check_injectable(sleeper.pid)
         assert not v.ok and v.reason.startswith(f"pid {sleeper.pid} is not a Python process")
@@ -623,10 +715,13 @@ def test_injectability_refuses_another_users_process():
     if not os.access(py, os.X_OK):
         pytest.skip(f"{py} is not there to run as another user")
     other = subprocess.Popen(
-        [py, "-c", "import time; time.sleep(5)"], user=4242, cwd="/", env={"PATH": "/usr/bin"}
+        [py, "-c", f"import time; time.sleep({SAFETY_S})"],  # killed below
+        user=4242,
+        cwd="/",
+        env={"PATH": "/usr/bin"},
     )
     try:
-        wait_for(lambda: inject._status_fields(other.pid).get("Uid", "").startswith("4242"), 3)
+        wait_for(lambda: inject._status_fields(other.pid).get("Uid", "").startswith("4242"))
         v = inject.check_injectable(other.pid)
         assert not v.ok
         assert f"pid {other.pid} runs as uid 4242 and kdash as uid 0" in v.reason
@@ -639,11 +734,8 @@ def test_injectability_refuses_another_users_process():
 def test_injectability_says_what_the_target_cannot_import():
     from kdash.collectors.agent import inject
 
-    p = subprocess.Popen(
-        [sys.executable, "-c", SLEEPER, "4"], env=bootstrap.disarmed_env(), stdout=subprocess.PIPE
-    )
+    p = start_sleeper()
     try:
-        time.sleep(0.3)
         v = inject.check_injectable(p.pid)
         assert v.python == f"{sys.version_info[0]}.{sys.version_info[1]}"
         names = [c.name for c in v.checks]
@@ -663,94 +755,133 @@ def test_injectability_says_what_the_target_cannot_import():
         env = inject._target_env(p.pid)
         assert inject.target_interpreter(p.pid, env, os.getcwd()) == sys.executable
     finally:
-        p.kill()
-        p.wait()
+        kill_target(p)
 
 
 def test_inject_into_a_sleeping_python_child():
     """ptrace injection where this machine allows it (skipped with the reason where not)."""
     from kdash.collectors.agent import inject
 
-    p = start_unarmed(SLEEPER, "5")
+    p = start_sleeper()
     try:
-        time.sleep(0.3)
         assert find_agent_socket(p.pid) is None
         v = inject.check_injectable(p.pid, probe=False)  # cupti-python is absent here
         if not v.ok:
             pytest.skip(f"injection not possible on this machine: {v.reason}")
         t0 = time.monotonic()
-        assert inject.inject(p.pid, checked=v) is None
-        assert time.monotonic() - t0 < 3.0
+        assert inject.inject(p.pid, checked=v, wait_s=PATIENCE_S) is None
+        # the boot code ran at the child's next bytecode, well within the 30 s a stuck step
+        # would wait (inject.DONE_WAIT_S); an idle machine takes a fraction of a second
+        assert time.monotonic() - t0 < inject.DONE_WAIT_S
         path = find_agent_socket(p.pid)
         assert path and stat.S_IMODE(os.stat(path).st_mode) == 0o600
         src = AgentSource(p.pid)
         src.start()
-        assert wait_for(lambda: src.health.state == "unavailable", 5)
+        assert wait_for(lambda: src.health.state == "unavailable")
         assert src.hello["pid"] == p.pid  # the injected agent answered the handshake
         src.stop()
         assert p.poll() is None
         again = inject.check_injectable(p.pid, probe=False)
         assert again.ok and again.method == "already"
     finally:
-        out, err = p.communicate(timeout=30)
-    assert p.returncode == 0, err
+        rc, out, err = finish(p)
+    assert rc == 0, err
     assert out.startswith("done") and out.strip().endswith("[]"), out  # __main__ left clean
 
 
 BLOCKED = textwrap.dedent(
     """
-    import select, sys, time
-    t0 = time.monotonic()
-    if sys.argv[1] == "sleep":
-        time.sleep(float(sys.argv[2]))  # one clock_nanosleep: no bytecode until it ends
-    else:
-        select.select([], [], [], float(sys.argv[2]))
-    print("done", round(time.monotonic() - t0, 2), flush=True)
+    import select, signal, sys, time
+
+    class Woken(Exception):
+        pass
+
+    def wake(signum, frame):
+        raise Woken
+
+    signal.signal(signal.SIGUSR1, wake)
+    print("waiting", flush=True)
+    try:
+        if sys.argv[1] == "sleep":
+            time.sleep(float(sys.argv[2]))  # one clock_nanosleep: no bytecode until it ends
+        else:
+            select.select([], [], [], float(sys.argv[2]))
+        how = "returned"  # the wait ended by itself: before its time, since the test wakes it
+    except Woken:
+        how = "woken"
+    print("done", how, flush=True)
     """
 )
+
+
+def start_blocked(how: str) -> subprocess.Popen:
+    """An unarmed child whose main thread is in one long wait (a sleep or a select), until
+    `wake_blocked` sends SIGUSR1; returns once the wait has begun."""
+    from kdash.collectors.agent import inject
+
+    p = start_unarmed(BLOCKED, how, str(SAFETY_S))
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "waiting"
+        waits = ("clock_nanosleep", "select", "pselect6")
+        assert wait_for(lambda: inject.blocked_in(p.pid) in waits), inject.blocked_in(p.pid)
+    except BaseException:
+        kill_target(p)
+        raise
+    return p
+
+
+def wake_blocked(p: subprocess.Popen) -> tuple[int, str, str]:
+    """End the child's wait and collect it: "done woken" means the wait lasted until now."""
+    if p.poll() is None:
+        os.kill(p.pid, signal.SIGUSR1)
+    try:
+        out, err = p.communicate(timeout=PATIENCE_S)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        raise AssertionError(f"pid {p.pid} did not end once woken: {err[-2000:]}") from None
+    return p.returncode, out, err
 
 
 @pytest.mark.parametrize("how", ["sleep", "select"])
 def test_inject_into_a_main_thread_blocked_in_a_long_wait(how):
     """A main thread in one long sleep (or an idle event loop's wait) runs no bytecode, so a
     pending call would wait for it; the boot code runs inside the stop instead, and the wait
-    goes on to its end as if nothing happened."""
+    goes on to its end as if nothing happened. The wait lasts until the test wakes the child:
+    the agent answering before that shows the injection did not wait for the wait to end."""
     from kdash.collectors.agent import inject
 
-    p = start_unarmed(BLOCKED, how, "6")
+    p = start_blocked(how)
     try:
-        time.sleep(0.5)
         v = inject.check_injectable(p.pid, probe=False)
         if not v.ok:
             pytest.skip(f"injection not possible on this machine: {v.reason}")
         if v.method != "ptrace":
             pytest.skip(f"this interpreter is injected by {v.method}, not ptrace")
         assert inject.blocked_in(p.pid) in ("clock_nanosleep", "select", "pselect6")
-        t0 = time.monotonic()
-        assert inject.inject(p.pid, checked=v) is None
-        assert time.monotonic() - t0 < 3.0
+        assert inject.inject(p.pid, checked=v, wait_s=PATIENCE_S) is None
         src = AgentSource(p.pid)
         src.start()
-        assert wait_for(lambda: src.hello.get("pid") == p.pid, 5)
+        assert wait_for(lambda: src.hello.get("pid") == p.pid)
         src.stop()
         assert p.poll() is None  # still waiting
     finally:
-        out, err = p.communicate(timeout=30)
-    assert p.returncode == 0, err
-    assert out.startswith("done") and 5.9 <= float(out.split()[1]) < 9, out  # the whole wait
+        rc, out, err = wake_blocked(p)
+    assert rc == 0, err
+    assert out.split() == ["done", "woken"], out  # the whole wait, to the wake-up
 
 
 SPAWNER = textwrap.dedent(
     """
     import os, subprocess, sys, time
     flag = sys.argv[1]
-    wait = "import os, sys, time\\nend = time.monotonic() + 30\\n" + (
+    wait = "import os, sys, time\\nend = time.monotonic() + 300\\n" + (
         "while not os.path.exists(sys.argv[1]) and time.monotonic() < end: time.sleep(0.05)"
     )
     kid = subprocess.Popen([sys.executable, "-c", wait, flag])
     pid = os.fork()
     if pid == 0:
-        end = time.monotonic() + 30
+        end = time.monotonic() + 300  # a safety net: the flag ends it
         while not os.path.exists(flag) and time.monotonic() < end:
             time.sleep(0.05)
         os._exit(0)
@@ -775,12 +906,12 @@ def test_spawned_and_forked_python_children_get_their_own_agent(tmp_path):
         assert p.stdout is not None
         spawned, forked = (int(x) for x in p.stdout.readline().split())
         for pid in (p.pid, spawned, forked):
-            assert wait_for(lambda pid=pid: find_agent_socket(pid), 5), pid
+            assert wait_for(lambda pid=pid: find_agent_socket(pid)), pid
         # each answers as itself
         for pid in (spawned, forked):
             src = AgentSource(pid)
             src.start()
-            assert wait_for(lambda src=src: bool(src.hello), 5)
+            assert wait_for(lambda src=src: bool(src.hello))
             assert src.hello["pid"] == pid
             src.stop()
         assert find_agent_socket(p.pid)  # the fork did not take the parent's socket away
@@ -800,7 +931,11 @@ def test_nvtx_opt_in_points_nvtx_at_the_targets_libcupti(tmp_path):
     for nvtx, want in ((False, "unset"), (True, str(lib / "libcupti.so.13"))):
         env = bootstrap.run_env(base, nvtx=nvtx)
         out = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
+            [sys.executable, "-c", code],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=PATIENCE_S,
         )
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == want
@@ -821,7 +956,7 @@ def test_stale_sockets_are_swept_and_refused_ones_reported(tmp_path):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.bind(stale)
     s.close()
-    p = start_target(2.0)
+    p = start_target()
     try:
         wait_socket(p.pid)
         assert not os.path.exists(stale)  # the next agent to start swept it
@@ -848,14 +983,14 @@ def fake_libcupti(tmp_path: Path, fake_cupti: dict[str, str]) -> dict[str, str]:
 
 
 def test_raw_buffers_flow_without_per_record_objects(fake_libcupti):
-    p = start_target(8.0, {**fake_libcupti, "FAKE_CUPTI_GRAPHS": "1"})
+    p = start_target({**fake_libcupti, "FAKE_CUPTI_GRAPHS": "1"})
     try:
         wait_socket(p.pid)
         src = AgentSource(p.pid, continuous=True, graph_kernels=True)
         src.start()
-        assert wait_for(lambda: src.health.ok, 5), str(src.health)
-        got = drain(src, 1.5)
-        assert wait_for(lambda: src.stats.get("agent_record_reader"), 3)
+        assert wait_for(lambda: src.health.ok), str(src.health)
+        got = drain_until(src, lambda g: count(g, "kernels") >= 2000)
+        assert stats_until(src, lambda st: st.get("agent_record_reader"))
         assert src.stats["agent_record_reader"] == "raw buffers", src.stats.get("agent_notes")
         k = {c: np.concatenate([b[c] for b in got["kernels"]]) for c in got["kernels"][0]}
         assert len(k["name"]) >= 2000
@@ -875,14 +1010,14 @@ def test_raw_buffers_flow_without_per_record_objects(fake_libcupti):
 
 
 def test_unreadable_raw_buffer_switches_to_cupti_python_objects(fake_libcupti):
-    p = start_target(8.0, {**fake_libcupti, "FAKE_CUPTI_BAD_RAW": "1"})
+    p = start_target({**fake_libcupti, "FAKE_CUPTI_BAD_RAW": "1"})
     try:
         wait_socket(p.pid)
         src = AgentSource(p.pid, continuous=True)
         src.start()
-        assert wait_for(lambda: src.health.ok, 5), str(src.health)
-        got = drain(src, 1.5)
-        assert wait_for(lambda: src.stats.get("agent_record_reader") == "buffer", 3)
+        assert wait_for(lambda: src.health.ok), str(src.health)
+        got = drain_until(src, lambda g: count(g, "kernels") > 0)
+        assert stats_until(src, lambda st: st.get("agent_record_reader") == "buffer")
         assert any("raw CUPTI buffer unreadable" in n for n in src.stats["agent_notes"])
         assert src.stats["agent_discarded_bytes"] > 0  # the unreadable buffer, counted
         names = set(np.concatenate([b["name"] for b in got["kernels"]]))
@@ -898,14 +1033,14 @@ def test_kernel_records_with_impossible_times_are_dropped_not_a_reason_to_slow_d
 ):
     """CUPTI writes a few kernel records with impossible times under CUDA-graph replays (seen
     on the H200): the agent drops and counts them and keeps reading raw buffers."""
-    p = start_target(8.0, {**fake_libcupti, "FAKE_CUPTI_BAD_TIMES": "1"})
+    p = start_target({**fake_libcupti, "FAKE_CUPTI_BAD_TIMES": "1"})
     try:
         wait_socket(p.pid)
         src = AgentSource(p.pid, continuous=True)
         src.start()
-        assert wait_for(lambda: src.health.ok, 5), str(src.health)
-        got = drain(src, 1.5)
-        assert wait_for(lambda: src.stats.get("agent_bad_time_records"), 3), src.stats
+        assert wait_for(lambda: src.health.ok), str(src.health)
+        got = drain_until(src, lambda g: count(g, "kernels") >= 1000)
+        assert stats_until(src, lambda st: st.get("agent_bad_time_records")), src.stats
         assert src.stats["agent_record_reader"] == "raw buffers", src.stats.get("agent_notes")
         k = {c: np.concatenate([b[c] for b in got["kernels"]]) for c in ("start_ns", "end_ns")}
         assert len(k["start_ns"]) >= 1000 and np.all(k["end_ns"] >= k["start_ns"])
@@ -972,20 +1107,26 @@ def enable_intervals(events: list[tuple[float, str]], kind: int = 10) -> list[tu
 
 
 def test_duty_cycle_windows_bound_every_enable(fake_cupti):
-    p = start_target(8.0, fake_cupti)
+    p = start_target(fake_cupti)
     try:
         wait_socket(p.pid)
         src = AgentSource(p.pid, period_ms=300, on_ms=60)
         src.start()
-        assert wait_for(lambda: src.health.ok, 5), str(src.health)
+        assert wait_for(lambda: src.health.ok), str(src.health)
         assert str(src.health) == "ok: sampling 20% (60 ms/0.3 s)"
-        got = drain(src, 1.7)
+        got = drain_until(src, lambda g: len(window_rows(g)) >= 8)
         wins = window_rows(got)
-        assert len(wins) >= 4, wins
+        assert len(wins) >= 8, wins
         lengths = [(b - a) / 1e6 for a, b in wins]
-        assert all(55 <= x <= 160 for x in lengths), lengths  # ~60 ms each
         gaps = [(b[0] - a[0]) / 1e6 for a, b in zip(wins, wins[1:], strict=False)]
-        assert all(250 <= g <= 450 for g in gaps), gaps  # one per 300 ms period
+        offs = [(b[0] - a[1]) / 1e6 for a, b in zip(wins, wins[1:], strict=False)]
+        # ~60 ms each, one per 300 ms period. Load only delays the agent's edges: a window
+        # held up at its end runs long and the next one starts late (seen: 500 ms windows on
+        # a loaded 2-core machine), so the longest ones say nothing about the cycle. What load
+        # cannot do: make a typical window shorter than its 60 ms or put two in one period
+        # (medians), or hold up every edge of eight windows (the best one is on time).
+        assert statistics.median(lengths) >= 55 and min(lengths) <= 160, lengths
+        assert statistics.median(gaps) >= 250 and min(gaps) <= 450, gaps
         m = columns(got, "markers")
         win = m["domain"] == server.WINDOW_DOMAIN
         assert set(m["pid"][win]) == {p.pid} and set(m["tid"][win]) == {-1}
@@ -994,16 +1135,13 @@ def test_duty_cycle_windows_bound_every_enable(fake_cupti):
         assert len(intervals) >= len(wins) - 1
         for on, off in intervals:
             assert any(a <= on and off <= b for a, b in wins), (on, off, wins)
-        # and off for most of the time: about 60 of every 300 ms
-        span = wins[-1][1] - wins[0][0]
-        assert 0.12 <= sum(b - a for a, b in wins) / span <= 0.35
+        # and off for most of the time: about 240 of every 300 ms in an on-time period
+        assert max(offs) >= 200, offs
         assert got.get("kernels"), "records of the windows arrive too"
-        src._last_stats_req = 0.0
-        src.poll(0)
-        assert wait_for(lambda: src.stats.get("agent_windows_sent", 0) >= len(wins), 3)
+        assert stats_until(src, lambda st: st.get("agent_windows_sent", 0) >= len(wins))
         assert src.stats["agent_sampling"] == {"continuous": False, "period_ms": 300, "on_ms": 60}
         src.stop()
-        assert wait_for(lambda: any(w == "flush 1" for _, w in log_lines(fake_cupti)[-3:]), 2)
+        assert wait_for(lambda: any(w == "flush 1" for _, w in log_lines(fake_cupti)[-3:]))
         events = [w for _, w in log_lines(fake_cupti)]
         assert kinds_left_on(events) == {}
         assert "finalize" not in events  # opt-in only
@@ -1015,36 +1153,54 @@ def test_duty_cycle_windows_bound_every_enable(fake_cupti):
 
 
 def test_switching_to_continuous_and_back(fake_cupti):
-    p = start_target(9.0, fake_cupti)
+    """SET continuous switches activity on at once (not at the next period) and keeps it on,
+    still sending a window row per period; SET back ends the running window after its on-time
+    (not at the period's end). The period is 3 s so that "at once" and "at the next period"
+    stay far apart on a loaded machine too."""
+    period_s, on_ms = 3.0, 100
+    p = start_target(fake_cupti)
     try:
         wait_socket(p.pid)
-        src = AgentSource(p.pid, period_ms=1000, on_ms=100)
+        src = AgentSource(p.pid, period_ms=int(period_s * 1000), on_ms=on_ms)
         src.start()
-        assert wait_for(lambda: src.health.ok, 5), str(src.health)
+        assert wait_for(lambda: src.health.ok), str(src.health)
         # wait for the first window to close: now between windows, activity is off
-        assert wait_for(lambda: any(w == "disable 10" for _, w in log_lines(fake_cupti)), 2)
+        assert wait_for(lambda: any(w == "disable 10" for _, w in log_lines(fake_cupti)))
         t_switch = time.monotonic()
         src.set_continuous(True)
-        assert wait_for(lambda: str(src.health) == "ok: continuous", 2), str(src.health)
+        assert wait_for(lambda: str(src.health) == "ok: continuous"), str(src.health)
         on = wait_for(
-            lambda: [t for t, w in log_lines(fake_cupti) if w == "enable 10" and t > t_switch], 1
+            lambda: [t for t, w in log_lines(fake_cupti) if w == "enable 10" and t > t_switch]
         )
-        assert on and on[0] - t_switch < 0.3  # on at once, not at the next period
-        got = drain(src, 1.5)  # longer than a period: continuous means no disable meanwhile
+        assert on, "continuous mode switched activity on"
+        # on at once: before the period that the last window began would have brought it
+        last_on = max(t for t, w in log_lines(fake_cupti) if w == "enable 10" and t < t_switch)
+        assert on[0] < last_on + period_s, (on[0], last_on)
+        # continuous: a window row per period, records flushed (every 200 ms) without a window
+        # ending, and no disable meanwhile
+        switch_ns = int(t_switch * 1e9)  # the same clock as the agent's window rows
+
+        def enough(g) -> bool:
+            rows = [w for w in window_rows(g) if w[0] >= switch_ns]
+            return bool(rows) and count(g, "kernels") >= 3000
+
+        got = drain_until(src, enough)
         assert not [t for t, w in log_lines(fake_cupti) if w == "disable 10" and t > t_switch]
-        cont_wins = [w for w in window_rows(got) if w[0] >= int(on[0] * 1e9) - 10**6]
+        cont_wins = [w for w in window_rows(got) if w[0] >= switch_ns]
         assert cont_wins, "continuous mode still sends a window row per period"
-        assert sum(b - a for a, b in cont_wins) >= 0.8e9
-        assert len(columns(got, "kernels").get("name", [])) >= 3000  # flushed every 200 ms
+        assert sum(b - a for a, b in cont_wins) >= 0.8 * period_s * 1e9
+        assert count(got, "kernels") >= 3000
         t_back = time.monotonic()
         src.set_continuous(False)
-        assert wait_for(lambda: str(src.health) == "ok: sampling 10% (100 ms/s)", 2)
+        assert wait_for(lambda: str(src.health) == "ok: sampling 3% (100 ms/3 s)"), str(src.health)
         off = wait_for(
-            lambda: [t for t, w in log_lines(fake_cupti) if w == "disable 10" and t > t_back], 1
+            lambda: [t for t, w in log_lines(fake_cupti) if w == "disable 10" and t > t_back]
         )
-        assert off and off[0] - t_back < 0.4  # the running window ends after its 100 ms
+        # the running window ends after its 100 ms, not at the period's end (3 s): half a
+        # period is a margin a loaded machine keeps
+        assert off and off[0] - t_back < period_s / 2, (off, t_back)
         src.stop()
-        assert wait_for(lambda: kinds_left_on([w for _, w in log_lines(fake_cupti)]) == {}, 2)
+        assert wait_for(lambda: kinds_left_on([w for _, w in log_lines(fake_cupti)]) == {})
     finally:
         rc, out, err = finish(p)
     assert rc == 0 and out.startswith("done"), err
@@ -1055,7 +1211,7 @@ def agent_stats(pid: int) -> dict:
     from kdash.collectors.agent import wire
 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(5)
+        s.settimeout(PATIENCE_S)
         s.connect(server.socket_path_for(pid))
         dec = wire.Decoder()
         assert wire.recv_message(s, dec).type == wire.MsgType.HELLO
@@ -1071,29 +1227,29 @@ def test_detach_finalizes_cupti_at_the_targets_next_call(fake_libcupti):
     agent-factors-h200.json): the detach takes it out again, at the exit of the target's next
     launch (the stand-in libcupti makes that call from a thread of its own), after every
     disable and the forced flush; the next client brings CUPTI back and records again."""
-    p = start_target(8.0, fake_libcupti)
+    p = start_target(fake_libcupti)
     try:
         wait_socket(p.pid)
         src = AgentSource(p.pid, continuous=True)
         src.start()
-        assert wait_for(lambda: src.health.ok, 15), str(src.health)
-        assert wait_for(lambda: drain(src, 0.3).get("kernels"), 15)
+        assert wait_for(lambda: src.health.ok), str(src.health)
+        assert wait_for(lambda: drain(src, 0.3).get("kernels"))
         src.stop()
-        assert wait_for(lambda: "cupti finalize" in [w for _, w in log_lines(fake_libcupti)], 15)
+        assert wait_for(lambda: "cupti finalize" in [w for _, w in log_lines(fake_libcupti)])
         events = [w for _, w in log_lines(fake_libcupti)]
         assert kinds_left_on(events) == {}
         last_off = max(i for i, w in enumerate(events) if w.startswith(("disable", "flush 1")))
         fin = events.index("cupti finalize", last_off)
         assert "unsubscribe" in events[last_off:fin]  # the hook let go before finalizing
-        stats = wait_for(lambda: (st := agent_stats(p.pid))["cupti_detached"] >= 1 and st, 15)
+        stats = wait_for(lambda: (st := agent_stats(p.pid))["cupti_detached"] >= 1 and st)
         assert stats and stats["cupti_state"] == "detached" and not stats["graphs_seen"]
         # nothing of the agent's runs on after a detach but its accept loop (and the session
         # answering STATS)
         assert sorted(stats["threads"]) == ["kdash-agent", "kdash-agent-session"]
         again = AgentSource(p.pid, continuous=True)
         again.start()
-        assert wait_for(lambda: again.health.ok, 15), str(again.health)
-        assert wait_for(lambda: drain(again, 0.3).get("kernels"), 15)
+        assert wait_for(lambda: again.health.ok), str(again.health)
+        assert wait_for(lambda: drain(again, 0.3).get("kernels"))
         again.stop()
         assert wait_for(
             lambda: [w for _, w in log_lines(fake_libcupti)].count("cupti finalize") == 2, 3
@@ -1109,12 +1265,12 @@ def test_a_graph_replaying_target_gets_no_kernel_activity(fake_libcupti):
     comes, CUPTI is finalized at its exit and no kind is ever switched on; the line says why
     and names `--graph-kernels`. A second client is told at once, without touching CUPTI."""
     env = {**fake_libcupti, "FAKE_CUPTI_GRAPHS": "1"}
-    p = start_target(8.0, env)
+    p = start_target(env)
     try:
         wait_socket(p.pid)
         src = AgentSource(p.pid)
         src.start()
-        assert wait_for(lambda: "replays CUDA graphs" in str(src.health), 15), str(src.health)
+        assert wait_for(lambda: "replays CUDA graphs" in str(src.health)), str(src.health)
         assert not src.health.ok and "--graph-kernels" in str(src.health)
         events = [w for _, w in log_lines(env)]
         assert not [w for w in events if w.startswith("enable")]
@@ -1122,7 +1278,7 @@ def test_a_graph_replaying_target_gets_no_kernel_activity(fake_libcupti):
         src.stop()
         again = AgentSource(p.pid)
         again.start()
-        assert wait_for(lambda: "replays CUDA graphs" in str(again.health), 15)
+        assert wait_for(lambda: "replays CUDA graphs" in str(again.health))
         again.stop()
         assert [w for _, w in log_lines(env)].count("subscribe") == 1
         stats = agent_stats(p.pid)
@@ -1137,16 +1293,14 @@ def test_graph_kernels_seen_later_stop_kernel_activity_for_good(fake_cupti):
     libcupti to probe with): its first graph kernel record stops kernel activity, every kind
     goes off, and CUPTI stays (finalizing would kill it); the line says so."""
     env = {**fake_cupti, "FAKE_CUPTI_GRAPHS": "1"}
-    p = start_target(8.0, env)
+    p = start_target(env)
     try:
         wait_socket(p.pid)
         src = AgentSource(p.pid, continuous=True)
         src.start()
-        assert wait_for(lambda: "began replaying CUDA graphs" in str(src.health), 15), str(
-            src.health
-        )
+        assert wait_for(lambda: "began replaying CUDA graphs" in str(src.health)), str(src.health)
         src.stop()
-        assert wait_for(lambda: kinds_left_on([w for _, w in log_lines(env)]) == {}, 15)
+        assert wait_for(lambda: kinds_left_on([w for _, w in log_lines(env)]) == {})
         stats = agent_stats(p.pid)
         assert stats["graph_kernels_recorded"] and stats["cupti_detached"] == 0
         assert stats["cupti_state"].startswith("attached for good")
@@ -1181,12 +1335,12 @@ def test_duty_cycle_parsing_and_wording():
 
 
 def test_bad_duty_cycle_in_start_is_an_error_not_a_crash(fake_cupti):
-    p = start_target(5.0, fake_cupti)
+    p = start_target(fake_cupti)
     try:
         wait_socket(p.pid)
         src = AgentSource(p.pid, period_ms=100, on_ms=500)
         src.start()
-        assert wait_for(lambda: src.health.state == "degraded", 3), str(src.health)
+        assert wait_for(lambda: src.health.state == "degraded"), str(src.health)
         assert "on_ms <= period_ms" in str(src.health)
         assert not any(w.startswith("enable") for _, w in log_lines(fake_cupti))
         src.stop()
@@ -1218,7 +1372,7 @@ def pcs_standin(tmp_path: Path) -> str:
 @pytest.mark.parametrize("continuous", [False, True], ids=["duty", "continuous"])
 def test_pc_sampling_ranges_alternate_with_activity_windows(fake_cupti, pcs_standin, continuous):
     env = {**fake_cupti, server.ENV_FAKE_PCSAMPLING: pcs_standin}
-    p = start_target(10.0, env)
+    p = start_target(env)
     try:
         wait_socket(p.pid)
         src = AgentSource(
@@ -1231,12 +1385,26 @@ def test_pc_sampling_ranges_alternate_with_activity_windows(fake_cupti, pcs_stan
             pc_period_ms=300,
         )
         src.start()
-        assert wait_for(lambda: src.health.ok, 5), str(src.health)
-        got = drain(src, 2.0)
-        src._last_stats_req = 0.0
-        got2 = drain(src, 0.4)
-        for t, bs in got2.items():
-            got.setdefault(t, []).extend(bs)
+        assert wait_for(lambda: src.health.ok), str(src.health)
+
+        def pc_windows_of(g) -> list[tuple[int, int]]:
+            m = columns(g, "markers")
+            if not m:
+                return []
+            sel = (m["domain"] == server.WINDOW_DOMAIN) & (m["name"] == server.PC_WINDOW_NAME)
+            return list(zip(m["start_ns"][sel].tolist(), m["end_ns"][sel].tolist(), strict=True))
+
+        def fresh_stats() -> None:
+            """Wait for a STATS answer asked for now, not one from before."""
+            with src._lock:
+                src.stats.pop("agent_pc_state", None)
+            src._last_stats_req = 0.0
+            assert wait_for(
+                lambda: drain(src, 0.1, got) is not None and "agent_pc_state" in src.stats
+            )
+
+        got = drain_until(src, lambda g: len(pc_windows_of(g)) >= 3 and count(g, "kernels") > 0)
+        fresh_stats()
         assert src.pc_status().startswith("ok"), src.stats.get("agent_pc_state")
         assert src.stats["agent_pc_ranges"] >= 3
         # what a range costs the target (its Stop holds the GIL) is measured and said
@@ -1250,9 +1418,7 @@ def test_pc_sampling_ranges_alternate_with_activity_windows(fake_cupti, pcs_stan
         assert set(pcs_rows["pc_offset"].tolist()) == {0x40, 0x50, 0x60, 0x70}
         assert set(pcs_rows["kernel"]) == {"_decode_stage1"}
         assert set(pcs_rows["cubin_crc"].view("u8").tolist()) == {0x9A72D27B}
-        m = columns(got, "markers")
-        sel = (m["domain"] == server.WINDOW_DOMAIN) & (m["name"] == server.PC_WINDOW_NAME)
-        pc_windows = list(zip(m["start_ns"][sel].tolist(), m["end_ns"][sel].tolist(), strict=True))
+        pc_windows = pc_windows_of(got)
         assert len(pc_windows) >= 3
         # every range's rows are stamped at its end, inside the window it reports
         ends = {e for _, e in pc_windows}
@@ -1264,15 +1430,18 @@ def test_pc_sampling_ranges_alternate_with_activity_windows(fake_cupti, pcs_stan
             for s0, s1 in pc_windows:
                 assert a1 <= s0 or s1 <= a0, ((a0, a1), (s0, s1))
         assert columns(got, "kernels"), "kernels still arrive between ranges"
-        # switched off: no more ranges
+        # switched off: no more ranges, once the agent has taken the SET (a range running
+        # then is cut short and waited for)
         src.set_pc_sampling(False)
-        time.sleep(0.5)
-        src._last_stats_req = 0.0
-        drain(src, 0.3)
+
+        def says_off() -> bool:
+            fresh_stats()
+            return src.pc_status() == "off"
+
+        assert wait_for(says_off), src.stats.get("agent_pc_state")
         n = src.stats["agent_pc_ranges"]
-        time.sleep(0.8)
-        src._last_stats_req = 0.0
-        drain(src, 0.3)
+        time.sleep(1.0)  # more than three PC periods (300 ms): ranges would have run
+        fresh_stats()
         assert src.stats["agent_pc_ranges"] == n and src.pc_status() == "off"
         src.stop()
     finally:
@@ -1289,21 +1458,17 @@ def test_attach_injects_into_a_tree_without_agent_or_says_why():
 
     from kdash.target import Target
 
-    def sleeper() -> subprocess.Popen:
-        return start_unarmed(SLEEPER, "8")
-
-    p = sleeper()
+    p = start_sleeper()
     try:
-        time.sleep(0.3)
         if not inject.check_injectable(p.pid, probe=False).ok:
             pytest.skip("injection not possible on this machine")
         want = inject.check_injectable(p.pid)  # with the cupti-python probe
         tree = AgentTreeSource(Target.from_pid(p.pid), rescan_s=0.1)
         tree.start()
         if want.ok:
-            assert wait_for(lambda: tree.poll(0) is not None and p.pid in tree.agents, 10)
+            assert wait_for(lambda: tree.poll(0) is not None and p.pid in tree.agents)
             src = tree.agents[p.pid]
-            assert wait_for(lambda: src.hello.get("pid") == p.pid, 5)
+            assert wait_for(lambda: src.hello.get("pid") == p.pid)
             assert tree.injections[p.pid] == "ok"
         else:
             assert wait_for(lambda: tree.poll(0) is not None and tree.health.state != "starting")
@@ -1314,21 +1479,22 @@ def test_attach_injects_into_a_tree_without_agent_or_says_why():
             assert said in tree.health.reason and "\n" not in tree.health.reason
         tree.stop()
     finally:
-        out, err = p.communicate(timeout=30)
-    assert p.returncode == 0, err
+        rc, out, err = finish(p)
+    assert rc == 0, err
 
-    q = sleeper()
+    q = start_sleeper()
     try:
-        time.sleep(0.3)
         tree = AgentTreeSource(Target.from_pid(q.pid), rescan_s=0.1, inject_allowed=False)
         tree.start()
-        time.sleep(1.0)
+        assert wait_for(lambda: tree.poll(0) is not None and "--no-inject" in tree.health.reason)
+        time.sleep(1.0)  # ten rescans: time for an injection that must not happen
         tree.poll(0)
         assert find_agent_socket(q.pid) is None and tree.injections == {}
         assert "--no-inject" in tree.health.reason
         tree.stop()
     finally:
-        q.communicate(timeout=30)
+        rc, _out, err = finish(q)
+    assert rc == 0, err
 
 
 def test_thread_ids_map_cupti_pthread_ids_to_os_tids():
@@ -1356,7 +1522,7 @@ def test_tree_source_lowers_the_duty_cycle_to_its_cost_budget(fake_cupti):
 
     from kdash.target import Target
 
-    p = start_target(14.0, fake_cupti)
+    p = start_target(fake_cupti)
     try:
         wait_socket(p.pid)
         tree = AgentTreeSource(Target.from_pid(p.pid), rescan_s=0.1, cost_budget=1e-4)
@@ -1368,18 +1534,18 @@ def test_tree_source_lowers_the_duty_cycle_to_its_cost_budget(fake_cupti):
             s = (src.stats.get("sampling") or {}) if src else {}
             return s.get("on_ms") if not s.get("continuous") else None
 
-        assert wait_for(lambda: (sampling_on_ms() or 100) < 100, 9), tree.agents[p.pid].stats
+        assert wait_for(lambda: (sampling_on_ms() or 100) < 100), tree.agents[p.pid].stats
         src = tree.agents[p.pid]
         on, period = src.on_ms, src.period_ms
         assert server.MIN_ON_MS <= on < server.DUTY_ON_MS and period >= server.DUTY_PERIOD_MS
         assert "lowered to keep kdash's cost ≈ 0.01%" in str(tree.health), str(tree.health)
         # continuous: no budget applies
         tree.set_continuous(True)
-        assert wait_for(lambda: tree.poll(0) is not None and src.sampling() == "continuous", 3)
+        assert wait_for(lambda: tree.poll(0) is not None and src.sampling() == "continuous")
         assert "lowered" not in str(tree.health)
         # and back to the lowered cycle, not the default
         tree.set_continuous(False)
-        assert wait_for(lambda: sampling_on_ms() == on, 3), src.stats.get("sampling")
+        assert wait_for(lambda: sampling_on_ms() == on), src.stats.get("sampling")
         tree.stop()
     finally:
         rc, out, err = finish(p)
@@ -1391,19 +1557,22 @@ def test_kdash_exit_waits_for_an_open_ptrace_session():
     stack: a SIGSEGV. The atexit hook waits for the session to close."""
     from kdash.collectors.agent import inject
 
-    held = threading.Event()
+    held, release, closing = threading.Event(), threading.Event(), threading.Event()
 
     def session():
         with inject._IN_FLIGHT:
             held.set()
-            time.sleep(0.4)
+            release.wait(PATIENCE_S)
+            closing.set()  # the session's last step, still holding the lock
 
     t = threading.Thread(target=session)
     t.start()
-    assert held.wait(2)
-    t0 = time.monotonic()
+    assert held.wait(PATIENCE_S)
+    # the session is let go only once the exit hook is (very likely) waiting: had the hook not
+    # waited, it would return before `closing`, however fast or slow the machine
+    threading.Timer(0.3, release.set).start()
     inject._wait_for_injection_at_exit()
-    assert time.monotonic() - t0 >= 0.3 and not inject._IN_FLIGHT.locked()
+    assert closing.is_set() and not inject._IN_FLIGHT.locked()
     t.join()
 
 
@@ -1460,9 +1629,8 @@ def test_injection_restores_the_waiting_thread_exactly():
     from kdash.collectors.agent import inject
     from kdash.collectors.agent import ptrace_session as ps
 
-    p = start_unarmed(BLOCKED, "sleep", "6")
+    p = start_blocked("sleep")
     try:
-        time.sleep(0.5)
         v = inject.check_injectable(p.pid, probe=False)
         if not v.ok:
             pytest.skip(f"injection not possible on this machine: {v.reason}")
@@ -1472,14 +1640,14 @@ def test_injection_restores_the_waiting_thread_exactly():
             before = _thread_state(p.pid)
         except ps.SessionError as e:
             pytest.skip(f"no XSAVE state through ptrace here: {e}")
-        assert inject.inject(p.pid, checked=v) is None
-        assert wait_for(lambda: inject.blocked_in(p.pid) == "clock_nanosleep", 10)
+        assert inject.inject(p.pid, checked=v, wait_s=PATIENCE_S) is None
+        assert wait_for(lambda: inject.blocked_in(p.pid) == "clock_nanosleep")
         after = _thread_state(p.pid)
         for name in ("rcx", "r11"):
             before[0].pop(name), after[0].pop(name)
         assert after[0] == before[0]
         assert after[1] == before[1] and after[2] == before[2]
     finally:
-        out, err = p.communicate(timeout=30)
-    assert p.returncode == 0, err
-    assert out.startswith("done") and 5.9 <= float(out.split()[1]) < 9, out
+        rc, out, err = wake_blocked(p)
+    assert rc == 0, err
+    assert out.split() == ["done", "woken"], out  # the wait went on to the wake-up

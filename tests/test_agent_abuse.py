@@ -16,31 +16,60 @@ from pathlib import Path
 import pytest
 from kdash.collectors.agent import client, security, server, wire
 from kdash.collectors.agent.client import AgentSource
-from test_agent import agent_stats, drain, start_target, wait_for, wait_socket
+from test_agent import (
+    PATIENCE_S,
+    SAFETY_S,
+    agent_stats,
+    count,
+    drain_until,
+    finish,
+    kill_target,
+    start_target,
+    wait_for,
+    wait_socket,
+)
 
 from kdash.errors import UserError
 
 
 def _raw_connect(path: str) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(10)
+    s.settimeout(PATIENCE_S)
     s.connect(path)
     return s
 
 
-def _read_frames_until_closed(s: socket.socket, seconds: float) -> tuple[list, bool]:
-    """The frames the agent sends within `seconds`, and whether it closed the connection."""
-    dec = wire.Decoder()
+def _read_frames_until_closed(
+    s: socket.socket, seconds: float = PATIENCE_S, until=None, dec: wire.Decoder | None = None
+) -> tuple[list, bool]:
+    """The frames the agent sends until it closes the connection, `until(frames)` holds or
+    `seconds` pass (a safety net: the tests wait for an answer or a close, not for a time),
+    and whether it closed the connection."""
+    dec = dec or wire.Decoder()
     s.settimeout(seconds)
-    out = []
+    end = time.monotonic() + seconds
+    out: list = []
     try:
-        while True:
+        while until is None or not until(out):
+            s.settimeout(max(0.01, end - time.monotonic()))
             m = wire.recv_message(s, dec)
             if m is None:
                 return out, True
             out.append(m)
     except (TimeoutError, OSError, wire.WireError):
         return out, False
+    return out, False
+
+
+def _hello(s: socket.socket, dec: wire.Decoder) -> list:
+    """The agent's HELLO, the first frame on a new connection."""
+    frames, _ = _read_frames_until_closed(s, until=lambda f: len(f) >= 1, dec=dec)
+    assert frames and frames[0].type == wire.MsgType.HELLO, frames
+    return frames
+
+
+def _of_type(kind: wire.MsgType):
+    return lambda frames: any(m.type == kind for m in frames)
 
 
 # ---- item 5: a target with more than 1024 open files --------------------------------------------
@@ -56,7 +85,7 @@ MANY_FILES = textwrap.dedent(
     print("holding", len(held), max(held), flush=True)
     n = 0
     end = time.monotonic() + float(sys.argv[1])
-    while time.monotonic() < end:
+    while time.monotonic() < end and not os.path.exists(sys.argv[2]):  # the test's stop file
         n += sum(range(200))
         time.sleep(0.001)
     print("done", flush=True)
@@ -64,7 +93,7 @@ MANY_FILES = textwrap.dedent(
 )
 
 
-def test_a_target_holding_2000_open_files_is_watched(fake_cupti):
+def test_a_target_holding_2000_open_files_is_watched(fake_cupti, tmp_path):
     import resource
 
     if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 2200:
@@ -73,26 +102,27 @@ def test_a_target_holding_2000_open_files_is_watched(fake_cupti):
 
     base = {**os.environ, **fake_cupti}
     p = subprocess.Popen(
-        [sys.executable, "-c", MANY_FILES, "8"],
+        [sys.executable, "-c", MANY_FILES, str(SAFETY_S), str(tmp_path / "stop")],
         env=bootstrap.run_env(base),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    p.stop_file = tmp_path / "stop"  # type: ignore[attr-defined]  # what `finish` touches
     try:
         first = p.stdout.readline().split()
         assert first[:2] == ["holding", "2000"] and int(first[2]) > 1024, first
         wait_socket(p.pid)
         src = AgentSource(p.pid, continuous=True, graph_kernels=True)
         src.start()
-        assert wait_for(lambda: src.health.ok, 10), str(src.health)
-        got = drain(src, 2.0)
+        assert wait_for(lambda: src.health.ok), str(src.health)
+        got = drain_until(src, lambda g: count(g, "kernels") > 0)
         assert got.get("kernels"), (src.health, src.stats)
         assert src.health.ok, str(src.health)  # not "lost the agent ...: Broken pipe"
         src.stop()
     finally:
-        out, err = p.communicate(timeout=60)
-    assert p.returncode == 0, err
+        rc, out, err = finish(p)
+    assert rc == 0, err
 
 
 # ---- item 11: same-user abuse --------------------------------------------------------------------
@@ -108,14 +138,20 @@ def _rss_kb(pid: int) -> int:
 def test_data_frames_from_a_client_are_refused_before_their_payload(fake_cupti):
     """NAMES and BATCH frames are for the agent to send; a peer sending them is cut off at the
     header, so their payloads are neither read nor kept (they grew the target by 700 MB)."""
-    p = start_target(30.0, fake_cupti)
+    p = start_target(fake_cupti)
     try:
         path = wait_socket(p.pid)
-        s = _raw_connect(path)
-        hello, _ = _read_frames_until_closed(s, 0.5)
-        assert hello and hello[0].type == wire.MsgType.HELLO
-        base = _rss_kb(p.pid)
+        # made before connecting: a connection has SPEAK_WAIT_S to send its first frame
         names = [f"junk-{i:08d}-" + "x" * 200 for i in range(40_000)]  # ~8.6 MB a frame
+        big = {"activities": [f"act{i}" for i in range(50_000)]}
+        payload = json.dumps(big).encode()
+        header = wire.HEADER.pack(
+            wire.MAGIC, wire.VERSION, int(wire.MsgType.START), 0, 0, 0, len(payload)
+        )
+        s = _raw_connect(path)
+        dec = wire.Decoder()
+        _hello(s, dec)
+        base = _rss_kb(p.pid)
         sent = 0
         try:
             for k in range(20):
@@ -123,40 +159,36 @@ def test_data_frames_from_a_client_are_refused_before_their_payload(fake_cupti):
                 sent += 1
         except OSError:
             pass  # the agent closed the connection: what must happen
-        _frames, closed = _read_frames_until_closed(s, 5.0)
+        _frames, closed = _read_frames_until_closed(s, dec=dec)
         s.close()
         assert closed or sent < 20
         assert _rss_kb(p.pid) - base < 60_000, (base, _rss_kb(p.pid))
         # a START too large for a request is refused the same way
         s = _raw_connect(path)
-        _read_frames_until_closed(s, 0.5)
-        big = {"activities": [f"act{i}" for i in range(50_000)]}
-        payload = json.dumps(big).encode()
-        header = wire.HEADER.pack(
-            wire.MAGIC, wire.VERSION, int(wire.MsgType.START), 0, 0, 0, len(payload)
-        )
+        _hello(s, wire.Decoder())
         with pytest.raises(OSError):
             s.sendall(header + payload)
-            for _ in range(50):  # the agent has closed; writes fail once it is seen
+            end = time.monotonic() + PATIENCE_S
+            while time.monotonic() < end:  # the agent has closed; writes fail once it is seen
                 s.sendall(header)
                 time.sleep(0.02)
         s.close()
         st = agent_stats(p.pid)  # and the agent still answers a client
         assert "exceeds" in st["last_error"] or "not accepted" in st["last_error"], st
     finally:
-        p.kill()
-        p.wait()
+        kill_target(p)
 
 
 def test_unknown_activities_are_refused_once_and_notes_stay_bounded(fake_cupti):
-    p = start_target(30.0, fake_cupti)
+    p = start_target(fake_cupti)
     try:
         path = wait_socket(p.pid)
         s = _raw_connect(path)
-        _read_frames_until_closed(s, 0.5)
+        dec = wire.Decoder()
+        _hello(s, dec)
         start = {"activities": [f"nope{i}" for i in range(2000)]}
         s.sendall(wire.encode_control(wire.MsgType.START, start))
-        frames, _ = _read_frames_until_closed(s, 2.0)
+        frames, _ = _read_frames_until_closed(s, until=_of_type(wire.MsgType.STATUS), dec=dec)
         statuses = [m.body for m in frames if m.type == wire.MsgType.STATUS]
         assert statuses and statuses[0]["state"] == "error", statuses
         assert "at most" in statuses[0]["line"]
@@ -167,7 +199,7 @@ def test_unknown_activities_are_refused_once_and_notes_stay_bounded(fake_cupti):
             )
         )
         s.sendall(wire.encode_control(wire.MsgType.STATS, {}))
-        frames, _ = _read_frames_until_closed(s, 3.0)
+        frames, _ = _read_frames_until_closed(s, until=_of_type(wire.MsgType.STATS), dec=dec)
         stats = [m.body for m in frames if m.type == wire.MsgType.STATS]
         assert stats, frames
         notes = stats[-1]["notes"]
@@ -176,14 +208,13 @@ def test_unknown_activities_are_refused_once_and_notes_stay_bounded(fake_cupti):
         assert len(unknown) == 1 and "26 more" in unknown[0], notes
         s.close()
     finally:
-        p.kill()
-        p.wait()
+        kill_target(p)
 
 
 def test_held_junk_connections_do_not_lock_kdash_out(fake_cupti):
     """300 connections held open by a process of our own user: kdash still gets in at once,
     and the target is not left holding them."""
-    p = start_target(40.0, fake_cupti)
+    p = start_target(fake_cupti)
     junk: list[socket.socket] = []
     try:
         path = wait_socket(p.pid)
@@ -196,29 +227,28 @@ def test_held_junk_connections_do_not_lock_kdash_out(fake_cupti):
                 s.close()
                 continue
             junk.append(s)
-        src = AgentSource(p.pid, connect_timeout_s=10)
+        src = AgentSource(p.pid, connect_timeout_s=PATIENCE_S)
         src.start()
-        assert wait_for(lambda: src.health.ok, 15), str(src.health)
+        assert wait_for(lambda: src.health.ok), str(src.health)
         fds = len(os.listdir(f"/proc/{p.pid}/fd"))
         assert fds < 100, fds  # the junk is not kept open in the target
         # another client while kdash is attached is told busy at once
         other = AgentSource(p.pid)
         other.start()
-        assert wait_for(lambda: other.health.state == "unavailable", 5)
+        assert wait_for(lambda: other.health.state == "unavailable")
         assert "another kdash client is attached" in str(other.health)
         other.stop()
         assert src.health.ok
         src.stop()
         # a connection that never speaks is closed after SPEAK_WAIT_S
         s = _raw_connect(path)
-        frames, closed = _read_frames_until_closed(s, server.SPEAK_WAIT_S + 10)
+        frames, closed = _read_frames_until_closed(s, server.SPEAK_WAIT_S + PATIENCE_S)
         s.close()
         assert closed and frames[0].type == wire.MsgType.HELLO
     finally:
         for s in junk:
             s.close()
-        p.kill()
-        p.wait()
+        kill_target(p)
 
 
 def test_session_name_table_is_bounded():
@@ -273,10 +303,10 @@ def test_no_socket_in_an_armed_target_says_the_real_reason(tmp_path, monkeypatch
     squat = tmp_path / f"kdash-{os.getuid()}"
     squat.mkdir(mode=0o777)
     os.chown(squat, 4242, 4242)
-    armed = subprocess.Popen(["sleep", "30"], env={**os.environ, "KDASH_AGENT": "1"})
+    armed = subprocess.Popen(["sleep", str(SAFETY_S)], env={**os.environ, "KDASH_AGENT": "1"})
     try:
         environ = Path(f"/proc/{armed.pid}/environ")
-        assert wait_for(lambda: b"KDASH_AGENT=1" in environ.read_bytes(), 5)  # exec'd
+        assert wait_for(lambda: b"KDASH_AGENT=1" in environ.read_bytes())  # exec'd
         src = AgentSource(armed.pid)
         src.start()
         why = str(src.health)
@@ -371,9 +401,9 @@ def test_an_agent_in_a_process_with_2000_open_files_keeps_its_session(tmp_path):
         src = AgentSource(os.getpid(), socket_path=agent.path)
         src.start()
         assert src._sock is not None and src._sock.fileno() > 1024
-        assert wait_for(lambda: src.status_line, 10), str(src.health)
+        assert wait_for(lambda: src.status_line), str(src.health)
         src.poll(0)  # asks for STATS
-        assert wait_for(lambda: "agent_state" in src.stats, 10), str(src.health)
+        assert wait_for(lambda: "agent_state" in src.stats), str(src.health)
         assert "went away" not in str(src.health) and "ValueError" not in agent.last_error
         src.stop()
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import threading
+import time
 import types
 
 from kdash.collectors.agent import detach
@@ -70,6 +71,24 @@ CUPTI = types.SimpleNamespace(
     driver_api_trace_cbid=enum.IntEnum("driver_api_trace_cbid", {"cuLaunchKernelEx": 652}),
 )
 RT = detach.RUNTIME_DOMAIN
+PATIENCE_S = 60.0  # a safety net for a hung test; a loaded machine passes long before it
+
+
+def call_once_armed(lib: FakeLib, *calls: tuple[int, int]) -> threading.Thread:
+    """The target's CUDA calls, made from another thread once the hook listens for the last
+    of them (a call before that reaches no callback): the test then depends on order, not on
+    timing."""
+
+    def run() -> None:
+        end = time.monotonic() + PATIENCE_S
+        while not (lib.cb is not None and calls[-1] in lib.enabled) and time.monotonic() < end:
+            time.sleep(0.005)
+        for domain, cbid in calls:
+            lib.call(domain, cbid)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
 
 
 def test_callback_ids_are_launches_and_synchronizes_only():
@@ -93,9 +112,8 @@ def test_finalized_at_the_exit_of_the_next_launch_not_before():
 
 def test_the_wait_sees_a_call_from_another_thread():
     lib = FakeLib()
-    t = threading.Timer(0.05, lib.call, args=(RT, SYNC))
-    t.start()
-    hook = detach.finalize_at_next_call(lib, CUPTI, wait_s=30.0)
+    t = call_once_armed(lib, (RT, SYNC))
+    hook = detach.finalize_at_next_call(lib, CUPTI, wait_s=PATIENCE_S)
     t.join()
     assert hook.state == "finalized"
 
@@ -119,9 +137,8 @@ def test_another_subscriber_means_no_finalize():
 
 def test_graph_probe_finalizes_at_the_graph_launch():
     lib = FakeLib()
-    t = threading.Timer(0.05, lambda: (lib.call(RT, LAUNCH), lib.call(RT, GRAPH)))
-    t.start()
-    hook = detach.probe_graphs(lib, CUPTI, seconds=30.0)
+    t = call_once_armed(lib, (RT, LAUNCH), (RT, GRAPH))
+    hook = detach.probe_graphs(lib, CUPTI, seconds=PATIENCE_S)
     t.join()
     assert hook.graph_seen and hook.state == "finalized"
     assert lib.events == ["subscribe", "unsubscribe", "finalize"]

@@ -10,6 +10,7 @@ are stand-ins; the runner, the controller's refresh and their guards are the rea
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 from kdash.collectors.agent import pcrun
@@ -40,10 +41,13 @@ class StubRanges:
         return cols, {"total_samples": total, "non_user_samples": non_user}
 
 
+PATIENCE_S = 60.0  # a safety net for a hung test; a loaded machine passes long before it
+
+
 def run_range(r: pcrun.PCRunner) -> None:
     r.start_range(0.01)
     assert r._thread is not None
-    r._thread.join(10)
+    r._thread.join(PATIENCE_S)
     assert not r.busy
 
 
@@ -89,14 +93,18 @@ def test_refresh_finalizes_at_the_targets_next_call_and_registers_again_at_the_n
     lib = FakeLib()
     c = controller_with(lib)
     out = {}
-    t = threading.Thread(target=lambda: out.setdefault("r", c.refresh_for_pc(5.0)))
+    t = threading.Thread(target=lambda: out.setdefault("r", c.refresh_for_pc(PATIENCE_S)))
     t.start()
-    for _ in range(500):  # the target's next launch reaches CUPTI once the hook is armed
-        if lib.cb is not None:
-            break
-        threading.Event().wait(0.01)
-    lib.call(RT, LAUNCH)
-    t.join(10)
+    end = time.monotonic() + PATIENCE_S
+
+    def armed() -> bool:
+        return lib.cb is not None and (RT, LAUNCH) in lib.enabled
+
+    while not armed() and time.monotonic() < end:  # the hook listens: then the call
+        time.sleep(0.005)
+    assert armed(), "the refresh never listened for a launch"
+    lib.call(RT, LAUNCH)  # the target's next launch reaches CUPTI
+    t.join(PATIENCE_S)
     assert out["r"] == "finalized"
     assert lib.events == ["subscribe", "unsubscribe", "finalize"]
     assert c.needs_register and c.pc_refreshes == 1

@@ -23,7 +23,10 @@ def child():
     p.wait()
 
 
-def wait_for(pred, timeout=10.0):
+PATIENCE_S = 60.0  # a safety net for a hung test; a loaded machine passes long before it
+
+
+def wait_for(pred, timeout=PATIENCE_S):
     t_end = time.monotonic() + timeout
     while time.monotonic() < t_end:
         if pred():
@@ -35,7 +38,10 @@ def wait_for(pred, timeout=10.0):
 def test_capture_window(tmp_path, child):
     target = Target.from_pid(child.pid)
     events = []
-    opts = RecorderOptions(interval_s=0.1, pre_s=0.5, post_s=0.6, capture_dir=tmp_path)
+    # a 3 s window: "recording" and its countdown are looked at right after the key, which a
+    # loaded machine may delay by a good part of a second
+    pre_s, post_s = 0.5, 3.0
+    opts = RecorderOptions(interval_s=0.1, pre_s=pre_s, post_s=post_s, capture_dir=tmp_path)
     rec = Recorder(
         [SchedSource(target, interval_s=0.1)],
         Store(),
@@ -45,12 +51,13 @@ def test_capture_window(tmp_path, child):
     )
     rec.start()
     try:
-        time.sleep(0.8)
-        t_key = clock.now_ns()
+        time.sleep(0.8)  # longer than pre_s: the window's start is not cut at the recorder's
+        t_before = clock.now_ns()
         assert rec.trigger_capture()
+        t_after = clock.now_ns()
         assert not rec.trigger_capture()  # one at a time
         assert rec.capture.phase == "recording"
-        assert 0.0 < rec.capture.remaining_s(clock.now_ns()) <= 0.6
+        assert 0.0 < rec.capture.remaining_s(clock.now_ns()) <= post_s
         assert wait_for(lambda: rec.capture.phase in ("saved", "failed"))
     finally:
         rec.stop()
@@ -58,7 +65,11 @@ def test_capture_window(tmp_path, child):
     assert events[0] == "capture-started" and "capture-saved" in events
     cap = load_capture(rec.capture.path)
     w = cap.meta["window"]
-    assert w["start_ns"] <= t_key - 0.4e9 and w["end_ns"] >= t_key + 0.5e9
+    t_key = w["trigger_ns"]
+    assert t_before <= t_key <= t_after
+    assert (
+        w["start_ns"] <= t_key - (pre_s - 0.1) * 1e9 and w["end_ns"] >= t_key + (post_s - 0.1) * 1e9
+    )
     th = cap.tables["threads"]
     assert len(th) and th["t_ns"].min() >= w["start_ns"] and th["t_ns"].max() <= w["end_ns"]
     assert child.pid in set(th["pid"])
@@ -66,13 +77,21 @@ def test_capture_window(tmp_path, child):
     assert (
         cap.meta["sources"]["sched"].startswith("ok") or "degraded" in cap.meta["sources"]["sched"]
     )
-    # Faster polling inside the window: more samples per second after the key than before.
-    after = th[th["t_ns"] > t_key]["t_ns"].nunique() / 0.6
-    assert after >= 5
+    # Polling goes on inside the window after the key: 10 a second asked for; a loaded machine
+    # may deliver fewer, so at least 2 a second (6 or more samples) are required.
+    after = th[th["t_ns"] > t_key]["t_ns"].nunique() / post_s
+    assert after >= 2, after
 
 
 def test_target_exit_is_reported(tmp_path):
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    # the target ends when the test says so (its stop file), after the recorder is watching
+    stop = tmp_path / "stop"
+    code = (
+        "import os, sys, time\n"
+        "end = time.monotonic() + 300\n"  # a safety net: the stop file ends it
+        "while not os.path.exists(sys.argv[1]) and time.monotonic() < end: time.sleep(0.01)\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code, str(stop)])
     target = Target.from_pid(p.pid)
     events = []
     rec = Recorder(
@@ -84,10 +103,16 @@ def test_target_exit_is_reported(tmp_path):
     )
     rec.start()
     try:
-        p.wait()
-        assert wait_for(lambda: "target-exited" in events, timeout=5)
+        time.sleep(0.3)  # a few polls of the live target
+        assert "target-exited" not in events
+        stop.touch()
+        p.wait(PATIENCE_S)
+        assert wait_for(lambda: "target-exited" in events)
     finally:
         rec.stop()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def test_source_health_survives_a_failing_extra_health():
