@@ -18,7 +18,7 @@ import os
 import platform
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 MONOTONIC = "host monotonic ns"
@@ -148,9 +148,6 @@ class CaptureMeta:
         if not more:
             return self
         return CaptureMeta.from_dict({**self.to_dict(), **more})
-
-    def with_title(self, title: str | None) -> CaptureMeta:
-        return self if title is None else replace(self, title=title)
 
 
 # Keys every capture has written, null or not.
