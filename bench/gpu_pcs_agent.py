@@ -43,7 +43,8 @@ class Workload:
     def __init__(self, env: dict) -> None:
         # eager decode: a graph-replaying process gets no kernel records by default, and the
         # attribution is judged against them
-        cmd = [sys.executable, "-m", "kdash.kernels", "--rate", "400", "--report-every", "1"]
+        cmd = [sys.executable, "-m", "kdash.kernels", "--eager-decode", "--rate", "400"]
+        cmd += ["--report-every", "1"]
         cmd += ["--eager-decode"]
         self.proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -11,15 +11,14 @@ The model is random weights (nothing to download) and has no rotary embedding (i
 kernel, not change what is being watched). Sampling is greedy. The host waits for a step's tokens
 one step later (the "overlap" pattern of SGLang's scheduler), unless ``--sync-every-step``.
 
-With ``--graph-decode`` decode steps are replayed from CUDA graphs, as SGLang's CUDA-graph
-runner does: one graph per padded batch size, captured the first time that size is needed, over
-static input buffers (token ids, positions, lengths, page table) that each step rewrites before
-the replay; the attention's plan (:class:`~kdash.kernels.decode_attention.DecodePlan`) is made
-once per graph and cuts the work on the GPU from the lengths in memory. By default (and with
-``--eager-decode``) every kernel of every step is launched from Python: the host-bound way, for
-kdash's launch-gap and CPU panes. The graph path is not the default until it has run on a GPU
-(bench/device_kernels.sh checks it), and because kdash's agent records no kernels in a process
-that replays graphs unless asked (`--graph-kernels`), which `kdash demo` does not yet ask.
+Decode steps are replayed from CUDA graphs, as SGLang's CUDA-graph runner does: one graph per
+padded batch size, captured the first time that size is needed, over static input buffers (token
+ids, positions, lengths, page table) that each step rewrites before the replay; the attention's
+plan (:class:`~kdash.kernels.decode_attention.DecodePlan`) is made once per graph and cuts the
+work on the GPU from the lengths in memory. With ``--eager-decode`` every kernel of every step is
+launched from Python instead: the host-bound way, for kdash's launch-gap and CPU panes (kdash's
+agent records no kernels of graph replays unless asked, `--graph-kernels`, which `kdash demo`
+asks). ``--graph-decode`` names the default.
 Without CUDA (the CPU interpreter) decode is eager.
 
 Pathologies on purpose, for kdash's CPU-affinity and idle-gap panes:
@@ -29,8 +28,7 @@ Pathologies on purpose, for kdash's CPU-affinity and idle-gap panes:
 - ``--noisy-neighbour``: start a busy process pinned to the launch thread's CPU;
 - ``--sync-every-step``: ``torch.cuda.synchronize()`` after every step (GPU idle while the host
   schedules the next one);
-- ``--eager-decode``: decode without CUDA graphs (the GPU waits on Python's launches; the
-  default for now).
+- ``--eager-decode``: decode without CUDA graphs (the GPU waits on Python's launches).
 """
 
 from __future__ import annotations
@@ -526,13 +524,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--eager-decode",
         action="store_true",
-        help="launch every decode kernel from Python (host-bound, as a server without graphs "
-        "is; the default)",
+        help="launch every decode kernel from Python (host-bound, as a server without graphs is)",
     )
     ap.add_argument(
         "--graph-decode",
         action="store_true",
-        help="replay decode steps from CUDA graphs, one per padded batch size, as SGLang does",
+        help="replay decode steps from CUDA graphs, one per padded batch size, as SGLang does "
+        "(the default on a GPU)",
     )
     return ap
 
@@ -658,11 +656,11 @@ def _start_extras(args: argparse.Namespace, cuda: bool) -> tuple[list[str], Any,
         notes.append(msg)
     if args.sync_every_step:
         notes.append("synchronizing after every step")
-    graphs = cuda and args.graph_decode and not args.eager_decode
+    graphs = cuda and not args.eager_decode
     notes.append(
         "decode: replayed from CUDA graphs, one per padded batch size"
         if graphs
-        else "decode: eager, every kernel launched from Python (--graph-decode: CUDA graphs)"
+        else "decode: eager, every kernel launched from Python"
     )
     return notes, neighbour, graphs
 

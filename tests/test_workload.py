@@ -228,7 +228,7 @@ def test_cli_has_the_pathology_flags() -> None:
     )
     assert a.duration == 5 and a.pin_off_local and a.noisy_neighbour and a.sync_every_step
     assert build_parser().parse_args(["--noisy-neighbor"]).noisy_neighbour
-    assert not a.graph_decode  # eager until the graph path has run on a GPU
+    assert not a.eager_decode  # graphs unless asked (bench/device_kernels.sh ran them on the H200)
     assert build_parser().parse_args(["--eager-decode"]).eager_decode
     assert build_parser().parse_args(["--graph-decode"]).graph_decode
 
@@ -449,3 +449,17 @@ def test_gpu_graph_replayed_decode_equals_the_same_step_run_eagerly() -> None:
         assert torch.equal(ea.k_cache[layer][:pad], eb.k_cache[layer][:pad])
         assert torch.equal(ea.v_cache[layer][:pad], eb.v_cache[layer][:pad])
     assert sizes == [3, 3, 2] and sorted(gb.captured) == [2, 4]
+
+
+def test_decode_replays_graphs_by_default_on_a_gpu_and_never_without_one() -> None:
+    """The workload runs as a server does unless told otherwise: graphs on a GPU by default,
+    eager with --eager-decode, and eager wherever there is no CUDA (the decision itself; the
+    graphs are captured on the H200 by bench/device_kernels.sh)."""
+    from kdash.kernels.workload import _start_extras
+
+    p = build_parser()
+    assert _start_extras(p.parse_args([]), cuda=True)[2] is True
+    assert _start_extras(p.parse_args(["--graph-decode"]), cuda=True)[2] is True
+    notes, _, graphs = _start_extras(p.parse_args(["--eager-decode"]), cuda=True)
+    assert graphs is False and any("eager" in n for n in notes)
+    assert _start_extras(p.parse_args([]), cuda=False)[2] is False
