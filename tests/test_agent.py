@@ -830,10 +830,27 @@ def start_blocked(how: str) -> subprocess.Popen:
     return p
 
 
+SYS_TGKILL_X86_64 = 234
+
+
+def _signal_main_thread(pid: int, sig: int) -> None:
+    """`sig` to the process's main thread (its tid is its pid): sent to the process, it could
+    go to an agent thread, and the main thread's wait would go on. Elsewhere than x86-64
+    nothing is injected (ptrace injection is x86-64 only), so the process gets it."""
+    import platform
+
+    if platform.machine() != "x86_64":
+        os.kill(pid, sig)
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(SYS_TGKILL_X86_64, pid, pid, sig) != 0:
+        raise OSError(ctypes.get_errno(), f"tgkill({pid}, {sig})")
+
+
 def wake_blocked(p: subprocess.Popen) -> tuple[int, str, str]:
     """End the child's wait and collect it: "done woken" means the wait lasted until now."""
     if p.poll() is None:
-        os.kill(p.pid, signal.SIGUSR1)
+        _signal_main_thread(p.pid, signal.SIGUSR1)
     try:
         out, err = p.communicate(timeout=PATIENCE_S)
     except subprocess.TimeoutExpired:
@@ -1121,12 +1138,14 @@ def test_duty_cycle_windows_bound_every_enable(fake_cupti):
         gaps = [(b[0] - a[0]) / 1e6 for a, b in zip(wins, wins[1:], strict=False)]
         offs = [(b[0] - a[1]) / 1e6 for a, b in zip(wins, wins[1:], strict=False)]
         # ~60 ms each, one per 300 ms period. Load only delays the agent's edges: a window
-        # held up at its end runs long and the next one starts late (seen: 500 ms windows on
-        # a loaded 2-core machine), so the longest ones say nothing about the cycle. What load
-        # cannot do: make a typical window shorter than its 60 ms or put two in one period
-        # (medians), or hold up every edge of eight windows (the best one is on time).
-        assert statistics.median(lengths) >= 55 and min(lengths) <= 160, lengths
-        assert statistics.median(gaps) >= 250 and min(gaps) <= 450, gaps
+        # held up at its end runs long, the next one starts late (seen on a loaded 2-core
+        # machine: 500 ms windows, 900 ms between starts), so no upper bound near the cycle
+        # holds there. What load cannot do: make windows overlap, make a typical one shorter
+        # than its 60 ms, put two in one period, or stretch the best period of eight to the
+        # default cycle's 1 s (the cycle asked for was taken, not the default).
+        assert all(off >= 0 for off in offs), offs
+        assert statistics.median(lengths) >= 55, lengths
+        assert statistics.median(gaps) >= 250 and min(gaps) < 1000, gaps
         m = columns(got, "markers")
         win = m["domain"] == server.WINDOW_DOMAIN
         assert set(m["pid"][win]) == {p.pid} and set(m["tid"][win]) == {-1}
@@ -1135,8 +1154,8 @@ def test_duty_cycle_windows_bound_every_enable(fake_cupti):
         assert len(intervals) >= len(wins) - 1
         for on, off in intervals:
             assert any(a <= on and off <= b for a, b in wins), (on, off, wins)
-        # and off for most of the time: about 240 of every 300 ms in an on-time period
-        assert max(offs) >= 200, offs
+        # and off between windows: about 240 of every 300 ms in a period kept on time
+        assert max(offs) >= 100, offs
         assert got.get("kernels"), "records of the windows arrive too"
         assert stats_until(src, lambda st: st.get("agent_windows_sent", 0) >= len(wins))
         assert src.stats["agent_sampling"] == {"continuous": False, "period_ms": 300, "on_ms": 60}

@@ -89,6 +89,9 @@ def trace_with(tmp_path: Path, events_json: bytes, name: str = "t.json") -> Path
 
 
 KERNEL = b'{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.0, "dur": 2.0, "args": {}}'
+# A bound for a child process or a slow step: a safety net (a hang still ends the test). A
+# loaded 2-core machine takes several times what an idle one does (seen: 0.8 s become 9 s).
+PATIENCE_S = 120.0
 
 
 # -- 2. small files, huge memory: bounds checked before allocation --------------------------
@@ -105,7 +108,9 @@ def test_long_string_in_a_trace_is_refused(tmp_path):
     p = trace_with(tmp_path, ev + b'", "ts": 1.0}')
     t = time.monotonic()
     one_error(("import", p, "--output", tmp_path / "o"), "string longer than")
-    assert time.monotonic() - t < 10
+    # refused as the reader meets it: under a second idle (9 s seen under load); a reader
+    # that went over its 16 MiB buffer again for each of its ~260 reads would take minutes
+    assert time.monotonic() - t < 30
 
 
 def test_row_counts_are_checked_from_the_footer(monkeypatch, tmp_path):
@@ -170,7 +175,7 @@ def test_two_imports_to_one_output_only_one_saves(tmp_path):
     cmd = [sys.executable, "-m", "kdash.cli", "import", str(TRACE), "--output", str(out)]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
     procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = [(p.wait(60), p.stderr.read()) for p in procs]  # type: ignore[union-attr]
+    results = [(p.wait(PATIENCE_S), p.stderr.read()) for p in procs]  # type: ignore[union-attr]
     assert sorted(rc for rc, _ in results) == [0, 2], results
     loser = next(err for rc, err in results if rc == 2)
     assert loser.strip().startswith("kdash: ") and "exists" in loser, loser
@@ -255,7 +260,7 @@ def test_report_on_a_pipe_does_not_block(tmp_path):
         [sys.executable, "-m", "kdash.cli", "report", str(fifo)],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=PATIENCE_S,  # the point: it returns at all (2 s idle), not how fast
     )
     assert r.returncode == 2 and "not a regular file" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
@@ -269,7 +274,9 @@ def test_lane_assignment_is_not_quadratic():
     ends = np.full(n, 10, dtype=np.int64)
     t = time.monotonic()
     assert _lanes(starts, ends) == list(range(n))
-    assert time.monotonic() - t < 2
+    # 0.03 s here; a first-free-lane scan per kernel (1.6e9 steps for these 40,000) takes
+    # minutes, so a bound a loaded machine keeps still tells them apart
+    assert time.monotonic() - t < 5
     # the same lanes as the greedy first-free-lane rule
     s = np.array([0, 1, 2, 5, 6, 6, 20])
     e = np.array([5, 3, 8, 7, 9, 30, 21])
@@ -290,7 +297,7 @@ def test_nan_start_ns_is_damage(tmp_path):
     p = rezip(DEMO, tmp_path / "nan.kdash", nan)
     t = time.monotonic()
     one_error(("export", p, "--perfetto", tmp_path / "t.json"), "column start_ns is double")
-    assert time.monotonic() - t < 10
+    assert time.monotonic() - t < 30  # refused on reading (well under a second idle)
 
 
 # -- 10. pyarrow reads on this thread only ---------------------------------------------------
@@ -364,7 +371,7 @@ def test_kill_during_the_write_leaves_no_temp(tmp_path, how):
     )
     assert p.stdout is not None and p.stdout.readline().strip() == "writing"
     os.kill(p.pid, signal.SIGKILL)
-    p.wait(10)
+    p.wait(PATIENCE_S)
     left = sorted(f.name for f in tmp_path.iterdir())
     if how == "unnamed":
         assert left == []  # an O_TMPFILE file has no name to leave

@@ -76,7 +76,8 @@ def tree(tmp_path_factory):
 def test_attach_sglang_headless_records_server_rows_and_meta(tree, tmp_path):
     root, info = tree
     out = tmp_path / "sgl.kdash"
-    r = kdash("attach", "--sglang", info["url"], "--headless", "--duration", 2.5, "--output", out)
+    # long enough for the first scrapes on a loaded machine (one a second is asked for)
+    r = kdash("attach", "--sglang", info["url"], "--headless", "--duration", 5, "--output", out)
     assert r.returncode == 0, r.stderr
     cap = load_capture(out)
     server = cap.tables["server"]
@@ -159,10 +160,12 @@ def test_run_of_an_sglang_launch_is_watched_as_a_server(tmp_path):
         KDASH_CHILD=_CHILD,
         KDASH_RUN_LOG=str(tmp_path / "run.log"),
     )
-    cmd = [sys.executable, "-m", "kdash.cli", "run", "--headless", "--duration", "4"]
+    # the tree is spawned, found and scraped inside the run's fixed duration: about 2 s on an
+    # idle machine, several times that on a loaded one
+    cmd = [sys.executable, "-m", "kdash.cli", "run", "--headless", "--duration", "12"]
     cmd += ["--output", str(out), "--", sys.executable, "-m", "sglang.launch_server"]
     cmd += ["--port", str(port)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, (r.stderr, textwrap.shorten((tmp_path / "run.log").read_text(), 500))
     cap = load_capture(out)
     sg = cap.meta["sglang"]
