@@ -365,18 +365,17 @@ def test_run_refuses_a_planted_log_symlink_in_one_line(tmp_path):
 
 
 def test_run_default_log_name_taken_is_refused(tmp_path, monkeypatch):
-    from argparse import Namespace
-
     from kdash import commands
+    from kdash.options import RunOptions
 
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("KDASH_RUN_LOG", raising=False)
     (tmp_path / f"kdash-run-{os.getpid()}.log").symlink_to(victim)
-    args = Namespace(
+    args = RunOptions(
         cmd=["--", sys.executable, "-c", "print('leak')"], headless=True, duration=1,
-        output=tmp_path / "o.kdash", capture_dir=None, theme=None,
+        output=tmp_path / "o.kdash",
     )  # fmt: skip
     with pytest.raises(UserError, match="taken by something else"):
         commands.cmd_run(args)
