@@ -291,6 +291,7 @@ INTEGRATION_TESTS = frozenset(
         ("test_input_hardening", "test_two_imports_to_one_output_only_one_saves"),
         ("test_input_hardening", "test_report_on_a_pipe_does_not_block"),
         ("test_input_hardening", "test_kill_during_the_write_leaves_no_temp"),
+        ("test_installed", "test_a_child_started_in_the_checkout_imports_the_same_install"),
         ("test_kineto", "test_streaming_memory_stays_small"),
         ("test_nvml", "test_nspid_maps_host_pid_to_namespace_pid_real_namespace"),
         ("test_nvml", "test_inside_private_pid_namespace_host_pids_degrade_with_advice"),
