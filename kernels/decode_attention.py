@@ -5,8 +5,9 @@ about one multiply-add per byte, and writes one row per query head. The kernel t
 effort on keeping enough loads in flight: the KV range of each request is split across programs
 (stage 1), each writing an unnormalised partial output and its log-sum-exp, and a tiny second kernel
 (stage 2) merges the partials. The split count comes from the batch, the KV heads, the longest
-request and the SM count, so a single 128k request still fills all 132 SMs of an H200 while a
-batch of 128 short requests launches no useless splits.
+request and how many stage-1 programs the GPU holds at once (the compiled kernel's residency x
+the SMs), counted in whole waves, so a single 128k request still fills all 132 SMs of an H200, a
+batch of 128 short requests launches no useless splits, and no grid ends in a nearly empty wave.
 
 Plan, then run (as FlashInfer's decode wrappers): :class:`DecodePlan` is made once per batch
 composition (grid, buffers, compile-time parameters) and :meth:`DecodePlan.run` is called per
@@ -45,8 +46,10 @@ import torch
 import triton
 import triton.language as tl
 
+from . import residency
 from ._common import cdiv, interpreting, mma, next_pow2, sm_count, to_bf16
 from .launch import BoundKernel
+from .residency import MAX_BLOCKS_PER_SM, Residency
 
 LOG2E = 1.4426950408889634
 FP8_DTYPES = (torch.float8_e4m3fn,)
@@ -72,9 +75,11 @@ class DecodeConfig:
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
-    # Target stage-1 programs per SM when planning splits: for a batch of (near) equal lengths,
-    # and for a batch whose lengths vary, where finer pieces keep the longest request off the
-    # critical path.
+    # Stage-1 programs resident per SM, assumed for a batch of (near) equal lengths until the
+    # compiled kernel says otherwise (DecodePlan reads its registers and shared memory; the CPU
+    # interpreter compiles nothing): 4 fit at the 120 registers of the H200's 32/8/128 kernel.
+    # For a batch whose lengths vary: the target programs per SM, where finer pieces keep the
+    # longest request off the critical path.
     programs_per_sm: int = 4
     programs_per_sm_varlen: int = 12
     min_tokens_per_split: int = 256
@@ -90,12 +95,77 @@ class DecodeConfig:
 
 DEFAULT_CONFIG = DecodeConfig()
 # fp8 tiles carry half the bytes: twice the tokens per tile keeps the per-tile work the same.
-DEFAULT_FP8_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2, programs_per_sm=8)
+# 3 resident per SM: the H200 kernel takes 147-156 registers (bench/results, 2026-12-01).
+DEFAULT_FP8_CONFIG = DecodeConfig(block_n=128, num_warps=4, num_stages=2, programs_per_sm=3)
 
 
 def default_config(kv_dtype: torch.dtype) -> DecodeConfig:
     """The H200-picked config for a KV dtype (bench/NOTES-kernels.md has the sweeps)."""
     return DEFAULT_FP8_CONFIG if kv_dtype in FP8_DTYPES else DEFAULT_CONFIG
+
+
+# Split-count model for a batch of (near) equal lengths, in tokens of one program's loop: a
+# stage-1 wave holds ``capacity`` programs (resident per SM x SMs) that run side by side, so the
+# time is the number of waves the grid needs x (the tokens each program reads + one tile,
+# ``block_n`` tokens, of start-up: the software pipeline waits for its first tile) plus the
+# partial outputs written and merged for every split (:func:`merge_tokens` a program-split).
+# WAVES_MAX bounds the split count at that many full waves: past it only the per-wave start-up
+# grows, and the bound keeps a replayed plan's grid (max_splits_for) from growing with the length.
+# A split count within NEAR_TIE_PCT percent of the best is as good: the fewest such wins. The
+# cut's rounding to whole tiles moves the model by up to a tile per program; a real difference
+# stays (1 x 128k at 8 KV heads and 396 resident: 49 splits of 2688 tokens are 2.3% faster in one
+# wave than 48 of 2752, so a 3% window would throw that away).
+WAVES_MAX = tl.constexpr(4)
+NEAR_TIE_PCT = tl.constexpr(1)
+
+
+def split_class(n: int) -> str:
+    """How Triton specialises an integer argument (3.6 and 3.9 alike): ``1`` is folded in as a
+    constant, a multiple of 16 is marked divisible, anything else is plain. A kernel compiled
+    for one class may use other registers than one compiled for another."""
+    if n == 1:
+        return "1"
+    return "D" if n % 16 == 0 else ""
+
+
+def merge_tokens(group: int, kv_bytes: int) -> int:
+    """One split's partial output in tokens of KV traffic: ``group`` rows of ``head_dim`` fp32
+    written by stage 1 and read by stage 2, against ``2 x head_dim x kv_bytes`` per token."""
+    return max(1, 4 * group // max(1, kv_bytes))
+
+
+def wave_splits(
+    programs: int,
+    max_len: int,
+    capacity: int,
+    *,
+    block_n: int,
+    min_tokens: int,
+    max_splits: int,
+    merge: int = 0,
+) -> int:
+    """The split count with the least modelled time for ``programs`` programs per split
+    (batch x KV heads) over requests of ``max_len`` tokens, ``capacity`` programs resident at
+    once (see the comment above WAVES_MAX). Splits are ``cdiv(max_len, s)`` rounded up to
+    ``block_n``, at least ``min_tokens`` long unless there is one. The kernel's
+    ``_wave_split_len`` computes the same, in the same integer arithmetic.
+    """
+    best_score, scores = None, []
+    max_len, capacity, programs = max(1, max_len), max(1, capacity), max(1, programs)
+    cap = max(1, min(max_splits, WAVES_MAX.value * capacity // programs))
+    for s in range(1, cap + 1):
+        tokens = cdiv(cdiv(max_len, s), block_n) * block_n
+        if s > 1 and tokens < min_tokens:
+            break  # tokens only shrink as s grows
+        waves = cdiv(programs * s, capacity)
+        score = waves * (tokens + block_n) * capacity + s * programs * merge
+        scores.append(score)
+        best_score = score if best_score is None else min(best_score, score)
+    assert best_score is not None
+    for s, score in enumerate(scores, 1):
+        if score * 100 <= best_score * (100 + NEAR_TIE_PCT.value):
+            return s
+    raise AssertionError("unreachable: the best score is within its own window")
 
 
 def plan_splits(
@@ -106,20 +176,27 @@ def plan_splits(
     *,
     config: DecodeConfig = DEFAULT_CONFIG,
     sms: int | None = None,
+    resident_per_sm: int | None = None,
+    merge: int = 0,
 ) -> tuple[int, int]:
     """``(num_splits, split_len)``: the grid's split count and the planned tokens per split.
 
-    The split length comes from the total work (``total_tokens * kv_heads`` token-heads) over the
-    target program count (``programs_per_sm * sms``), so a batch of unequal requests is cut into
-    pieces of about equal work rather than into an equal number of pieces; it is never below
-    ``min_tokens_per_split`` (shorter splits cost more in partial outputs than they gain). The
-    kernel then cuts each request into ``ceil(len / split_len)`` equal parts (at most
-    ``num_splits``), so every token is covered whatever the lengths are at run time; a split past a
-    request's end writes ``lse = -inf`` and is ignored by the merge, so short requests give no NaN.
+    A batch of (near) equal lengths is cut by :func:`wave_splits`: whole waves of resident
+    programs (``resident_per_sm`` x ``sms``; the compiled kernel's figure, which
+    :class:`DecodePlan` finds; ``config.programs_per_sm`` when not given), since a last wave that
+    is only partly full runs at a fraction of the bandwidth. A batch of unequal requests
+    (``batch x max_len > 1.5 x total_tokens``) gets its split length from the total work
+    (``total_tokens * kv_heads`` token-heads) over ``programs_per_sm_varlen * sms`` programs,
+    so it is cut into pieces of about equal work rather than into an equal number of pieces.
+    Splits are never shorter than ``min_tokens_per_split`` (shorter ones cost more in partial
+    outputs than they gain). The kernel then cuts each request into ``ceil(len / split_len)``
+    equal parts (at most ``num_splits``), so every token is covered whatever the lengths are at
+    run time; a split past a request's end writes ``lse = -inf`` and is ignored by the merge, so
+    short requests give no NaN.
     """
-    return _plan(
-        batch, kv_heads, max_len, total_tokens, config, sms if sms is not None else sm_count()
-    )
+    sms = sms if sms is not None else sm_count()
+    pps = resident_per_sm if resident_per_sm is not None else config.programs_per_sm
+    return _plan(batch, kv_heads, max_len, total_tokens, config, sms, max(1, pps * sms), merge)
 
 
 @functools.lru_cache(maxsize=512)
@@ -130,14 +207,28 @@ def _plan(
     total_tokens: int | None,
     config: DecodeConfig,
     sms: int,
+    capacity: int | None = None,
+    merge: int = 0,
 ) -> tuple[int, int]:
     """:func:`plan_splits` proper, memoised: it runs on every decode step, and a benchmark (or a
-    server at a steady batch) asks the same question each time."""
+    server at a steady batch) asks the same question each time. ``capacity``: programs resident
+    at once (``config.programs_per_sm * sms`` when None)."""
     max_len = max(1, max_len)
     total = total_tokens if total_tokens is not None else batch * max_len
     varlen = batch * max_len > 1.5 * max(1, total)
-    pps = config.programs_per_sm_varlen if varlen else config.programs_per_sm
-    target = max(1, pps * sms)
+    if not varlen:
+        cap = capacity if capacity is not None else config.programs_per_sm * sms
+        s = wave_splits(
+            max(1, batch) * kv_heads,
+            max_len,
+            max(1, cap),
+            block_n=config.block_n,
+            min_tokens=config.min_tokens_per_split,
+            max_splits=config.max_splits,
+            merge=merge,
+        )
+        return s, cdiv(cdiv(max_len, s), config.block_n) * config.block_n
+    target = max(1, config.programs_per_sm_varlen * sms)
     split_len = max(config.min_tokens_per_split, cdiv(max(1, total) * kv_heads, target))
     split_len = cdiv(split_len, config.block_n) * config.block_n
     num_splits = max(1, min(cdiv(max_len, split_len), config.max_splits))
@@ -151,9 +242,12 @@ def choose_num_splits(
     *,
     config: DecodeConfig = DEFAULT_CONFIG,
     sms: int | None = None,
+    resident_per_sm: int | None = None,
 ) -> int:
     """Split count for ``batch`` requests of ``max_len`` tokens (see :func:`plan_splits`)."""
-    return plan_splits(batch, kv_heads, max_len, config=config, sms=sms)[0]
+    return plan_splits(
+        batch, kv_heads, max_len, config=config, sms=sms, resident_per_sm=resident_per_sm
+    )[0]
 
 
 @triton.jit
@@ -168,13 +262,46 @@ def _tile_pages(pt_row, offs_n, end, PAGE: tl.constexpr):
 
 
 @triton.jit
+def _wave_split_len(
+    longest,
+    programs,
+    capacity,
+    BLOCK_N: tl.constexpr,
+    MIN_SPLIT: tl.constexpr,
+    MAX_SPLITS: tl.constexpr,
+    MERGE: tl.constexpr,
+    SEARCH: tl.constexpr,
+):
+    """:func:`wave_splits` for every split count at once (``SEARCH`` lanes, a power of two at
+    least as large as the host's bound), then the split length of the one it picks."""
+    s = tl.arange(0, SEARCH) + 1
+    cap = tl.maximum(tl.minimum(WAVES_MAX * capacity // programs, MAX_SPLITS), 1)
+    tokens = tl.cdiv(tl.cdiv(longest, s), BLOCK_N) * BLOCK_N
+    ok = (s <= cap) & ((s == 1) | (tokens >= MIN_SPLIT))
+    waves = tl.cdiv(programs * s, capacity)
+    score = (
+        waves.to(tl.int64) * (tokens + BLOCK_N).to(tl.int64) * capacity
+        + (s * programs).to(tl.int64) * MERGE
+    )
+    # 2^56 x 101 still fits an int64; real scores are far below 2^56.
+    score = tl.where(ok, score, 1 << 56)
+    best = tl.min(score, 0)
+    near = ok & (score * 100 <= best * (100 + NEAR_TIE_PCT))
+    n = tl.min(tl.where(near, s, SEARCH + 1), 0)
+    return tl.cdiv(tl.cdiv(longest, n), BLOCK_N) * BLOCK_N
+
+
+@triton.jit
 def _device_split_len(
     LENS,
-    TARGET: tl.constexpr,
+    capacity,
     TARGET_VARLEN: tl.constexpr,
     MIN_SPLIT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_B: tl.constexpr,
+    MAX_SPLITS: tl.constexpr,
+    MERGE: tl.constexpr,
+    SEARCH: tl.constexpr,
 ):
     """:func:`plan_splits`'s split length, computed by every program from the lengths in memory.
 
@@ -190,12 +317,15 @@ def _device_split_len(
     offs = tl.arange(0, BLOCK_B)
     n = tl.load(LENS + offs, mask=offs < batch, other=0)
     total = tl.maximum(tl.sum(n.to(tl.int64), 0), 1)
-    longest = tl.maximum(tl.max(n, 0), 1).to(tl.int64)
+    longest = tl.maximum(tl.max(n, 0), 1)
     # batch * longest > 1.5 * total, in integers
-    varlen = 2 * batch * longest > 3 * total
-    target = tl.where(varlen, TARGET_VARLEN, TARGET)
-    split_len = tl.maximum(tl.cdiv(total * kv_heads, target), MIN_SPLIT)
-    return (tl.cdiv(split_len, BLOCK_N) * BLOCK_N).to(tl.int32)
+    varlen = 2 * batch * longest.to(tl.int64) > 3 * total
+    by_work = tl.maximum(tl.cdiv(total * kv_heads, TARGET_VARLEN), MIN_SPLIT)
+    by_work = (tl.cdiv(by_work, BLOCK_N) * BLOCK_N).to(tl.int32)
+    by_waves = _wave_split_len(
+        longest, batch * kv_heads, capacity, BLOCK_N, MIN_SPLIT, MAX_SPLITS, MERGE, SEARCH
+    )
+    return tl.where(varlen, by_work, by_waves)
 
 
 @triton.jit
@@ -205,12 +335,15 @@ def _piece(
     split,
     num_splits,
     split_len_hint,
+    capacity,
     BLOCK_N: tl.constexpr,
     DEVICE_PLAN: tl.constexpr,
-    TARGET: tl.constexpr,
     TARGET_VARLEN: tl.constexpr,
     MIN_SPLIT: tl.constexpr,
     BLOCK_B: tl.constexpr,
+    MAX_SPLITS: tl.constexpr,
+    MERGE: tl.constexpr,
+    SEARCH: tl.constexpr,
 ):
     """``(seq_len, start, end)`` of this program's piece of request ``b``.
 
@@ -219,7 +352,17 @@ def _piece(
     """
     seq_len = tl.load(LENS + b)
     if DEVICE_PLAN:
-        hint = _device_split_len(LENS, TARGET, TARGET_VARLEN, MIN_SPLIT, BLOCK_N, BLOCK_B)
+        hint = _device_split_len(
+            LENS,
+            capacity,
+            TARGET_VARLEN,
+            MIN_SPLIT,
+            BLOCK_N,
+            BLOCK_B,
+            MAX_SPLITS,
+            MERGE,
+            SEARCH,
+        )
     else:
         hint = split_len_hint
     n_here = tl.minimum(tl.maximum(tl.cdiv(seq_len, hint), 1), num_splits)
@@ -229,7 +372,7 @@ def _piece(
     return seq_len, start, end
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["capacity"])
 def _decode_stage1(
     Q,
     K,
@@ -243,6 +386,7 @@ def _decode_stage1(
     qk_scale,
     num_splits,
     split_len_hint,
+    capacity,
     stride_qb,
     stride_qh,
     stride_kp,
@@ -263,10 +407,12 @@ def _decode_stage1(
     UPCAST: tl.constexpr,
     PREFETCH: tl.constexpr = False,
     DEVICE_PLAN: tl.constexpr = False,
-    TARGET: tl.constexpr = 1,
     TARGET_VARLEN: tl.constexpr = 1,
     MIN_SPLIT: tl.constexpr = 256,
     BLOCK_B: tl.constexpr = 16,
+    MAX_SPLITS: tl.constexpr = 256,
+    MERGE: tl.constexpr = 0,
+    SEARCH: tl.constexpr = 1,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -278,12 +424,15 @@ def _decode_stage1(
         split,
         num_splits,
         split_len_hint,
+        capacity,
         BLOCK_N,
         DEVICE_PLAN,
-        TARGET,
         TARGET_VARLEN,
         MIN_SPLIT,
         BLOCK_B,
+        MAX_SPLITS,
+        MERGE,
+        SEARCH,
     )
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -415,7 +564,7 @@ def _fp8_pairs_to_fp16(w, ASM: tl.constexpr = False):
     return even, odd
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["capacity"])
 def _decode_stage1_fp8_pairs(
     Q,
     K,
@@ -429,6 +578,7 @@ def _decode_stage1_fp8_pairs(
     qk_scale,
     num_splits,
     split_len_hint,
+    capacity,
     stride_qb,
     stride_qh,
     stride_kp,
@@ -448,10 +598,12 @@ def _decode_stage1_fp8_pairs(
     UPCAST: tl.constexpr,
     PREFETCH: tl.constexpr = False,
     DEVICE_PLAN: tl.constexpr = False,
-    TARGET: tl.constexpr = 1,
     TARGET_VARLEN: tl.constexpr = 1,
     MIN_SPLIT: tl.constexpr = 256,
     BLOCK_B: tl.constexpr = 16,
+    MAX_SPLITS: tl.constexpr = 256,
+    MERGE: tl.constexpr = 0,
+    SEARCH: tl.constexpr = 1,
 ):
     """Stage 1 for fp8 KV read as int16 pairs (K, V: the fp8 caches; strides in int16 units).
 
@@ -470,12 +622,15 @@ def _decode_stage1_fp8_pairs(
         split,
         num_splits,
         split_len_hint,
+        capacity,
         BLOCK_N,
         DEVICE_PLAN,
-        TARGET,
         TARGET_VARLEN,
         MIN_SPLIT,
         BLOCK_B,
+        MAX_SPLITS,
+        MERGE,
+        SEARCH,
     )
     offs_h = tl.arange(0, BLOCK_H)
     offs_j = tl.arange(0, HALF)
@@ -656,21 +811,26 @@ def max_splits_for(
     *,
     config: DecodeConfig = DEFAULT_CONFIG,
     sms: int | None = None,
+    resident_per_sm: int | None = None,
 ) -> int:
     """The most splits the device-side cut gives any request of up to ``max_seq_len`` tokens.
 
     Whatever the other lengths are, a request's split length is at least ``min_tokens_per_split``
-    and at least its own ``len * kv_heads / target`` (the batch's total is at least its length),
-    so it never needs more than ``ceil(max_seq_len / min_tokens_per_split)`` nor more than
-    ``ceil(target / kv_heads)`` splits. A plan for lengths unknown at plan time (a CUDA graph
-    replayed as requests grow) sizes its grid by this; programs past a request's cut return at
-    once.
+    and the wave model picks a count whose splits are that long (a count whose rounding leaves a
+    split empty never wins: one fewer gives the same splits in no more waves), so no request needs
+    more than ``ceil(max_seq_len / min_tokens_per_split)``. The wave model also stops at
+    ``WAVES_MAX`` waves of ``resident_per_sm x sms`` programs (at least ``kv_heads`` a split), and
+    a batch of unequal lengths gives a request at most ``ceil(target / kv_heads) + 1`` splits
+    (its split length is at least its own ``len * kv_heads / target``). A plan for lengths
+    unknown at plan time (a CUDA graph replayed as requests grow) sizes its grid by this;
+    programs past a request's cut return at once.
     """
     sms = sms if sms is not None else sm_count()
-    target = max(1, config.programs_per_sm * sms, config.programs_per_sm_varlen * sms)
+    pps = resident_per_sm if resident_per_sm is not None else config.programs_per_sm
     by_len = cdiv(max(1, max_seq_len), config.min_tokens_per_split)
-    by_work = cdiv(target, max(1, kv_heads)) + 1
-    return max(1, min(by_len, by_work, config.max_splits))
+    by_work = cdiv(max(1, config.programs_per_sm_varlen * sms), max(1, kv_heads)) + 1
+    by_waves = WAVES_MAX.value * max(1, pps * sms) // max(1, kv_heads)
+    return max(1, min(by_len, max(by_work, by_waves), config.max_splits))
 
 
 @functools.lru_cache(maxsize=512)
@@ -709,6 +869,20 @@ class DecodePlan:
     is balanced for its own lengths. With ``total_tokens`` the grid is sized for lengths like the
     ones given (the eager case); without it, for any lengths up to ``max_seq_len``
     (:func:`max_splits_for`; the replay case). ``num_splits`` overrides either.
+
+    Waves need the residency of the stage-1 kernel that will run (programs per SM, from its
+    registers and shared memory; :mod:`kdash.kernels.residency`), which only the compiled kernel
+    knows. The plan finds it before it sizes anything: from a per-process cache keyed by what
+    decides the compiled kernel (:meth:`variant_key`), else by compiling that kernel here with
+    Triton's ``warmup`` (no launch; the first run then finds it in Triton's cache). Compiling at
+    plan time rather than re-planning after a first run is deliberate: a re-plan could need a
+    larger workspace (an allocation in :meth:`run`) and a kernel compiled, and its module
+    loaded, while a CUDA graph may be capturing. The grid, the buffers and the kernel's
+    ``capacity`` argument (the device-side search's wave size, not specialised on, so it never
+    selects another compiled kernel) are therefore fixed before the first run. In the CPU
+    interpreter, during a capture, or if compiling fails (``residency_source`` says why), the
+    config's ``programs_per_sm`` stands in. ``capacity``, ``resident_per_sm`` and ``residency``
+    report what was used.
 
     :meth:`run` writes into the plan's output buffer (``out`` at plan time, else one allocated
     here) and returns it: the next run overwrites it. fp8 KV takes ``k_scale``/``v_scale`` here
@@ -763,15 +937,46 @@ class DecodePlan:
         self.page_table, self.seq_lens = page_table, seq_lens
         self.max_seq_len = max(1, int(max_seq_len))
         sms = sm_count()
-        _, split_len = _plan(
-            batch, num_kv_heads, self.max_seq_len, total_tokens or None, config, sms
+        group = num_q_heads // num_kv_heads
+        meta: dict = dict(
+            GROUP=group,
+            BLOCK_H=max(16, next_pow2(group)),
+            HEAD_DIM=head_dim,
+            BLOCK_N=config.block_n,
+            PAGE=page_size,
         )
-        if num_splits is not None:
-            splits = max(1, int(num_splits))
-        elif total_tokens is not None:
-            splits = _plan(batch, num_kv_heads, self.max_seq_len, total_tokens, config, sms)[0]
+        if self.pairs:
+            self._kern1 = _decode_stage1_fp8_pairs
         else:
-            splits = max_splits_for(num_kv_heads, self.max_seq_len, config=config, sms=sms)
+            self._kern1 = _decode_stage1
+            meta.update(IS_FP8=self.is_fp8, FP8_FP16=config.fp8_compute != "bf16")
+        meta.update(EVICT="evict_first" if config.evict_first else "", UPCAST=self.upcast)
+        if self.pairs:
+            meta["ASM"] = config.fp8_compute == "pairs_asm" and not self.upcast
+        self._merge = merge_tokens(group, 1 if self.is_fp8 else 2)
+        programs = max(1, batch * num_kv_heads)
+        meta.update(
+            PREFETCH=config.prefetch_pages,
+            DEVICE_PLAN=batch <= MAX_DEVICE_PLAN_BATCH,
+            TARGET_VARLEN=max(1, config.programs_per_sm_varlen * sms),
+            MIN_SPLIT=config.min_tokens_per_split,
+            BLOCK_B=min(MAX_DEVICE_PLAN_BATCH, max(16, next_pow2(batch))),
+            MAX_SPLITS=config.max_splits,
+            MERGE=self._merge,
+            # Lanes of the device's split search: every count the wave model may pick for any
+            # residency (at most MAX_BLOCKS_PER_SM an SM), so no residency needs a recompile.
+            SEARCH=next_pow2(
+                max(
+                    1, min(config.max_splits, WAVES_MAX.value * MAX_BLOCKS_PER_SM * sms // programs)
+                )
+            ),
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
+        self._meta1 = meta
+        self._sms = sms
+        plan_args = (batch, num_kv_heads, self.max_seq_len, total_tokens, num_splits)
+        splits, split_len = self._plan_waves(*plan_args)
         self.num_splits, self.split_len = splits, split_len
         if out is None:
             out = torch.empty(batch, num_q_heads, head_dim, device=dev, dtype=q_dtype)
@@ -794,33 +999,6 @@ class DecodePlan:
             self._ks, self._ks_src = _as_scale(k_scale, num_kv_heads, dev), k_scale
             self._vs, self._vs_src = _as_scale(v_scale, num_kv_heads, dev), v_scale
             self._scales_aligned = _aligned(self._ks, self._vs)
-        group = num_q_heads // num_kv_heads
-        meta: dict = dict(
-            GROUP=group,
-            BLOCK_H=max(16, next_pow2(group)),
-            HEAD_DIM=head_dim,
-            BLOCK_N=config.block_n,
-            PAGE=page_size,
-        )
-        if self.pairs:
-            self._kern1 = _decode_stage1_fp8_pairs
-        else:
-            self._kern1 = _decode_stage1
-            meta.update(IS_FP8=self.is_fp8, FP8_FP16=config.fp8_compute != "bf16")
-        meta.update(EVICT="evict_first" if config.evict_first else "", UPCAST=self.upcast)
-        if self.pairs:
-            meta["ASM"] = config.fp8_compute == "pairs_asm" and not self.upcast
-        meta.update(
-            PREFETCH=config.prefetch_pages,
-            DEVICE_PLAN=batch <= MAX_DEVICE_PLAN_BATCH,
-            TARGET=max(1, config.programs_per_sm * sms),
-            TARGET_VARLEN=max(1, config.programs_per_sm_varlen * sms),
-            MIN_SPLIT=config.min_tokens_per_split,
-            BLOCK_B=min(MAX_DEVICE_PLAN_BATCH, max(16, next_pow2(batch))),
-            num_warps=config.num_warps,
-            num_stages=config.num_stages,
-        )
-        self._meta1 = meta
         self._grid1 = (batch, num_kv_heads, splits)
         self._q_stride: tuple | None = None
         self._q_shape: tuple | None = None
@@ -843,6 +1021,138 @@ class DecodePlan:
             out.stride(0),
             out.stride(1),
         )
+
+    def _plan_waves(
+        self,
+        batch: int,
+        kv_heads: int,
+        max_len: int,
+        total_tokens: int | None,
+        num_splits: int | None,
+    ) -> tuple[int, int]:
+        """The split plan at the stage-1 kernel's residency: the compiled kernel's (cached per
+        variant, else compiled here), else the config's ``programs_per_sm``. A split count of
+        another specialisation class is another kernel, so the figure is read again for the
+        chosen count until it stops changing (there are 3 classes)."""
+        per_sm = min(MAX_BLOCKS_PER_SM, max(1, self.config.programs_per_sm))
+        self.residency_source = "config"
+        self.residency: Residency | None = None
+        plan_args = (batch, kv_heads, max_len, total_tokens, num_splits)
+        splits, split_len = self._splits(*plan_args, per_sm)
+        for _ in range(3):
+            found = self._residency_of(splits, split_len)
+            if found is None:
+                break
+            self.residency = found
+            if found.per_sm == per_sm:
+                break
+            per_sm = found.per_sm
+            splits, split_len = self._splits(*plan_args, per_sm)
+        self.resident_per_sm = per_sm
+        self.capacity = per_sm * self._sms  # stage-1 programs resident at once, as planned
+        return splits, split_len
+
+    def _splits(
+        self,
+        batch: int,
+        kv_heads: int,
+        max_len: int,
+        total_tokens: int | None,
+        num_splits: int | None,
+        per_sm: int,
+    ) -> tuple[int, int]:
+        """``(grid splits, split-length hint)`` at ``per_sm`` resident programs an SM."""
+        config, sms = self.config, self._sms
+        capacity = per_sm * sms
+        args = (batch, kv_heads, max_len, total_tokens or None, config, sms, capacity)
+        _, split_len = _plan(*args, self._merge)
+        if num_splits is not None:
+            splits = max(1, int(num_splits))
+        elif total_tokens is not None:
+            splits = _plan(
+                batch, kv_heads, max_len, total_tokens, config, sms, capacity, self._merge
+            )[0]
+        else:
+            splits = max_splits_for(
+                kv_heads, max_len, config=config, sms=sms, resident_per_sm=per_sm
+            )
+        return splits, split_len
+
+    def variant_key(self, splits: int, split_len: int | None = None) -> tuple:
+        """What decides the compiled stage-1 kernel of this plan at ``splits`` splits: the kernel,
+        its compile-time values, the dtypes, the device and the specialisation of the integer
+        arguments known at plan time (q and the caches are assumed contiguous, as the workload's
+        are: a layout of other stride classes compiles another kernel, whose figure this plan
+        does not see). The key of :mod:`kdash.kernels.residency`'s cache."""
+        hint = split_len if split_len is not None else self.split_len
+        return (
+            self._kern1.__name__,
+            tuple(sorted(self._meta1.items())),
+            str(self.q_dtype),
+            str(self.kv_dtype),
+            str(self.device),
+            split_class(splits),
+            split_class(hint),
+            split_class(self.page_table.stride(0)),
+        )
+
+    def _residency_of(self, splits: int, split_len: int) -> Residency | None:
+        """The cached residency of the kernel for ``splits``, or that of the kernel compiled now.
+
+        Plan time may compile (and wait): Triton's ``warmup`` compiles the very kernel the first
+        run will launch (same arguments' specialisation: dtype placeholders stand for q and the
+        caches, their pointers taken as 16-byte aligned as the fast path requires) and the first
+        run then finds it in Triton's cache. None in the CPU interpreter (nothing is compiled:
+        the config's figure stays) or when compiling here failed (the reason is kept in
+        ``residency_source``; the first run compiles as before).
+        """
+        key = self.variant_key(splits, split_len)
+        found = residency.lookup(key)
+        if found is not None:
+            self.residency_source = "cache"
+            return found
+        if self.upcast or self.device.type != "cuda":
+            return None
+        if torch.cuda.is_current_stream_capturing():
+            return None  # no module is loaded inside a capture; the config's figure stays
+        d = self.head_dim
+        ks = (self.page_size * self.kv_heads * d, self.kv_heads * d, d)
+        if self.pairs:
+            ks = tuple(x // 2 for x in ks)
+        scale_t = torch.float32 if self.is_fp8 else torch.int32
+        args = (
+            self.q_dtype,
+            self.kv_dtype,
+            self.kv_dtype,
+            self.page_table,
+            self.seq_lens,
+            scale_t,
+            scale_t,
+            torch.float32,
+            torch.float32,
+            self.sm_scale * LOG2E,
+            splits,
+            split_len,
+            self._sms,
+            self.q_heads * d,
+            d,
+            *ks,
+            *ks,
+            self.page_table.stride(0),
+        )
+        grid = (self.batch, self.kv_heads, splits)
+        try:
+            with torch.cuda.device(self.device):
+                compiled = self._kern1.warmup(*args, grid=grid, **self._meta1)
+                found = residency.of_compiled(
+                    compiled, self.config.num_warps, self.device.index or 0
+                )
+        except Exception as e:  # noqa: BLE001 - any failure leaves the config's figure, said why
+            self.residency_source = f"config ({type(e).__name__}: {str(e)[:160]})"
+            return None
+        residency.record(key, found)
+        self.residency_source = "compiled"
+        return found
 
     def _bind(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         """Check a new layout of q and the caches and derive the stage-1 arguments from it."""
@@ -873,6 +1183,7 @@ class DecodePlan:
             self.sm_scale * LOG2E,
             self.num_splits,
             self.split_len,
+            self.capacity,
             q.stride(0),
             q.stride(1),
             *ks,

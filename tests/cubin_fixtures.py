@@ -48,6 +48,7 @@ STAGE1_SIG = {
     "qk_scale": "fp32",
     "num_splits": "i32",
     "split_len_hint": "i32",
+    "capacity": "i32",
     **{
         s: "i32"
         for s in (
@@ -76,10 +77,12 @@ STAGE1_SIG = {
             "UPCAST",
             "PREFETCH",
             "DEVICE_PLAN",
-            "TARGET",
             "TARGET_VARLEN",
             "MIN_SPLIT",
             "BLOCK_B",
+            "MAX_SPLITS",
+            "MERGE",
+            "SEARCH",
         )
     },
 }
@@ -95,10 +98,12 @@ STAGE1_CONST = {
     "UPCAST": False,
     "PREFETCH": False,
     "DEVICE_PLAN": False,
-    "TARGET": 1,
     "TARGET_VARLEN": 1,
     "MIN_SPLIT": 256,
     "BLOCK_B": 16,
+    "MAX_SPLITS": 256,
+    "MERGE": 16,
+    "SEARCH": 256,
 }
 
 # Real H200 reason names (CUPTI's), weighted roughly as a memory-bound decode kernel shows them;

@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
+from kdash.kernels._common import cdiv  # noqa: E402
 from kdash.kernels.decode_attention import (  # noqa: E402
     DecodeConfig,
     _fp8_pairs_to_fp16,
@@ -26,6 +27,7 @@ from kdash.kernels.decode_attention import (  # noqa: E402
     decode_attention,
     default_config,
     plan_splits,
+    wave_splits,
 )
 from kdash.kernels.kv_cache import FP8, build_paged_cache, fp8_scales  # noqa: E402
 from kdash.kernels.reference import (  # noqa: E402
@@ -281,6 +283,57 @@ def test_split_plan_balances_unequal_requests() -> None:
     assert 132 <= pieces <= 2 * cfg.programs_per_sm_varlen * 132
     # the longest piece is not much longer than the planned split length
     assert -(-max(lens) // min(splits, -(-max(lens) // split_len))) <= split_len
+
+
+@pytest.mark.parametrize(
+    ("programs", "max_len", "capacity", "splits", "tokens"),
+    [
+        # 8 x 16k at 8 KV heads, 3 resident per SM x 132: one wave of 2752 tokens (384
+        # programs), not the work-based 7 splits (448 programs: a second, 13% wave).
+        (8 * 8, 16384, 396, 6, 2752),
+        (1 * 8, 131072, 396, 49, 2688),  # 392 programs: the most one wave holds
+        # 32 x 4k: 3 splits are 2 waves of 1408 tokens; 2 splits are 2 waves of 2048
+        (32 * 8, 4096, 396, 3, 1408),
+        (32 * 8, 4096, 528, 2, 2048),  # at 4 per SM the 512 programs of 2 splits are 1 wave
+        (8 * 8, 16384, 528, 8, 2048),
+        (128 * 8, 1024, 396, 1, 1024),  # already 2.6 waves unsplit
+        (1, 100, 396, 1, 128),  # too short to split at all
+    ],
+)
+def test_wave_model_picks_whole_waves(programs, max_len, capacity, splits, tokens) -> None:
+    got = wave_splits(
+        programs, max_len, capacity, block_n=64, min_tokens=256, max_splits=256, merge=16
+    )
+    assert got == splits
+    assert cdiv(cdiv(max_len, got), 64) * 64 == tokens
+    batch = programs // 8 if programs >= 8 else 1
+    kv = 8 if programs >= 8 else 1
+    per_sm = capacity // 132
+    cfg = DecodeConfig()
+    ns, split_len = plan_splits(
+        batch,
+        kv,
+        max_len,
+        batch * max_len,
+        config=cfg,
+        sms=132,
+        resident_per_sm=per_sm,
+        merge=16,
+    )
+    assert (ns, split_len) == (splits, tokens)
+
+
+def test_wave_model_prefers_fewer_splits_only_on_near_ties() -> None:
+    """Without merge cost 32 x 4k ties at 3 and 6 splits (2 x 1472 = 4 x 736 token-rounds):
+    the fewer wins; a real gain (49 over 48 splits at 1 x 128k, 2.3%) is kept."""
+    kw = dict(block_n=64, min_tokens=256, max_splits=256)
+    assert wave_splits(256, 4096, 396, **kw) == 3
+    assert wave_splits(8, 131072, 396, **kw) == 49
+    # the split count never exceeds WAVES_MAX full waves, nor the tiles of min_tokens
+    for programs in (1, 8, 64, 512):
+        s = wave_splits(programs, 1 << 20, 396, **kw)
+        assert programs * s <= max(programs, 4 * 396)
+    assert wave_splits(8, 1000, 396, **kw) <= -(-1000 // 256)
 
 
 # --------------------------------------------------------------------------- GPU gates

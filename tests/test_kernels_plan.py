@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from kdash.kernels import decode_attention as da  # noqa: E402
+from kdash.kernels._common import cdiv  # noqa: E402
 from kdash.kernels.decode_attention import (  # noqa: E402
     DecodeConfig,
     DecodePlan,
@@ -426,3 +427,111 @@ def test_an_empty_launch_hook_chain_is_not_a_hook() -> None:
             rt.launch_enter_hook = chain
     assert not launch._hooks_installed()
     assert launch._hook_set(None) is False and launch._hook_set(hook) is True
+
+
+# ------------------------------------------------------------------ wave-aware split counts
+def used_splits(plan: DecodePlan) -> list[int]:
+    """Per request, the splits the device-side cut gave work (finite partial LSE), read back
+    from the plan's workspace after a run: the cut the kernel made, not the host's guess."""
+    lse = plan.lse_part.view(plan.batch, plan.q_heads, plan.num_splits)
+    counts = torch.isfinite(lse).sum(-1)  # [B, Hq]; every head of a request is cut alike
+    assert (counts == counts[:, :1]).all()
+    return counts[:, 0].tolist()
+
+
+def host_cut(plan: DecodePlan, lens: list[int]) -> list[int]:
+    """What the host's model says each request is cut into at the plan's residency."""
+    cfg = plan.config
+    s = da.wave_splits(
+        plan.batch * plan.kv_heads,
+        max(lens),
+        plan.capacity,
+        block_n=cfg.block_n,
+        min_tokens=cfg.min_tokens_per_split,
+        max_splits=cfg.max_splits,
+        merge=da.merge_tokens(plan.q_heads // plan.kv_heads, 1 if plan.is_fp8 else 2),
+    )
+    hint = cdiv(cdiv(max(lens), s), cfg.block_n) * cfg.block_n
+    return [min(plan.num_splits, max(1, cdiv(n, hint))) for n in lens]
+
+
+@needs_device
+@pytest.mark.parametrize(
+    ("q_heads", "kv_heads", "page_size", "fp8"),
+    [(8, 2, 16, False), (8, 2, 1, False), (4, 1, 16, True), (6, 2, 1, True)],
+    ids=["gqa4-p16", "gqa4-p1", "gqa4-p16-fp8", "gqa3-p1-fp8"],
+)
+def test_the_device_cut_is_the_host_wave_plan(q_heads, kv_heads, page_size, fp8) -> None:
+    """Odd near-equal lengths under a grid sized for any lengths up to 3072 (12 splits): the
+    kernel's own search, from the lengths in memory, picks the split count the host's model
+    does, and the result passes the gate. At 2 KV heads that is 5 splits (30 programs, one wave
+    of the 32 resident), where the work-based cut gave 6 (36 programs: a second wave of 4). The
+    interpreter compiles nothing, so the plan uses the config's residency (4 per SM x the
+    interpreter's 8 SMs)."""
+    lens = [2999, 2901, 2777]
+    q, kc, vc, pt, sl, sc = make_case(lens, q_heads, kv_heads, 64, page_size, fp8, seed=30)
+    plan = plan_for(pt, sl, q, kc, max_seq_len=3072, **sc)
+    assert plan.residency_source == "config" and plan.capacity == SMALL.programs_per_sm * 8
+    assert plan.num_splits == 12
+    want = host_cut(plan, lens)
+    if kv_heads == 2:
+        assert want == [5, 5, 5]
+    check(plan.run(q, kc, vc), q, kc, vc, pt, sl, sc)
+    assert used_splits(plan) == want
+
+
+@pytest.fixture
+def residency_entry():
+    """Entries written by hand into the residency cache (the interpreter compiles nothing, so
+    nothing fills it here): removed again after the test."""
+    from kdash.kernels import residency
+
+    keys: list = []
+
+    def put(key, per_sm: int) -> None:
+        keys.append(key)
+        residency.record(key, residency.Residency(per_sm, 152, 0, 38912))
+
+    yield put
+    for k in keys:
+        residency.forget(k)
+
+
+@needs_device
+def test_a_filled_residency_cache_sets_the_waves(residency_entry) -> None:
+    """One program per SM (set by hand for this variant) makes a wave 8 programs: 2 splits of
+    1024 tokens in one wave beat the 8 splits that fill the config's 32."""
+    lens = [1999, 1873]
+    q, kc, vc, pt, sl, sc = make_case(lens, 8, 2, 64, 16, seed=31)
+    kw = dict(max_seq_len=max(lens), total_tokens=sum(lens))
+    first = plan_for(pt, sl, q, kc, **kw)
+    assert first.num_splits == 8 and first.residency_source == "config"
+    residency_entry(first.variant_key(first.num_splits), 1)
+    plan = plan_for(pt, sl, q, kc, **kw)
+    assert plan.residency_source == "cache" and plan.resident_per_sm == 1
+    assert plan.capacity == 8 and plan.num_splits == 2 and plan.split_len == 1024
+    check(plan.run(q, kc, vc), q, kc, vc, pt, sl, sc)
+    assert used_splits(plan) == host_cut(plan, lens) == [2, 2]
+    # a variant the cache has no entry for (another page size) keeps the config's figure
+    q2, kc2, vc2, pt2, sl2, _ = make_case(lens, 8, 2, 64, 1, seed=31)
+    other = plan_for(pt2, sl2, q2, kc2, **kw)
+    assert other.residency_source == "config" and other.num_splits == 8
+
+
+@needs_device
+def test_a_replay_plan_follows_the_wave_plan_of_its_lengths(residency_entry) -> None:
+    """A plan for lengths unknown at plan time (grid from max_splits_for) cuts each run by
+    the lengths in memory: 2 of its splits at first, 1 after the lengths shrink in place."""
+    lens = [1999, 1873]
+    q, kc, vc, pt, sl, sc = make_case(lens, 8, 2, 64, 16, seed=32)
+    probe = plan_for(pt, sl, q, kc, max_seq_len=2048)
+    grid = probe.num_splits
+    residency_entry(probe.variant_key(grid), 1)
+    plan = plan_for(pt, sl, q, kc, max_seq_len=2048)
+    assert plan.capacity == 8
+    assert plan.num_splits == max_splits_for(2, 2048, config=SMALL, resident_per_sm=1) > 2
+    check(plan.run(q, kc, vc), q, kc, vc, pt, sl, sc)
+    assert used_splits(plan) == [2, 2]
+    sl.copy_(torch.tensor([300, 201], dtype=torch.int32))  # shorter: one split of 320 tokens
+    check(plan.run(q, kc, vc), q, kc, vc, pt, sl, sc)
+    assert used_splits(plan) == [1, 1]
