@@ -153,9 +153,10 @@ class PCConfig:
 class DutyClock:
     """The duty cycle while CUPTI is on: is the current window on, since when, and when the
     next edge (a window's end or start) is due. Windows go to `add_window(start_ns, end_ns)`
-    (monotonic ns); `ctl` is the CUPTI controller (controller.CuptiActivity)."""
+    (monotonic ns; a third argument False when activity stays on past the row's end, as in
+    continuous recording); `ctl` is the CUPTI controller (controller.CuptiActivity)."""
 
-    def __init__(self, add_window: Callable[[int, int], None]) -> None:
+    def __init__(self, add_window: Callable[..., None]) -> None:
         self.add_window = add_window
         self.cycle = DutyCycle()
         self.on = False  # the current window is on
@@ -200,7 +201,7 @@ class DutyClock:
                 return
             # one row per period, so the timeline sees activity while it lasts
             t = time.monotonic_ns()
-            self.add_window(self.start_ns, t)
+            self.add_window(self.start_ns, t, False)  # activity stays on: nothing was cut
             self.start_ns, self.next_edge = t, now + d.period_s
         elif self.on:
             ctl.pause()

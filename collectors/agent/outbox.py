@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     Batch = dict[str, Any]  # column name -> numpy array (see kdash.schema)
 
 FRAME_ROWS = 200_000  # rows per BATCH frame
+RECENT_WINDOWS = 8  # closed windows kept for trimming rows that complete late
+TRIMMED = ("kernels", "memcpy")  # GPU intervals whose end a switch-off can falsify
 
 
 class Outbox:
@@ -31,6 +33,12 @@ class Outbox:
         self._chunks: list[dict[str, Batch]] = []
         self._rows = 0
         self._windows: list[tuple[int, int]] = []  # on-windows not yet sent (monotonic ns)
+        # the last closed windows, with whether a switch-off ended each: rows are trimmed to
+        # them at send (trim.py); a few, since a buffer may complete a little late
+        self._recent: list[tuple[int, int, bool]] = []
+        self.open_since: int | None = None  # start of the window now recording (monotonic ns)
+        self.trimmed_rows = 0  # GPU records whose end a window's switch-off cut back
+        self.dropped_off_rows = 0  # GPU records that began while activity was off
         self._pc_windows: list[tuple[int, int]] = []
         self._thread_ids = ThreadIds()  # CUPTI's pthread ids -> OS tids, for api/markers rows
         self.dropped_rows = 0
@@ -58,12 +66,17 @@ class Outbox:
                 self._rows += n
             self._pc_windows.append((start_ns, end_ns))
 
-    def add_window(self, start_ns: int, end_ns: int) -> None:
-        """Queue one on-window [start_ns, end_ns] (monotonic) for the client as a markers row."""
+    def add_window(self, start_ns: int, end_ns: int, switched_off: bool = True) -> None:
+        """Queue one on-window [start_ns, end_ns] (monotonic) for the client as a markers row;
+        `switched_off`: activity went off at its end (not a continuous period's row)."""
         if end_ns <= start_ns:
             return
         with self._lock:
             self._windows.append((start_ns, end_ns))
+            self._recent = [
+                *self._recent[-(RECENT_WINDOWS - 1) :],
+                (start_ns, end_ns, switched_off),
+            ]
         self.on_ns += end_ns - start_ns
 
     def take(self) -> list[dict[str, Batch]]:
@@ -77,9 +90,17 @@ class Outbox:
         with self._lock:
             self._windows = []
 
-    def send(self, send: Callable[[bytes], None], strings: Any, offset_ns: int) -> None:
-        """Send everything queued: windows first, then rows (CUPTI time + `offset_ns`)."""
+    def send(
+        self,
+        send: Callable[[bytes], None],
+        strings: Any,
+        offset_ns: int,
+        open_since: int | None = None,
+    ) -> None:
+        """Send everything queued: windows first, then rows (CUPTI time + `offset_ns`), GPU
+        rows trimmed to their windows (`open_since`: the start of the window recording now)."""
         wire = wire_module()
+        self.open_since = open_since
 
         chunks = self.take()
         with self._lock:
@@ -100,6 +121,8 @@ class Outbox:
             cols = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
             cols["start_ns"] = cols["start_ns"] + offset_ns
             cols["end_ns"] = cols["end_ns"] + offset_ns
+            if table in TRIMMED:
+                cols = self._trim(cols)
             if "tid" in cols:
                 cols["tid"] = self._thread_ids.translate(cols["tid"])
             self._send_table(send, strings, wire, table, cols, len(cols["start_ns"]))
@@ -107,6 +130,22 @@ class Outbox:
         if pcs:  # already on the monotonic clock (t_ns taken at the range's end)
             cols = {c: np.concatenate([p[c] for p in pcs]) for c in pcs[0]}
             self._send_table(send, strings, wire, "pc_samples", cols, len(cols["t_ns"]))
+
+    def _trim(self, cols: Batch) -> Batch:
+        """Cut back ends past the end of their window; drop rows that began while off."""
+        from .trim import trim_to_windows
+
+        with self._lock:
+            recent, open_since = list(self._recent), self.open_since
+        keep, end, clipped, dropped = trim_to_windows(
+            cols["start_ns"], cols["end_ns"], recent, open_since
+        )
+        self.trimmed_rows += clipped
+        self.dropped_off_rows += dropped
+        cols["end_ns"] = end
+        if dropped:
+            cols = {c: v[keep] for c, v in cols.items()}
+        return cols
 
     def _send_table(
         self, send: Callable[[bytes], None], strings: Any, wire: Any, table: str, cols: dict, n: int

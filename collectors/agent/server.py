@@ -528,6 +528,9 @@ class Agent:
             "sessions": self.sessions,
             "sent_rows": dict(out.sent_rows),
             "dropped_agent": out.dropped_rows,
+            # GPU records a window's switch-off falsified (trim.py): ends cut back, rows dropped
+            "trimmed_rows": out.trimmed_rows,
+            "dropped_off_rows": out.dropped_off_rows,
             "discarded_rows": out.discarded_rows,
             **controller_stats(c),
             "last_error": (c.last_error if c and c.last_error else self.last_error),

@@ -133,7 +133,13 @@ class Session:
 
     def send_rows(self) -> None:
         c = self.ctl
-        self.agent.outbox.send(self.send, self.strings, c.offset_ns if c is not None else 0)
+        d = self.duty
+        self.agent.outbox.send(
+            self.send,
+            self.strings,
+            c.offset_ns if c is not None else 0,
+            d.start_ns if d.on else None,
+        )
 
     def timeout(self) -> float:
         """How long the session's thread may wait for the client before the next step."""
