@@ -305,6 +305,25 @@ def test_gpu_graph_replay_follows_lengths_rewritten_in_place(fp8: bool) -> None:
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_gpu_plan_plans_at_its_compiled_kernels_residency(fp8: bool) -> None:
+    """The residency the plan found (compiled at plan time, or cached) is the one of the kernel
+    its first run launches, as the bench reads it; the split count is the wave model's there."""
+    from kdash.kernels import bench
+
+    q, kc, vc, pt, sl, sc = make_case([16384] * 8, 64, 8, 128, 16, fp8, seed=11)
+    plan = plan_for(pt, sl, q, kc, max_seq_len=16384, total_tokens=8 * 16384, config=None, **sc)
+    assert plan.residency_source in ("compiled", "cache"), plan.residency_source
+    check(plan.run(q, kc, vc), q, kc, vc, pt, sl, sc)
+    occ = bench.stage1_occupancy(plan)
+    assert occ["resident_per_sm"] == plan.resident_per_sm
+    assert occ["registers"] == plan.residency.registers
+    assert plan.num_splits == host_cut(plan, [16384] * 8)[0]
+    assert used_splits(plan) == [plan.num_splits] * 8
+
+
+@gpu
+@needs_cuda
 def test_gpu_host_time_per_run_is_small() -> None:
     """Generous bound for CI-class hosts; the bench reports the real figure (decode_host_us)."""
     import time
