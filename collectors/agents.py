@@ -135,16 +135,22 @@ def counters_from_stats(stats: dict[str, Any], t_ns: int) -> AgentCounters | Non
 def pc_sampling_cost(stats: dict[str, Any]) -> float:
     """What PC sampling costs the target now, as a fraction: 0 unless its ranges run.
 
-    Each range's Stop decodes the samples with the target's GIL held (the agent's measured
-    CPU per range, `pc_cpu_ms_per_range`), once per `pc_period_ms`; on the GPU, sampling cost
-    at most PC_GPU_SHARE while a range runs (H200, periods 8-20).
+    Each range holds the target's GIL through its CUPTI and driver calls (the agent's measured
+    wall ms per range, `pc_held_ms_per_range`: a synchronize, enable, start, Stop's decoding,
+    disable; older agents only give Stop's CPU, `pc_cpu_ms_per_range`), once per
+    `pc_period_ms`; on the GPU, sampling cost at most PC_GPU_SHARE while a range runs (H200,
+    periods 8-20). On the H200 an eager launch-bound loop lost 29-58% per 2-s bin to ranges of
+    200 ms every 2 s (bench/results/agent-ab-h200-s6-pc.json), which CPU time alone put at <1%.
     """
     if stats.get("pc_on") is not True or stats.get("agent_pc_state") != "ok":
         return 0.0
     try:
         period = float(stats.get("pc_period_ms") or 0)
         on = float(stats.get("pc_on_ms") or 0)
-        cpu_ms = float(stats.get("agent_pc_cpu_ms_per_range") or 0)
+        cpu_ms = max(
+            float(stats.get("agent_pc_cpu_ms_per_range") or 0),
+            float(stats.get("agent_pc_held_ms_per_range") or 0),
+        )
     except (TypeError, ValueError):
         return 0.0
     if period <= 0:

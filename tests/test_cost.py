@@ -182,6 +182,10 @@ def test_pc_sampling_cost_is_its_cpu_per_range_over_the_period():
     assert pc_sampling_cost({**on, "pc_on": False}) == 0.0
     assert pc_sampling_cost({**on, "agent_pc_state": "unavailable: no GPU"}) == 0.0
     assert pc_sampling_cost({**on, "pc_period_ms": 0}) == 0.0
+    # the GIL-held wall time per range counts when it is longer than the CPU time (the driver
+    # waits of a synchronize or an enable are not CPU)
+    held = {**on, "agent_pc_held_ms_per_range": 400.0}
+    assert pc_sampling_cost(held) == pytest.approx(0.2 + PC_GPU_SHARE * 0.1)
     # the meter adds it to the activity estimate at once, without a new span
     m = CostMeter(min_span_s=1.0)
     m.update(1, stats(0, 0, 0, 0, CONT), 0)

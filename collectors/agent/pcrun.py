@@ -94,6 +94,13 @@ class PCRunner:
             return round(self._pc.cpu_ms_total / self._pc.ranges, 2)
         return None
 
+    def held_ms_per_range(self) -> float | None:
+        """Wall ms per range that the target's GIL is held by the range's CUPTI and driver
+        calls (pcsampling.HELD_PARTS)."""
+        if self._pc is not None and self._pc.ranges:
+            return round(getattr(self._pc, "held_ms_total", 0.0) / self._pc.ranges, 2)
+        return None
+
     def start_range(self, on_s: float) -> None:
         """Run one PC-sampling range on a thread of its own (activity is off meanwhile)."""
         self._busy.set()

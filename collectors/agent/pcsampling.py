@@ -669,6 +669,10 @@ class CudaContext:
 RANGE_PERIOD = 13
 
 
+# the parts of a range during which the GIL is held (wall ms, see SamplingRanges.run)
+HELD_PARTS = ("sync_ms", "enable_ms", "start_ms", "stop_ms", "disable_ms")
+
+
 class SamplingRanges:
     """One PC-sampling range at a time: enable, start, wait, stop and read, disable.
 
@@ -697,6 +701,7 @@ class SamplingRanges:
         self.ranges = 0
         self.last: dict[str, float] = {}
         self.cpu_ms_total = 0.0
+        self.held_ms_total = 0.0
 
     def run(self, on_s: float, cut_short: Any = None) -> tuple[dict[str, np.ndarray], dict]:
         """One range of `on_s` seconds (`cut_short`, a threading.Event, ends it early)."""
@@ -705,7 +710,9 @@ class SamplingRanges:
         t = {}
         self.cuda.push()
         try:
+            t0 = time.perf_counter()
             self.cuda.synchronize()
+            t["sync_ms"] = (time.perf_counter() - t0) * 1e3
             t0 = time.perf_counter()
             self.sampler.enable()
             t["enable_ms"] = (time.perf_counter() - t0) * 1e3
@@ -717,7 +724,9 @@ class SamplingRanges:
                     cut_short.wait(on_s)
                 else:
                     time.sleep(on_s)
+                t0 = time.perf_counter()
                 self.cuda.synchronize()
+                t["sync_ms"] += (time.perf_counter() - t0) * 1e3
                 t0, c0 = time.perf_counter(), time.thread_time()
                 cols, stats = self.sampler.stop_columns()
                 t["stop_ms"] = (time.perf_counter() - t0) * 1e3
@@ -730,6 +739,9 @@ class SamplingRanges:
             self.cuda.pop()
         self.ranges += 1
         self.cpu_ms_total += t.get("stop_cpu_ms", 0.0)
+        # every call above goes through PyDLL, so the target's Python threads wait for the GIL
+        # for as long as they take, waiting on the driver included (CPU time misses that)
+        self.held_ms_total += sum(t.get(k, 0.0) for k in HELD_PARTS)
         self.last = {k: round(v, 2) for k, v in t.items()}
         return cols, {**stats, **self.last}
 

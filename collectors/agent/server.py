@@ -548,6 +548,7 @@ class Agent:
             "pc_rows": pc.rows,
             "pc_last": dict(pc.last),
             "pc_cpu_ms_per_range": pc.cpu_ms_per_range(),
+            "pc_held_ms_per_range": pc.held_ms_per_range(),
             "pc_non_user_share": pc.non_user_share,
             "pc_refreshes": getattr(c, "pc_refreshes", 0),
             "pc_refresh_note": pc.refresh_note,
