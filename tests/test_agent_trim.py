@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from kdash.collectors.agent.trim import trim_to_windows
 
-# the bundled demo: recorded on the H200 at the default duty cycle before trimming existed
-DUTY = Path(__file__).resolve().parents[1] / "kdash" / "data" / "demo-h200.kdash"
+# the demo recorded on the H200 at the default duty cycle before trimming existed (raw; the
+# bundled demo is this recording trimmed)
+DUTY = Path(__file__).resolve().parent / "data" / "h200-demo-duty-untrimmed.kdash"
 
 
 def arr(*v: int) -> np.ndarray:
