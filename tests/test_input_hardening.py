@@ -115,7 +115,7 @@ def test_long_string_in_a_trace_is_refused(tmp_path):
 
 def test_row_counts_are_checked_from_the_footer(monkeypatch, tmp_path):
     monkeypatch.setattr(limits, "MAX_ROWS", 50_000)
-    one_error(("report", DEMO), "claims 82263 rows", "limit of 50000")
+    one_error(("report", DEMO), "claims 112379 rows", "limit of 50000")
     monkeypatch.setattr(limits, "MAX_ROWS", 10)
     one_error(("import", TRACE, "--output", tmp_path / "o"), "more than 10", "kernels rows")
 
@@ -136,7 +136,7 @@ def test_renamed_member_is_damage_not_an_empty_table(tmp_path):
     raw[o + 46 + 8] ^= 0x01  # one flipped byte of the name in the zip directory
     p = tmp_path / "renamed.kdash"
     p.write_bytes(bytes(raw))
-    one_error(("report", p), "tables/kernels.parquet is missing", "82263 rows")
+    one_error(("report", p), "tables/kernels.parquet is missing", "112379 rows")
 
 
 def test_row_count_must_match_the_metadata(tmp_path):

@@ -1,7 +1,10 @@
 """Kernel findings: GPU idle time by cause, launch latency that is not queueing.
 
-Two kinds of data: the bundled demo capture (real CUPTI records from the H200: 82k kernels,
-88k API calls) for what the analysis says about a real workload, and small MADE-UP tables
+Three kinds of data: the bundled demo capture (real CUPTI records from the H200: the demo with
+graph-replayed decode at the agent's default duty cycle, 112k kernels in 16 windows) for what the
+analysis says about a real workload; the demo as an older agent recorded it
+(tests/data/h200-demo-old-agent.kdash: eager decode recorded continuously, every kernel with its
+own launch call, CUPTI's pthread ids) for what only that capture has; and small MADE-UP tables
 (built below, each said to be one) for each cause, where a real recording of every case on
 demand is not possible here.
 """
@@ -33,6 +36,7 @@ from kdash.capture import load_capture
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "kdash" / "data" / "demo-h200.kdash"
+OLD = ROOT / "tests" / "data" / "h200-demo-old-agent.kdash"
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +44,19 @@ def demo():
     return load_capture(DEMO)
 
 
+@pytest.fixture(scope="module")
+def old():
+    return load_capture(OLD)
+
+
 # -- the real capture ---------------------------------------------------------------------------
-def test_every_demo_gap_gets_a_cause_from_its_own_launch_call(demo):
-    k, api = demo.tables["kernels"], demo.tables["api"]
+def test_every_eager_gap_gets_a_cause_from_its_own_launch_call(old):
+    """The old-agent demo launched every kernel eagerly (the bundled one replays decode from
+    CUDA graphs: a graph's kernels share one launch call, so their gaps have no cause)."""
+    k, api = old.tables["kernels"], old.tables["api"]
     g = gap_causes(idle_gaps(k), k, api)
     assert len(g) > 1000
-    # The demo recorded runtime+driver API calls: every gap's kernel has its launch call.
+    # It recorded runtime+driver API calls: every gap's kernel has its launch call.
     assert (g["cause"] != "unknown").all()
     launch = api[api["tid"] != -1].drop_duplicates("correlation_id").set_index("correlation_id")
     nxt = k.set_index(["device", "start_ns"])
@@ -67,15 +78,35 @@ def test_every_demo_gap_gets_a_cause_from_its_own_launch_call(demo):
 
 
 def test_demo_is_host_bound_and_says_by_whom(demo):
-    """The demo loop runs eagerly from one Python thread with a small model: the GPU waits on
-    that thread, and the finding says so (its thread is a pthread id: the capture predates
-    the agent's tid translation)."""
-    (d,) = idle_summaries(demo.tables["kernels"], demo.tables["api"])
+    """Over its recording windows the demo's GPU waits on the one Python thread that launches
+    (prefill and the eager part of each step; decode's graph replays leave gaps of no known
+    cause): the finding names that thread by its OS tid, the one the CPU pane lists."""
+    t = demo.tables
+    (d,) = idle_summaries(t["kernels"], t["api"], t["markers"], memcpy=t["memcpy"])
+    assert d.time.duty_cycled and d.top == "host" and d.share > 0.5
+    assert d.by_cause["unknown"] > 0.3  # the graph replays' gaps
+    assert list(d.by_cause) == sorted(d.by_cause, key=d.by_cause.get, reverse=True)
+    pid = int(demo.meta["target"]["pid"])
+    assert d.feeder == pid and d.feeder in set(t["threads"]["tid"])  # the main thread
+    (f,) = idle_findings(t["kernels"], t["api"], t["markers"], t["threads"], memcpy=t["memcpy"])
+    assert f["severity"] == "warning" and f["kind"] == "gpu-idle-gaps"
+    assert f"thread {pid} (python3) fed most of the host gaps" in str(f["evidence"])
+    assert "pthread id" not in str(f["evidence"])
+    assert f"Longest host gap {d.example['gap_us'] / 1e3:.2f} ms" in str(f["evidence"])
+    # that thread is on a CPU all the time: the advice is to launch less, not faster
+    assert str(f["advice"]).startswith("the thread that feeds this GPU is busy all the time")
+
+
+def test_old_agent_demo_names_its_feeder_by_pthread_id(old):
+    """The old-agent demo, eager from one Python thread: the GPU waits on that thread, and the
+    finding says so (its thread is a pthread id: the capture predates the agent's tid
+    translation)."""
+    (d,) = idle_summaries(old.tables["kernels"], old.tables["api"])
     assert d.top == "host" and d.share > 0.5
     assert sum(d.by_cause.values()) == pytest.approx(1.0)
     assert list(d.by_cause) == sorted(d.by_cause, key=d.by_cause.get, reverse=True)
     assert d.feeder >= 1 << 22  # a pthread id, not an OS tid
-    (f,) = idle_findings(demo.tables["kernels"], demo.tables["api"])
+    (f,) = idle_findings(old.tables["kernels"], old.tables["api"])
     assert f["severity"] == "warning" and f["kind"] == "gpu-idle-gaps"
     assert f"thread 0x{d.feeder:x} (pthread id" in str(f["evidence"])
     assert f"Longest host gap {d.example['gap_us'] / 1e3:.2f} ms" in str(f["evidence"])
@@ -86,8 +117,8 @@ def test_demo_notes_line_and_report(demo, tmp_path):
     t = demo.tables
     notes = analysis_notes(t["kernels"], t["api"], t["markers"], t["threads"], memcpy=t["memcpy"])
     # the accounting leads: busy (kernels, copies), then idle by class
-    assert notes.startswith("GPU0 busy 3% (kernels 3%, copies <1%) · idle 97%: 12% in 76k gaps")
-    assert "<100 µs, 85% longer (host 60%, quiet 35%, sync 4%)" in notes
+    assert notes.startswith("GPU0 busy 19% (kernels 18%, copies 1%) · idle 81%: 7% in 112k gaps")
+    assert "<100 µs, 74% longer (unknown 54%, host 34%, quiet 10%, sync 2%)" in notes
     assert "worst host gap" in notes
     assert "launch→start p50" in notes
     from kdash.report import summarize
@@ -254,7 +285,7 @@ def test_report_prints_kernel_findings_as_blocks_at_80_and_a_table_when_wide(dem
     render(s, Console(file=wide, width=160, color_system=None))
     text = narrow.getvalue()
     assert "WARNING gpu-idle-gaps · GPU 0" in text
-    assert "→ the launching thread is too slow between launches" in text
+    assert "→ the thread that feeds this GPU is busy all the time" in text
     # the kernel name column keeps its width at 80: the top kernel's name is whole
     assert "_decode_stage1" in text
     assert "gpu-idle-gaps" in wide.getvalue() and "WARNING gpu-idle-gaps" not in wide.getvalue()

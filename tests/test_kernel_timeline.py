@@ -1,12 +1,13 @@
 """The kernel timeline pane on a real capture: NVTX lanes, "not recorded" bins, the redraw's
 binning, and the top-kernels table's sort, filter and full-name line.
 
-Data: `kdash/data/demo-h200.kdash` (a real H200 capture under the agent: 82k kernels, one
-stream; it holds no markers rows) and the real Kineto trace
-`tests/data/kdash-h200-TP-0-DECODE.trace.json.gz` (real user annotations -> markers). The
-agent's "activity on" windows are MADE UP where a test needs them (the demo was recorded
-without the duty cycle's markers): `_with_windows` says so and builds them in the agent's row
-format (domain "kdash", name "activity on", tid -1).
+Data: `kdash/data/demo-h200.kdash` (a real H200 capture under the agent at its default duty
+cycle: 112k kernels on one stream in 16 "activity on" windows), the same demo as an older agent
+recorded it continuously (`tests/data/h200-demo-old-agent.kdash`, no windows) and the real Kineto
+trace `tests/data/kdash-h200-TP-0-DECODE.trace.json.gz` (real user annotations -> markers).
+Recording windows are MADE UP where a test needs them on the continuous capture:
+`_with_windows` says so and builds them in the agent's row format (domain "kdash", name
+"activity on", tid -1).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import store_from_capture
+from kdash.tui.lanes import CUT
 from kdash.tui.panes.kernels import (
     SORTS,
     UNRECORDED,
@@ -36,12 +38,18 @@ from kdash.names import short_names
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "kdash" / "data" / "demo-h200.kdash"
+OLD = ROOT / "tests" / "data" / "h200-demo-old-agent.kdash"
 TRACE = ROOT / "tests" / "data" / "kdash-h200-TP-0-DECODE.trace.json.gz"
 
 
 @pytest.fixture(scope="module")
 def demo():
     return load_capture(DEMO)
+
+
+@pytest.fixture(scope="module")
+def old():
+    return load_capture(OLD)
 
 
 def _with_windows(store, t0: int, t1: int, period_ns: int, on_ns: int) -> None:
@@ -107,12 +115,11 @@ def test_nvtx_lanes_from_real_kineto_annotations():
 
 
 def test_unrecorded_bins_are_dotted_not_blank(demo):
-    """Made-up duty-cycle windows over the real demo kernels: bins outside every window and
+    """The demo's own recording windows over its kernels: bins outside every window and
     without a kernel are "·"; the legend says how much was recorded."""
     store = store_from_capture(demo)
     t0 = int(demo.meta["window"]["start_ns"])
     t1 = int(demo.meta["window"]["end_ns"])
-    _with_windows(store, t0, t1, 1_000_000_000, 100_000_000)
     since, until = t0, t1
     kb = store.get("kernels", since, until)
     mb = store.get("markers", None, until)
@@ -129,7 +136,8 @@ def test_unrecorded_bins_are_dotted_not_blank(demo):
         100 * float(np.minimum(windows, np.maximum(0, t1 - mb["start_ns"])).sum()) / (t1 - t0)
     )
     assert f"not recorded (agent duty cycle: {share}% recorded)" in text
-    # The view zoomed into a gap between two windows: still "not recorded", not idle.
+    # The view zoomed into the time before the first window: still "not recorded", not idle.
+    assert int(mb["start_ns"].min()) > t0 + 500_000_000
     gap = render_lanes(
         store.get("kernels", t0 + 400_000_000, t0 + 500_000_000),
         {c: v[:0] for c, v in mb.items()},
@@ -138,11 +146,12 @@ def test_unrecorded_bins_are_dotted_not_blank(demo):
     assert "not recorded" in gap
 
 
-async def test_pane_marks_unrecorded_time_in_the_app(make_app, demo):
-    store = store_from_capture(demo)
-    w = demo.meta["window"]
+async def test_pane_marks_unrecorded_time_in_the_app(make_app, old):
+    """Made-up windows, 100 ms a second, over the continuously recorded old-agent demo."""
+    store = store_from_capture(old)
+    w = old.meta["window"]
     _with_windows(store, int(w["start_ns"]), int(w["end_ns"]), 1_000_000_000, 100_000_000)
-    app = _demo_app(make_app, demo, store)
+    app = _demo_app(make_app, old, store)
     async with app.run_test(size=(120, 40)) as pilot:
         pane = app.query_one(KernelPane)
         await _ready(pilot, pane)
@@ -160,8 +169,8 @@ async def test_pane_marks_unrecorded_time_in_the_app(make_app, demo):
         assert UNRECORDED in lane[12:] and "not recorded" in text
 
 
-async def test_plain_demo_has_no_unrecorded_marks(make_app, demo):
-    app = _demo_app(make_app, demo)
+async def test_a_continuous_capture_has_no_unrecorded_marks(make_app, old):
+    app = _demo_app(make_app, old)
     async with app.run_test(size=(120, 40)) as pilot:
         pane = app.query_one(KernelPane)
         await _ready(pilot, pane)
@@ -311,8 +320,9 @@ async def test_idle_lane_in_the_app_not_at_80x24_but_maximised(make_app, demo):
         rows = plain(pane.lanes).splitlines()
         idle = [r for r in rows if r.startswith("GPU0 idle   ")]
         assert idle, rows
+        # the window view (the demo's default): cause letters, and the cuts between windows
         letters = set(idle[0][12:].strip())
-        assert letters and letters <= set("hsqgu ") and "h" in letters
+        assert letters and letters <= set("hsqgu ") | {CUT} and "h" in letters
     app = _demo_app(make_app, demo)
     async with app.run_test(size=(80, 24)) as pilot:
         pane = app.query_one(KernelPane)

@@ -21,6 +21,7 @@ from kdash.names import demangle, demangle_kernels, short_names
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "kdash/data/demo-h200.kdash"
+OLD = ROOT / "tests/data/h200-demo-old-agent.kdash"  # an older agent's: mangled names in the file
 DATA = ROOT / "tests/data"
 
 
@@ -60,10 +61,20 @@ def test_demangled_as_cxxfilt_spells_it():
     assert out == ref
 
 
-def test_demo_capture_loads_demangled_with_the_symbols_kept():
-    raw = np.asarray(_raw_kernel_names(DEMO), dtype=object)
+def test_demo_capture_holds_demangled_names_and_their_symbols():
+    """The current agent's store demangles what enters it: the file holds the demangled
+    names, and kernel_symbols the mangled ones they came from."""
+    raw = set(_raw_kernel_names(DEMO))
+    assert not any(n.startswith("_Z") for n in raw)
+    sym = load_capture(DEMO).tables["kernel_symbols"]
+    assert len(sym) >= 10 and set(sym["name"]) <= raw
+    assert (sym["name"] == sym["mangled"].map(demangle)).all()
+
+
+def test_old_capture_loads_demangled_with_the_symbols_kept():
+    raw = np.asarray(_raw_kernel_names(OLD), dtype=object)
     assert sum(n.startswith("_Z") for n in set(raw)) >= 10
-    cap = load_capture(DEMO)
+    cap = load_capture(OLD)
     k, sym = cap.tables["kernels"], cap.tables["kernel_symbols"]
     assert not k["name"].str.startswith("_Z").any()
     assert set(sym["mangled"]) == {n for n in raw if n.startswith("_Z")}
@@ -104,7 +115,7 @@ def test_no_two_rows_of_the_demos_top_kernels_read_the_same():
     assert len(set(head.values())) == 20
     shown = set(head.values())
     # ATen's elementwise kernels name their op, a GEMM keeps its tile
-    assert {"elementwise_kernel<silu>", "reduce_kernel<MeanOps>"} <= shown
+    assert {"elementwise_kernel<MulFunctor, BFloat16>", "reduce_kernel<MeanOps>"} <= shown
     every = short_names(top["name"], 40).values()
     assert any(v.startswith("vectorized_elementwise") and "FillFunctor" in v for v in every)
     assert not any(v.endswith("<…>") and "elementwise" in v for v in shown)
