@@ -1,12 +1,10 @@
 """The kernel timeline's window view: a duty-cycled agent's recording windows side by side.
 
-Hand-built windows for the packing itself; the real demo capture (`kdash/data/demo-h200.kdash`,
-82k kernels of a real H200 run) for the strip and the app. No shipped capture holds the
-agent's "activity on" windows (the demo predates them, tests/data's H200 captures have no
-kernels), so `duty_cycled` MAKES UP windows over the real demo: it keeps only the kernels, API
-and copy rows that start inside 100 ms windows every 3 s, as a duty-cycled agent would have
-recorded them, and adds the windows' markers rows in the agent's format (domain "kdash",
-name "activity on", tid -1).
+Hand-built windows for the packing itself; the real demo capture (`kdash/data/demo-h200.kdash`:
+the demo recorded on the H200 by the agent at its default duty cycle, 112k kernels in 16
+"activity on" windows over 20 s) for the strip and the app; the old-agent demo
+(`tests/data/h200-demo-old-agent.kdash`, recorded continuously, no windows) where a capture
+without windows is needed.
 """
 
 from __future__ import annotations
@@ -40,8 +38,8 @@ from kdash.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "kdash" / "data" / "demo-h200.kdash"
+OLD = ROOT / "tests" / "data" / "h200-demo-old-agent.kdash"
 MS = 1_000_000
-PERIOD, ON = 3_000 * MS, 100 * MS
 
 
 def a(*xs) -> np.ndarray:
@@ -172,7 +170,7 @@ def test_packed_strip_on_hand_built_kernels():
     assert "3 recorded windows side by side" in text and "14.3% of 2.1 s recorded" in text
 
 
-# -- the real demo under made-up windows ------------------------------------------------------
+# -- the real demo and its recording windows ---------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -181,33 +179,13 @@ def demo():
 
 
 def duty_cycled(cap) -> tuple[Store, int, int]:
-    """MADE-UP duty cycle over the real demo (see the module docstring): the store, and the
-    capture's window."""
+    """The demo as recorded (its own windows): the store, and the capture's window."""
     t0, t1 = int(cap.meta["window"]["start_ns"]), int(cap.meta["window"]["end_ns"])
-    ws = np.arange(t0 + 500 * MS, t1, PERIOD, dtype=np.int64)
-    we = np.minimum(ws + ON, t1)
-    store = Store(retention_s=10**7, max_rows=10**9)
-    for t in schema.TABLES:
-        b = cap.batch(t)
-        if t in ("kernels", "api", "memcpy") and len(b["start_ns"]):
-            s = b["start_ns"]
-            i = np.searchsorted(ws, s, side="right") - 1
-            keep = (i >= 0) & (s < we[np.maximum(i, 0)])
-            b = {c: v[keep] for c, v in b.items()}
-        store.append(t, b)
-    store.append(
-        "markers",
-        schema.make_batch(
-            "markers",
-            start_ns=ws,
-            end_ns=we,
-            name=["activity on"] * len(ws),
-            domain=["kdash"] * len(ws),
-            pid=np.zeros(len(ws), dtype=np.int64),
-            tid=np.full(len(ws), -1, dtype=np.int64),
-        ),
-    )
-    return store, t0, t1
+    return store_from_capture(cap), t0, t1
+
+
+def window_starts(cap) -> np.ndarray:
+    return window_rows(store_from_capture(cap).get("markers"))[0]
 
 
 def test_packed_lane_matches_busy_fraction_per_window(demo):
@@ -256,7 +234,8 @@ def _lane(pane) -> str:
 @pytest.mark.parametrize("size", [(120, 40), (200, 50)], ids=["120x40", "200x50"])
 async def test_window_view_is_the_default_under_a_duty_cycle(make_app, demo, size):
     store, t0, t1 = duty_cycled(demo)
-    n_windows = len(np.arange(t0 + 500 * MS, t1, PERIOD))
+    n_windows = len(window_starts(demo))
+    assert n_windows == 16
     app = _demo_app(make_app, demo, store)
     async with app.run_test(size=size) as pilot:
         pane = app.query_one(KernelPane)
@@ -318,14 +297,15 @@ async def test_zoom_and_pan_choose_the_windows_shown(make_app, demo):
         assert app.offset_s > 0 and pane.packed
         earlier = _axis_labels(pane)
         assert earlier and max(earlier) < max(end)
-        # the labels are the windows' starts: 3 s apart, as the made-up duty cycle has them
-        assert all(
-            abs((y - x) - PERIOD / 1e9) < 0.05 for x, y in zip(whole, whole[1:], strict=False)
-        )
+        # the labels are the starts of the last windows shown, as far apart as they were
+        ws = window_starts(demo)[-len(whole) :] / 1e9
+        assert len(whole) > 1
+        assert np.allclose(np.diff(whole), np.diff(ws), atol=0.1)
 
 
-async def test_w_says_so_when_there_are_no_windows(make_app, demo):
-    app = _demo_app(make_app, demo, store_from_capture(demo))
+async def test_w_says_so_when_there_are_no_windows(make_app):
+    old = load_capture(OLD)  # recorded continuously: no windows
+    app = _demo_app(make_app, old, store_from_capture(old))
     async with app.run_test(size=(120, 40)) as pilot:
         pane = app.query_one(KernelPane)
         await _ready(pilot, pane)
