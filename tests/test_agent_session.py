@@ -277,3 +277,13 @@ def test_the_end_of_a_session_leaves_cupti_as_it_found_it():
 def _sent_after_end(h: Harness) -> list[wire.Message]:
     h.agent.outbox.send(h.frames.append, h.session.strings, 0)
     return h.received()
+
+
+def test_no_release_between_windows_while_pc_sampling_is_on():
+    """PC ranges follow the windows; CUPTI is not finalized under them (a range right after a
+    finalize found no active context on the H200): pcrun's own refresh decides instead."""
+    h = Harness()
+    h.send(wire.MsgType.START, pc_sampling=True)
+    h.at(100.1)  # the first window's end
+    assert h.session.pc_cfg.on
+    assert "pause" in h.ctl.calls and "release" not in h.ctl.calls

@@ -312,7 +312,10 @@ class Session:
         if now >= self.duty.next_edge:
             was_on = self.duty.on
             self.duty.edge(now, c, self.agent.pc.busy)
-            if was_on and not self.duty.on:
+            # Not while PC sampling is on: its ranges start right after a window, and a range
+            # started just after a finalize found no active context in a live attach on the
+            # H200 (bench/results/pcs-s6-h200.json); pcrun refreshes CUPTI when it needs to.
+            if was_on and not self.duty.on and not self.pc_cfg.on:
                 c.release_between_windows(RELEASE_WAIT_S)
         self.pc_tick(now)
         if self.duty.on and now - self.last_flush >= FLUSH_EVERY_S:
