@@ -92,8 +92,8 @@ def test_kernel_table_fitted_maximised_80x24(snap_compare, demo_replay):
 
 
 def test_kernel_window_view_maximised_120x40(snap_compare, make_app):
-    """The demo under MADE-UP 100 ms windows every 3 s (test_window_view.duty_cycled says
-    how): the last recorded windows side by side, each slice labelled with its start."""
+    """The demo under its own recording windows (the agent's default duty cycle): the last
+    recorded windows side by side, each slice labelled with its start."""
     from test_window_view import DEMO, duty_cycled
 
     from kdash.capture import load_capture
