@@ -331,6 +331,8 @@ class KdashApp(App[None]):
         self.maximized: str | None = None
         self.compact = False
         self._dirty = True
+        self._columns_key: object = None  # what _update_columns last laid out for
+        self._panes: list[Pane] = []  # all of PANE_IDS once mounted (never remounted)
         self._redraw_pending = False
         self.redraws = 0  # pane redraws done (tests and the perf check read it)
         self.last_redraw_ms = 0.0
@@ -365,8 +367,12 @@ class KdashApp(App[None]):
     @property
     def panes(self) -> list[Pane]:
         """The mounted panes in key order (none before compose or after shutdown)."""
+        if self._panes and all(p.is_attached for p in self._panes):
+            return self._panes  # a DOM query per call was a good part of each redraw
         found = {p.id: p for p in self.main_query(Pane)}
-        return [found[i] for i in self.PANE_IDS if i in found]
+        panes = [found[i] for i in self.PANE_IDS if i in found]
+        self._panes = panes if len(panes) == len(self.PANE_IDS) else []
+        return panes
 
     def on_mount(self) -> None:
         self.title, self.sub_title = self._titles()
@@ -425,6 +431,12 @@ class KdashApp(App[None]):
 
     def _update_columns(self) -> None:
         """A column whose panes all have nothing to show collapses to their one-liners."""
+        # Looked at on every redraw, changed rarely: the DOM queries and class switches are
+        # done only when which panes are empty (or the compact layout) has changed.
+        key = (self.compact, tuple(p.has_class("-empty") for p in self.panes))
+        if key == self._columns_key:
+            return
+        self._columns_key = key
         any_empty = False
         for col in self.main_query(".column"):
             empty = all(p.has_class("-empty") for p in col.query(Pane))

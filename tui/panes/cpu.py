@@ -128,7 +128,7 @@ class CpuPane(Pane):
         super().__init__(**kwargs)
         self.findings = Static("", markup=False, classes="findings")
         self.table = DataTable(cursor_type="row", classes="threads")
-        self.table.add_columns(
+        self._columns = self.table.add_columns(
             "pid", "tid", "name", "cpu%", "cpu", "allowed", "runq ms/s", "sw/s", "mig/s"
         )
         self._findings_key: object = None
@@ -213,6 +213,29 @@ class CpuPane(Pane):
         out.overflow = "ellipsis"
         return out
 
+    def _update_in_place(self, cells: list[tuple[str, ...]]) -> bool:
+        """The same threads in the same order, every new value fitting its column: change
+        only the cells that differ. A refill (clear, add_row) makes Textual measure the table
+        and lay the screen out again, once a second; this is a repaint of the table alone.
+        False when a refill is needed."""
+        shown = self._rows_shown
+        if shown is None or len(shown) != len(cells) or not cells:
+            return False
+        if any(a[:2] != b[:2] for a, b in zip(shown, cells, strict=True)):
+            return False
+        cols = self.table.columns
+        widths = [cols[k].content_width for k in self._columns]
+        changed = []
+        for old, new in zip(shown, cells, strict=True):
+            for i, (a, b) in enumerate(zip(old, new, strict=True)):
+                if a != b:
+                    if len(b) > widths[i]:
+                        return False
+                    changed.append((f"{new[0]}/{new[1]}", self._columns[i], b))
+        for row_key, col_key, value in changed:
+            self.table.update_cell(row_key, col_key, value)
+        return True
+
     def _fill_table(self, rows: pd.DataFrame) -> None:
         """Refill the table; the cursor stays on the same thread (pid/tid) as rows re-sort."""
         cells = [
@@ -231,6 +254,9 @@ class CpuPane(Pane):
         ]
         if cells == self._rows_shown:
             return  # the same text: a refill would only cost a repaint
+        if self._update_in_place(cells):
+            self._rows_shown = cells
+            return
         self._rows_shown = cells
         keep_row = self.table.cursor_row
         keep_key = None
