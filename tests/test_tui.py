@@ -839,7 +839,7 @@ async def test_status_bar_stays_one_line_after_c_in_a_replay(demo_app, size):
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
         before = bar_line(app)
-        assert before.startswith("REPLAY pid 754") and before.endswith("? keys")
+        assert before.startswith("REPLAY pid 1239") and before.endswith("? keys")  # its target
         await pilot.press("c")
         await pilot.pause()
         line = bar_line(app)  # still one line, at the bottom
