@@ -23,35 +23,21 @@ status bar and, unless paused, the visible panes; a replay redraws panes only wh
 changed (pan, zoom, theme, layout). Nothing is drawn on the poll thread, and panes hidden by a
 maximised pane are not drawn at all.
 
-Themes (item 9): a kdash theme NAME is two things, both chosen here:
-
-1. a Textual `Theme` registered as `kdash-NAME`: the palette every stock widget (header, tables,
-   scrollbars) takes its `$variables` from, and
-2. `themes/NAME.tcss` (package data of `kdash.themes`): kdash's own semantic colours (finding
-   severities, sparklines, the throttle band, the status bar), every rule scoped under the App
-   class `.theme-NAME`.
-
-All theme files are loaded at start; switching (`t`, or `--theme`) swaps the App class and the
-Textual theme, so no stylesheet is re-parsed. `mono` is the no-colour theme (ANSI default
-colours, emphasis by bold/reverse/underline only); it is the default under `NO_COLOR`, and
-Textual's own NO_COLOR filter strips any colour left. A theme is listed when both its `.tcss`
-file and its palette exist; `resolve_theme` checks a name for the CLI before the app starts.
+Themes (palettes, theme files, the one to start with): `kdash.tui.theming`. The recorder's
+events as messages: `kdash.tui.messages`.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from importlib import resources
 from pathlib import Path
 
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.message import Message
 from textual.notifications import SeverityLevel
-from textual.theme import Theme
 from textual.timer import Timer
 from textual.widgets import Header
 from textual.worker import Worker, WorkerState
@@ -59,7 +45,7 @@ from textual.worker import Worker, WorkerState
 from kdash import clock
 from kdash.config import Config, save_config
 from kdash.errors import UserError
-from kdash.session import CaptureState, Recorder
+from kdash.session import Recorder
 from kdash.session_control import (
     MIN_WINDOW_S,
     AgentToggle,
@@ -70,157 +56,17 @@ from kdash.session_control import (
 )
 from kdash.store import Store
 
+from .messages import EVENT_MESSAGES, CaptureFailed, CaptureSaved, CaptureStarted, TargetExited
 from .panes.base import Pane, View
 from .panes.clocks import ClockPane
 from .panes.cpu import CpuPane
 from .panes.kernels import KernelPane
 from .panes.server import ServerPane
 from .panes.source import SourcePane
+from .theming import PALETTES, available_themes, default_theme, resolve_theme, theme_dir
 from .widgets.fit import fit_words
 from .widgets.help import HelpScreen
 from .widgets.status import StatusBar, StatusInfo
-
-# -- themes -----------------------------------------------------------------------------------
-THEME_ORDER = ("dark", "light", "mono")
-
-PALETTES: dict[str, Theme] = {
-    "dark": Theme(
-        name="kdash-dark",
-        primary="#5fafff",
-        secondary="#87afaf",
-        accent="#ffaf5f",
-        warning="#ffd75f",
-        error="#ff5f5f",
-        success="#87d787",
-        foreground="#d0d0d0",
-        background="#121212",
-        surface="#1c1c1c",
-        panel="#262626",
-        dark=True,
-    ),
-    "light": Theme(
-        name="kdash-light",
-        primary="#005faf",
-        secondary="#5f8787",
-        accent="#af5f00",
-        warning="#af8700",
-        error="#d70000",
-        success="#008700",
-        foreground="#1c1c1c",
-        background="#f5f5f5",
-        surface="#eeeeee",
-        panel="#e4e4e4",
-        dark=False,
-    ),
-    "mono": Theme(
-        name="kdash-mono",
-        primary="ansi_default",
-        secondary="ansi_default",
-        accent="ansi_default",
-        warning="ansi_default",
-        error="ansi_default",
-        success="ansi_default",
-        foreground="ansi_default",
-        background="ansi_default",
-        surface="ansi_default",
-        panel="ansi_default",
-        boost="ansi_default",
-        dark=True,
-        ansi=True,
-        variables={
-            "ansi-background": "ansi_default",
-            "ansi-foreground": "ansi_default",
-            "border": "ansi_default",
-            "border-blurred": "ansi_default",
-            "block-cursor-foreground": "ansi_default",
-            "block-cursor-background": "ansi_default",
-            "block-cursor-text-style": "reverse",
-            "block-cursor-blurred-text-style": "underline",
-            "scrollbar": "ansi_default",
-            "scrollbar-hover": "ansi_default",
-            "scrollbar-active": "ansi_default",
-            "scrollbar-background": "ansi_default",
-            "scrollbar-background-hover": "ansi_default",
-            "scrollbar-background-active": "ansi_default",
-            "scrollbar-corner-color": "ansi_default",
-            "footer-key-foreground": "ansi_default",
-            "screen-selection-background": "ansi_default",
-            "screen-selection-foreground": "ansi_default",
-        },
-    ),
-}
-
-
-def _theme_dir() -> Path:
-    return Path(str(resources.files("kdash.themes")))
-
-
-def available_themes() -> list[str]:
-    """Theme names that have both a `.tcss` file and a palette, in cycling order."""
-    files = {p.stem for p in _theme_dir().glob("*.tcss")}
-    names = [n for n in THEME_ORDER if n in files and n in PALETTES]
-    names += sorted((files & set(PALETTES)) - set(names))
-    return names
-
-
-def resolve_theme(name: str) -> str:
-    """Check a theme name (from `--theme` or the config file); return it normalised.
-
-    Raises `UserError("unknown theme X (have: dark, light, mono)")` so the CLI can say so in
-    one line before the app starts.
-    """
-    have = available_themes()
-    key = (name or "").strip().lower()
-    if key not in have:
-        raise UserError(f"unknown theme {name} (have: {', '.join(have)})")
-    return key
-
-
-def default_theme(config: Config) -> str:
-    """`NO_COLOR` wins over the saved choice; an unusable saved name falls back to dark."""
-    if os.environ.get("NO_COLOR"):
-        return "mono"
-    try:
-        return resolve_theme(config.theme)
-    except UserError:
-        return "dark"
-
-
-# -- recorder events as messages ------------------------------------------------------------
-class RecorderMessage(Message):
-    """Base of the recorder's events; posted from the poll thread, handled on the UI thread."""
-
-
-class CaptureStarted(RecorderMessage):
-    def __init__(self, state: CaptureState) -> None:
-        super().__init__()
-        self.state = state
-
-
-class CaptureSaved(RecorderMessage):
-    def __init__(self, state: CaptureState) -> None:
-        super().__init__()
-        self.state = state
-
-
-class CaptureFailed(RecorderMessage):
-    def __init__(self, state: CaptureState) -> None:
-        super().__init__()
-        self.state = state
-
-
-class TargetExited(RecorderMessage):
-    def __init__(self, pid: object) -> None:
-        super().__init__()
-        self.pid = pid
-
-
-EVENT_MESSAGES: dict[str, type[RecorderMessage]] = {
-    "capture-started": CaptureStarted,
-    "capture-saved": CaptureSaved,
-    "capture-failed": CaptureFailed,
-    "target-exited": TargetExited,
-}
 
 # -- the app ----------------------------------------------------------------------------------
 COMPACT_WIDTH = 110  # below this many columns (or COMPACT_HEIGHT rows) the panes stack
@@ -242,7 +88,7 @@ class KdashApp(App[None]):
     """The dashboard. See the module docstring for live vs replay, redraw and themes."""
 
     CSS_PATH = [Path(__file__).with_name("app.tcss")] + [
-        _theme_dir() / f"{n}.tcss" for n in available_themes()
+        theme_dir() / f"{n}.tcss" for n in available_themes()
     ]
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
