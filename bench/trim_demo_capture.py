@@ -14,11 +14,11 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-
-from kdash.capture import load_capture, write_capture
 from kdash.collectors.agent.constants import WINDOW_DOMAIN, WINDOW_NAME
 from kdash.collectors.agent.outbox import TRIMMED
 from kdash.collectors.agent.trim import trim_to_windows
+
+from kdash.capture import load_capture, write_capture
 
 
 def main(raw: str, out: str) -> None:
@@ -32,7 +32,10 @@ def main(raw: str, out: str) -> None:
     for name in cap.tables:
         b = cap.batch(name)
         if name in TRIMMED and len(b["start_ns"]):
-            keep, end, clipped, dropped = trim_to_windows(b["start_ns"], b["end_ns"], windows, None)
+            lanes = (b["device"], b["stream"])
+            keep, end, clipped, dropped = trim_to_windows(
+                b["start_ns"], b["end_ns"], windows, None, lanes
+            )
             b = dict(b, end_ns=np.asarray(end, dtype=np.int64))
             b = {c: v[keep] for c, v in b.items()}
             print(f"{name}: {clipped} ends cut back to their window, {dropped} rows dropped")

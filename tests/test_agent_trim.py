@@ -65,6 +65,31 @@ def test_the_h200_duty_cycled_demo_loses_its_impossible_durations() -> None:
     rsqrt = k["name"].str.contains("rsqrt").to_numpy()
     before, after = (e - s)[rsqrt].mean(), d[rsqrt[keep]].mean()
     assert before > 50_000 and after < 20_000  # 200 µs on average before; a few µs after
+    # with the streams: near a switch-off no kernel outlasts the next one on its stream
+    dev, st = k["device"].to_numpy(), k["stream"].to_numpy()
+
+    def overlap_ns(end_: np.ndarray) -> int:
+        o = np.lexsort((s[keep], st[keep], dev[keep]))
+        ss, ee, dd, tt = s[keep][o], end_[o], dev[keep][o], st[keep][o]
+        same = (dd[1:] == dd[:-1]) & (tt[1:] == tt[:-1])
+        return int(np.clip(ee[:-1] - ss[1:], 0, None)[same].sum())
+
+    assert overlap_ns(new_end[keep]) > 100_000_000  # 161 ms of overlap with the windows alone
+    keep2, end2, clipped2, dropped2 = trim_to_windows(s, e, windows, None, (dev, st))
+    assert (keep2 == keep).all() and dropped2 == dropped and clipped2 > clipped
+    assert overlap_ns(end2[keep]) < 1_000_000
+    assert np.median(end2[keep] - s[keep]) == pytest.approx(np.median(d), rel=0.01)
+
+
+def test_the_next_kernel_on_a_stream_bounds_an_end_near_a_switch_off() -> None:
+    windows = [(0, 100_000_000, True)]
+    start = arr(99_000_000, 99_100_000, 10, 20)
+    end = arr(100_000_000, 99_200_000, 30, 40)  # the first overlaps the second (same stream)
+    dev = arr(0, 0, 0, 0)
+    st = arr(7, 7, 9, 9)  # far from the switch-off, stream 9's overlap is left as recorded
+    keep, new_end, clipped, dropped = trim_to_windows(start, end, windows, None, (dev, st))
+    assert keep.all() and new_end.tolist() == [99_100_000, 99_200_000, 30, 40]
+    assert (clipped, dropped) == (1, 0)
 
 
 def test_the_outbox_trims_what_it_sends_to_the_windows_it_sent() -> None:

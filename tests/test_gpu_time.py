@@ -284,7 +284,7 @@ def test_shipped_figures():
     demo = load_capture(CAPTURES[-1]).tables
     (d,) = account(demo["kernels"], demo["memcpy"], demo["markers"], demo["api"]).gpus
     assert gpu_time_text(d).startswith(
-        "GPU0 busy 19% (kernels 18%, copies 1%) · idle 81%: 7% in 112k gaps <100 µs, 74% longer"
+        "GPU0 busy 19% (kernels 17%, copies 1%) · idle 81%: 7% in 113k gaps <100 µs, 74% longer"
     )
     tables, _ = kineto.read_traces([p for p in TRACES if "EXTEND" in p.name])
     t = {n: schema.to_frame(n, b) for n, b in tables.items()}

@@ -117,7 +117,7 @@ def test_demo_notes_line_and_report(demo, tmp_path):
     t = demo.tables
     notes = analysis_notes(t["kernels"], t["api"], t["markers"], t["threads"], memcpy=t["memcpy"])
     # the accounting leads: busy (kernels, copies), then idle by class
-    assert notes.startswith("GPU0 busy 19% (kernels 18%, copies 1%) · idle 81%: 7% in 112k gaps")
+    assert notes.startswith("GPU0 busy 19% (kernels 17%, copies 1%) · idle 81%: 7% in 113k gaps")
     assert "<100 µs, 74% longer (unknown 54%, host 34%, quiet 10%, sync 2%)" in notes
     assert "worst host gap" in notes
     assert "launch→start p50" in notes

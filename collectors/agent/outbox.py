@@ -137,8 +137,9 @@ class Outbox:
 
         with self._lock:
             recent, open_since = list(self._recent), self.open_since
+        lanes = (cols["device"], cols["stream"]) if "stream" in cols and "device" in cols else None
         keep, end, clipped, dropped = trim_to_windows(
-            cols["start_ns"], cols["end_ns"], recent, open_since
+            cols["start_ns"], cols["end_ns"], recent, open_since, lanes
         )
         self.trimmed_rows += clipped
         self.dropped_off_rows += dropped
