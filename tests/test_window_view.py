@@ -358,8 +358,8 @@ SHIPPED = sorted((ROOT / "tests" / "data").glob("*.kdash")) + sorted(
 def test_shipped_captures_with_recording_windows(path):
     """Every shipped capture whose agent wrote "activity on" windows: its packed lanes are its
     kernels' busy share per window, and the legend's share is the windows' share of the
-    capture (h200-demo-duty.kdash has them: the demo recorded on the H200 at the default duty
-    cycle)."""
+    capture (the bundled demo and h200-demo-duty-untrimmed.kdash have them: recorded on the
+    H200 at the default duty cycle)."""
     cap = load_capture(path)
     store = store_from_capture(cap)
     t0, t1 = int(cap.meta["window"]["start_ns"]), int(cap.meta["window"]["end_ns"])

@@ -1,12 +1,12 @@
 """GPU records cut by the end of a recording window: what their timestamps can be trusted for.
 
-Seen on the H200 (CUDA 13.0's CUPTI, tests/data/h200-demo-duty.kdash, the demo's graph-replayed
-decode at the default duty cycle): when kernel activity is switched off while a CUDA graph's
-kernels are still queued or running, CUPTI stamps their end at about the moment of the switch
-(a 2-µs kernel then lasts 1.4 ms), and kernels that start after it are still recorded, with
-their end stamped when activity is next switched on (1.3 s later). Kept as they are, 188 of
-112k records made an `rsqrt` of 1.5 µs at p99 average 225 µs and "run" longer than all the
-recorded time together.
+Seen on the H200 (CUDA 13.0's CUPTI, tests/data/h200-demo-duty-untrimmed.kdash, the demo's
+graph-replayed decode at the default duty cycle): when kernel activity is switched off while a
+CUDA graph's kernels are still queued or running, CUPTI stamps their end at about the moment of
+the switch (a 2-µs kernel then lasts 1.4 ms), and kernels that start after it are still
+recorded, with their end stamped when activity is next switched on (1.3 s later). Kept as they
+are, 188 of 112k records made an `rsqrt` of 1.5 µs at p99 average 225 µs and "run" longer than
+all the recorded time together.
 
 So, per record: inside a window that a switch-off ended, an end past the window's end is cut
 back to it (the kernel ran at least until then; what came after was not recorded); a record
