@@ -12,6 +12,8 @@ mig/s are rates over the shown window (the table keeps cumulative counters).
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pandas as pd
 from rich.table import Table
@@ -105,6 +107,12 @@ def thread_rows(threads: dict[str, np.ndarray]) -> pd.DataFrame:
     return out.iloc[np.lexsort((out["tid"].to_numpy(), -key))].reset_index(drop=True)
 
 
+# Live, the thread table and findings are refilled at most this often while the view only
+# follows the clock (top refreshes every 3 s): a repaint of the table was the largest part of
+# kdash's own CPU at 120x40 (bench/self_cpu.py). A zoom, pan or replay redraws at once.
+TABLE_EVERY_S = 2.0
+
+
 class _Row:
     """Attribute access to a finding dict (r.kind, r.subject, ...)."""
 
@@ -133,6 +141,8 @@ class CpuPane(Pane):
         )
         self._findings_key: object = None
         self._rows_shown: list[tuple[str, ...]] | None = None
+        self._shown_at = 0.0  # monotonic s of the last refill of the table
+        self._shown_span: tuple[int, int] | None = None  # (window length, end) drawn then
 
     def compose(self) -> ComposeResult:
         yield self.empty_line
@@ -143,7 +153,20 @@ class CpuPane(Pane):
     def focus_target(self):
         return self.table if not self.has_class("-empty") else self
 
+    def _following(self, view: View) -> bool:
+        """A live view that only moved on with time since the last fill (no zoom, pan or
+        jump): the thread table may then wait for TABLE_EVERY_S."""
+        last = self._shown_span
+        span = (view.until_ns - view.since_ns, view.until_ns)
+        return (
+            view.mode == "live" and last is not None and span[0] == last[0] and span[1] >= last[1]
+        )
+
     def show(self, view: View) -> None:
+        now = time.monotonic()
+        if self._following(view) and now - self._shown_at < TABLE_EVERY_S:
+            return
+        self._shown_at, self._shown_span = now, (view.until_ns - view.since_ns, view.until_ns)
         threads = view.store.get("threads", view.since_ns, view.until_ns)
         findings = current_findings(view)
         if len(threads["t_ns"]) == 0 and not findings:
