@@ -123,3 +123,19 @@ def test_the_outbox_trims_what_it_sends_to_the_windows_it_sent() -> None:
     assert k[0].body["start_ns"].tolist() == [110, 150, 310]
     assert k[0].body["end_ns"].tolist() == [120, 200, 320]
     assert (box.trimmed_rows, box.dropped_off_rows) == (1, 1)
+
+
+def test_a_graph_launch_in_a_windows_api_records_forbids_the_next_release() -> None:
+    """The controller's buffer callback: an API record of a graph launch marks the process as
+    replaying graphs (its kernels' records may not have come yet), so no finalize follows the
+    window; other API records do not. Real controller, no CUPTI needed for this part."""
+    from kdash.collectors.agent.controller import CuptiActivity
+
+    c = CuptiActivity(1)
+    c._note_graphs({"api": {"name": np.array(["cudaLaunchKernel"] * 3, dtype=object)}})
+    assert not c.graphs_seen
+    assert c.release_between_windows(0.0) != "finalized"  # no CUPTI here: nothing to finalize
+    names = np.array(["cudaLaunchKernel", "cuGraphLaunch"], dtype=object)
+    c._note_graphs({"api": {"name": names}})
+    assert c.graphs_seen and not c.graph_kernels_recorded
+    assert c.release_between_windows(0.0) == "the target replays CUDA graphs"

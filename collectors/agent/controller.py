@@ -539,8 +539,12 @@ class CuptiActivity:
             self.graphs_seen = self.graph_kernels_recorded = True
         a = batches.get("api")
         if not self.graphs_seen and a is not None and len(a.get("name", ())):
-            # a graph launch whose kernels' records have not come yet: no release may follow
-            self.graphs_seen = any("GraphLaunch" in str(n) for n in a["name"])
+            # a graph launch whose kernels' records have not come yet: no release may follow.
+            # This runs in the buffer callback, holding the target's GIL: the few distinct
+            # names are looked at, not every record's.
+            names = a["name"]
+            distinct = set(names.tolist() if hasattr(names, "tolist") else names)
+            self.graphs_seen = any("GraphLaunch" in str(n) for n in distinct)
 
     # taking CUPTI out again (detach.py)
     def libcupti(self) -> Any:
