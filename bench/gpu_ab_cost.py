@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -96,10 +97,19 @@ def run_target(
     hold_s: float = 0.0,
     attaches: list[tuple[float, float]] | None = None,
     attach_extra: list[str] | None = None,
+    treat: str = "attach",
+    pin: int | None = None,
 ) -> dict:
-    """One process of the loop; kdash attaches at each (t, duration) of `attaches`."""
+    """One process of the loop; kdash attaches at each (t, duration) of `attaches`.
+
+    `treat` says what happens at each of those times instead of a plain attach: `null` (a
+    `sleep` of the same length: the method's own noise), `burn` (a CPU-bound process beside the
+    target for that long: what any busy neighbour costs), `attach` (`kdash attach` with
+    `attach_extra`). `pin` puts the target on one CPU (and nothing else there)."""
     inproc = factor not in ("none", "agent", "agent_idle")
     argv = [sys.executable, "-u", str(HERE / "ab_target.py"), mode, str(seconds)]
+    if pin is not None:
+        argv = ["taskset", "-c", str(pin), *argv]
     if inproc:
         argv += [factor, str(on_s), str(hold_s)]
     env = dict(os.environ)
@@ -145,7 +155,20 @@ def run_target(
             if delay > 0:
                 time.sleep(delay)
             a = time.monotonic_ns()
-            if factor == "agent_idle":
+            ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if treat == "null":
+                r = subprocess.run(["sleep", str(dur)], capture_output=True, text=True)
+            elif treat == "burn":
+                r = subprocess.run(
+                    [
+                        sys.executable,
+                        "-c",
+                        f"import time\ne=time.time()+{dur}\nwhile time.time()<e: pass",
+                    ],
+                    capture_output=True,
+                    text=True,
+                )
+            elif factor == "agent_idle":
                 code = (
                     "from kdash.collectors.agent import inject; import sys; "
                     f"print(inject.inject({proc.pid}))"
@@ -173,8 +196,12 @@ def run_target(
                     timeout=dur + 90,
                 )
             b = time.monotonic_ns()
+            ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu_s = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
             events.append(
                 {
+                    "treat": treat,
+                    "cpu_s": round(cpu_s, 3),
                     "at_s": at,
                     "start_s": (a - t0) / 1e9,
                     "end_s": (b - t0) / 1e9,
@@ -378,7 +405,10 @@ def screen_many(plan: dict[str, list[str]], name: str) -> int:
 
 
 def machine() -> dict:
-    info: dict = {"python": sys.version.split()[0]}
+    info: dict = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
+    sib = Path("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list")
+    if sib.exists():
+        info["cpu0_siblings"] = sib.read_text().strip()
     try:
         import torch
 
@@ -389,7 +419,24 @@ def machine() -> dict:
     return info
 
 
-def ab(targets: list[str], with_pc: bool, extra: list[str]) -> int:
+VARIANTS: dict[str, tuple[str, list[str]]] = {
+    "default": ("attach", []),
+    "null": ("null", []),
+    "burn": ("burn", []),
+    "no_inject": ("attach", ["--no-inject"]),
+    "pc_sampling": ("attach", ["--pc-sampling"]),
+    "slow_poll": ("attach", ["--interval", "2"]),
+}
+
+
+def ab(
+    targets: list[str],
+    with_pc: bool,
+    extra: list[str],
+    variants: list[str] | None = None,
+    pin: int | None = None,
+    name: str = "agent-ab-h200.json",
+) -> int:
     seconds = 40.0
     attaches = [(8.0, 6.0), (22.0, 6.0)]
     os.environ["AB_PROFILER_CHECK"] = "1"  # does torch.profiler still see kernels afterwards?
@@ -402,18 +449,27 @@ def ab(targets: list[str], with_pc: bool, extra: list[str]) -> int:
         "runs": {},
         "summary": {},
     }
-    path = OUT / "agent-ab-h200.json"
+    path = OUT / name
+    res["pin"] = pin
+    names = list(variants or ["default"])
+    if with_pc and "pc_sampling" not in names:
+        names.append("pc_sampling")
     for mode in targets:
-        variants = [("default", extra)]
-        if with_pc:
-            variants.append(("pc_sampling", [*extra, "--pc-sampling"]))
         try:
-            control = run_target(mode, seconds)
+            control = run_target(mode, seconds, pin=pin)
             res["runs"][f"{mode}/control"] = slim(control)
-            for name, args in variants:
-                run = run_target(mode, seconds, attaches=attaches, attach_extra=args)
+            for vname in names:
+                treat, vargs = VARIANTS[vname.split("#")[0]]
+                run = run_target(
+                    mode,
+                    seconds,
+                    attaches=attaches,
+                    attach_extra=[*extra, *vargs],
+                    treat=treat,
+                    pin=pin,
+                )
                 cmp = compare(run, control, seconds)
-                key = mode if name == "default" else f"{mode}_{name}"
+                key = mode if vname == "default" else f"{mode}_{vname}"
                 res["runs"][f"{mode}/{name}"] = {**cmp, "run": slim(run)}
                 res["summary"][key] = {
                     "attached_vs_twin_pct": cmp["attached_pct"],
@@ -422,6 +478,12 @@ def ab(targets: list[str], with_pc: bool, extra: list[str]) -> int:
                     "estimate_pct": estimate_from(run["events"]),
                     "max_stall_ms": cmp["max_stall_ms"],
                     "attach_rc": [e["rc"] for e in run["events"]],
+                    "treat_cpu_s": [e["cpu_s"] for e in run["events"]],
+                    "attached_bins_pct": [
+                        v
+                        for v, q in zip(cmp["bins_pct"], cmp["phases"], strict=True)
+                        if q == "attached"
+                    ],
                 }
                 print(key, res["summary"][key], flush=True)
                 path.write_text(json.dumps(res, indent=1))
@@ -440,12 +502,21 @@ def main(argv: list[str]) -> int:
     p.add_argument("--screen", metavar="MODE")
     p.add_argument("--targets", default="eager,graph_tiny,decode_graph")
     p.add_argument("--pc", action="store_true")
+    p.add_argument(
+        "--variants",
+        help="treated runs per target, each against the one control: "
+        + ", ".join(VARIANTS)
+        + " (NAME#2 repeats one)",
+    )
+    p.add_argument("--pin", type=int, help="run the targets on this one CPU")
+    p.add_argument("--name", default="agent-ab-h200.json", help="output file under $OUT")
     p.add_argument("extra", nargs="*", help="more `kdash attach` options")
     a = p.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
     if a.screen:
         return screen(a.screen)
-    return ab(a.targets.split(","), a.pc, a.extra)
+    variants = a.variants.split(",") if a.variants else None
+    return ab(a.targets.split(","), a.pc, a.extra, variants, a.pin, a.name)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,24 @@ def record(res: dict, name: str, target: subprocess.Popen) -> None:
     res[name] = out
 
 
+def process_tree(pid: int) -> list[dict]:
+    """The target and its children: which map libcuda (kdash injects into those)."""
+    out = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            maps = Path(f"/proc/{p}/maps").read_text()
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError as e:
+            out.append({"pid": p, "error": str(e)})
+            continue
+        out.append({"pid": p, "cmd": cmd, "libcuda": "libcuda.so" in maps})
+        todo += [int(k) for k in kids]
+    return out
+
+
 def tmux_walk(res: dict) -> None:
     if shutil.which("tmux") is None:
         res["tmux"] = "no tmux on this machine"
@@ -86,6 +104,7 @@ def tmux_walk(res: dict) -> None:
     t = start([sys.executable, str(HERE / "compile_target.py"), "90"], "ready", 1)
     screens = []
     try:
+        res["tree"] = process_tree(t.pid)
         cmd = " ".join([*KDASH, "attach", "--pid", str(t.pid), "--pc-sampling"])
         subprocess.run(["tmux", "new", "-d", "-s", "k", "-x", "80", "-y", "24", cmd], check=True)
         time.sleep(16)

@@ -81,6 +81,17 @@ def no_agent_reason(pid: int, note: str | None, inject_allowed: bool) -> str:
     return f"no kdash agent in pid {pid} or its children{why}"
 
 
+def _pc_rank(state: str) -> int:
+    """Order of PC-sampling states, best first: sampling, starting, off, unavailable."""
+    if state.startswith("ok"):
+        return 0
+    if state.startswith("starting"):
+        return 1
+    if state.startswith("off"):
+        return 2
+    return 3
+
+
 def _pid_field(pid: int, h: Health) -> dict[str, int]:
     """{"pid": pid} for an agent that is there, {} when its client found no agent socket."""
     return {} if h.code == "no_socket" else {"pid": pid}
@@ -318,12 +329,24 @@ class AgentTreeSource:
                 src.set_pc_sampling(on)
 
     def pc_status(self) -> str:
-        """One line for the source pane: the first agent's PC-sampling state ("" if none)."""
+        """One line for the source pane: the best PC-sampling state among the tree's agents
+        ("" if none). A tree holds processes that map libcuda but never make a context (a
+        compile worker pool): their "unavailable" must not hide the process that samples, so
+        sampling beats starting beats off beats unavailable, and a state that is not the only
+        agent's names its pid."""
         with self._lock:
-            for src in self.agents.values():
-                if src.health.ok and isinstance(src, PcSamplingStatus):
-                    return src.pc_status()
-        return ""
+            states = [
+                (pid, src.pc_status())
+                for pid, src in self.agents.items()
+                if src.health.ok and isinstance(src, PcSamplingStatus)
+            ]
+        states = [(pid, st) for pid, st in states if st]
+        if not states:
+            return ""
+        pid, best = min(states, key=lambda ps: _pc_rank(ps[1]))
+        if len(states) > 1 and _pc_rank(best) == 3:
+            return f"{best} (pid {pid}, {len(states)} processes)"
+        return best
 
     def extra_health(self) -> dict[str, Health]:
         """ "pc sampling": the agents' PC-sampling state, for the source pane's one line (the

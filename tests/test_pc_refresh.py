@@ -130,3 +130,77 @@ def test_refresh_is_refused_after_graph_kernels_with_kinds_on_and_taken_back_whe
     assert lib.events == ["subscribe", "unsubscribe"]
     lib.call(RT, LAUNCH)
     assert "finalize" not in lib.events and not c.needs_register
+
+
+class NoContextThenRanges:
+    """Stand-in sampler (no GPU here): the first build finds no CUDA context, as the real
+    pcsampling.CudaContext does in a compile worker that maps libcuda; later builds sample."""
+
+    builds = 0
+
+    def __new__(cls):
+        from kdash.collectors.agent import pcsampling
+
+        cls.builds += 1
+        if cls.builds == 1:
+            raise pcsampling.NoActiveContext("cuDevicePrimaryCtxGetState (no device)", -1)
+        return StubRanges([(1000, 0)])
+
+
+def test_a_process_without_a_cuda_context_keeps_starting_and_samples_once_it_has_one(
+    monkeypatch,
+):
+    r = pcrun.PCRunner(Outbox(pid=1))
+    r.reset(pcrun.PCState.STARTING)
+
+    def sampler():  # the real _sampler builds pcsampling.SamplingRanges once and keeps it
+        if r._pc is None:
+            r._pc = NoContextThenRanges()
+        return r._pc
+
+    monkeypatch.setattr(r, "_sampler", sampler)
+    run_range(r)
+    assert r.state is pcrun.PCState.STARTING and not r.unavailable
+    assert r.text() == "starting: no CUDA context in this process yet"
+    assert r._pc is None  # built again at the next range
+    run_range(r)
+    assert r.state is pcrun.PCState.OK and r.ranges == 1 and r.text() == "ok"
+
+
+def test_any_other_range_failure_makes_sampling_unavailable_for_the_session():
+    r = make_runner([])  # StubRanges with nothing left: its run raises IndexError
+    run_range(r)
+    assert r.unavailable and r.text().startswith("unavailable: ")
+
+
+class PcAgent:
+    """Stand-in for one AgentSource (no agent process here): only what pc_status reads."""
+
+    def __init__(self, state: str) -> None:
+        from kdash.collectors.base import Health
+
+        self.health = Health("ok", "sampling", "sampling")
+        self.state = state
+
+    def pc_status(self) -> str:
+        return self.state
+
+
+def test_the_tree_shows_the_agent_that_samples_not_a_context_less_child():
+    from kdash.collectors.agents import AgentTreeSource
+    from kdash.collectors.base import health_from_text
+
+    from kdash.target import Target
+
+    tree = AgentTreeSource(Target.from_pid(1), try_inject=False)
+    worker = "unavailable: cuDevicePrimaryCtxGetState (no device with an active context)"
+    tree.agents = {11: PcAgent(worker), 12: PcAgent("ok: 3 ranges, 4 ms of the target's CPU each")}
+    assert tree.pc_status().startswith("ok: 3 ranges")
+    tree.agents = {11: PcAgent(worker), 12: PcAgent("starting")}
+    assert tree.pc_status() == "starting"
+    tree.agents = {11: PcAgent(worker), 12: PcAgent("unavailable: counters")}
+    line = tree.pc_status()
+    assert line.endswith("(pid 11, 2 processes)") and line.startswith("unavailable: ")
+    assert health_from_text(line, "pc sampling").code == "pc_unavailable"
+    tree.agents = {11: PcAgent(worker)}
+    assert tree.pc_status() == worker

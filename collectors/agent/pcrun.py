@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 import os
+import sys
 import threading
 import time
 
@@ -37,6 +38,13 @@ REFRESH_SHARE = 0.02
 REFRESH_MIN_S = 1.5  # under the 2-s range period, so a lossy range is always followed by one
 
 
+def _no_context(e: BaseException) -> bool:
+    """Whether a range failed only because the process has no CUDA context (pcsampling is
+    imported by then whenever it could raise that)."""
+    mod = sys.modules.get(__package__ + ".pcsampling")
+    return mod is not None and isinstance(e, mod.NoActiveContext)
+
+
 class PCRunner:
     def __init__(self, outbox: Outbox) -> None:
         self.outbox = outbox
@@ -54,6 +62,7 @@ class PCRunner:
         self.refresh_wanted = False
         self.last_refresh = -REFRESH_MIN_S  # monotonic s
         self.refresh_note = ""  # why the last refresh could not be done ("" when it was)
+        self.no_context_ranges = 0  # ranges skipped: this process had no CUDA context yet
 
     @property
     def busy(self) -> bool:
@@ -67,6 +76,8 @@ class PCRunner:
         """The state as STATS says it: "off", "starting", "ok" or "unavailable: <why>"."""
         if self.state is PCState.UNAVAILABLE:
             return f"unavailable: {self.why}"
+        if self.state is PCState.STARTING and self.no_context_ranges:
+            return "starting: no CUDA context in this process yet"
         return self.state.value
 
     def set_state(self, state: PCState) -> None:
@@ -77,6 +88,7 @@ class PCRunner:
     def reset(self, state: PCState) -> None:
         """A new START: OFF or STARTING, whatever happened before."""
         self.state, self.why = state, ""
+        self.no_context_ranges = 0
 
     def refresh_due(self, now: float) -> bool:
         return self.refresh_wanted and now - self.last_refresh >= REFRESH_MIN_S
@@ -145,6 +157,12 @@ class PCRunner:
                 self.refresh_wanted = self.non_user_share > REFRESH_SHARE
             self.state = PCState.OK
         except BaseException as e:  # noqa: BLE001 - never into the target; say why in the pane
+            if _no_context(e):
+                # nothing was enabled: try again at the next range, a context may come
+                self._pc = None
+                self.state, self.why = PCState.STARTING, ""
+                self.no_context_ranges += 1
+                return
             why = str(e) or type(e).__name__
             if "NOT_COMPATIBLE" in why or "MULTIPLE_SUBSCRIBERS" in why:
                 why += " (another profiler holds the counters, or kernel activity is on)"

@@ -584,6 +584,11 @@ class CudaError(RuntimeError):
         super().__init__(f"{call}: CUDA error {code}")
 
 
+class NoActiveContext(CudaError):
+    """The process has made no CUDA context (yet): a process of the tree that maps libcuda
+    without using a GPU (a compile worker), or a server before its model loads."""
+
+
 class CudaContext:
     """The primary context of the target's GPU, reached from a thread of the agent's own.
 
@@ -623,7 +628,9 @@ class CudaContext:
                 self.dev, self.ordinal = dev, ordinal
                 break
         if self.dev is None:
-            raise CudaError("cuDevicePrimaryCtxGetState (no device with an active context)", -1)
+            raise NoActiveContext(
+                "cuDevicePrimaryCtxGetState (no device with an active context)", -1
+            )
         ctx = c_void_p(0)
         self._chk(
             "cuDevicePrimaryCtxRetain", lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), self.dev)
