@@ -12,7 +12,7 @@ One run measures, in order:
 4. prefill (no prefix; packed varlen with equal lengths, 16k tokens per launch): TFLOP/s and the
    ratio to torch SDPA forced to the FLASH_ATTENTION and CUDNN_ATTENTION backends.
 
-Decode is timed as a server runs it: a :class:`~kdash.kernels.decode_attention.DecodePlan` made
+Decode is timed as a server runs it: a :class:`~kdash.kernels.decode_plan.DecodePlan` made
 once per shape, then ``plan.run`` per call. Besides the GPU time, the host time of one ``run``
 (``host_us_nosync``: a CPU timer over many calls in a row, no synchronisation between them, so
 the figure is what the host spends, not what it waits for).
@@ -37,7 +37,8 @@ from typing import Any
 
 import torch
 
-from .decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig, DecodePlan, decode_attention
+from .decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
+from .decode_plan import DecodePlan, decode_attention
 from .kv_cache import fp8_scales, quantize_fp8
 from .prefill_attention import PrefillConfig, default_config, extend_attention
 

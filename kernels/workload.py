@@ -14,7 +14,7 @@ one step later (the "overlap" pattern of SGLang's scheduler), unless ``--sync-ev
 Decode steps are replayed from CUDA graphs, as SGLang's CUDA-graph runner does: one graph per
 padded batch size, captured the first time that size is needed, over static input buffers (token
 ids, positions, lengths, page table) that each step rewrites before the replay; the attention's
-plan (:class:`~kdash.kernels.decode_attention.DecodePlan`) is made once per graph and cuts the
+plan (:class:`~kdash.kernels.decode_plan.DecodePlan`) is made once per graph and cuts the
 work on the GPU from the lengths in memory. With ``--eager-decode`` every kernel of every step is
 launched from Python instead: the host-bound way, for kdash's launch-gap and CPU panes (kdash's
 agent records no kernels of graph replays unless asked, `--graph-kernels`, which `kdash demo`
@@ -203,7 +203,7 @@ class Engine:
 
     def plan(self, page_table, seq_lens, *, max_seq_len: int, total_tokens: int | None = None):
         """The decode attention plan for one batch (shared by every layer of a step)."""
-        from .decode_attention import DecodePlan
+        from .decode_plan import DecodePlan
 
         c = self.cfg
         scales = {"k_scale": self.kv_scale, "v_scale": self.kv_scale} if self.fp8 else {}
