@@ -4,16 +4,11 @@ A Kineto trace is one JSON object: a header (`schemaVersion`, `deviceProperties`
 `baseTimeNanoseconds`, ...), then `traceEvents` (often hundreds of MB), then a short tail.
 Event times are microseconds (`ts`, `dur`, floats with ns decimals) counted from
 `baseTimeNanoseconds`, itself Unix wall-clock ns (checked on torch 2.13: base + ts*1000 is the
-wall time the trace was taken). What becomes which table:
-
-    cat kernel                          -> kernels  (device, stream, correlation, grid, block,
-                                                     registers per thread, shared memory)
-    cat cuda_runtime / cuda_driver      -> api      (name, pid, tid, correlation)
-    cat gpu_memcpy / gpu_memset         -> memcpy   (kind from the name: HtoD, DtoH, ..., memset)
-    cat user_annotation / gpu_user_annotation -> markers (domain = the category)
-    cat cpu_op                          -> markers  (domain "cpu_op": host ranges per thread,
-                                                     like NVTX; kdash.analyses.cpu_ops)
-    ph s / f, cat ac2g (launch flows)   -> the correlation ids of api and kernels / memcpy
+wall time the trace was taken). What becomes which table, and which of an event's keys fill
+which column, is the one field map's (`kdash.collectors.agent.fields.KINETO`, beside the CUPTI
+map the agent decodes by): kernels, CUDA runtime and driver calls (api), copies and memsets
+(memcpy), user annotations and CPU ops (markers). The launch flows (`ph` s / f, `cat` ac2g)
+give api rows and kernel / memcpy rows their correlation ids.
 
 A CPU op is a host range on one thread, as an NVTX range is: the markers table holds both, told
 apart by domain, so the kernel pane draws them as a lane, the export on per-thread tracks and
@@ -23,10 +18,10 @@ metadata and not stored.
 
 The import is split by concern: `kdash.kineto_stream` reads the file as streamed JSON (header,
 then events, within `kdash.limits`), `kdash.kineto_events` maps each event onto its table's
-columns, `kdash.kineto_columns` turns the row lists into numpy batches, `kdash.kineto_flows`
-binds the launch flows, `kdash.kineto_read` builds the tables and the capture's metadata, and
-`kdash.kineto_files` knows SGLang's trace file names. This module is `kdash import` and the
-names the rest of kdash imports.
+columns by that map, `kdash.kineto_columns` turns the row lists into numpy batches,
+`kdash.kineto_flows` binds the launch flows, `kdash.kineto_read` builds the tables and the
+capture's metadata, and `kdash.kineto_files` knows SGLang's trace file names. This module is
+`kdash import` and the names the rest of kdash imports.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Raw JSON values from Kineto events into numpy columns of the capture's tables.
 
-The reading loop appends values as they come (it is the hot path); `RowTable.flush` turns each
-chunk of `CHUNK` rows into one numpy batch, times into ns, and stops a table at
-`kdash.limits.MAX_ROWS` rows. Kineto reports one "shared memory" figure per kernel (static +
-dynamic); it is stored as `dynamic_smem`, with `static_smem` = 0, so their sum — what every pane
-shows — is right.
+The reading loop appends values as they come (it is the hot path), one list per column the
+field map fills (`kdash.collectors.agent.fields.KINETO`); `RowTable.flush` turns each chunk of
+`CHUNK` rows into one numpy batch, times into ns, makes the columns the map derives
+(`fields.KINETO_DERIVED`), and stops a table at `kdash.limits.MAX_ROWS` rows.
 """
 
 from __future__ import annotations
@@ -41,8 +40,9 @@ class RowTable:
         if self.n == 0:
             return
         c = self.cols
-        ts = np.asarray(c.pop("ts"), dtype=np.float64)
-        durs = c.pop("dur")
+        # the time columns' lists hold Kineto's µs: start from the base, length
+        ts = np.asarray(c.pop("start_ns"), dtype=np.float64)
+        durs = c.pop("end_ns")
         try:
             dur = np.asarray(durs, dtype=np.float64)
         except (TypeError, ValueError):  # a string dur somewhere: 0 for what is not a number
@@ -62,13 +62,13 @@ class RowTable:
         for k, v in c.items():
             cols[k] = v if types[k] == schema.STR else int_column(v, pid if k == "pid" else None)
         if self.table == "kernels":
-            # Kineto gives static + dynamic shared memory as one figure (see module docstring)
+            # Kineto's one shared-memory figure is static + dynamic, kept in dynamic_smem
             cols["static_smem"] = np.where(cols["dynamic_smem"] >= 0, 0, -1)
         batch = schema.make_batch(self.table, start_ns=start, end_ns=end, **cols)
         if self.table == "kernels":
             batch, _ = demangle_kernels(batch)  # Kineto writes names demangled; some tools do not
         self.batches.append(batch)
-        self.cols = {k: [] for k in ("ts", "dur", *c)}
+        self.cols = {k: [] for k in ("start_ns", "end_ns", *c)}
         self.total += self.n
         self.n = 0
 

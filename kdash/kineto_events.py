@@ -1,5 +1,6 @@
-"""One Kineto event into the row lists of its table: which category becomes which table, and
-which of the event's fields fill which column (the mapping is listed in `kdash.kineto`).
+"""One Kineto event into the row lists of its table, as the one field map says
+(`kdash.collectors.agent.fields.KINETO`: which categories become which table, which of an
+event's keys fill which column, and how).
 
 A CPU op is a host range on one thread, as an NVTX range is: it goes into the markers table
 with domain `CPU_OP_DOMAIN`. Python frames, other flows and the rest are counted per category
@@ -9,25 +10,17 @@ with domain `CPU_OP_DOMAIN`. Python frames, other flows and the rest are counted
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
+from kdash.collectors.agent import fields
 from kdash.kineto_columns import MAX_TIME_US, RowTable, dim3, json_int
 from kdash.kineto_flows import LAUNCH_FLOW, LaunchFlows
 
 MAX_SKIP_KEYS = 1_000  # distinct skipped categories counted by name; the rest as "(other)"
 
-
-STORED_CATS = {
-    "kernel",
-    "cuda_runtime",
-    "cuda_driver",
-    "gpu_memcpy",
-    "gpu_memset",
-    "user_annotation",
-    "gpu_user_annotation",
-    "cpu_op",
-}
 CPU_OP_DOMAIN = "cpu_op"  # markers rows that are CPU ops
+# the categories of host events: their pid is the trace's process (a GPU event's is a device)
 HOST_CATS = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function"}
 
 
@@ -40,14 +33,92 @@ def memcpy_kind(name: str, cat: str) -> str:
     return name
 
 
+_EVENT, _ARGS = 0, 1  # where a source key is looked up: the event, or its `args`
+_ARGS_PREFIX = "args."  # how the map names a key of `args`
+_DIMS = {fields.DIM3_X: 0, fields.DIM3_Y: 1, fields.DIM3_Z: 2}
+
+
+def _where(key: str) -> tuple[int, str]:
+    if key.startswith(_ARGS_PREFIX):
+        return _ARGS, key[len(_ARGS_PREFIX) :]
+    return _EVENT, key
+
+
+class EventPlan:
+    """How the events of one entry of `fields.KINETO` become rows of its table: the map's
+    columns grouped by how each is made, so the reading loop runs no per-column branch.
+
+    `start` and `end`: (column, key) of the times; `one`: (column, where, key, absent) for a
+    value read from one key; `two`: (column, where, key, where, key, absent) for a key with a
+    fallback; `dims`: (where, key, columns x/y/z) of a [x, y, z] list; `made`: (column, how)
+    for a value made from the event's name or category, or the trace's pid (None: filled when
+    the chunk is turned into numpy columns)."""
+
+    __slots__ = ("columns", "dims", "end", "made", "one", "start", "table", "two")
+
+    def __init__(self, table: str, entries: tuple) -> None:
+        self.table = table
+        self.columns = tuple(col for col, _k, _h, _a in entries)
+        one: list[tuple] = []
+        two: list[tuple] = []
+        dims: dict[tuple[int, str], list[str]] = {}
+        made: list[tuple[str, str]] = []
+        start = end = None
+        for col, keys, how, absent in entries:
+            if how == fields.US_START:
+                start = (col, keys[0])
+            elif how == fields.US_DURATION:
+                end = (col, keys[0], absent)
+            elif how == fields.AS_IS and len(keys) == 1:
+                one.append((col, *_where(keys[0]), absent))
+            elif how == fields.AS_IS and len(keys) == 2:
+                two.append((col, *_where(keys[0]), *_where(keys[1]), absent))
+            elif how in _DIMS and len(keys) == 1:
+                dims.setdefault(_where(keys[0]), ["", "", ""])[_DIMS[how]] = col
+            elif how in (fields.TEXT, fields.CATEGORY, fields.COPY_KIND, fields.TRACE_PID):
+                made.append((col, how))
+            else:
+                raise ValueError(f"{table}.{col}: no reader for {how!r} from {keys}")
+        if start is None or end is None:
+            raise ValueError(f"{table}: the map gives no start and end time")
+        if any("" in cols for cols in dims.values()):
+            raise ValueError(f"{table}: a [x, y, z] list must fill three columns")
+        self.start, self.end = start, end
+        self.one, self.two, self.made = tuple(one), tuple(two), tuple(made)
+        self.dims = tuple((w, k, tuple(cols)) for (w, k), cols in dims.items())
+
+
+def _plans() -> dict[str, EventPlan]:
+    """Category -> its plan, checked against what the reader and RowTable rely on: the times
+    in start_ns / end_ns read from one key for every category (add() checks it before any
+    plan runs), and the entries of one table filling the same columns (one list per column)."""
+    plans = {cat: EventPlan(table, ents) for table, cats, ents in fields.KINETO for cat in cats}
+    for cat, plan in plans.items():
+        if plan.start[0] != "start_ns" or plan.end[0] != "end_ns":
+            raise ValueError(f"{cat}: the times go in start_ns and end_ns")
+        if {p.columns for p in plans.values() if p.table == plan.table} != {plan.columns}:
+            raise ValueError(f"the Kineto entries of {plan.table} fill different columns")
+    if len({plan.start[1] for plan in plans.values()}) != 1:
+        raise ValueError("every Kineto category's start must be read from one key")
+    return plans
+
+
+PLANS = _plans()
+KINETO_TABLES = tuple(dict.fromkeys(plan.table for plan in PLANS.values()))
+TIME_KEY = next(iter(PLANS.values())).start[1]  # "ts"
+
+
+def table_columns(table: str) -> tuple[str, ...]:
+    """The columns the map fills in `table`, in the map's order (its row lists)."""
+    return next(p.columns for p in PLANS.values() if p.table == table)
+
+
 class EventReader:
-    """One trace's events into the tables' row lists: one method per kind of event, and the
-    state a pass carries (the host pid once seen, the flows, what was skipped, the counts)."""
+    """One trace's events into the tables' row lists: each stored category by its `EventPlan`,
+    and the state a pass carries (the host pid once seen, the flows, what was skipped, the
+    counts)."""
 
     def __init__(self, tables: dict[str, RowTable], base_ns: int, offset: int, chunk: int) -> None:
-        self.kern, self.api, self.mem, self.mark = (
-            tables[k] for k in ("kernels", "api", "memcpy", "markers")
-        )
         self.base_ns = base_ns
         self.offset = offset
         self.chunk = chunk
@@ -57,15 +128,17 @@ class EventReader:
         self.flows = LaunchFlows()
         self.cpu_ops = 0
         self.n = 0
-        self._by_cat = {
-            "kernel": self._kernel,
-            "cuda_runtime": self._api,
-            "cuda_driver": self._api,
-            "gpu_memcpy": self._memcpy,
-            "gpu_memset": self._memcpy,
-            "user_annotation": self._marker,
-            "gpu_user_annotation": self._marker,
-            "cpu_op": self._marker,
+        make: dict[str, Callable[[str, str], Any]] = {
+            fields.TEXT: lambda name, cat: name,
+            fields.CATEGORY: lambda name, cat: cat,
+            fields.COPY_KIND: self._copy_kind,
+            fields.TRACE_PID: lambda name, cat: None,
+        }
+        # per stored category: its plan, its table's row lists, and its `made` columns with
+        # the function that makes each
+        self._cats = {
+            cat: (plan, tables[plan.table], tuple((col, make[how]) for col, how in plan.made))
+            for cat, plan in PLANS.items()
         }
 
     def _skip(self, key: str) -> None:
@@ -79,6 +152,10 @@ class EventReader:
             t.flush(self.base_ns, self.offset, self.host_pid)
         return t.cols
 
+    def _copy_kind(self, name: str, cat: str) -> str:
+        kind = memcpy_kind(name, cat)
+        return self.interned.setdefault(kind, kind)
+
     def add(self, ev: Any) -> None:
         self.n += 1
         if not isinstance(ev, dict):
@@ -90,8 +167,9 @@ class EventReader:
             return
         cat = ev.get("cat")
         cat = cat.lower() if isinstance(cat, str) else ""
-        if cat in STORED_CATS:
-            ts = ev.get("ts")
+        stored = self._cats.get(cat)
+        if stored is not None:
+            ts = ev.get(TIME_KEY)
             if not isinstance(ts, int | float) or isinstance(ts, bool):
                 self.skipped[f"{cat} without ts"] += 1
                 return
@@ -103,11 +181,10 @@ class EventReader:
         args = ev.get("args")
         if not isinstance(args, dict):
             args = {}
-        handler = self._by_cat.get(cat)
-        if handler is None:
+        if stored is None:
             self._other(ev, cat)
         else:
-            handler(ev, cat, name, args)
+            self._row(stored, ev, cat, name, args)
 
     def _flow(self, ev: dict[str, Any], ph: str) -> None:
         cat = ev.get("cat")
@@ -115,75 +192,34 @@ class EventReader:
         if cat != LAUNCH_FLOW or ph == "t" or not self.flows.add(ev):
             self._skip(f"{cat or '(none)'} flow")
 
-    def _kernel(self, ev: dict[str, Any], cat: str, name: str, args: dict[str, Any]) -> None:
-        kc = self._cols(self.kern)
-        g = args.get("grid")
-        b = args.get("block")
-        gx, gy, gz = g if type(g) is list and len(g) == 3 else dim3(g)
-        bx, by, bz = b if type(b) is list and len(b) == 3 else dim3(b)
-        kc["ts"].append(ev["ts"])
-        kc["dur"].append(ev.get("dur", 0.0))
-        kc["name"].append(name)
-        kc["device"].append(args.get("device", ev.get("pid")))
-        kc["stream"].append(args.get("stream", ev.get("tid")))
-        kc["pid"].append(None)
-        kc["grid_x"].append(gx)
-        kc["grid_y"].append(gy)
-        kc["grid_z"].append(gz)
-        kc["block_x"].append(bx)
-        kc["block_y"].append(by)
-        kc["block_z"].append(bz)
-        kc["registers"].append(args.get("registers per thread", -1))
-        kc["dynamic_smem"].append(args.get("shared memory", -1))
-        kc["correlation_id"].append(args.get("correlation", -1))
-        kc["graph_id"].append(args.get("graph id", args.get("graph_id", -1)))
-        self.kern.n += 1
-
-    def _api(self, ev: dict[str, Any], cat: str, name: str, args: dict[str, Any]) -> None:
-        ac = self._cols(self.api)
-        pid = ev.get("pid")
-        if self.host_pid is None and json_int(pid) >= 0:
-            self.host_pid = json_int(pid)
-        ac["ts"].append(ev["ts"])
-        ac["dur"].append(ev.get("dur", 0.0))
-        ac["name"].append(name)
-        ac["pid"].append(pid)
-        ac["tid"].append(ev.get("tid", -1))
-        ac["correlation_id"].append(args.get("correlation", -1))
-        self.api.n += 1
-
-    def _memcpy(self, ev: dict[str, Any], cat: str, name: str, args: dict[str, Any]) -> None:
-        mc = self._cols(self.mem)
-        mc["ts"].append(ev["ts"])
-        mc["dur"].append(ev.get("dur", 0.0))
-        kind = memcpy_kind(name, cat)
-        mc["kind"].append(self.interned.setdefault(kind, kind))
-        mc["bytes"].append(args.get("bytes", -1))
-        mc["device"].append(args.get("device", ev.get("pid")))
-        mc["stream"].append(args.get("stream", ev.get("tid")))
-        mc["pid"].append(None)
-        mc["correlation_id"].append(args.get("correlation", -1))
-        self.mem.n += 1
-
-    def _marker(self, ev: dict[str, Any], cat: str, name: str, args: dict[str, Any]) -> None:
-        rc = self._cols(self.mark)
-        # raw pid and tid, made integers per chunk (CPU ops are most events)
-        if cat == "cpu_op":
+    def _row(self, stored: tuple, ev: dict[str, Any], cat: str, name: str, args: dict) -> None:
+        """One event's row, appended raw (made integers per chunk, in RowTable.flush)."""
+        plan, t, made = stored
+        c = self._cols(t)
+        if self.host_pid is None and cat in HOST_CATS:
+            pid = json_int(ev.get("pid"))
+            if pid >= 0:
+                self.host_pid = pid
+        if cat == CPU_OP_DOMAIN:
             self.cpu_ops += 1
-            pid = ev.get("pid")
-        elif cat == "gpu_user_annotation":
-            pid = None
-        else:
-            pid = ev.get("pid")
-        if self.host_pid is None and pid is not None and json_int(pid) >= 0:
-            self.host_pid = json_int(pid)
-        rc["ts"].append(ev["ts"])
-        rc["dur"].append(ev.get("dur", 0.0))
-        rc["name"].append(name)
-        rc["domain"].append(cat)
-        rc["pid"].append(pid)
-        rc["tid"].append(ev.get("tid"))
-        self.mark.n += 1
+        src = (ev, args)
+        col, key = plan.start
+        c[col].append(ev[key])
+        col, key, absent = plan.end
+        c[col].append(ev.get(key, absent))
+        for col, where, key, absent in plan.one:
+            c[col].append(src[where].get(key, absent))
+        for col, where, key, where2, key2, absent in plan.two:
+            c[col].append(src[where].get(key, src[where2].get(key2, absent)))
+        for where, key, (cx, cy, cz) in plan.dims:
+            v = src[where].get(key)
+            x, y, z = v if type(v) is list and len(v) == 3 else dim3(v)
+            c[cx].append(x)
+            c[cy].append(y)
+            c[cz].append(z)
+        for col, make in made:
+            c[col].append(make(name, cat))
+        t.n += 1
 
     def _other(self, ev: dict[str, Any], cat: str) -> None:
         if self.host_pid is None and cat in HOST_CATS:

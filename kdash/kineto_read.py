@@ -17,7 +17,7 @@ from typing import Any
 from kdash import limits, schema
 from kdash.errors import UserError
 from kdash.kineto_columns import CHUNK, RowTable, json_int
-from kdash.kineto_events import EventReader
+from kdash.kineto_events import KINETO_TABLES, EventReader, table_columns
 from kdash.kineto_files import TraceName, parse_trace_name
 from kdash.kineto_flows import link_flows
 from kdash.kineto_stream import READ_BUF, READ_ERRORS, open_trace, read_header, stream_error
@@ -61,34 +61,7 @@ def read_traces(
 
     `wall_offset_ns` (wall - monotonic) moves the rows onto the host monotonic clock.
     """
-    tables = {
-        "kernels": RowTable(
-            "kernels",
-            [
-                "ts",
-                "dur",
-                "name",
-                "device",
-                "stream",
-                "pid",
-                "grid_x",
-                "grid_y",
-                "grid_z",
-                "block_x",
-                "block_y",
-                "block_z",
-                "registers",
-                "dynamic_smem",
-                "correlation_id",
-                "graph_id",
-            ],
-        ),
-        "api": RowTable("api", ["ts", "dur", "name", "pid", "tid", "correlation_id"]),
-        "memcpy": RowTable(
-            "memcpy", ["ts", "dur", "kind", "bytes", "device", "stream", "pid", "correlation_id"]
-        ),
-        "markers": RowTable("markers", ["ts", "dur", "name", "domain", "pid", "tid"]),
-    }
+    tables = {table: RowTable(table, table_columns(table)) for table in KINETO_TABLES}
     infos = []
     for p in paths:
         infos.append(_read_one(Path(p), tables, wall_offset_ns or 0, chunk))

@@ -1,17 +1,32 @@
-"""The one map from CUPTI activity records to kdash's schema columns.
+"""The one map from source fields to kdash's schema columns, per table.
 
-Both of the agent's decoders read it: the one that takes cupti-python's record objects
-attribute by attribute (records.RecordConverter.convert) and the one that gathers the same
-fields straight out of a CUPTI buffer with numpy (records.RecordConverter._columns). A column
-the map gives no field for gets the agent's pid (column "pid") or -1 (n/a), as
-`rows_to_batch` fills them, unless CONSTANTS names a value.
+Two sources fill the event tables field by field: CUPTI activity records (the agent's two
+decoders) and Kineto trace events (`kdash import`). For each schema table this module says
+which source field becomes which column, how its value is made, and, for every column a
+source has no field for, what the column holds instead and why (the CUPTI_FILLED,
+KINETO_DERIVED and OTHER_TABLES declarations; a test checks that every column of every table
+is accounted for).
 
-Markers (NVTX ranges) are not a field-by-field copy: START and END records are paired by id
-(records.RecordConverter._marker), so they have their own columns below.
+Why it lives in the agent's folder: the agent's modules are loaded by path into the target
+process, standard library only, before the `kdash` package is importable there, so the map
+is plain data that needs no import; the Kineto importer, in the core, imports it from here.
+
+**CUPTI.** Both of the agent's decoders read RECORDS: the one that takes cupti-python's record
+objects attribute by attribute (records.RecordConverter.convert) and the one that gathers the
+same fields straight out of a CUPTI buffer with numpy (records.RecordConverter._columns). A
+column a record kind gives no field for gets the agent's pid (column "pid") or -1 (n/a), as
+`rows_to_batch` fills them, unless CONSTANTS names a value. Markers (NVTX ranges) are not a
+field-by-field copy: START and END records are paired by id (records.RecordConverter._marker),
+so they have their own columns below.
+
+**Kineto.** `kdash.kineto_events` reads KINETO: one entry per group of event categories, the
+same shape as RECORDS, with source fields named as the trace writes them (`args.X` is a key of
+the event's `args`).
 """
 
 from __future__ import annotations
 
+# -- CUPTI activity records ------------------------------------------------------------------
 # How a column's value is made from its record field; both decoders implement each.
 AS_IS = "as is"
 C_STRING = "c string"  # a `const char *` in the buffer; cupti-python gives a str
@@ -129,3 +144,120 @@ def fields_of(kind_name: str) -> tuple[str, tuple[tuple[str, str, str], ...]] | 
         if kind_name in kinds:
             return table, fields
     return None
+
+
+# -- Kineto trace events ----------------------------------------------------------------------
+# Entries are (column, source keys, how, absent). The keys are tried in order and the first one
+# the event has gives the value; `absent` is the value when it has none. Integers are made per
+# chunk of rows (kdash.kineto_columns): a None there is n/a (-1, or the trace's pid in a pid
+# column) and so is what is not an integer. How a value is made (kdash.kineto_events):
+US_START = "us from base"  # microseconds since the trace's baseTimeNanoseconds: start_ns
+US_DURATION = "us long"  # microseconds from the start: end_ns = start + dur
+TEXT = "text"  # the event's name, "" when it is not a string
+CATEGORY = "category"  # the event's category, lower-cased
+COPY_KIND = "copy kind"  # from a copy's name: "Memcpy HtoD (...)" -> "HtoD"; a memset: "memset"
+DIM3_X = "dim3 x"  # one element of a [x, y, z] list (grid, block); -1 when it is not one
+DIM3_Y = "dim3 y"
+DIM3_Z = "dim3 z"
+TRACE_PID = "trace pid"  # no key: the pid of the trace's process, once the trace names it
+
+KINETO_KERNEL = (
+    ("start_ns", ("ts",), US_START, None),
+    ("end_ns", ("dur",), US_DURATION, 0.0),
+    ("name", ("name",), TEXT, None),
+    # a GPU event's own pid and tid are its device and stream, for traces without the args
+    ("device", ("args.device", "pid"), AS_IS, None),
+    ("stream", ("args.stream", "tid"), AS_IS, None),
+    ("pid", (), TRACE_PID, None),
+    ("grid_x", ("args.grid",), DIM3_X, None),
+    ("grid_y", ("args.grid",), DIM3_Y, None),
+    ("grid_z", ("args.grid",), DIM3_Z, None),
+    ("block_x", ("args.block",), DIM3_X, None),
+    ("block_y", ("args.block",), DIM3_Y, None),
+    ("block_z", ("args.block",), DIM3_Z, None),
+    ("registers", ("args.registers per thread",), AS_IS, -1),
+    ("dynamic_smem", ("args.shared memory",), AS_IS, -1),  # static + dynamic: KINETO_DERIVED
+    ("correlation_id", ("args.correlation",), AS_IS, -1),
+    ("graph_id", ("args.graph id", "args.graph_id"), AS_IS, -1),
+)
+KINETO_API = (
+    ("start_ns", ("ts",), US_START, None),
+    ("end_ns", ("dur",), US_DURATION, 0.0),
+    ("name", ("name",), TEXT, None),
+    ("pid", ("pid",), AS_IS, None),
+    ("tid", ("tid",), AS_IS, -1),
+    ("correlation_id", ("args.correlation",), AS_IS, -1),
+)
+KINETO_COPY = (
+    ("start_ns", ("ts",), US_START, None),
+    ("end_ns", ("dur",), US_DURATION, 0.0),
+    ("kind", ("name",), COPY_KIND, None),
+    ("bytes", ("args.bytes",), AS_IS, -1),
+    ("device", ("args.device", "pid"), AS_IS, None),
+    ("stream", ("args.stream", "tid"), AS_IS, None),
+    ("pid", (), TRACE_PID, None),
+    ("correlation_id", ("args.correlation",), AS_IS, -1),
+)
+KINETO_HOST_RANGE = (  # a range on a host thread, as an NVTX range is
+    ("start_ns", ("ts",), US_START, None),
+    ("end_ns", ("dur",), US_DURATION, 0.0),
+    ("name", ("name",), TEXT, None),
+    ("domain", ("cat",), CATEGORY, None),
+    ("pid", ("pid",), AS_IS, None),
+    ("tid", ("tid",), AS_IS, None),
+)
+KINETO_GPU_RANGE = (  # an annotation drawn on a GPU stream: its pid is the device's
+    ("start_ns", ("ts",), US_START, None),
+    ("end_ns", ("dur",), US_DURATION, 0.0),
+    ("name", ("name",), TEXT, None),
+    ("domain", ("cat",), CATEGORY, None),
+    ("pid", (), TRACE_PID, None),
+    ("tid", ("tid",), AS_IS, None),  # the stream
+)
+
+# (table, the Kineto categories read together, their fields). Events of any other category
+# are counted per category and not stored.
+KINETO = (
+    ("kernels", ("kernel",), KINETO_KERNEL),
+    ("api", ("cuda_runtime", "cuda_driver"), KINETO_API),
+    ("memcpy", ("gpu_memcpy", "gpu_memset"), KINETO_COPY),
+    ("markers", ("user_annotation", "cpu_op"), KINETO_HOST_RANGE),
+    ("markers", ("gpu_user_annotation",), KINETO_GPU_RANGE),
+)
+
+# -- what each column holds where a source has no field for it --------------------------------
+# CUPTI: per record kind, the columns left to `rows_to_batch`'s defaults (or CONSTANTS).
+_OURS = "the agent's own pid: CUPTI records only the process the agent runs in"
+CUPTI_FILLED: dict[str, dict[str, str]] = {
+    "CONCURRENT_KERNEL": {"pid": _OURS},
+    "KERNEL": {"pid": _OURS},
+    "RUNTIME": {},
+    "DRIVER": {},
+    "SYNCHRONIZATION": {
+        "pid": _OURS,
+        "tid": "-1: a synchronization record names no thread",
+    },
+    "MEMCPY": {"pid": _OURS},
+    "MEMSET": {"pid": _OURS, "kind": "CONSTANTS: every memset row is of kind 'memset'"},
+    "MARKER": {"pid": _OURS},
+}
+# Kineto: per table, the columns made from other columns rather than from a field.
+KINETO_DERIVED: dict[str, dict[str, str]] = {
+    "kernels": {
+        "static_smem": "Kineto gives static + dynamic shared memory as one figure, kept in "
+        "dynamic_smem so their sum is right: 0, or -1 where that figure is n/a",
+    },
+}
+# Tables neither CUPTI activity records nor Kineto events fill: who does.
+OTHER_TABLES: dict[str, str] = {
+    "gpu_samples": "NVML, polled by collectors.nvml",
+    "gpu_procs": "NVML's per-process figures, collectors.nvml",
+    "threads": "/proc, polled by collectors.sched",
+    "cpu_freq": "/proc and /sys, polled by collectors.sched",
+    "kernel_symbols": "kernel names demangled at ingest (kdash.names)",
+    "pc_samples": "CUPTI's PC sampling API, not activity records (agent.pcsampling)",
+    "source_lines": "the line tables of sampled cubins (agent.lines, kdash.cubin)",
+    "source_files": "the source files those line tables point at (agent.lines)",
+    "findings": "kdash's analyses",
+    "server": "SGLang's metrics endpoint (collectors.sglang_http)",
+}
