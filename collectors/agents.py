@@ -10,8 +10,8 @@ It also keeps the rate bookkeeping behind the status bar's "kdash cost ≈ N%" (
 the agents' counters are cumulative, so rates come from deltas between successive STATS
 snapshots; the model that turns rates into a slowdown is `kdash.analyses.cost`.
 
-Where a process of the tree has no agent, the source puts one in (issue 3: `attach --pid`
-reaches kernel data from an agent already there, else by injection): into every process of
+Where a process of the tree has no agent, the source puts one in (so `attach --pid` reaches
+kernel data from an agent already there, else by injection): into every process of
 the tree that has the CUDA driver mapped (the ones that can launch kernels), or into the
 named process itself when none has yet. Each pid is tried once, on a thread of its own
 (`inject.inject`: ptrace on Python 3.10-3.13, `sys.remote_exec` on 3.14+; a fraction of a

@@ -5,7 +5,7 @@ reason, count). What a person reads is a source line. The bridge is the cubin's 
 which `nvdisasm -gi -c` prints beside every SASS instruction. Why `nvdisasm` and not a DWARF reader
 of our own: it is the tool NVIDIA keeps in step with each new architecture's encoding, Triton
 ships it (`triton/backends/nvidia/bin`), and on the H200 its mapping agreed with CUPTI's
-`cuptiGetSassToSourceCorrelation` on 100% of samples (issue 5).
+`cuptiGetSassToSourceCorrelation` on 100% of samples.
 
 How the text is read (`parse_nvdisasm`):
 

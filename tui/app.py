@@ -634,7 +634,7 @@ class KdashApp(App[None]):
         self._toggle_agents("kernel activity", self.session.continuous_toggle(), texts)
 
     def action_toggle_pc_sampling(self) -> None:
-        """`L`: PC-sampling ranges in every attached agent on or off (issue 5).
+        """`L`: PC-sampling ranges in every attached agent on or off.
 
         Off by default: each range pauses kernel activity (CUPTI refuses both at once), and its
         Stop decodes the samples with the target's GIL held (a range's CUPTI calls from a

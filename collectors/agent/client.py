@@ -164,7 +164,7 @@ class AgentSource:
         self.period_ms = period_ms
         self.on_ms = on_ms
         self.graph_kernels = graph_kernels  # START "graph_kernels": see controller.CuptiActivity
-        # PC sampling (issue 5): off unless asked; ranges of pc_on_ms every pc_period_ms
+        # PC sampling: off unless asked; ranges of pc_on_ms every pc_period_ms
         self.pc_sampling = pc_sampling
         self.pc_on_ms = pc_on_ms
         self.pc_period_ms = pc_period_ms

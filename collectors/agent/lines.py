@@ -18,7 +18,7 @@ where that file is gone (inductor's modules live in /tmp) or has changed since.
 
 Kernels that are not in Triton's cache (cuBLAS, ATen, CUDA extensions) get no line table here:
 their cubins would have to come from CUPTI's module-load callback, which needs a callback
-subscriber, and a subscriber blinds torch.profiler for the life of the process (issue 3). The
+subscriber, and a subscriber blinds torch.profiler for the life of the process. The
 pane then shows the kernel's name and says why there are no lines.
 """
 

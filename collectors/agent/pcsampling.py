@@ -13,12 +13,11 @@ below use `_pack_ = 1` plus an explicit tail pad to the 8-byte multiple (`_tail`
 `PCData` arrays (which CUPTI strides by sizeof) then have the C stride. The `*Params` structs
 and `CUpti_PCSamplingConfigurationInfo` are not packed in the header: natural C layout.
 
-`PCSampler` (below) drives one sampling range: enable and configure, Start, Stop, read. Its
-plumbing is tested on the CPU against a stand-in libcupti compiled from C against the real
-header; it has NOT run against the real libcupti on a GPU. Nothing calls it yet: the agent's
-duty cycle (a range of ~200 ms every ~2 s, device synchronised around Start and Stop, rows
-shipped with their window) and its switch from the dashboard are still to be written, in the
-agent's server module.
+`PCSampler` (below) drives one sampling range: enable and configure, Start, Stop, read;
+`SamplingRanges` runs one range at a time around it for the agent's session (pcrun.py: ranges
+of pc_on_ms every pc_period_ms, each while kernel activity is off, its rows sent with their
+window). The plumbing is tested on the CPU against a stand-in libcupti compiled from C against
+the real header; what it did on the H200 is noted above PCSampler.
 """
 
 from __future__ import annotations
@@ -251,8 +250,8 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
 
 
 # -- the sampler --------------------------------------------------------------------------------
-# What it does follows what worked on the H200 (issue 5, and bench/results/pcsampling-h200.json
-# for this code): CONTINUOUS mode with start/stop control, all stall reasons, a large hardware
+# What it does follows what worked on the H200 (bench/results/pcsampling-h200.json for this
+# code): CONTINUOUS mode with start/stop control, all stall reasons, a large hardware
 # buffer, one Start/Stop around a stretch of launches; after Stop, the records already in the
 # configured buffer are read first (GetData would overwrite them), then GetData until no PCs
 # remain. Seen on the H200 with this code: 1.6-1.9 M samples per 200 ms range of a decode +
