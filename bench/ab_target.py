@@ -371,6 +371,39 @@ def profiler_kernels(run_once) -> int:
     return sum(1 for e in prof.profiler.kineto_results.events() if e.device_type() == cuda)
 
 
+SLOT_GUARD_NS = 50_000_000  # the first iterations after a turn starts pay the switch: not counted
+
+
+def slots(run_once) -> None:
+    """Interleaved twins (bench/gpu_ab_cost.py `--interleaved`): two processes take turns on
+    the GPU in alternate slots of a schedule read from stdin (`go T0_NS SLOT_NS PARITY N`),
+    so a drift of the machine over the run falls on both alike. Prints `slot K ITERS NS WORST`
+    for each of its own slots: iterations ended after the guard, the time they span, and the
+    longest iteration."""
+    line = sys.stdin.readline().split()
+    t0, slot, parity, n = (int(x) for x in line[1:5])
+    for k in range(parity, n, 2):
+        start, end = t0 + k * slot, t0 + (k + 1) * slot
+        delay = (start - time.monotonic_ns()) / 1e9
+        if delay > 0:
+            time.sleep(delay)
+        count_from = start + SLOT_GUARD_NS
+        iters, first, last, worst = 0, 0, 0, 0
+        prev = time.monotonic_ns()
+        while prev < end:
+            run_once()
+            t = time.monotonic_ns()
+            worst = max(worst, t - prev)
+            if t > count_from:
+                if not iters:
+                    first = prev
+                iters += 1
+                last = t
+            prev = t
+        print("slot", k, iters, last - first, worst, flush=True)
+    print("done", flush=True)
+
+
 def main() -> int:
     mode, seconds = sys.argv[1], float(sys.argv[2])
     factor = sys.argv[3] if len(sys.argv) > 3 else "none"
@@ -388,6 +421,9 @@ def main() -> int:
             daemon=True,
         )
         th.start()
+    if os.environ.get("AB_SLOTS"):
+        slots(run_once)
+        return 0
     iters = 0
     end = t_ready + seconds
     next_tick = t_ready + 0.1

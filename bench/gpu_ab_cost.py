@@ -226,6 +226,194 @@ def run_target(
     }
 
 
+SLOT_S = 1.0
+
+
+def treat_once(pid: int, treat: str, dur: float, extra: list[str]) -> dict:
+    """One treatment of pid (see run_target's `treat`), timed; kdash's CPU for it."""
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    a = time.monotonic_ns()
+    if treat == "null":
+        r = subprocess.run(["sleep", str(dur)], capture_output=True, text=True)
+    elif treat.startswith("poll:"):
+        r = subprocess.run(
+            [sys.executable, str(HERE / "ab_poller.py"), treat[5:], str(pid), str(dur)],
+            capture_output=True,
+            text=True,
+            timeout=dur + 60,
+        )
+    else:
+        cap = Path(f"/tmp/ab-{pid}-{a}.kdash")
+        r = subprocess.run(
+            kdash_cmd(
+                "attach",
+                "--pid",
+                str(pid),
+                "--headless",
+                "--duration",
+                str(dur),
+                "--output",
+                str(cap),
+                *extra,
+            ),
+            capture_output=True,
+            text=True,
+            timeout=dur + 90,
+        )
+        cap.unlink(missing_ok=True)
+    b = time.monotonic_ns()
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    return {
+        "start_ns": a,
+        "end_ns": b,
+        "rc": r.returncode,
+        "cpu_s": round(cpu, 3),
+        "out": (r.stdout + r.stderr)[-1500:],
+    }
+
+
+def run_pair(
+    mode: str, seconds: float, attaches: list[tuple[float, float]], treat: str, extra: list[str]
+) -> dict:
+    """Interleaved twins: a control and a treated process of the loop, alive together, take
+    turns in alternate slots of SLOT_S (control first); kdash treats the treated one at each
+    (t, duration) of `attaches`, t counted from the first slot. Each treated slot is compared
+    with the mean of the control slots either side of it, so a drift of the machine falls on
+    both; ratios are normalised by their median before the first treatment."""
+    env = dict(os.environ, AB_SLOTS="1")
+    env.pop("KDASH_AGENT", None)
+    procs = []
+    for _ in range(2):
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-u", str(HERE / "ab_target.py"), mode, str(seconds)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd=HERE,
+            )
+        )
+    for p in procs:
+        assert p.stdout is not None
+        while True:
+            line = p.stdout.readline()
+            if not line:
+                raise RuntimeError(f"{mode} ended before ready: {p.stderr.read()[-2000:]}")
+            if line.startswith("ready"):
+                break
+    n = int(seconds / SLOT_S)
+    slot_ns = int(SLOT_S * 1e9)
+    t0 = time.monotonic_ns() + 500_000_000
+    for parity, p in enumerate(procs):
+        assert p.stdin is not None
+        p.stdin.write(f"go {t0} {slot_ns} {parity} {n}\n")
+        p.stdin.flush()
+    rows: dict[int, list[tuple[int, int, int, int]]] = {0: [], 1: []}
+
+    def read(i: int) -> None:
+        out = procs[i].stdout
+        assert out is not None
+        for line in out:
+            parts = line.split()
+            if parts[:1] == ["slot"]:
+                rows[i].append(tuple(int(x) for x in parts[1:5]))  # type: ignore[arg-type]
+
+    readers = [threading.Thread(target=read, args=(i,), daemon=True) for i in (0, 1)]
+    for t in readers:
+        t.start()
+    events = []
+    for at, dur in attaches:
+        delay = (t0 + at * 1e9 - time.monotonic_ns()) / 1e9
+        if delay > 0:
+            time.sleep(delay)
+        ev = treat_once(procs[1].pid, treat, dur, extra)
+        ev["start_s"] = (ev.pop("start_ns") - t0) / 1e9
+        ev["end_s"] = (ev.pop("end_ns") - t0) / 1e9
+        events.append(ev)
+    for p in procs:
+        p.wait(seconds + 120)
+    for t in readers:
+        t.join(5)
+    rate = {i: {k: it / (ns / 1e9) for k, it, ns, _w in rows[i] if ns > 0} for i in (0, 1)}
+    ivals = [(e["start_s"], e["end_s"]) for e in events]
+    out_slots = []
+    for k, r in sorted(rate[1].items()):
+        ctl = [rate[0][j] for j in (k - 1, k + 1) if j in rate[0]]
+        if not ctl:
+            continue
+        a, b = k * SLOT_S, (k + 1) * SLOT_S
+        if not ivals or b <= ivals[0][0]:
+            ph = "before"
+        elif any(s <= a and b <= e for s, e in ivals):
+            ph = "attached"
+        elif any(a < e and s < b for s, e in ivals):
+            ph = "edge"
+        else:
+            ph = "after"
+        out_slots.append((k, r / statistics.mean(ctl), ph))
+    base = [x for _k, x, ph in out_slots if ph == "before"]
+    norm = statistics.median(base) if base else 1.0
+    rel = [(k, round(100 * (x / norm - 1), 2), ph) for k, x, ph in out_slots]
+
+    def med(ph: str) -> float | None:
+        v = [x for _k, x, q in rel if q == ph]
+        return round(statistics.median(v), 2) if v else None
+
+    before = [x for _k, x, q in rel if q == "before"]
+    return {
+        "slots_pct": rel,
+        "before_spread_pct": [min(before), max(before)] if before else None,
+        "before_pct": med("before"),
+        "attached_pct": med("attached"),
+        "after_pct": med("after"),
+        "events": events,
+        "iters": [sum(r[1] for r in rows[i]) for i in (0, 1)],
+        "rc": [p.returncode for p in procs],
+        "max_worst_ms_treated": round(max((r[3] for r in rows[1]), default=0) / 1e6, 1),
+        "max_worst_ms_control": round(max((r[3] for r in rows[0]), default=0) / 1e6, 1),
+    }
+
+
+def interleaved(targets: list[str], variants: list[str], name: str, repeat: int) -> int:
+    seconds = 44.0
+    attaches = [(8.0, 6.0), (24.0, 6.0)]
+    res: dict = {
+        "command": "python bench/gpu_ab_cost.py " + " ".join(sys.argv[1:]),
+        "method": "interleaved twins: control and treated alive together, alternate 1-s "
+        "turns (control first); each treated slot over the mean of the control slots either "
+        "side, normalised by the median before the first treatment; kdash attached at 8 s "
+        "and 24 s for 6 s",
+        "machine": machine(),
+        "runs": {},
+        "summary": {},
+    }
+    path = OUT / name
+    for mode in targets:
+        for rep in range(repeat):
+            for vname in variants:
+                treat, vargs = VARIANTS[vname.split("#")[0]]
+                key = f"{mode}/{vname}/{rep}"
+                try:
+                    run = run_pair(mode, seconds, attaches, treat, vargs)
+                except Exception:  # noqa: BLE001 - keep the other runs' figures
+                    res["runs"][key] = {"error": traceback.format_exc()[-2000:]}
+                    print(key, "failed", traceback.format_exc()[-800:], flush=True)
+                    continue
+                res["runs"][key] = run
+                brief = {k: run[k] for k in ("attached_pct", "after_pct", "before_spread_pct")}
+                brief["estimate_pct"] = estimate_from(run["events"])
+                brief["cpu_s"] = [e["cpu_s"] for e in run["events"]]
+                brief["attached_slots"] = [x for _k, x, q in run["slots_pct"] if q == "attached"]
+                res["summary"][key] = brief
+                print(key, brief, flush=True)
+                path.write_text(json.dumps(res, indent=1))
+    path.write_text(json.dumps(res, indent=1))
+    return 0
+
+
 def bin_rates(run: dict, seconds: float) -> list[float | None]:
     """Iterations per second in each BIN_S bin after `ready` (interpolated between ticks)."""
     t0, ticks = run["t0"], run["ticks"]
@@ -426,6 +614,9 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "no_inject": ("attach", ["--no-inject"]),
     "pc_sampling": ("attach", ["--pc-sampling"]),
     "slow_poll": ("attach", ["--interval", "2"]),
+    "nvml_only": ("poll:nvml", []),
+    "nvml_dev_only": ("poll:nvml_dev", []),
+    "sched_only": ("poll:sched", []),
 }
 
 
@@ -470,7 +661,7 @@ def ab(
                 )
                 cmp = compare(run, control, seconds)
                 key = mode if vname == "default" else f"{mode}_{vname}"
-                res["runs"][f"{mode}/{name}"] = {**cmp, "run": slim(run)}
+                res["runs"][f"{mode}/{vname}"] = {**cmp, "run": slim(run)}
                 res["summary"][key] = {
                     "attached_vs_twin_pct": cmp["attached_pct"],
                     "after_detach_vs_twin_pct": cmp["after_pct"],
@@ -509,6 +700,12 @@ def main(argv: list[str]) -> int:
         + " (NAME#2 repeats one)",
     )
     p.add_argument("--pin", type=int, help="run the targets on this one CPU")
+    p.add_argument(
+        "--interleaved",
+        type=int,
+        metavar="REPEAT",
+        help="interleaved twins (run_pair), each variant REPEAT times",
+    )
     p.add_argument("--name", default="agent-ab-h200.json", help="output file under $OUT")
     p.add_argument("extra", nargs="*", help="more `kdash attach` options")
     a = p.parse_args(argv)
@@ -516,6 +713,8 @@ def main(argv: list[str]) -> int:
     if a.screen:
         return screen(a.screen)
     variants = a.variants.split(",") if a.variants else None
+    if a.interleaved:
+        return interleaved(a.targets.split(","), variants or ["default"], a.name, a.interleaved)
     return ab(a.targets.split(","), a.pc, a.extra, variants, a.pin, a.name)
 
 
