@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import weakref
+from collections.abc import Callable
 
 import torch
 
@@ -32,7 +33,8 @@ from .decode_attention import (
     merge_tokens,
     split_class,
 )
-from .launch import BoundKernel
+from .decode_fused import _decode_fused, merge_chunk
+from .launch import BoundKernel, hooks_installed
 from .residency import MAX_BLOCKS_PER_SM, Residency
 
 # Float scales become [Hkv] tensors once, not on every call: a torch.full per decode step is an
@@ -110,6 +112,9 @@ def _stage2_meta(splits: int, head_dim: int) -> tuple[int, int]:
 
 
 _NO_SCALE = object()
+# Whether a plan launches one fused kernel (stage 1 and the merge) rather than two; a plan's
+# ``fused`` argument chooses per plan.
+FUSED_DEFAULT = False
 
 
 def _aligned(*ts: torch.Tensor) -> bool:
@@ -126,9 +131,15 @@ class DecodePlan:
     As FlashInfer's decode wrappers split the work: everything that depends only on the batch
     (its size, the head layout, the page size, the longest length it may reach) is worked out
     here once: the split count and grid, the compile-time parameters, the output and scratch
-    buffers. :meth:`run` then only launches the two kernels on the caller's ``q`` and caches: no
+    buffers. :meth:`run` then only launches the kernels on the caller's ``q`` and caches: no
     allocation, no host synchronisation, no per-argument inspection, so it costs a few
-    microseconds of host time and can be captured in a CUDA graph.
+    microseconds of host time and can be captured in a CUDA graph. After the first run every
+    argument but the pointers of q, the caches and the scales is packed once, and a run hands
+    the pointers to Triton's C launcher (see :meth:`kdash.kernels.launch.BoundKernel.launcher`).
+
+    ``fused`` (default :data:`FUSED_DEFAULT`): one launch, the split merge done by the last
+    stage-1 program of each (request, KV head) (:mod:`kdash.kernels.decode_fused`), instead of
+    stage 1 then a merge kernel. Same results up to the order of the merge's additions.
 
     ``page_table`` (``[B, max_pages]`` int32) and ``seq_lens`` (``[B]`` int32) are kept by
     reference and read on the GPU at every run: a caller (or a CUDA graph replay) may rewrite them
@@ -177,6 +188,7 @@ class DecodePlan:
         num_splits: int | None = None,
         config: DecodeConfig | None = None,
         out: torch.Tensor | None = None,
+        fused: bool | None = None,
     ) -> None:
         if seq_lens.dim() != 1 or page_table.dim() != 2:
             raise ValueError("seq_lens must be [B] and page_table [B, max_pages]")
@@ -214,14 +226,8 @@ class DecodePlan:
             BLOCK_N=config.block_n,
             PAGE=page_size,
         )
-        if self.pairs:
-            self._kern1 = _decode_stage1_fp8_pairs
-        else:
-            self._kern1 = _decode_stage1
-            meta.update(IS_FP8=self.is_fp8, FP8_FP16=config.fp8_compute != "bf16")
-        meta.update(EVICT="evict_first" if config.evict_first else "", UPCAST=self.upcast)
-        if self.pairs:
-            meta["ASM"] = config.fp8_compute == "pairs_asm" and not self.upcast
+        self.fused = FUSED_DEFAULT if fused is None else bool(fused)
+        self._kern1 = self._choose_kernel(meta)
         self._merge = merge_tokens(group, 1 if self.is_fp8 else 2)
         programs = max(1, batch * num_kv_heads)
         meta.update(
@@ -242,16 +248,21 @@ class DecodePlan:
             num_warps=config.num_warps,
             num_stages=config.num_stages,
         )
+        if self.fused:
+            # The merge's tile covers every split count the plan may choose (fixed before the
+            # count is, since the count depends on the compiled kernel's residency).
+            block_s = next_pow2(max(config.max_splits, num_splits or 1))
+            meta.update(BLOCK_S=block_s, CHUNK=merge_chunk(block_s, head_dim))
         self._meta1 = meta
         self._sms = sms
-        plan_args = (batch, num_kv_heads, self.max_seq_len, total_tokens, num_splits)
-        splits, split_len = self._plan_waves(*plan_args)
-        self.num_splits, self.split_len = splits, split_len
         if out is None:
             out = torch.empty(batch, num_q_heads, head_dim, device=dev, dtype=q_dtype)
         elif out.shape != (batch, num_q_heads, head_dim) or out.stride(2) != 1:
             raise ValueError("out must be [B, Hq, D] with a contiguous head dimension")
         self.out = out
+        plan_args = (batch, num_kv_heads, self.max_seq_len, total_tokens, num_splits)
+        splits, split_len = self._plan_waves(*plan_args)
+        self.num_splits, self.split_len = splits, split_len
         # One workspace: partial O [B, Hq, splits, D], partial LSE, final LSE.
         n_l = batch * num_q_heads * splits
         n_o = n_l * head_dim
@@ -268,28 +279,53 @@ class DecodePlan:
             self._ks, self._ks_src = _as_scale(k_scale, num_kv_heads, dev), k_scale
             self._vs, self._vs_src = _as_scale(v_scale, num_kv_heads, dev), v_scale
             self._scales_aligned = _aligned(self._ks, self._vs)
+        self._ksp = self._vsp = seq_lens.data_ptr()
+        if self.is_fp8 and self._ks_src is not _NO_SCALE:
+            self._ksp, self._vsp = self._ks.data_ptr(), self._vs.data_ptr()
         self._grid1 = (batch, num_kv_heads, splits)
         self._q_stride: tuple | None = None
         self._q_shape: tuple | None = None
         self._cache_layout: tuple | None = None
-        self._known: dict[int, weakref.ref] = {}
+        # id of a cache tensor seen before -> (weak reference, data pointer)
+        self._known: dict[int, tuple[weakref.ref, int]] = {}
         self._s1: BoundKernel | None = None
         self._rest1: tuple = ()
-        block_s, warps2 = _stage2_meta(splits, head_dim)
-        self._s2 = BoundKernel(
-            _decode_stage2,
-            (batch, num_q_heads),
-            dict(HEAD_DIM=head_dim, BLOCK_S=block_s, EMULATE_RTNE=self.upcast, num_warps=warps2),
-        )
-        self._args2 = (
-            self.o_part,
-            self.lse_part,
-            out,
-            lse,
-            splits,
-            out.stride(0),
-            out.stride(1),
-        )
+        # The launches with every argument fixed but q, the caches and the scales, pointers as
+        # ints (see kdash.kernels.launch); made once the kernels are armed, None until then.
+        self._fire: Callable[..., None] | None = None
+        self._pt_ptr, self._sl_ptr = page_table.data_ptr(), seq_lens.data_ptr()
+        self._outs: tuple = (out, lse, out.stride(0), out.stride(1))
+        if self.fused:
+            # Ticket counters of the merge, one per (request, KV head): zero between launches.
+            self._tickets = torch.zeros(max(1, batch * num_kv_heads), device=dev, dtype=torch.int32)
+            self._s2 = None
+            self._args2: tuple = ()
+        else:
+            block_s, warps2 = _stage2_meta(splits, head_dim)
+            self._s2 = BoundKernel(
+                _decode_stage2,
+                (batch, num_q_heads),
+                dict(
+                    HEAD_DIM=head_dim, BLOCK_S=block_s, EMULATE_RTNE=self.upcast, num_warps=warps2
+                ),
+            )
+            self._args2 = (self.o_part, self.lse_part, out, lse, splits, *self._outs[2:])
+
+    def _choose_kernel(self, meta: dict):
+        """The stage-1 kernel (or the fused one) for this plan, its KV-dtype constexprs added to
+        ``meta``."""
+        config = self.config
+        asm = self.pairs and config.fp8_compute == "pairs_asm" and not self.upcast
+        fp16 = config.fp8_compute != "bf16"
+        meta.update(EVICT="evict_first" if config.evict_first else "", UPCAST=self.upcast)
+        if self.fused:
+            meta.update(PAIRS=self.pairs, IS_FP8=self.is_fp8, FP8_FP16=fp16, ASM=asm)
+            return _decode_fused
+        if self.pairs:
+            meta["ASM"] = asm
+            return _decode_stage1_fp8_pairs
+        meta.update(IS_FP8=self.is_fp8, FP8_FP16=fp16)
+        return _decode_stage1
 
     def _plan_waves(
         self,
@@ -389,6 +425,9 @@ class DecodePlan:
         if self.pairs:
             ks = tuple(x // 2 for x in ks)
         scale_t = torch.float32 if self.is_fp8 else torch.int32
+        outs: tuple = ()
+        if self.fused:
+            outs = (self.q_dtype, torch.float32, torch.int32)
         args = (
             self.q_dtype,
             self.kv_dtype,
@@ -399,6 +438,7 @@ class DecodePlan:
             scale_t,
             torch.float32,
             torch.float32,
+            *outs,
             self.sm_scale * LOG2E,
             splits,
             split_len,
@@ -408,6 +448,7 @@ class DecodePlan:
             *ks,
             *ks,
             self.page_table.stride(0),
+            *((self.out.stride(0), self.out.stride(1)) if self.fused else ()),
         )
         grid = (self.batch, self.kv_heads, splits)
         try:
@@ -446,9 +487,7 @@ class DecodePlan:
             if any(x % 2 for x in (*ks, *vs)):
                 raise ValueError("fp8 pairs path needs even cache strides")
             ks, vs = tuple(x // 2 for x in ks), tuple(x // 2 for x in vs)  # int16 units
-        self._rest1 = (
-            self.o_part,
-            self.lse_part,
+        scalars = (
             self.sm_scale * LOG2E,
             self.num_splits,
             self.split_len,
@@ -459,10 +498,49 @@ class DecodePlan:
             *vs,
             self.page_table.stride(0),
         )
+        out, lse, so_b, so_h = self._outs
+        if self.fused:
+            bufs: tuple = (self.o_part, self.lse_part, out, lse, self._tickets)
+            self._rest1 = (*bufs, *scalars, so_b, so_h)
+        else:
+            bufs = (self.o_part, self.lse_part)
+            self._rest1 = (*bufs, *scalars)
+        # The same arguments with the buffers as pointers, for the launchers of _arm_fire.
+        self._rest1_ptrs = (*(t.data_ptr() for t in bufs), *self._rest1[len(bufs) :])
         self._s1 = BoundKernel(self._kern1, self._grid1, self._meta1)
+        self._fire = None
         self._q_stride, self._q_shape = q.stride(), q.shape
         self._cache_layout = (k_cache.stride(), v_cache.stride())
         self._known.clear()
+
+    def _arm_fire(self) -> None:
+        """Make :attr:`_fire` once every kernel of the run is armed (their first launch went
+        through Triton, which compiled them): ``fire(stream, q, k, v, k_scale, v_scale)`` with
+        the five as pointers, everything else fixed here."""
+        s1, s2 = self._s1, self._s2
+        if s1 is None or not s1.fast or (s2 is not None and not s2.fast):
+            return
+        f1 = s1.launcher(self._rest1_ptrs)
+        if f1 is None:
+            return
+        pt, sl = self._pt_ptr, self._sl_ptr
+        if s2 is None:
+
+            def fire(stream: int, qp: int, kp: int, vp: int, ksp: int, vsp: int) -> None:
+                f1(stream, qp, kp, vp, pt, sl, ksp, vsp)
+
+        else:
+            a2 = self._args2
+            f2 = s2.launcher((*(t.data_ptr() for t in a2[:4]), *a2[4:]))
+            if f2 is None:
+                return
+
+            def fire(stream: int, qp: int, kp: int, vp: int, ksp: int, vsp: int) -> None:
+                f1(stream, qp, kp, vp, pt, sl, ksp, vsp)
+                f2(stream)
+
+        self._stream = s1.stream
+        self._fire = fire
 
     def _admit(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
         """Check caches not seen before against the bound layout (rebinding if it differs) and
@@ -478,7 +556,7 @@ class DecodePlan:
         if len(self._known) > 256:
             self._known.clear()
         for c in (k_cache, v_cache):
-            self._known[id(c)] = weakref.ref(c)
+            self._known[id(c)] = (weakref.ref(c), c.data_ptr())
         return True
 
     def _scale(self, which: str, scale) -> torch.Tensor:
@@ -490,9 +568,9 @@ class DecodePlan:
             return self._ks if which == "k" else self._vs
         t = _as_scale(scale, self.kv_heads, self.device)
         if which == "k":
-            self._ks, self._ks_src = t, scale
+            self._ks, self._ks_src, self._ksp = t, scale, t.data_ptr()
         else:
-            self._vs, self._vs_src = t, scale
+            self._vs, self._vs_src, self._vsp = t, scale, t.data_ptr()
         self._scales_aligned = _aligned(self._ks, self._vs)
         return t
 
@@ -516,25 +594,48 @@ class DecodePlan:
         if q.stride() != self._q_stride or q.shape != self._q_shape or q.dtype != self.q_dtype:
             self._bind(q, k_cache, v_cache)
         known = self._known
-        fast = True
-        for c in (k_cache, v_cache):
-            r = known.get(id(c))
-            if r is None or r() is not c:
-                fast = self._admit(q, k_cache, v_cache) and fast
-        if self.is_fp8:
-            ks = self._ks if k_scale is self._ks_src else self._scale("k", k_scale)
-            vs = self._vs if v_scale is self._vs_src else self._scale("v", v_scale)
-            fast = fast and self._scales_aligned
+        kr = known.get(id(k_cache))
+        vr = known.get(id(v_cache))
+        if kr is None or vr is None or kr[0]() is not k_cache or vr[0]() is not v_cache:
+            fast = self._admit(q, k_cache, v_cache)
+            kr = known.get(id(k_cache))
+            vr = known.get(id(v_cache))
         else:
-            ks = vs = self._ks
-        if self.batch:
-            s1 = self._s1
-            if fast and not q.data_ptr() & 15:
-                s1(q, k_cache, v_cache, self.page_table, self.seq_lens, ks, vs, *self._rest1)
-            else:  # a misaligned pointer: Triton's own path specialises for it
-                s1.jit(q, k_cache, v_cache, self.page_table, self.seq_lens, ks, vs, *self._rest1)
-            self._s2(*self._args2)
+            fast = True
+        if self.is_fp8:
+            # None uses the plan's scales (refused in _scale if it has none)
+            if k_scale is not self._ks_src and (k_scale is not None or self._ks_src is _NO_SCALE):
+                self._scale("k", k_scale)
+            if v_scale is not self._vs_src and (v_scale is not None or self._vs_src is _NO_SCALE):
+                self._scale("v", v_scale)
+            fast = fast and self._scales_aligned
+        if not self.batch:
+            return (self.out, self.lse) if return_lse else self.out
+        qp = q.data_ptr()
+        fire = self._fire
+        if fire is not None and fast and not qp & 15 and not hooks_installed():
+            fire(self._stream(), qp, kr[1], vr[1], self._ksp, self._vsp)
+        else:
+            self._launch_checked(q, k_cache, v_cache, fast and not qp & 15)
         return (self.out, self.lse) if return_lse else self.out
+
+    def _launch_checked(self, q, k_cache, v_cache, aligned: bool) -> None:
+        """The launches with tensor arguments: through the bound kernels (which arm on their
+        first call; then the pointer launchers are made), or, for a misaligned pointer, through
+        Triton's own path, which specialises for it."""
+        s1, s2 = self._s1, self._s2
+        assert s1 is not None
+        args = (q, k_cache, v_cache, self.page_table, self.seq_lens, self._ks, self._vs)
+        if aligned:
+            s1(*args, *self._rest1)
+            if s2 is not None:
+                s2(*self._args2)
+            if self._fire is None:
+                self._arm_fire()
+        else:
+            s1.jit(*args, *self._rest1)
+            if s2 is not None:
+                s2(*self._args2)
 
 
 def decode_attention(
@@ -553,6 +654,7 @@ def decode_attention(
     config: DecodeConfig | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
+    fused: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of one new query token per request over its paged KV cache, in one call.
 
@@ -562,7 +664,7 @@ def decode_attention(
     and, for unequal requests, ``total_tokens`` (else ``batch * max_seq_len``). ``num_splits``
     overrides the split count; any lengths stay correct, only the balance changes. Returns
     ``[B, Hq, D]`` in q's dtype (``out`` if given), and the natural-log LSE ``[B, Hq]`` fp32 when
-    ``return_lse``.
+    ``return_lse``. ``fused``: one launch or two (see :class:`DecodePlan`).
     """
     if q.dim() != 3 or k_cache.dim() != 4:
         raise ValueError("q must be [B, Hq, D] and the caches [pages, page_size, Hkv, D]")
@@ -590,5 +692,6 @@ def decode_attention(
         num_splits=num_splits,
         config=config,
         out=out,
+        fused=fused,
     )
     return plan.run(q, k_cache, v_cache, return_lse=return_lse)

@@ -13,10 +13,17 @@ the caller must keep the scalar arguments fixed (a plan does) and the fast path 
 pointer argument loses the 16-byte alignment the compiled kernel assumed, or a launch hook (a
 profiler such as proton) is installed: those calls take Triton's own path. In the CPU interpreter
 every call takes Triton's own path.
+
+A caller that launches the same kernel many times with most arguments fixed (a decode plan) can
+go one step further with :meth:`BoundKernel.launcher`: a function of the stream and the leading
+arguments only, the fixed ones and the constexpr tail packed once. Pointers may be passed there
+as integers (``data_ptr()``), which every Triton CUDA launcher accepts: it then skips the
+``data_ptr()`` call and the ``cuPointerGetAttribute`` driver query it makes for each tensor.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import triton
@@ -37,9 +44,14 @@ def _hook_set(hook: Any) -> bool:
 try:  # Triton >= 3.4 keeps the launch hooks in its knobs
     from triton import knobs as _knobs
 
+    _CHAIN = getattr(_knobs, "HookChain", None)
+
     def _hooks_installed() -> bool:
         rt = _knobs.runtime
-        return _hook_set(rt.launch_enter_hook) or _hook_set(rt.launch_exit_hook)
+        enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+        if _CHAIN is not None and type(enter) is _CHAIN and type(leave) is _CHAIN:
+            return bool(enter.calls) or bool(leave.calls)  # the usual case, checked per run
+        return _hook_set(enter) or _hook_set(leave)
 
 except ImportError:  # pragma: no cover - older Triton keeps them on CompiledKernel
 
@@ -99,26 +111,7 @@ class BoundKernel:
             g0, g1, g2 = self._g
             d = self._direct
             if d is not None:
-                # The C entry point under Triton's launcher object, with what that object would
-                # add: no scratch buffers (none needed, checked when armed), no launch metadata.
-                launch, function, coop, pdl, packed = d
-                launch(
-                    g0,
-                    g1,
-                    g2,
-                    self._stream(self._device),
-                    function,
-                    coop,
-                    pdl,
-                    None,
-                    None,
-                    packed,
-                    None,
-                    None,
-                    None,
-                    *args,
-                    *self._tail,
-                )
+                d(self._stream(self._device), *args)
                 return
             ck.run(
                 g0,
@@ -154,23 +147,48 @@ class BoundKernel:
             return
         self._tail = tail
         self._compiled = compiled
-        self._direct = _direct_entry(compiled)
+        self._direct = _direct_entry(compiled, self._g, tail)
 
     @property
     def fast(self) -> bool:
         """Whether calls now go straight to the compiled kernel's launcher."""
         return self._compiled is not None
 
+    def launcher(self, fixed: tuple) -> Callable[..., None] | None:
+        """``fire(stream, *head)``: this kernel launched on ``stream`` with the runtime
+        arguments ``head + fixed``, through the launcher's C entry point, or None while there is
+        none (not armed yet: no call went through :meth:`__call__`; another Triton; a kernel
+        that needs scratch memory). Pointers in ``head`` and ``fixed`` may be ints.
 
-# Triton releases whose CUDA launcher object was read for :func:`_direct_entry`: its ``launch``
-# takes (grid x3, stream, function, cooperative, pdl, global scratch, profile scratch, packed
-# metadata, launch metadata, enter hook, exit hook, *kernel args).
+        Nothing is checked per call: the caller keeps the specialisation the kernel was armed
+        with (the same scalars, 16-byte aligned pointers) and checks :func:`hooks_installed`.
+        """
+        if self._compiled is None or self._direct is None:
+            return None
+        return _direct_entry(self._compiled, self._g, (*fixed, *self._tail))
+
+    def stream(self) -> int:
+        """The current stream of the device this kernel was armed on (call after arming)."""
+        return self._stream(self._device)
+
+
+# Whether a launch hook is installed now (then every launch must take Triton's path).
+hooks_installed = _hooks_installed
+
+
+# Triton releases whose CUDA launcher object was read for :func:`_direct_entry`. Two layouts of
+# its C ``launch``: (grid x3, stream, function, cooperative, pdl, global scratch, profile
+# scratch, packed metadata, launch metadata, enter hook, exit hook, *kernel args) up to 3.6; with
+# the argument annotations (3.9): (grid x3, stream, function, cooperative, pdl, packed metadata,
+# launch metadata, enter hook, exit hook, global scratch, profile scratch, annotations,
+# signature, kernel args as one tuple).
 _DIRECT_VERSIONS = ("3.6.", "3.9.")
 
 
-def _direct_entry(compiled) -> tuple | None:
-    """``(launch, function, cooperative, pdl, packed_metadata)`` when the launcher object only
-    forwards to its C ``launch`` for this kernel (no scratch memory to allocate); else None."""
+def _direct_entry(compiled, grid: tuple[int, int, int], tail: tuple) -> Callable[..., None] | None:
+    """``fire(stream, *head)``: the launcher object's C ``launch`` called with what the object
+    itself would add (no scratch buffers: none needed, checked here; no launch metadata; no
+    hooks), for the runtime arguments ``head + tail``; None when the layout is not known."""
     if not triton.__version__.startswith(_DIRECT_VERSIONS):
         return None
     try:
@@ -180,15 +198,31 @@ def _direct_entry(compiled) -> tuple | None:
             return None
         if getattr(launcher, "gsan_enabled", False):
             return None
-        return (
-            launch,
-            compiled.function,
-            launcher.launch_cooperative_grid,
-            launcher.launch_pdl,
-            compiled.packed_metadata,
-        )
+        function = compiled.function
+        coop, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+        packed = compiled.packed_metadata
+        annotations = getattr(launcher, "arg_annotations", None)
+        signature = getattr(launcher, "kernel_signature", None)
     except AttributeError:
         return None
+    g0, g1, g2 = grid
+    if annotations is not None and signature is not None:
+
+        def fire(stream, *head) -> None:
+            launch(
+                g0, g1, g2, stream, function, coop, pdl, packed, None, None, None, None, None,
+                annotations, signature, (*head, *tail),
+            )  # fmt: skip
+
+        return fire
+
+    def fire_flat(stream, *head) -> None:
+        launch(
+            g0, g1, g2, stream, function, coop, pdl, None, None, packed, None, None, None,
+            *head, *tail,
+        )  # fmt: skip
+
+    return fire_flat
 
 
 def interpreting_args(args) -> bool:

@@ -1,0 +1,126 @@
+"""Host time of DecodePlan.run's own Python on a machine without a GPU (launches stubbed).
+
+The plan is made on CPU tensors (Triton's interpreter compiles nothing), then its bound kernels
+are given a stand-in compiled kernel whose C ``launch`` does nothing, so a run takes the same
+Python path as on the GPU after its first call: the checks, the pointer launchers of
+kernels/launch.py, and the call into the launcher, which here returns at once. What the real
+launcher costs (argument parsing, cuLaunchKernelEx) is not in these figures; the GPU's
+``decode_host_us`` (kernels/bench.py) has it.
+
+Run: python bench/decode_host_cpu.py [--profile]   (prints us per run, min and median of 7 x
+20,000 runs, for the two-launch and the fused plan, bf16 and fp8 KV; --profile adds cProfile)
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU tensors; must precede importing triton
+
+import cProfile
+import io
+import pstats
+import sys
+import time
+from types import SimpleNamespace
+
+from kdash.kernels import bench
+from kdash.kernels.decode_attention import DecodeConfig
+from kdash.kernels.decode_plan import DecodePlan
+from kdash.kernels.launch import BoundKernel
+
+RUNS, REPS = 20_000, 7
+
+
+def _noop(*_args) -> None:
+    return None
+
+
+def stand_in(bk: BoundKernel, n_runtime: int) -> None:
+    """Arm ``bk`` as a first GPU call would, with a compiled kernel whose launch does nothing."""
+    import inspect
+
+    from kdash.kernels import launch
+
+    params = list(inspect.signature(getattr(bk.fn, "fn", bk.fn)).parameters.values())
+    tail = tuple(bk.meta.get(p.name, p.default) for p in params[n_runtime:])
+    runner = SimpleNamespace(
+        launch=_noop,
+        global_scratch_size=0,
+        profile_scratch_size=0,
+        launch_cooperative_grid=False,
+        launch_pdl=False,
+    )
+    compiled = SimpleNamespace(run=runner, function=0, packed_metadata=(4, 1, 0))
+    bk._compiled, bk._tail = compiled, tail
+    bk._stream, bk._device = (lambda _d: 0), 0
+    bk._direct = launch._direct_entry(compiled, bk._g, tail)
+
+
+def _plan(case: bench.DecodeCase, cfg, fused: bool) -> DecodePlan:
+    return DecodePlan(
+        case.page_table,
+        case.seq_lens,
+        case.hq,
+        case.hkv,
+        case.d,
+        case.k.shape[1],
+        max_seq_len=max(case.lens),
+        total_tokens=sum(case.lens),
+        kv_dtype=case.k.dtype,
+        config=cfg,
+        out=case.out,
+        fused=fused,
+        **case.scales,
+    )
+
+
+def measure(fused: bool, fp8: bool, profile: bool) -> tuple[float, float]:
+    case = bench.DecodeCase([300, 40, 77, 5], 32, 8, 128, fp8)
+    plan = _plan(case, None if fp8 else DecodeConfig(block_n=64), fused)
+    q, k, v = case.q, case.k, case.v
+    saved = BoundKernel.__call__
+    BoundKernel.__call__ = lambda self, *a: None  # the binding run, without interpreting
+    try:
+        plan.run(q, k, v)
+    finally:
+        BoundKernel.__call__ = saved
+    stand_in(plan._s1, 7 + len(plan._rest1))
+    if plan._s2 is not None:
+        stand_in(plan._s2, len(plan._args2))
+    plan._arm_fire()
+    assert plan._fire is not None, "the pointer launchers were not made"
+    for _ in range(2000):
+        plan.run(q, k, v)
+    per = []
+    for _ in range(REPS):
+        t0 = time.perf_counter()
+        for _ in range(RUNS):
+            plan.run(q, k, v)
+        per.append((time.perf_counter() - t0) / RUNS * 1e6)
+    per.sort()
+    if profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(RUNS):
+            plan.run(q, k, v)
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(10)
+        print(buf.getvalue().rstrip()[-1800:])
+    return per[0], per[len(per) // 2]
+
+
+def main() -> int:
+    bench.DEVICE = "cpu"
+    profile = "--profile" in sys.argv[1:]
+    for fused in (False, True):
+        for fp8 in (False, True):
+            lo, mid = measure(fused, fp8, profile)
+            name = "fused" if fused else "two-launch"
+            print(f"{name:>10} {'fp8' if fp8 else 'bf16'}: {lo:.2f} us min, {mid:.2f} us median")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
