@@ -15,13 +15,13 @@ is plain data that needs no import; the Kineto importer, in the core, imports it
 objects attribute by attribute (records.RecordConverter.convert) and the one that gathers the
 same fields straight out of a CUPTI buffer with numpy (records.RecordConverter._columns). A
 column a record kind gives no field for gets the agent's pid (column "pid") or -1 (n/a), as
-`rows_to_batch` fills them, unless CONSTANTS names a value. Markers (NVTX ranges) are not a
-field-by-field copy: START and END records are paired by id (records.RecordConverter._marker),
-so they have their own columns below.
+`rows_to_batch` fills them, unless CONSTANTS names a value; CUPTI_FILLED says which, per kind,
+and why. Markers (NVTX ranges) are not a field-by-field copy: START and END records are
+paired by id (records.RecordConverter._marker), so they have their own columns below.
 
-**Kineto.** `kdash.kineto_events` reads KINETO: one entry per group of event categories, the
-same shape as RECORDS, with source fields named as the trace writes them (`args.X` is a key of
-the event's `args`).
+**Kineto.** `kdash.kineto_events` reads KINETO: (table, event categories, fields) as RECORDS
+is (table, record kinds, fields), with source keys named as the trace writes them (`args.X` is
+a key of the event's `args`) and a value for when the event has none of them.
 """
 
 from __future__ import annotations
