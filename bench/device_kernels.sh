@@ -2,31 +2,55 @@
 # One device-tool call for the attention kernels on the H200 machine (bench/device_setup.sh has
 # run, or runs here when /tmp/site lacks kdash):
 #   1. the kernel gates: pytest -m gpu on the decode, plan/run and prefill kernel tests;
-#   2. the kernel bench -> $OUT/kernels-h200.json (decode sweep; summary keys pass/miss);
+#   2. the kernel bench -> $OUT/kernels-h200.json (decode sweep; summary keys pass/miss; every
+#      decode shape timed with both launch paths, two launches and one fused: summary.by_path);
 #   3. the demo workload with graph-replayed decode (--graph-decode), then 10 s eager
 #      for comparison; each must finish and report decode tokens;
-#   4. (NCU=1, the default; NCU=0 skips) Nsight Compute on the fp8 and bf16 stage-1 decode
+#   4. (NCU=1; the default NCU=0 skips) Nsight Compute on the fp8 and bf16 stage-1 decode
 #      kernels at 8 x 16k tokens: one launch each, key sections only;
 #   5. (when tmux is there) `kdash demo` at 200x50 for 25 s, its screen in $OUT.
-# Worst case (every timeout hit) stays under the device tool's 10-minute limit; typical ~5 min.
+# Worst case (every timeout hit) stays under the device tool's 10-minute limit; typical ~6 min.
 # Run: bash bench/device_kernels.sh   (results under $OUT; the log is $OUT/kernels.log)
+#
+# DECODE_ONLY=1 bash bench/device_kernels.sh: only what decides the decode launch path, worst
+# case ~8 min, typical ~5: the decode and plan/run GPU gates (both paths), the decode table of
+# the bench for both paths without the sweep (--sweep none --only decode ->
+# $OUT/kernels-h200-decode.json), and bench/gpu_decode_host.py's host-time profile.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 [ -d /tmp/site/kdash ] || bash bench/device_setup.sh || exit 1
 export PYTHONPATH=/tmp/site PYTHONSAFEPATH=1
 log=$OUT/kernels.log
+if [ "${DECODE_ONLY:-0}" = 1 ]; then
+  {
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+    echo "== decode gates, both launch paths (pytest -m gpu)"
+    timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/test_kernels_decode.py \
+      tests/test_kernels_plan.py > "$OUT/gates.log" 2>&1
+    echo "rc=$?"; grep -E "passed|failed|FAILED|Error" "$OUT/gates.log" | tail -12
+    echo "== bench, decode table only, both paths"
+    timeout 200 python3 -m kdash.kernels.bench --sweep none --only decode \
+      --out "$OUT/kernels-h200-decode.json" > "$OUT/bench.log" 2>&1
+    echo "rc=$?"; grep -E "^(decode|summary|configs|wrote)" "$OUT/bench.log" | cut -c1-300
+    echo "== host time of DecodePlan.run (two-launch default path), cProfile"
+    timeout 60 python3 bench/gpu_decode_host.py > "$OUT/decode-host.log" 2>&1
+    echo "rc=$?"; grep -E '"(run_us|s1_us|s2_us|empty_launch_us|fast|direct)"' "$OUT/decode-host.log"
+  } 2>&1 | tee "$log"
+  exit 0
+fi
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 
   echo "== gates (pytest -m gpu)"
-  timeout 150 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/test_kernels_decode.py \
+  timeout 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/test_kernels_decode.py \
     tests/test_kernels_plan.py tests/test_kernels_prefill.py tests/test_workload.py \
     > "$OUT/gates.log" 2>&1
   echo "rc=$?"; tail -6 "$OUT/gates.log"
 
   echo "== bench"
-  timeout 200 python3 -m kdash.kernels.bench --sweep decode --out "$OUT/kernels-h200.json" \
+  timeout 240 python3 -m kdash.kernels.bench --sweep decode --out "$OUT/kernels-h200.json" \
     > "$OUT/bench.log" 2>&1
   echo "rc=$?"; grep -E "^(decode|summary|configs|wrote)" "$OUT/bench.log" | cut -c1-260
 
@@ -44,7 +68,7 @@ log=$OUT/kernels.log
     > "$OUT/demo-eager.log" 2>&1
   echo "rc=$?"; tail -3 "$OUT/demo-eager.log"
 
-  if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null; then
+  if [ "${NCU:-0}" = 1 ] && command -v ncu > /dev/null; then
     echo "== ncu: stage-1 decode kernels, fp8 and bf16, 32/8/128 at 8 x 16k"
     cat > /tmp/kdash_decode_prof.py <<'EOF'
 import sys
@@ -63,7 +87,7 @@ EOF
       --section SchedulerStats --section Occupancy --section LaunchStats \
       --section ComputeWorkloadAnalysis"
     for kind in fp8 bf16; do
-      if [ $kind = fp8 ]; then k="regex:^_decode_stage1_fp8_pairs$"; else k="regex:^_decode_stage1$"; fi
+      if [ $kind = fp8 ]; then k="regex:^_decode_(stage1_fp8_pairs|fused)$"; else k="regex:^_decode_(stage1|fused)$"; fi
       # shellcheck disable=SC2086 # the section list is meant to split
       timeout 60 ncu --clock-control none --kernel-name "$k" --launch-skip 2 --launch-count 1 \
         $sections -f -o "$OUT/ncu-decode-$kind" python3 /tmp/kdash_decode_prof.py $kind \
@@ -74,7 +98,7 @@ EOF
         "$OUT/ncu-decode-$kind.txt" | head -40
     done
   else
-    echo "== ncu skipped (NCU=${NCU:-1}, ncu: $(command -v ncu || echo absent))"
+    echo "== ncu skipped (NCU=${NCU:-0}, ncu: $(command -v ncu || echo absent))"
   fi
 
   if command -v tmux > /dev/null; then

@@ -15,7 +15,10 @@ One run measures, in order:
 Decode is timed as a server runs it: a :class:`~kdash.kernels.decode_plan.DecodePlan` made
 once per shape, then ``plan.run`` per call. Besides the GPU time, the host time of one ``run``
 (``host_us_nosync``: a CPU timer over many calls in a row, no synchronisation between them, so
-the figure is what the host spends, not what it waits for).
+the figure is what the host spends, not what it waits for). Both launch paths of a plan are
+timed on every decode shape, two launches (stage 1, then the merge kernel) and one fused
+launch: ``row["paths"]`` and ``summary["by_path"]``; the top-level figures are the default
+path's. ``--only decode`` skips prefill (its summary keys are then n/a).
 
 It writes ``bench/results/kernels-h200.json`` (``--out``) holding the command, the machine, every
 figure, and ``summary`` with the floors and, per key, ``pass`` or ``miss`` (``status``):
@@ -37,8 +40,16 @@ from typing import Any
 
 import torch
 
+from .bench_timing import (
+    bench_graph_ms,
+    bench_host_nosync_us,
+    bench_host_us,
+    bench_ms,
+    bench_readflush_ms,
+    log,
+)
 from .decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
-from .decode_plan import DecodePlan, decode_attention
+from .decode_plan import FUSED_DEFAULT, DecodePlan, decode_attention
 from .kv_cache import fp8_scales, quantize_fp8
 from .prefill_attention import PrefillConfig, default_config, extend_attention
 
@@ -114,93 +125,6 @@ PREFILL_SWEEP = {
 }
 
 
-def log(msg: str) -> None:
-    print(msg, flush=True)
-
-
-def bench_ms(fn, *, rep: int = 100) -> float:
-    """Median ms of ``fn`` by ``triton.testing.do_bench`` (which flushes L2 before every call)."""
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median"))
-
-
-_FLUSH: dict[str, torch.Tensor] = {}
-
-
-def bench_readflush_ms(fn, *, iters: int = 100) -> float:
-    """Median ms of ``fn`` after an L2 flush that only reads (a sum over 256 MiB).
-
-    ``do_bench`` flushes L2 by zeroing 256 MiB, which leaves L2 full of dirty lines whose write-back
-    then competes with the timed kernel (about 60 MB of extra writes, ~12 us on an H200). A read
-    flush evicts the timed kernel's data just as well and leaves clean lines. Reported next to the
-    ``do_bench`` figure, not instead of it.
-    """
-    if "buf" not in _FLUSH:
-        _FLUSH["buf"] = torch.randn(64 * 1024 * 1024, device="cuda")
-    buf = _FLUSH["buf"]
-    for _ in range(5):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for i in range(iters):
-        buf.sum()  # reads 256 MiB; the scalar result is dropped
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    times = sorted(a.elapsed_time(b) for a, b in zip(starts, ends, strict=True))
-    return float(times[len(times) // 2])
-
-
-def bench_host_us(fn, *, iters: int = 200) -> float:
-    """Median host-side us of one call of ``fn``: the Python wrapper plus its kernel launches.
-
-    The GPU is drained before every call, so no launch waits on a full queue and the figure is the
-    host's own cost. ``do_bench`` hides it only while it is shorter than the L2-flush kernel queued
-    in front of each call; a longer host time leaks into the timed region (bench/NOTES-kernels.md).
-    """
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    torch.cuda.synchronize()
-    times.sort()
-    return times[len(times) // 2] * 1e6
-
-
-def bench_host_nosync_us(fn, *, calls: int = 100, reps: int = 7) -> float:
-    """Host us per call of ``fn`` over ``calls`` calls in a row with no synchronisation between
-    them (median of ``reps`` such runs; the GPU is drained between runs, untimed).
-
-    This is what a serving loop pays per decode call on its CPU. ``calls`` is small enough that
-    the launch queue (about a thousand kernels) never fills, so no call waits on the GPU.
-    """
-    for _ in range(5):
-        fn()
-    per = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per.append((time.perf_counter() - t0) / calls)
-    torch.cuda.synchronize()
-    per.sort()
-    return per[len(per) // 2] * 1e6
-
-
-def bench_graph_ms(fn, *, rep: int = 100) -> float:
-    """Median ms of ``fn`` replayed from a CUDA graph (no launch gaps; no L2 flush)."""
-    import triton.testing
-
-    return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
-
-
 # ----------------------------------------------------------------------------------- ceilings
 def ceilings() -> dict[str, float]:
     """Copy bandwidth (read + written over a 4 GiB copy) and the bf16 matmul rate."""
@@ -271,8 +195,9 @@ class DecodeCase:
         kv = 2 * sum(self.lens) * self.hkv * self.d * elem
         return kv + 2 * self.q.numel() * self.q.element_size()
 
-    def plan(self, cfg: DecodeConfig) -> DecodePlan:
-        """The plan for these lengths (host-known: no sync), as a server makes it per batch."""
+    def plan(self, cfg: DecodeConfig, fused: bool | None = None) -> DecodePlan:
+        """The plan for these lengths (host-known: no sync), as a server makes it per batch;
+        ``fused``: one launch or two (None: the plan's default)."""
         return DecodePlan(
             self.page_table,
             self.seq_lens,
@@ -285,12 +210,13 @@ class DecodeCase:
             kv_dtype=self.k.dtype,
             config=cfg,
             out=self.out,
+            fused=fused,
             **self.scales,
         )
 
-    def fn(self, cfg: DecodeConfig):
+    def fn(self, cfg: DecodeConfig, fused: bool | None = None):
         """The timed call (one ``plan.run``), and its split count."""
-        plan = self.plan(cfg)
+        plan = self.plan(cfg, fused)
         self.last_plan = plan
         q, k, v = self.q, self.k, self.v
 
@@ -389,7 +315,23 @@ def decode_table(copy_gbs: float, best: dict[str, DecodeConfig]) -> list[dict[st
                 f"(graph x{row['fp8_speedup_graph']:.2f}) | stage-1 regs/waves bf16 "
                 f"{occ(b)} fp8 {occ(f)}"
             )
+            log(
+                f"decode-paths {row['heads']:>10} B={batch:<4} ctx={str(ctx):<9} " + paths_line(row)
+            )
     return rows
+
+
+def paths_line(row: dict) -> str:
+    """Both launch paths of one decode row, side by side: us, graph us, host us, regs/waves."""
+    parts = []
+    for name, p in row["paths"].items():
+        for tag in ("bf16", "fp8"):
+            x = p[tag]
+            parts.append(
+                f"{name} {tag} {x['us']:7.1f}us {x['bw_ratio']:.2f} graph {x['us_graph']:7.1f}us "
+                f"{x['bw_ratio_graph']:.2f} host {x['host_us_nosync']:5.1f}us {occ(x)}"
+            )
+    return " | ".join(parts)
 
 
 def occupancy_or_error(plan: DecodePlan) -> dict[str, Any]:
@@ -408,34 +350,49 @@ def occ(side: dict) -> str:
 
 
 def decode_row(row: dict, lens, hq, hkv, d, copy_gbs: float, best: dict[str, DecodeConfig]):
-    """Time one decode shape with bf16 and fp8 KV; fills ``row`` in place."""
+    """Time one decode shape with bf16 and fp8 KV; fills ``row`` in place.
+
+    ``row[kv]`` holds the figures of the default launch path (``DecodePlan``'s
+    ``FUSED_DEFAULT``); ``row["paths"][path][kv]`` those of both paths, ``two_launch`` (stage 1
+    then the merge kernel) and ``fused`` (one launch), timed alike on the same case.
+    """
+    paths: dict[str, dict[str, Any]] = {"two_launch": {}, "fused": {}}
     for fp8 in (False, True):
         tag = "fp8" if fp8 else "bf16"
         case = DecodeCase(lens, hq, hkv, d, fp8)
         cfg = best[tag]
-        fn, splits = case.fn(cfg)
-        ms = bench_ms(fn)
-        ms_g = bench_graph_ms(fn)
-        ms_r = bench_readflush_ms(fn)
-        host_us = bench_host_us(fn)
-        host_nosync = bench_host_nosync_us(fn)
         nbytes = case.bytes_needed()
-        row[tag] = {
-            "splits": splits,
-            "stage1": occupancy_or_error(case.last_plan),
-            "host_us": host_us,
-            "host_us_nosync": host_nosync,
-            "us": ms * 1e3,
-            "us_graph": ms_g * 1e3,
-            "us_readflush": ms_r * 1e3,
-            "bw_ratio_readflush": nbytes / (ms_r * 1e-3) / 1e9 / copy_gbs,
-            "bytes": nbytes,
-            "GBps": nbytes / (ms * 1e-3) / 1e9,
-            "GBps_graph": nbytes / (ms_g * 1e-3) / 1e9,
-            "bw_ratio": nbytes / (ms * 1e-3) / 1e9 / copy_gbs,
-            "bw_ratio_graph": nbytes / (ms_g * 1e-3) / 1e9 / copy_gbs,
-        }
+        for fused in (FUSED_DEFAULT, not FUSED_DEFAULT):
+            fn, splits = case.fn(cfg, fused)
+            ms = bench_ms(fn)
+            ms_g = bench_graph_ms(fn)
+            fig = {
+                "splits": splits,
+                "stage1": occupancy_or_error(case.last_plan),
+                "host_us_nosync": bench_host_nosync_us(fn),
+                "us": ms * 1e3,
+                "us_graph": ms_g * 1e3,
+                "bytes": nbytes,
+                "GBps": nbytes / (ms * 1e-3) / 1e9,
+                "GBps_graph": nbytes / (ms_g * 1e-3) / 1e9,
+                "bw_ratio": nbytes / (ms * 1e-3) / 1e9 / copy_gbs,
+                "bw_ratio_graph": nbytes / (ms_g * 1e-3) / 1e9 / copy_gbs,
+            }
+            paths["fused" if fused else "two_launch"][tag] = fig
+            if fused == FUSED_DEFAULT:
+                ms_r = bench_readflush_ms(fn)
+                row[tag] = {
+                    **fig,
+                    "fused": fused,
+                    "host_us": bench_host_us(fn),
+                    "us_readflush": ms_r * 1e3,
+                    "bw_ratio_readflush": nbytes / (ms_r * 1e-3) / 1e9 / copy_gbs,
+                }
         del case
+    for p in paths.values():
+        p["fp8_speedup"] = p["bf16"]["us"] / p["fp8"]["us"]
+        p["fp8_speedup_graph"] = p["bf16"]["us_graph"] / p["fp8"]["us_graph"]
+    row["paths"] = paths
     row["fp8_speedup"] = row["bf16"]["us"] / row["fp8"]["us"]
     row["fp8_speedup_graph"] = row["bf16"]["us_graph"] / row["fp8"]["us_graph"]
 
@@ -681,12 +638,33 @@ def summarize(decode: list[dict], prefill: list[dict]) -> dict[str, Any]:
             f"{LONG_CONTEXT}, do_bench (fp8_speedup_graph: the same from CUDA-graph replays)",
         },
     }
+    s["default_path"] = "fused" if FUSED_DEFAULT else "two_launch"
+    s["by_path"] = {name: path_summary(decode, name, lowest) for name in ("two_launch", "fused")}
     s["status"] = {k: floor_status(k, s[k]) for k in FLOORS}
     s["met"] = {k: v == "pass" for k, v in s["status"].items()}
     s["short_by"] = {
         k: abs(s[k] - FLOORS[k]) for k, v in s["status"].items() if v == "miss" and s[k] is not None
     }
     return s
+
+
+def path_summary(decode: list[dict], name: str, lowest) -> dict[str, Any]:
+    """The decode summary keys for one launch path (rows timed with both, see decode_row)."""
+    rows = [r["paths"][name] for r in decode if name in r.get("paths", {})]
+    long_rows = [
+        r["paths"][name] for r in decode if name in r.get("paths", {}) and r["long_context"]
+    ]
+    hosts = [p[t]["host_us_nosync"] for p in rows for t in ("bf16", "fp8")]
+    out = {
+        "decode_host_us": max(hosts) if hosts else None,
+        "decode_bw_ratio": lowest(p["bf16"]["bw_ratio"] for p in long_rows),
+        "decode_bw_ratio_graph": lowest(p["bf16"]["bw_ratio_graph"] for p in long_rows),
+        "decode_bw_ratio_fp8": lowest(p["fp8"]["bw_ratio"] for p in long_rows),
+        "fp8_speedup": lowest(p["fp8_speedup"] for p in long_rows),
+        "fp8_speedup_graph": lowest(p["fp8_speedup_graph"] for p in long_rows),
+    }
+    out["status"] = {k: floor_status(k, v) for k, v in out.items() if k in FLOORS}
+    return out
 
 
 def floor_status(key: str, value: float | None) -> str:
@@ -707,6 +685,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=["all", "decode", "prefill", "none"],
         default="all",
         help="which shape classes get the short config sweep (others use the defaults)",
+    )
+    ap.add_argument(
+        "--only",
+        choices=["all", "decode"],
+        default="all",
+        help="decode: the decode table only (no prefill sweep or table; prefill keys are n/a)",
     )
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -741,7 +725,7 @@ def main(argv: list[str] | None = None) -> int:
         sd = sweep_decode(copy)
         best_dec = {k: DecodeConfig(**v["best"]) for k, v in sd.items()}
         result["sweep"]["decode"] = sd
-    if args.sweep in ("all", "prefill"):
+    if args.sweep in ("all", "prefill") and args.only == "all":
         log("sweep: prefill configs")
         sp = sweep_prefill()
         best_pre = {k: PrefillConfig(**v["best"]) for k, v in sp.items()}
@@ -763,7 +747,7 @@ def main(argv: list[str] | None = None) -> int:
     save()
     result["decode"] = decode_table(copy, best_dec)
     save()
-    result["prefill"] = prefill_table(best_pre)
+    result["prefill"] = prefill_table(best_pre) if args.only == "all" else []
     result["summary"] = summarize(result["decode"], result["prefill"])
     result["seconds"] = time.time() - t0
     save()
@@ -773,6 +757,11 @@ def main(argv: list[str] | None = None) -> int:
         rel = "<=" if k in AT_MOST else ">="
         shown = "n/a" if v is None else f"{v:.3f}"
         log(f"summary {k:<24} {shown:>8}  floor {rel} {FLOORS[k]:<5} {s['status'][k]}")
+    for name, p in s["by_path"].items():
+        shown = ", ".join(
+            f"{k} {'n/a' if v is None else f'{v:.3f}'}" for k, v in p.items() if k != "status"
+        )
+        log(f"summary path {name:<10} {shown}")
     log(f"wrote {out} in {result['seconds']:.0f}s")
     return 0
 

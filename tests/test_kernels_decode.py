@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
+from kdash.kernels import decode_plan  # noqa: E402
 from kdash.kernels._common import cdiv  # noqa: E402
 from kdash.kernels.decode_attention import (  # noqa: E402
     DecodeConfig,
@@ -58,6 +59,14 @@ SMALL = DecodeConfig(block_n=64, prefetch_pages=False)
 SMALL_PREFETCH = DecodeConfig(block_n=64, prefetch_pages=True)
 # Every correctness gate runs with and without the page-index prefetch (prefetch_pages).
 with_prefetch = pytest.mark.parametrize("cfg", [SMALL, SMALL_PREFETCH], ids=["plain", "prefetch"])
+
+
+@pytest.fixture(params=[False, True], ids=["two-launch", "fused"])
+def path(request, monkeypatch) -> bool:
+    """Both launch paths of a plan: stage 1 then the merge kernel, or the one fused launch
+    (the plans these tests make through decode_attention take the module's default)."""
+    monkeypatch.setattr(decode_plan, "FUSED_DEFAULT", request.param)
+    return request.param
 
 
 def make_case(
@@ -106,7 +115,7 @@ def check(out, q, kc, vc, pt, sl, scales, fp8: bool):
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_decode_matches_reference(page_size: int, head_dim: int, fp8: bool, cfg) -> None:
+def test_decode_matches_reference(page_size: int, head_dim: int, fp8: bool, cfg, path) -> None:
     # not block multiples; 1 and 5 are shorter than the split count; 500 gives each of its 4
     # splits two 64-token tiles, so the prefetch hands a tile's pages over across iterations
     lens = [1, 5, 100, 500]
@@ -119,7 +128,7 @@ def test_decode_matches_reference(page_size: int, head_dim: int, fp8: bool, cfg)
 @needs_device
 @with_prefetch
 @pytest.mark.parametrize(("q_heads", "kv_heads"), [(2, 2), (8, 1), (6, 2)])
-def test_decode_gqa_groups(q_heads: int, kv_heads: int, cfg) -> None:
+def test_decode_gqa_groups(q_heads: int, kv_heads: int, cfg, path) -> None:
     """MHA (group 1), one KV head for 8 query heads, and a group that is not a power of two."""
     q, kc, vc, pt, sl, scales = make_case([7, 130], q_heads, kv_heads, 64, 16, False, seed=1)
     out = decode_attention(q, kc, vc, pt, sl, config=cfg, max_seq_len=130)
@@ -128,7 +137,7 @@ def test_decode_gqa_groups(q_heads: int, kv_heads: int, cfg) -> None:
 
 @needs_device
 @with_prefetch
-def test_more_splits_than_tokens_gives_no_nan(cfg) -> None:
+def test_more_splits_than_tokens_gives_no_nan(cfg, path) -> None:
     q, kc, vc, pt, sl, scales = make_case([1, 2, 3], 4, 2, 64, 1, False, seed=2)
     out = decode_attention(q, kc, vc, pt, sl, num_splits=16, config=cfg)
     assert torch.isfinite(out.float()).all()
@@ -138,7 +147,7 @@ def test_more_splits_than_tokens_gives_no_nan(cfg) -> None:
 @needs_device
 @with_prefetch
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_forced_split_counts_still_cover_every_token(num_splits: int, cfg) -> None:
+def test_forced_split_counts_still_cover_every_token(num_splits: int, cfg, path) -> None:
     """A graph-captured split count must stay right for any lengths (only balance changes)."""
     q, kc, vc, pt, sl, scales = make_case([1, 130, 500], 4, 2, 64, 16, False, seed=6)
     out = decode_attention(q, kc, vc, pt, sl, num_splits=num_splits, max_seq_len=2, config=cfg)
@@ -146,7 +155,7 @@ def test_forced_split_counts_still_cover_every_token(num_splits: int, cfg) -> No
 
 
 @needs_device
-def test_lse_is_the_log_sum_exp_of_the_logits() -> None:
+def test_lse_is_the_log_sum_exp_of_the_logits(path) -> None:
     q, kc, vc, pt, sl, _ = make_case([3, 77], 4, 2, 64, 16, False, seed=3)
     _, lse = decode_attention(q, kc, vc, pt, sl, num_splits=3, config=SMALL, return_lse=True)
     for b, n in enumerate(sl.tolist()):
@@ -156,7 +165,7 @@ def test_lse_is_the_log_sum_exp_of_the_logits() -> None:
 
 
 @needs_device
-def test_fp8_per_tensor_scale_as_float() -> None:
+def test_fp8_per_tensor_scale_as_float(path) -> None:
     """A single float is a per-tensor scale: same result as the equal per-head tensor."""
     q, kc, vc, pt, sl, _ = make_case([40, 9], 4, 2, 64, 16, False, seed=4)
     kf = kc.float().nan_to_num(0.0).to(FP8)
@@ -196,7 +205,7 @@ def test_cached_launch_plan_still_validates_every_call() -> None:
 @needs_device
 @pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "prefetch"])
 @pytest.mark.parametrize("mode", ["pairs_asm", "pairs", "fp16", "bf16"])
-def test_every_fp8_compute_path_passes_the_gate(mode: str, prefetch: bool) -> None:
+def test_every_fp8_compute_path_passes_the_gate(mode: str, prefetch: bool, path) -> None:
     q, kc, vc, pt, sl, scales = make_case([5, 300], 8, 2, 64, 16, True, seed=8)
     cfg = DecodeConfig(block_n=64, fp8_compute=mode, prefetch_pages=prefetch)
     out = decode_attention(q, kc, vc, pt, sl, num_splits=2, config=cfg, **scales)
@@ -365,7 +374,9 @@ def _lognormal_lens(batch: int, mean: int, seed: int) -> list[int]:
     ],
     ids=["1x128k", "1x64k-p1", "8x16k", "32x4k", "128x1k-p1", "64xlognormal4k", "2x16k-d64"],
 )
-def test_gpu_decode_gates_at_benchmark_shapes(q_heads, lens, page_size, head_dim, fp8) -> None:
+def test_gpu_decode_gates_at_benchmark_shapes(
+    q_heads, lens, page_size, head_dim, fp8, path
+) -> None:
     if lens == "lognormal":
         lens = _lognormal_lens(64, 4096, seed=5)
     q, kc, vc, pt, sl, scales = make_case(lens, q_heads, 8, head_dim, page_size, fp8, device="cuda")
@@ -384,7 +395,7 @@ def test_gpu_decode_gates_at_benchmark_shapes(q_heads, lens, page_size, head_dim
     [([131072], 16), ([65536], 1), ("lognormal", 16)],
     ids=["1x128k", "1x64k-p1", "64xlognormal4k"],
 )
-def test_gpu_prefetch_gates_at_benchmark_shapes(lens, page_size, fp8) -> None:
+def test_gpu_prefetch_gates_at_benchmark_shapes(lens, page_size, fp8, path) -> None:
     """The compiled page-index prefetch (not only the interpreter's) at the sweep's shapes."""
     if lens == "lognormal":
         lens = _lognormal_lens(64, 4096, seed=5)

@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from kdash.kernels import decode_attention as da  # noqa: E402
+from kdash.kernels import decode_plan  # noqa: E402
 from kdash.kernels._common import cdiv  # noqa: E402
 from kdash.kernels.decode_attention import (  # noqa: E402
     DecodeConfig,
@@ -35,6 +36,14 @@ needs_device = pytest.mark.skipif(
     not INTERPRET and not torch.cuda.is_available(), reason="no CUDA and not interpreting"
 )
 SMALL = DecodeConfig(block_n=64)
+
+
+@pytest.fixture(params=[False, True], ids=["two-launch", "fused"])
+def path(request, monkeypatch) -> bool:
+    """Both launch paths: stage 1 then the merge kernel, or one fused launch (plans made
+    without ``fused=`` take the module's default, set here)."""
+    monkeypatch.setattr(decode_plan, "FUSED_DEFAULT", request.param)
+    return request.param
 
 
 def make_case(lens, q_heads, kv_heads, head_dim, page_size, fp8=False, *, seed=0):
@@ -80,7 +89,7 @@ def plan_for(pt, sl, q, kc, **kw) -> DecodePlan:
 
 
 @needs_device
-def test_one_plan_serves_many_runs_in_its_own_buffers() -> None:
+def test_one_plan_serves_many_runs_in_its_own_buffers(path) -> None:
     """Runs on new queries and on in-place rewritten lengths/pages reuse the plan's buffers."""
     q, kc, vc, pt, sl, sc = make_case([37, 300, 5], 8, 2, 64, 16, seed=1)
     plan = plan_for(pt, sl, q, kc, max_seq_len=512)
@@ -105,7 +114,7 @@ def test_one_plan_serves_many_runs_in_its_own_buffers() -> None:
 
 @needs_device
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-def test_a_run_after_a_new_plan_of_another_composition(fp8: bool) -> None:
+def test_a_run_after_a_new_plan_of_another_composition(fp8: bool, path) -> None:
     """A second plan (more requests, other page size and lengths) and then the first again."""
     qa, kca, vca, pta, sla, sca = make_case([20, 130], 4, 2, 64, 16, fp8, seed=2)
     qb, kcb, vcb, ptb, slb, scb = make_case([3, 257, 64, 9, 100], 8, 2, 64, 1, fp8, seed=3)
@@ -120,7 +129,7 @@ def test_a_run_after_a_new_plan_of_another_composition(fp8: bool) -> None:
 
 
 @needs_device
-def test_one_plan_runs_every_layer_of_a_step() -> None:
+def test_one_plan_runs_every_layer_of_a_step(path) -> None:
     """Layers share a plan and bring their own caches (and fp8 scales): each one is right."""
     q0, kc0, vc0, pt, sl, sc0 = make_case([33, 150], 4, 2, 64, 16, True, seed=20)
     # a second layer over the same pages: other values (NaN slots stay NaN), other scales
@@ -152,7 +161,7 @@ def test_run_refuses_what_the_plan_was_not_made_for() -> None:
 
 
 @needs_device
-def test_a_misaligned_view_takes_the_checked_path_and_stays_right() -> None:
+def test_a_misaligned_view_takes_the_checked_path_and_stays_right(path) -> None:
     """Compiled kernels assume 16-byte pointers; a view that breaks that must not be run fast."""
     q, kc, vc, pt, sl, sc = make_case([40, 3], 4, 2, 64, 16, seed=5)
     plan = plan_for(pt, sl, q, kc, max_seq_len=64)
@@ -226,7 +235,9 @@ def recorded_launches(monkeypatch):
 
 @needs_device
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-def test_run_allocates_nothing_and_never_waits_for_the_gpu(fp8: bool, recorded_launches) -> None:
+def test_run_allocates_nothing_and_never_waits_for_the_gpu(
+    fp8: bool, recorded_launches, path
+) -> None:
     q, kc, vc, pt, sl, sc = make_case([5, 200, 77], 8, 2, 64, 16, fp8, seed=6)
     plan = plan_for(pt, sl, q, kc, max_seq_len=256, **sc)
     out = torch.full_like(plan.out, float("nan"))
@@ -237,7 +248,8 @@ def test_run_allocates_nothing_and_never_waits_for_the_gpu(fp8: bool, recorded_l
     with no_allocation_no_sync():
         res = plan.run(q, kc, vc, ks, vs)
     assert res is plan.out
-    assert [bk.fn for bk, _ in recorded_launches] == [plan._kern1, da._decode_stage2]
+    want = [plan._kern1] if path else [plan._kern1, da._decode_stage2]
+    assert [bk.fn for bk, _ in recorded_launches] == want
     # Sanity of the guard itself: it does refuse an allocation and a sync.
     with no_allocation_no_sync(), pytest.raises(AssertionError, match="torch.empty"):
         torch.empty(1)
@@ -246,6 +258,8 @@ def test_run_allocates_nothing_and_never_waits_for_the_gpu(fp8: bool, recorded_l
     for bk, args in recorded_launches:
         bk.jit(*args)
     check(plan.out, q, kc, vc, pt, sl, sc)
+    if path:
+        assert not plan._tickets.any()  # the merging programs reset their counters
 
 
 # --------------------------------------------------------------------------- GPU gates
@@ -258,27 +272,34 @@ needs_cuda = pytest.mark.skipif(
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-def test_gpu_fast_launch_matches_the_jit_launch_bit_for_bit(fp8: bool) -> None:
+def test_gpu_fast_launch_matches_the_jit_launch_bit_for_bit(fp8: bool, path) -> None:
     q, kc, vc, pt, sl, sc = make_case([16384, 3000, 77], 32, 8, 128, 16, fp8, seed=7)
     plan = plan_for(pt, sl, q, kc, max_seq_len=16384, total_tokens=19461, config=None, **sc)
+    assert plan.fused == path
     plan.run(q, kc, vc)
-    assert plan._s1.fast and plan._s2.fast  # armed by the first run
+    kernels = [plan._s1] if path else [plan._s1, plan._s2]
+    assert all(k.fast for k in kernels)  # armed by the first run
     import triton
 
     if triton.__version__.startswith(("3.6.", "3.9.")):  # launcher layouts read for these
-        assert plan._s1._direct is not None and plan._s2._direct is not None
+        assert all(k._direct is not None for k in kernels)
+        assert plan._fire is not None  # later runs hand pointers to the C launchers
     fast = plan.run(q, kc, vc).clone()
     args = (q, kc, vc, pt, sl, plan._ks, plan._vs, *plan._rest1)
     plan._s1.jit(*args)
-    plan._s2.jit(*plan._args2)
+    if not path:
+        plan._s2.jit(*plan._args2)
     assert torch.equal(fast, plan.out)
     check(fast, q, kc, vc, pt, sl, sc)
+    if path:
+        torch.cuda.synchronize()
+        assert not plan._tickets.any()
 
 
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-def test_gpu_graph_replay_follows_lengths_rewritten_in_place(fp8: bool) -> None:
+def test_gpu_graph_replay_follows_lengths_rewritten_in_place(fp8: bool, path) -> None:
     """Capture once for any lengths up to 32k; replay after rewriting lengths and pages."""
     lens = [32768, 1000, 5, 4000]
     q, kc, vc, pt, sl, sc = make_case(lens, 32, 8, 128, 16, fp8, seed=8)
@@ -301,12 +322,14 @@ def test_gpu_graph_replay_follows_lengths_rewritten_in_place(fp8: bool) -> None:
         g.replay()
         torch.cuda.synchronize()
         check(plan.out, q_in, kc, vc, pt, sl, sc)
+        if path:
+            assert not plan._tickets.any()  # every replay leaves them as it found them
 
 
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-def test_gpu_plan_plans_at_its_compiled_kernels_residency(fp8: bool) -> None:
+def test_gpu_plan_plans_at_its_compiled_kernels_residency(fp8: bool, path) -> None:
     """The residency the plan found (compiled at plan time, or cached) is the one of the kernel
     its first run launches, as the bench reads it; the split count is the wave model's there."""
     from kdash.kernels import bench
@@ -315,6 +338,7 @@ def test_gpu_plan_plans_at_its_compiled_kernels_residency(fp8: bool) -> None:
     plan = plan_for(pt, sl, q, kc, max_seq_len=16384, total_tokens=8 * 16384, config=None, **sc)
     assert plan.residency_source in ("compiled", "cache"), plan.residency_source
     check(plan.run(q, kc, vc), q, kc, vc, pt, sl, sc)
+    assert plan.fused == path
     occ = bench.stage1_occupancy(plan)
     assert occ["resident_per_sm"] == plan.resident_per_sm
     assert occ["registers"] == plan.residency.registers
@@ -324,7 +348,7 @@ def test_gpu_plan_plans_at_its_compiled_kernels_residency(fp8: bool) -> None:
 
 @gpu
 @needs_cuda
-def test_gpu_host_time_per_run_is_small() -> None:
+def test_gpu_host_time_per_run_is_small(path) -> None:
     """Generous bound for CI-class hosts; the bench reports the real figure (decode_host_us)."""
     import time
 
@@ -343,12 +367,48 @@ def test_gpu_host_time_per_run_is_small() -> None:
 
 
 @needs_device
-def test_functional_entry_point_is_a_plan_and_a_run() -> None:
+def test_functional_entry_point_is_a_plan_and_a_run(path) -> None:
     """decode_attention keeps its signature and results by making a plan and running it once."""
     q, kc, vc, pt, sl, _ = make_case([9, 70], 4, 2, 64, 16, seed=10)
     out = decode_attention(q, kc, vc, pt, sl, config=SMALL, max_seq_len=70, total_tokens=79)
     plan = plan_for(pt, sl, q, kc, max_seq_len=70, total_tokens=79)
     torch.testing.assert_close(out, plan.run(q, kc, vc), rtol=0, atol=0)
+
+
+@needs_device
+def test_fused_runs_leave_their_tickets_at_zero_and_agree_with_two_launches() -> None:
+    """The fused launch over several splits (SMALL: 3 splits of 256 for 700 tokens), run
+    twice on new queries: the gate holds, every counter is back at zero for the next run (a
+    graph replay relies on it), and output and LSE agree with the two-launch plan's."""
+    q, kc, vc, pt, sl, sc = make_case([700, 3, 260], 8, 2, 64, 16, seed=12)
+    fused = plan_for(pt, sl, q, kc, max_seq_len=700, total_tokens=963, fused=True)
+    two = plan_for(pt, sl, q, kc, max_seq_len=700, total_tokens=963, fused=False)
+    assert fused.num_splits == two.num_splits == 3 and fused._s2 is None
+    for seed in (0, 1):
+        q = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).bfloat16()
+        fused.out.fill_(float("nan"))
+        out, lse = fused.run(q, kc, vc, return_lse=True)
+        check(out, q, kc, vc, pt, sl, sc)
+        assert not fused._tickets.any()
+        out2, lse2 = two.run(q, kc, vc, return_lse=True)
+        torch.testing.assert_close(lse, lse2, rtol=0, atol=1e-5)
+        torch.testing.assert_close(out.float(), out2.float(), rtol=0, atol=1e-2)
+
+
+def test_the_plan_module_imports_first_without_a_cycle() -> None:
+    """decode_attention re-exports the plan's names lazily: either module may come first."""
+    import subprocess
+    import sys
+
+    code = (
+        "import kdash.kernels.decode_plan as p\n"
+        "from kdash.kernels.decode_attention import DecodePlan, decode_attention\n"
+        "assert DecodePlan is p.DecodePlan and decode_attention is p.decode_attention\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert da.DecodePlan is DecodePlan and da.max_splits_for is max_splits_for
 
 
 # ------------------------------------------------------------------------- bench wiring
@@ -412,6 +472,55 @@ def test_bench_decode_case_times_a_plan_run_that_passes_the_gate(fp8: bool, monk
     sc = case.scales
     check(case.out, case.q, case.k, case.v, case.page_table, case.seq_lens, sc)
     assert case.check(SMALL)["passed"]
+
+
+@needs_device
+def test_bench_decode_row_times_both_launch_paths(monkeypatch) -> None:
+    """The wiring of the decode table and its summary for the two paths, on the CPU: the GPU
+    timers cannot run here, so they are replaced by fixed figures (two-launch runs 10% slower
+    and 2 us more host time than fused, so the summary can be checked per path)."""
+    from kdash.kernels import bench
+
+    monkeypatch.setattr(bench, "DEVICE", DEV)
+    plans: list = []
+
+    def timed(base):
+        def fake(fn, **_kw):
+            plan = plans[-1]
+            return base * (1.0 if plan.fused else 1.1) * (0.6 if plan.is_fp8 else 1.0)
+
+        return fake
+
+    real_fn = bench.DecodeCase.fn
+
+    def fn(self, cfg, fused=None):
+        out = real_fn(self, cfg, fused)
+        plans.append(self.last_plan)
+        return out
+
+    monkeypatch.setattr(bench.DecodeCase, "fn", fn)
+    monkeypatch.setattr(bench, "bench_ms", timed(0.1))
+    monkeypatch.setattr(bench, "bench_graph_ms", timed(0.09))
+    monkeypatch.setattr(bench, "bench_readflush_ms", timed(0.095))
+    monkeypatch.setattr(bench, "bench_host_us", lambda fn: 12.0 if plans[-1].fused else 14.0)
+    monkeypatch.setattr(bench, "bench_host_nosync_us", lambda fn: 8.0 if plans[-1].fused else 10.0)
+    row = {"long_context": True}
+    bench.decode_row(row, [300, 40], 8, 2, 64, 3000.0, {"bf16": SMALL, "fp8": SMALL})
+    d = decode_plan.FUSED_DEFAULT
+    assert [p.fused for p in plans] == [d, not d, d, not d]  # the default path first
+    assert row["bf16"]["fused"] is d and row["bf16"]["host_us_nosync"] == (8.0 if d else 10.0)
+    two, fused = row["paths"]["two_launch"], row["paths"]["fused"]
+    assert fused["bf16"]["us"] == pytest.approx(100.0) and two["bf16"]["us"] == pytest.approx(110.0)
+    assert fused["fp8_speedup"] == pytest.approx(1 / 0.6)
+    s = bench.summarize([row], [])
+    assert s["default_path"] == ("fused" if d else "two_launch")
+    assert s["by_path"]["fused"]["decode_host_us"] == 8.0
+    assert s["by_path"]["two_launch"]["decode_host_us"] == 10.0
+    assert s["decode_host_us"] == s["by_path"][s["default_path"]]["decode_host_us"]
+    assert s["by_path"]["fused"]["decode_bw_ratio"] > s["by_path"]["two_launch"]["decode_bw_ratio"]
+    assert s["by_path"]["fused"]["status"]["decode_host_us"] == "pass"
+    line = bench.paths_line(row)
+    assert "two_launch bf16" in line and "fused fp8" in line
 
 
 def test_an_empty_launch_hook_chain_is_not_a_hook() -> None:
@@ -480,7 +589,7 @@ def host_cut(plan: DecodePlan, lens: list[int]) -> list[int]:
     [(8, 2, 16, False), (8, 2, 1, False), (4, 1, 16, True), (6, 2, 1, True)],
     ids=["gqa4-p16", "gqa4-p1", "gqa4-p16-fp8", "gqa3-p1-fp8"],
 )
-def test_the_device_cut_is_the_host_wave_plan(q_heads, kv_heads, page_size, fp8) -> None:
+def test_the_device_cut_is_the_host_wave_plan(q_heads, kv_heads, page_size, fp8, path) -> None:
     """Odd near-equal lengths under a grid sized for any lengths up to 3072 (12 splits): the
     kernel's own search, from the lengths in memory, picks the split count the host's model
     does, and the result passes the gate. At 2 KV heads that is 5 splits (30 programs, one wave

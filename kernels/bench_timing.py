@@ -1,0 +1,95 @@
+"""Timing helpers of the kernel benchmark (kernels/bench.py): GPU time by ``do_bench``, by
+CUDA-graph replay and after a read-only L2 flush, and the host time of a call."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def bench_ms(fn, *, rep: int = 100) -> float:
+    """Median ms of ``fn`` by ``triton.testing.do_bench`` (which flushes L2 before every call)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median"))
+
+
+_FLUSH: dict[str, torch.Tensor] = {}
+
+
+def bench_readflush_ms(fn, *, iters: int = 100) -> float:
+    """Median ms of ``fn`` after an L2 flush that only reads (a sum over 256 MiB).
+
+    ``do_bench`` flushes L2 by zeroing 256 MiB, which leaves L2 full of dirty lines whose write-back
+    then competes with the timed kernel (about 60 MB of extra writes, ~12 us on an H200). A read
+    flush evicts the timed kernel's data just as well and leaves clean lines. Reported next to the
+    ``do_bench`` figure, not instead of it.
+    """
+    if "buf" not in _FLUSH:
+        _FLUSH["buf"] = torch.randn(64 * 1024 * 1024, device="cuda")
+    buf = _FLUSH["buf"]
+    for _ in range(5):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        buf.sum()  # reads 256 MiB; the scalar result is dropped
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    times = sorted(a.elapsed_time(b) for a, b in zip(starts, ends, strict=True))
+    return float(times[len(times) // 2])
+
+
+def bench_host_us(fn, *, iters: int = 200) -> float:
+    """Median host-side us of one call of ``fn``: the Python wrapper plus its kernel launches.
+
+    The GPU is drained before every call, so no launch waits on a full queue and the figure is the
+    host's own cost. ``do_bench`` hides it only while it is shorter than the L2-flush kernel queued
+    in front of each call; a longer host time leaks into the timed region (bench/NOTES-kernels.md).
+    """
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    times.sort()
+    return times[len(times) // 2] * 1e6
+
+
+def bench_host_nosync_us(fn, *, calls: int = 100, reps: int = 7) -> float:
+    """Host us per call of ``fn`` over ``calls`` calls in a row with no synchronisation between
+    them (median of ``reps`` such runs; the GPU is drained between runs, untimed).
+
+    This is what a serving loop pays per decode call on its CPU. ``calls`` is small enough that
+    the launch queue (about a thousand kernels) never fills, so no call waits on the GPU.
+    """
+    for _ in range(5):
+        fn()
+    per = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per.append((time.perf_counter() - t0) / calls)
+    torch.cuda.synchronize()
+    per.sort()
+    return per[len(per) // 2] * 1e6
+
+
+def bench_graph_ms(fn, *, rep: int = 100) -> float:
+    """Median ms of ``fn`` replayed from a CUDA graph (no launch gaps; no L2 flush)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
