@@ -28,9 +28,29 @@ from .decode_attention import _decode_stage1, _decode_stage1_fp8_pairs
 
 
 def merge_chunk(block_s: int, head_dim: int) -> int:
-    """Splits merged per step: a [chunk, head_dim] fp32 tile of partials of at most 64 values a
-    thread of 4 warps, and never more than the splits there are."""
-    return max(1, min(block_s, 8192 // head_dim))
+    """Splits merged per step (never more than the tile holds). Picked from sm_90 compiles here
+    (ptxas 13.0): 64 at head_dim 128 and 32 at 64 leave the fused kernel within 0-8 registers
+    of stage 1 alone (bf16 112-118 at 32/8/128, fp8 pairs 140-142), so as many programs fit an
+    SM; 128 at head_dim 64 took bf16 from 72 to 124."""
+    return max(1, min(block_s, 64 if head_dim >= 128 else 32))
+
+
+@triton.jit
+def _fenced(x, GPU: tl.constexpr):
+    """``x``, after every thread of the program has run a GPU-scope acquire-release fence (on the
+    GPU; the interpreter runs one program at a time and has nothing to order). Scalars are
+    computed by every thread, so each one fences; the result carries the dependence on it."""
+    if GPU:
+        return tl.inline_asm_elementwise(
+            asm="fence.acq_rel.gpu;\n\tmov.b32 $0, $1;",
+            constraints="=r,r",
+            args=[x],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+    else:
+        return x
 
 
 @triton.jit
@@ -177,9 +197,9 @@ def _decode_fused(
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     kv_heads = tl.num_programs(1)
-    ticket = TICKETS + b * kv_heads + kvh
-    # Every thread's partial stores are issued before the ticket is taken (the atomic's
-    # release then publishes them at GPU scope).
+    # Every thread's partial stores are ordered before the ticket at GPU scope: its own fence,
+    # then the CTA barrier, then the one atomic (itself a release) taken for the program.
+    ticket = TICKETS + _fenced(b * kv_heads + kvh, not UPCAST)
     tl.debug_barrier()
     done = tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
     if done == num_splits - 1:
