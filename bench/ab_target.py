@@ -4,7 +4,8 @@
 
 MODE is `eager` (matmul + a small Triton kernel + a sync per iteration), `graph_tiny` (a CUDA
 graph of 50 tiny Triton kernels replayed, a sync per replay) or `decode_graph` (a decode step of
-kdash's demo model, 8 layers, batch 32 at 2k context, replayed from a CUDA graph). It prints
+kdash's demo model, 8 layers, batch 32 at 2k context, replayed from a CUDA graph; `decode_eager`
+is the same step launched eagerly: a steady kernel mix for PC-sampling checks). It prints
 `ready PID MONO_NS` once warmed up, then `tick MONO_NS ITERS MAX_ITER_NS` every 100 ms (the
 longest iteration since the last tick, so a stall of the loop is seen), then `done ITERS`.
 
@@ -60,7 +61,7 @@ def build(mode: str):
                 for _ in range(50):
                     axpy[(n // 1024,)](x, y, out, n, 0.5, BLOCK=1024)
 
-    elif mode == "decode_graph":
+    elif mode in ("decode_graph", "decode_eager"):
         from kdash.kernels.decode_attention import decode_attention
         from kdash.kernels.kv_cache import write_kv
         from kdash.kernels.workload import Engine, ModelConfig
@@ -103,7 +104,7 @@ def build(mode: str):
         raise SystemExit(f"unknown mode {mode!r}")
 
     graph = None
-    if mode != "eager":
+    if mode in ("graph_tiny", "decode_graph"):
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):

@@ -33,6 +33,11 @@ import traceback
 from pathlib import Path
 
 OUT = Path(os.environ.get("OUT") or Path(__file__).resolve().parent / "results")
+HERE = Path(__file__).resolve().parent
+# PCS_STEADY=1: the target is one decode step of the demo model launched eagerly over and over
+# (bench/ab_target.py decode_eager), so the kernel mix in the activity windows is the one the
+# PC ranges between them sampled; the demo workload's mix moves with its batch.
+STEADY = os.environ.get("PCS_STEADY") == "1"
 REPORT = re.compile(
     r"\[\s*([\d.]+)s\] decode\s+(\d+) tok/s\s+prefill\s+(\d+) tok/s\s+steps/s\s+([\d.]+)\s+"
     r"running\s+(\d+) waiting\s+(\d+)"
@@ -45,7 +50,9 @@ class Workload:
         # attribution is judged against them
         cmd = [sys.executable, "-m", "kdash.kernels", "--eager-decode", "--rate", "400"]
         cmd += ["--report-every", "1"]
-        cmd += ["--eager-decode"]
+        if STEADY:
+            cmd = [sys.executable, "-u", str(HERE / "ab_target.py"), "decode_eager", "400"]
+        self._last_tick: tuple[int, int] | None = None
         self.proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -58,6 +65,15 @@ class Workload:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            parts = line.split()
+            if parts[:1] == ["tick"] and len(parts) == 4:  # ab_target: cumulative iterations
+                t, n = int(parts[1]), int(parts[2])
+                if self._last_tick is None or t - self._last_tick[0] >= 1e9:
+                    if self._last_tick is not None:
+                        rate = (n - self._last_tick[1]) / ((t - self._last_tick[0]) / 1e9)
+                        self.reports.append((time.monotonic_ns(), rate, rate, 0))
+                    self._last_tick = (t, n)
+                continue
             m = REPORT.search(line)
             if m:
                 tok = float(m.group(2)) + float(m.group(3))
@@ -251,10 +267,16 @@ def main() -> int:
         res["pc_ranges"] = [per_range[k] for k in sorted(per_range)]
         res["attribution"] = attribution(got, res["pc_ranges"])
         a = res["attribution"]
-        (OUT / "pcs-attribution-h200.json").write_text(
+        name = "pcs-attribution-h200-steady.json" if STEADY else "pcs-attribution-h200.json"
+        what = (
+            "PCS_STEADY=1 (ab_target.py decode_eager)"
+            if STEADY
+            else "(demo workload, --eager-decode)"
+        )
+        (OUT / name).write_text(
             json.dumps(
                 {
-                    "command": "python bench/gpu_pcs_agent.py (demo workload, --eager-decode)",
+                    "command": f"python bench/gpu_pcs_agent.py {what}",
                     "summary": {
                         k: a.get(k)
                         for k in (
