@@ -24,7 +24,8 @@ MAX_TIME_US = 1e15
 
 
 class RowTable:
-    """Row lists for one table, turned into numpy batches every CHUNK rows."""
+    """Row lists for one table, turned into numpy batches every CHUNK rows. The lists are
+    emptied in place, never replaced, so a reader may hold their `append` methods."""
 
     def __init__(self, table: str, cols: Sequence[str]) -> None:
         self.table = table
@@ -41,8 +42,8 @@ class RowTable:
             return
         c = self.cols
         # the time columns' lists hold Kineto's µs: start from the base, length
-        ts = np.asarray(c.pop("start_ns"), dtype=np.float64)
-        durs = c.pop("end_ns")
+        ts = np.asarray(c["start_ns"], dtype=np.float64)
+        durs = c["end_ns"]
         try:
             dur = np.asarray(durs, dtype=np.float64)
         except (TypeError, ValueError):  # a string dur somewhere: 0 for what is not a number
@@ -60,6 +61,8 @@ class RowTable:
         types = dict(schema.TABLES[self.table])
         cols: dict[str, Any] = {}
         for k, v in c.items():
+            if k in ("start_ns", "end_ns"):
+                continue
             cols[k] = v if types[k] == schema.STR else int_column(v, pid if k == "pid" else None)
         if self.table == "kernels":
             # Kineto's one shared-memory figure is static + dynamic, kept in dynamic_smem
@@ -68,7 +71,8 @@ class RowTable:
         if self.table == "kernels":
             batch, _ = demangle_kernels(batch)  # Kineto writes names demangled; some tools do not
         self.batches.append(batch)
-        self.cols = {k: [] for k in ("start_ns", "end_ns", *c)}
+        for v in c.values():  # the batch holds copies
+            v.clear()
         self.total += self.n
         self.n = 0
 

@@ -134,23 +134,27 @@ class EventReader:
             fields.COPY_KIND: self._copy_kind,
             fields.TRACE_PID: lambda name, cat: None,
         }
-        # per stored category: its plan, its table's row lists, and its `made` columns with
+        # per stored category: its table and its plan with each column name replaced by the
+        # `append` of that column's row list (RowTable keeps its lists), `made` columns with
         # the function that makes each
-        self._cats = {
-            cat: (plan, tables[plan.table], tuple((col, make[how]) for col, how in plan.made))
-            for cat, plan in PLANS.items()
-        }
+        self._cats: dict[str, tuple] = {}
+        for cat, plan in PLANS.items():
+            t = tables[plan.table]
+            add = {col: t.cols[col].append for col in plan.columns}
+            self._cats[cat] = (
+                t,
+                (add[plan.start[0]], plan.start[1]),
+                (add[plan.end[0]], *plan.end[1:]),
+                tuple((add[col], *rest) for col, *rest in plan.one),
+                tuple((add[col], *rest) for col, *rest in plan.two),
+                tuple((w, k, tuple(add[col] for col in cols)) for w, k, cols in plan.dims),
+                tuple((add[col], make[how]) for col, how in plan.made),
+            )
 
     def _skip(self, key: str) -> None:
         if key not in self.skipped and len(self.skipped) >= MAX_SKIP_KEYS:
             key = "(other)"
         self.skipped[key] += 1
-
-    def _cols(self, t: RowTable) -> dict[str, list]:
-        """The table's row lists, flushed first when a chunk is full."""
-        if t.n >= self.chunk:
-            t.flush(self.base_ns, self.offset, self.host_pid)
-        return t.cols
 
     def _copy_kind(self, name: str, cat: str) -> str:
         kind = memcpy_kind(name, cat)
@@ -194,8 +198,9 @@ class EventReader:
 
     def _row(self, stored: tuple, ev: dict[str, Any], cat: str, name: str, args: dict) -> None:
         """One event's row, appended raw (made integers per chunk, in RowTable.flush)."""
-        plan, t, made = stored
-        c = self._cols(t)
+        t, start, end, one, two, dims, made = stored
+        if t.n >= self.chunk:
+            t.flush(self.base_ns, self.offset, self.host_pid)
         if self.host_pid is None and cat in HOST_CATS:
             pid = json_int(ev.get("pid"))
             if pid >= 0:
@@ -203,22 +208,22 @@ class EventReader:
         if cat == CPU_OP_DOMAIN:
             self.cpu_ops += 1
         src = (ev, args)
-        col, key = plan.start
-        c[col].append(ev[key])
-        col, key, absent = plan.end
-        c[col].append(ev.get(key, absent))
-        for col, where, key, absent in plan.one:
-            c[col].append(src[where].get(key, absent))
-        for col, where, key, where2, key2, absent in plan.two:
-            c[col].append(src[where].get(key, src[where2].get(key2, absent)))
-        for where, key, (cx, cy, cz) in plan.dims:
+        add, key = start
+        add(ev[key])
+        add, key, absent = end
+        add(ev.get(key, absent))
+        for add, where, key, absent in one:
+            add(src[where].get(key, absent))
+        for add, where, key, where2, key2, absent in two:
+            add(src[where].get(key, src[where2].get(key2, absent)))
+        for where, key, (ax, ay, az) in dims:
             v = src[where].get(key)
             x, y, z = v if type(v) is list and len(v) == 3 else dim3(v)
-            c[cx].append(x)
-            c[cy].append(y)
-            c[cz].append(z)
-        for col, make in made:
-            c[col].append(make(name, cat))
+            ax(x)
+            ay(y)
+            az(z)
+        for add, make in made:
+            add(make(name, cat))
         t.n += 1
 
     def _other(self, ev: dict[str, Any], cat: str) -> None:
