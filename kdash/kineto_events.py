@@ -48,11 +48,11 @@ class EventPlan:
     """How the events of one entry of `fields.KINETO` become rows of its table: the map's
     columns grouped by how each is made, so the reading loop runs no per-column branch.
 
-    `start` and `end`: (column, key) of the times; `one`: (column, where, key, absent) for a
-    value read from one key; `two`: (column, where, key, where, key, absent) for a key with a
-    fallback; `dims`: (where, key, columns x/y/z) of a [x, y, z] list; `made`: (column, how)
-    for a value made from the event's name or category, or the trace's pid (None: filled when
-    the chunk is turned into numpy columns)."""
+    `start`: (column, key) and `end`: (column, key, absent) of the times; `one`: (column,
+    where, key, absent) for a value read from one key; `two`: (column, where, key, where, key,
+    absent) for a key with a fallback; `dims`: (where, key, columns x/y/z) of a [x, y, z] list;
+    `made`: (column, how) for a value made from the event's name or category, or the trace's
+    pid (None: filled when the chunk is turned into numpy columns)."""
 
     __slots__ = ("columns", "dims", "end", "made", "one", "start", "table", "two")
 
