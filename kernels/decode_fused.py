@@ -24,15 +24,15 @@ import triton
 import triton.language as tl
 
 from ._common import to_bf16
-from .decode_attention import _decode_stage1, _decode_stage1_fp8_pairs
+from .decode_attention import _decode_stage1, _decode_stage1_fp8_pairs, _piece
 
 
 def merge_chunk(block_s: int, head_dim: int) -> int:
     """Splits merged per step (never more than the tile holds). Picked from sm_90 compiles here
-    (ptxas 13.0): 64 at head_dim 128 and 32 at 64 leave the fused kernel within 0-8 registers
-    of stage 1 alone (bf16 112-118 at 32/8/128, fp8 pairs 140-142), so as many programs fit an
-    SM; 128 at head_dim 64 took bf16 from 72 to 124."""
-    return max(1, min(block_s, 64 if head_dim >= 128 else 32))
+    (Triton 3.9, ptxas 13.0): 32 at head_dim 128 and 16 at 64 keep the fused kernel within
+    1-10 registers of stage 1 alone (bf16 32/8/128: 122 against 112, both 4 programs an SM;
+    fp8 pairs: 149 against 140, both 3), where 64 at 128 took bf16 to 150 (3 an SM)."""
+    return max(1, min(block_s, 32 if head_dim >= 128 else 16))
 
 
 @triton.jit
@@ -63,6 +63,8 @@ def _merge_group(
     kvh,
     q_heads,
     num_splits,
+    seq_len,
+    split_len,
     stride_outb,
     stride_outh,
     GROUP: tl.constexpr,
@@ -76,9 +78,11 @@ def _merge_group(
 
     All partial LSEs of the group in one load ([BLOCK_H, BLOCK_S]) give each head's maximum and
     denominator (and the final LSEs); then per head, ``CHUNK`` splits a step, the weights and the
-    live partial outputs. The weights are reloaded per step (from L2) rather than picked out of
-    the group's tile in registers: picking them out took the bf16 kernel from 112 to 156-159
-    registers on sm_90 (3 programs an SM instead of 4), the reload keeps it at 112-118.
+    partial outputs, loaded side by side: which splits did work follows from the request's cut
+    (``seq_len``, ``split_len``: split ``s`` is empty when ``s * split_len >= seq_len``), so the
+    partial loads need not wait for the LSEs. The weights are reloaded per step (from L2) rather
+    than picked out of the group's tile in registers: picking them out took the bf16 kernel from
+    112 to 156-159 registers on sm_90 (3 programs an SM instead of 4).
     """
     offs_h = tl.arange(0, BLOCK_H)
     offs_s = tl.arange(0, BLOCK_S)
@@ -108,18 +112,16 @@ def _merge_group(
         acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
         for s0 in range(0, num_splits, CHUNK):
             s = s0 + offs_c
-            smask_c = s < num_splits
-            lse_c = tl.load(
-                LSEP + row0 + s, mask=smask_c, other=float("-inf"), cache_modifier=".cg"
-            )
-            w_c = tl.where(smask_c, tl.exp2(lse_c - m_g), 0.0)
             # An empty split wrote no partial output (only its -inf LSE): never read it.
+            live = (s < num_splits) & (s * split_len < seq_len)
+            lse_c = tl.load(LSEP + row0 + s, mask=live, other=float("-inf"), cache_modifier=".cg")
             part = tl.load(
                 OP + (row0 + s)[:, None] * HEAD_DIM + offs_d[None, :],
-                mask=(w_c > 0)[:, None],
+                mask=live[:, None],
                 other=0.0,
                 cache_modifier=".cg",
             )
+            w_c = tl.where(live, tl.exp2(lse_c - m_g), 0.0)
             acc += tl.sum(part * w_c[:, None], 0)
         out = acc / d_g
         o_ptr = Out + b * stride_outb + (kvh * GROUP + g) * stride_outh + offs_d
@@ -204,6 +206,24 @@ def _decode_fused(
     done = tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
     if done == num_splits - 1:
         tl.store(ticket, 0)
+        # The request's cut, as every stage-1 program of it computed it: split 1 starts at
+        # the split length.
+        seq_len, split_len, _ = _piece(
+            LENS,
+            b,
+            1,
+            num_splits,
+            split_len_hint,
+            capacity,
+            BLOCK_N,
+            DEVICE_PLAN,
+            TARGET_VARLEN,
+            MIN_SPLIT,
+            BLOCK_B,
+            MAX_SPLITS,
+            MERGE,
+            SEARCH,
+        )
         _merge_group(
             OP,
             LSEP,
@@ -213,6 +233,8 @@ def _decode_fused(
             kvh,
             kv_heads * GROUP,
             num_splits,
+            seq_len,
+            split_len,
             stride_outb,
             stride_outh,
             GROUP,

@@ -395,6 +395,23 @@ def test_fused_runs_leave_their_tickets_at_zero_and_agree_with_two_launches() ->
         torch.testing.assert_close(out.float(), out2.float(), rtol=0, atol=1e-2)
 
 
+@needs_device
+def test_the_fused_merge_covers_splits_past_one_chunk() -> None:
+    """38 working splits of 40 (16-token tiles and splits): the fused merge takes them 16 at a
+    time at head_dim 64, so three steps per head, the last one partly past the grid."""
+    cfg = DecodeConfig(block_n=16, min_tokens_per_split=16, prefetch_pages=False)
+    q, kc, vc, pt, sl, sc = make_case([600, 7], 4, 2, 64, 16, seed=13)
+    kw = dict(max_seq_len=600, num_splits=40, config=cfg)
+    fused = plan_for(pt, sl, q, kc, fused=True, **kw)
+    two = plan_for(pt, sl, q, kc, fused=False, **kw)
+    out, lse = fused.run(q, kc, vc, return_lse=True)
+    check(out, q, kc, vc, pt, sl, sc)
+    assert used_splits(fused) == [38, 1] and fused._meta1["CHUNK"] == 16
+    assert not fused._tickets.any()
+    _, lse2 = two.run(q, kc, vc, return_lse=True)
+    torch.testing.assert_close(lse, lse2, rtol=0, atol=1e-5)
+
+
 def test_the_plan_module_imports_first_without_a_cycle() -> None:
     """decode_attention re-exports the plan's names lazily: either module may come first."""
     import subprocess
