@@ -263,11 +263,14 @@ class DecodePlan:
         plan_args = (batch, num_kv_heads, self.max_seq_len, total_tokens, num_splits)
         splits, split_len = self._plan_waves(*plan_args)
         self.num_splits, self.split_len = splits, split_len
-        # One workspace: partial O [B, Hq, splits, D], partial LSE, final LSE.
+        # One workspace: partial O [B, Hq, splits, D], partial LSE, final LSE, each part on 16
+        # bytes (the compiled kernels assume it of every pointer they are armed with).
         n_l = batch * num_q_heads * splits
         n_o = n_l * head_dim
-        ws = torch.empty(n_o + n_l + batch * num_q_heads, device=dev, dtype=torch.float32)
-        self.o_part, self.lse_part, lse = ws.split_with_sizes((n_o, n_l, batch * num_q_heads))
+        pad = -n_l % 4
+        n_f = batch * num_q_heads
+        ws = torch.empty(n_o + n_l + pad + n_f, device=dev, dtype=torch.float32)
+        self.o_part, self.lse_part, _, lse = ws.split_with_sizes((n_o, n_l, pad, n_f))
         self.lse = lse.view(batch, num_q_heads)
         self._ks = self._vs = seq_lens  # never read without fp8; any pointer does
         # What the scale tensors were made from: a run passing the same object (or none) uses them
