@@ -50,12 +50,12 @@ fi
   echo "rc=$?"; tail -6 "$OUT/gates.log"
 
   echo "== bench"
-  timeout 240 python3 -m kdash.kernels.bench --sweep decode --out "$OUT/kernels-h200.json" \
+  timeout 230 python3 -m kdash.kernels.bench --sweep decode --out "$OUT/kernels-h200.json" \
     > "$OUT/bench.log" 2>&1
   echo "rc=$?"; grep -E "^(decode|summary|configs|wrote)" "$OUT/bench.log" | cut -c1-260
 
   echo "== demo workload, graph-replayed decode (20 s)"
-  timeout 75 python3 -m kdash.kernels --duration 20 --report-every 4 --graph-decode \
+  timeout 60 python3 -m kdash.kernels --duration 20 --report-every 4 --graph-decode \
     > "$OUT/demo-graphs.log" 2>&1
   echo "rc=$?"; cat "$OUT/demo-graphs.log"
   if tail -1 "$OUT/demo-graphs.log" | grep -q "decode graphs captured for batch sizes \[[0-9]"; then
@@ -64,7 +64,7 @@ fi
     echo "graph demo: FAILED (no graphs captured or no final line)"
   fi
   echo "== demo workload, --eager-decode (10 s)"
-  timeout 45 python3 -m kdash.kernels --duration 10 --report-every 5 --eager-decode \
+  timeout 35 python3 -m kdash.kernels --duration 10 --report-every 5 --eager-decode \
     > "$OUT/demo-eager.log" 2>&1
   echo "rc=$?"; tail -3 "$OUT/demo-eager.log"
 
