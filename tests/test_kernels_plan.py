@@ -540,6 +540,98 @@ def test_bench_decode_row_times_both_launch_paths(monkeypatch) -> None:
     assert "two_launch bf16" in line and "fused fp8" in line
 
 
+# ------------------------------------------------------------ the packed pointer launchers
+# Triton's C launcher needs a GPU, so these tests give the bound kernels a stand-in compiled
+# kernel whose launcher records what it is called with (the layouts of Triton 3.6 and 3.9, as
+# read in their launcher sources): what a run hands the launcher, and in which order, is then
+# checked on the CPU against the tensor arguments the interpreter runs with.
+def _stand_in(bk: BoundKernel, n_runtime: int, calls: list, annotated: bool) -> None:
+    import inspect
+    from types import SimpleNamespace
+
+    from kdash.kernels import launch
+
+    params = list(inspect.signature(getattr(bk.fn, "fn", bk.fn)).parameters.values())
+    tail = tuple(bk.meta.get(p.name, p.default) for p in params[n_runtime:])
+    runner = SimpleNamespace(
+        launch=lambda *a: calls.append((bk.fn, a)),
+        global_scratch_size=0,
+        profile_scratch_size=0,
+        launch_cooperative_grid=False,
+        launch_pdl=False,
+    )
+    if annotated:
+        runner.arg_annotations, runner.kernel_signature = "ANN", b"SIG"
+    compiled = SimpleNamespace(run=runner, function=77, packed_metadata=(4, 1, 0))
+    bk._compiled, bk._tail = compiled, tail
+    bk._stream, bk._device = (lambda _d: 5), 0
+    bk._direct = launch._direct_entry(compiled, bk._g, tail)
+
+
+def _kernel_args(call, annotated: bool) -> tuple:
+    """The kernel's arguments (runtime then constexpr) out of one recorded launcher call."""
+    fn, a = call
+    assert a[3] == 5 and a[4] == 77  # the stream, then the function handle
+    if annotated:
+        assert a[7] == (4, 1, 0) and a[13:15] == ("ANN", b"SIG") and a[8:13] == (None,) * 5
+        return a[15]
+    assert a[7:9] == (None, None) and a[9] == (4, 1, 0) and a[10:13] == (None,) * 3
+    return a[13:]
+
+
+def _as_ptrs(args: tuple) -> tuple:
+    return tuple(x.data_ptr() if isinstance(x, torch.Tensor) else x for x in args)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="stands in for the GPU's launcher on the CPU")
+@pytest.mark.parametrize("annotated", [False, True], ids=["triton-3.6", "triton-3.9"])
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_a_run_hands_the_launcher_pointers_in_the_kernels_order(
+    fp8, annotated, path, monkeypatch
+) -> None:
+    """After the first run, a run calls the packed launchers with ints: exactly the tensor
+    arguments of Triton's own path with every tensor replaced by its pointer, then the
+    constexprs; no allocation or sync; a misaligned q leaves them for Triton's path."""
+    q, kc, vc, pt, sl, sc = make_case([5, 200, 77], 8, 2, 64, 16, fp8, seed=14)
+    plan = plan_for(pt, sl, q, kc, max_seq_len=256, **sc)
+    calls: list = []
+    saved = BoundKernel.__call__
+    BoundKernel.__call__ = lambda self, *a: None  # binds the layout without interpreting
+    try:
+        plan.run(q, kc, vc)
+    finally:
+        BoundKernel.__call__ = saved
+    _stand_in(plan._s1, 7 + len(plan._rest1), calls, annotated)
+    if plan._s2 is not None:
+        _stand_in(plan._s2, len(plan._args2), calls, annotated)
+    plan._arm_fire()
+    assert plan._fire is not None
+    q2 = torch.randn_like(q.float()).bfloat16()
+    with no_allocation_no_sync():
+        plan.run(q2, kc, vc)
+    assert [fn for fn, _ in calls] == ([plan._kern1] if path else [plan._kern1, da._decode_stage2])
+    want1 = (q2, kc, vc, pt, sl, plan._ks, plan._vs, *plan._rest1)
+    got1 = _kernel_args(calls[0], annotated)
+    assert all(type(x) is not torch.Tensor for x in got1)
+    assert got1 == (*_as_ptrs(want1), *plan._s1._tail)
+    if not path:
+        assert _kernel_args(calls[1], annotated) == (*_as_ptrs(plan._args2), *plan._s2._tail)
+    # a misaligned q: Triton's own path (recorded here), with tensors, not the launchers
+    big = torch.empty(q.numel() + 1, dtype=q.dtype)
+    shifted = big[1:].view_as(q)
+    jitted: list = []
+    monkeypatch.setattr(BoundKernel, "jit", lambda self, *a: jitted.append((self.fn, a)))
+    calls.clear()
+    plan.run(shifted, kc, vc)
+    assert [(fn, a[0]) for fn, a in jitted] == [(plan._kern1, shifted)]
+    assert [fn for fn, _ in calls] == ([] if path else [da._decode_stage2])
+
+
+def test_a_launcher_exists_only_once_the_kernel_is_armed() -> None:
+    bk = BoundKernel(da._decode_stage2, (1, 1), {})
+    assert bk.launcher(()) is None and not bk.fast
+
+
 def test_an_empty_launch_hook_chain_is_not_a_hook() -> None:
     """Triton keeps each launch hook as a chain object whether or not anything was added, so
     'is a hook installed' must look inside it: read as 'not None', every run took Triton's own
