@@ -327,6 +327,9 @@ def paths_line(row: dict) -> str:
     for name, p in row["paths"].items():
         for tag in ("bf16", "fp8"):
             x = p[tag]
+            if "error" in x:
+                parts.append(f"{name} {tag} failed")
+                continue
             parts.append(
                 f"{name} {tag} {x['us']:7.1f}us {x['bw_ratio']:.2f} graph {x['us_graph']:7.1f}us "
                 f"{x['bw_ratio_graph']:.2f} host {x['host_us_nosync']:5.1f}us {occ(x)}"
@@ -354,47 +357,68 @@ def decode_row(row: dict, lens, hq, hkv, d, copy_gbs: float, best: dict[str, Dec
 
     ``row[kv]`` holds the figures of the default launch path (``DecodePlan``'s
     ``FUSED_DEFAULT``); ``row["paths"][path][kv]`` those of both paths, ``two_launch`` (stage 1
-    then the merge kernel) and ``fused`` (one launch), timed alike on the same case.
+    then the merge kernel) and ``fused`` (one launch), timed alike on the same case. The other
+    path's output is compared with the default's (``max_abs_diff_vs_default``), and its failure
+    is recorded there without losing the default's figures.
     """
     paths: dict[str, dict[str, Any]] = {"two_launch": {}, "fused": {}}
     for fp8 in (False, True):
         tag = "fp8" if fp8 else "bf16"
         case = DecodeCase(lens, hq, hkv, d, fp8)
         cfg = best[tag]
-        nbytes = case.bytes_needed()
-        for fused in (FUSED_DEFAULT, not FUSED_DEFAULT):
-            fn, splits = case.fn(cfg, fused)
-            ms = bench_ms(fn)
-            ms_g = bench_graph_ms(fn)
-            fig = {
-                "splits": splits,
-                "stage1": occupancy_or_error(case.last_plan),
-                "host_us_nosync": bench_host_nosync_us(fn),
-                "us": ms * 1e3,
-                "us_graph": ms_g * 1e3,
-                "bytes": nbytes,
-                "GBps": nbytes / (ms * 1e-3) / 1e9,
-                "GBps_graph": nbytes / (ms_g * 1e-3) / 1e9,
-                "bw_ratio": nbytes / (ms * 1e-3) / 1e9 / copy_gbs,
-                "bw_ratio_graph": nbytes / (ms_g * 1e-3) / 1e9 / copy_gbs,
-            }
-            paths["fused" if fused else "two_launch"][tag] = fig
-            if fused == FUSED_DEFAULT:
-                ms_r = bench_readflush_ms(fn)
-                row[tag] = {
-                    **fig,
-                    "fused": fused,
-                    "host_us": bench_host_us(fn),
-                    "us_readflush": ms_r * 1e3,
-                    "bw_ratio_readflush": nbytes / (ms_r * 1e-3) / 1e9 / copy_gbs,
-                }
+        fig, fn = time_path(case, cfg, FUSED_DEFAULT, copy_gbs)
+        paths["fused" if FUSED_DEFAULT else "two_launch"][tag] = fig
+        ms_r = bench_readflush_ms(fn)
+        nbytes = fig["bytes"]
+        row[tag] = {
+            **fig,
+            "fused": FUSED_DEFAULT,
+            "host_us": bench_host_us(fn),
+            "us_readflush": ms_r * 1e3,
+            "bw_ratio_readflush": nbytes / (ms_r * 1e-3) / 1e9 / copy_gbs,
+        }
+        fn()
+        torch.cuda.synchronize()
+        want = case.out.float().clone()
+        other = "two_launch" if FUSED_DEFAULT else "fused"
+        try:
+            fig, fn = time_path(case, cfg, not FUSED_DEFAULT, copy_gbs)
+            fn()
+            torch.cuda.synchronize()
+            fig["max_abs_diff_vs_default"] = float((case.out.float() - want).abs().max())
+        except Exception as e:  # noqa: BLE001 - the other path's failure is a finding, not fatal
+            fig = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            log(f"decode {other} {tag} B={len(lens)}: {fig['error']}")
+        paths[other][tag] = fig
         del case
     for p in paths.values():
-        p["fp8_speedup"] = p["bf16"]["us"] / p["fp8"]["us"]
-        p["fp8_speedup_graph"] = p["bf16"]["us_graph"] / p["fp8"]["us_graph"]
+        if "us" in p["bf16"] and "us" in p["fp8"]:
+            p["fp8_speedup"] = p["bf16"]["us"] / p["fp8"]["us"]
+            p["fp8_speedup_graph"] = p["bf16"]["us_graph"] / p["fp8"]["us_graph"]
     row["paths"] = paths
     row["fp8_speedup"] = row["bf16"]["us"] / row["fp8"]["us"]
     row["fp8_speedup_graph"] = row["bf16"]["us_graph"] / row["fp8"]["us_graph"]
+
+
+def time_path(case: DecodeCase, cfg: DecodeConfig, fused: bool, copy_gbs: float):
+    """One launch path's figures on ``case`` (do_bench, graph replay, host time), and its call."""
+    fn, splits = case.fn(cfg, fused)
+    ms = bench_ms(fn)
+    ms_g = bench_graph_ms(fn)
+    nbytes = case.bytes_needed()
+    fig = {
+        "splits": splits,
+        "stage1": occupancy_or_error(case.last_plan),
+        "host_us_nosync": bench_host_nosync_us(fn),
+        "us": ms * 1e3,
+        "us_graph": ms_g * 1e3,
+        "bytes": nbytes,
+        "GBps": nbytes / (ms * 1e-3) / 1e9,
+        "GBps_graph": nbytes / (ms_g * 1e-3) / 1e9,
+        "bw_ratio": nbytes / (ms * 1e-3) / 1e9 / copy_gbs,
+        "bw_ratio_graph": nbytes / (ms_g * 1e-3) / 1e9 / copy_gbs,
+    }
+    return fig, fn
 
 
 def stage1_occupancy(plan: DecodePlan) -> dict[str, Any]:
@@ -654,14 +678,16 @@ def path_summary(decode: list[dict], name: str, lowest) -> dict[str, Any]:
     long_rows = [
         r["paths"][name] for r in decode if name in r.get("paths", {}) and r["long_context"]
     ]
-    hosts = [p[t]["host_us_nosync"] for p in rows for t in ("bf16", "fp8")]
+    hosts = [p[t].get("host_us_nosync") for p in rows for t in ("bf16", "fp8")]
+    hosts = [h for h in hosts if h is not None]
     out = {
         "decode_host_us": max(hosts) if hosts else None,
-        "decode_bw_ratio": lowest(p["bf16"]["bw_ratio"] for p in long_rows),
-        "decode_bw_ratio_graph": lowest(p["bf16"]["bw_ratio_graph"] for p in long_rows),
-        "decode_bw_ratio_fp8": lowest(p["fp8"]["bw_ratio"] for p in long_rows),
-        "fp8_speedup": lowest(p["fp8_speedup"] for p in long_rows),
-        "fp8_speedup_graph": lowest(p["fp8_speedup_graph"] for p in long_rows),
+        "decode_bw_ratio": lowest(p["bf16"].get("bw_ratio") for p in long_rows),
+        "decode_bw_ratio_graph": lowest(p["bf16"].get("bw_ratio_graph") for p in long_rows),
+        "decode_bw_ratio_fp8": lowest(p["fp8"].get("bw_ratio") for p in long_rows),
+        "fp8_speedup": lowest(p.get("fp8_speedup") for p in long_rows),
+        "fp8_speedup_graph": lowest(p.get("fp8_speedup_graph") for p in long_rows),
+        "failed": sum(1 for p in rows for t in ("bf16", "fp8") if "error" in p[t]),
     }
     out["status"] = {k: floor_status(k, v) for k, v in out.items() if k in FLOORS}
     return out

@@ -495,10 +495,12 @@ def test_bench_decode_case_times_a_plan_run_that_passes_the_gate(fp8: bool, monk
 def test_bench_decode_row_times_both_launch_paths(monkeypatch) -> None:
     """The wiring of the decode table and its summary for the two paths, on the CPU: the GPU
     timers cannot run here, so they are replaced by fixed figures (two-launch runs 10% slower
-    and 2 us more host time than fused, so the summary can be checked per path)."""
+    and 2 us more host time than fused, so the summary can be checked per path). The runs that
+    compare the two paths' outputs are real (interpreted)."""
     from kdash.kernels import bench
 
     monkeypatch.setattr(bench, "DEVICE", DEV)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     plans: list = []
 
     def timed(base):
@@ -529,6 +531,9 @@ def test_bench_decode_row_times_both_launch_paths(monkeypatch) -> None:
     two, fused = row["paths"]["two_launch"], row["paths"]["fused"]
     assert fused["bf16"]["us"] == pytest.approx(100.0) and two["bf16"]["us"] == pytest.approx(110.0)
     assert fused["fp8_speedup"] == pytest.approx(1 / 0.6)
+    for tag in ("bf16", "fp8"):
+        other = two if d else fused
+        assert other[tag]["max_abs_diff_vs_default"] < 0.05  # bf16 outputs of |x| < ~3
     s = bench.summarize([row], [])
     assert s["default_path"] == ("fused" if d else "two_launch")
     assert s["by_path"]["fused"]["decode_host_us"] == 8.0
