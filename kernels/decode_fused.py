@@ -24,14 +24,15 @@ import triton
 import triton.language as tl
 
 from ._common import to_bf16
-from .decode_attention import _decode_stage1, _decode_stage1_fp8_pairs, _piece
+from .decode_attention import _decode_stage1, _decode_stage1_fp8_pairs
 
 
 def merge_chunk(block_s: int, head_dim: int) -> int:
-    """Splits merged per step (never more than the tile holds). Picked from sm_90 compiles here
-    (Triton 3.9, ptxas 13.0): 32 at head_dim 128 and 16 at 64 keep the fused kernel within
-    1-10 registers of stage 1 alone (bf16 32/8/128: 122 against 112, both 4 programs an SM;
-    fp8 pairs: 149 against 140, both 3), where 64 at 128 took bf16 to 150 (3 an SM)."""
+    """Splits merged per step (never more than the tile holds). Picked from sm_90 compiles on
+    the CPU (ptxas 13.0): 32 at head_dim 128 keeps the fused kernel within 6 registers of
+    stage 1 alone at 32/8/128 (Triton 3.6, the H200's: bf16 126 against 120, both 4 programs
+    an SM; fp8 pairs 150 against 146, both 3), where 16 took bf16 to 136 and 64 (Triton 3.9)
+    to 150."""
     return max(1, min(block_s, 32 if head_dim >= 128 else 16))
 
 
@@ -63,8 +64,6 @@ def _merge_group(
     kvh,
     q_heads,
     num_splits,
-    seq_len,
-    split_len,
     stride_outb,
     stride_outh,
     GROUP: tl.constexpr,
@@ -77,12 +76,14 @@ def _merge_group(
     """Stage 2's merge for the ``GROUP`` query heads of KV head ``kvh`` of request ``b``.
 
     All partial LSEs of the group in one load ([BLOCK_H, BLOCK_S]) give each head's maximum and
-    denominator (and the final LSEs); then per head, ``CHUNK`` splits a step, the weights and the
-    partial outputs, loaded side by side: which splits did work follows from the request's cut
-    (``seq_len``, ``split_len``: split ``s`` is empty when ``s * split_len >= seq_len``), so the
-    partial loads need not wait for the LSEs. The weights are reloaded per step (from L2) rather
-    than picked out of the group's tile in registers: picking them out took the bf16 kernel from
-    112 to 156-159 registers on sm_90 (3 programs an SM instead of 4).
+    denominator (and the final LSEs), and which splits did work: a request's working splits are
+    the first ones (split ``s`` starts at ``s`` split lengths), each with a finite LSE, the rest
+    wrote -inf. Then per head, ``CHUNK`` splits a step, the weights and the partial outputs are
+    loaded side by side (the mask is known), from L2. The weights are reloaded per step rather
+    than picked out of the group's tile in registers: picking them out took the bf16 kernel
+    from 112 to 156-159 registers on sm_90 (3 programs an SM instead of 4); recomputing the
+    request's cut here instead took it to 160 with Triton 3.6 (its loads and search were
+    merged with stage 1's, kept alive across the KV loop).
     """
     offs_h = tl.arange(0, BLOCK_H)
     offs_s = tl.arange(0, BLOCK_S)
@@ -97,6 +98,7 @@ def _merge_group(
         other=float("-inf"),
         cache_modifier=".cg",
     )
+    n_live = tl.max(tl.max(tl.where(lse > float("-inf"), offs_s[None, :] + 1, 0), 1), 0)
     m = tl.max(lse, 1)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     denom = tl.sum(tl.where(smask[None, :], tl.exp2(lse - m_safe[:, None]), 0.0), 1)
@@ -113,7 +115,7 @@ def _merge_group(
         for s0 in range(0, num_splits, CHUNK):
             s = s0 + offs_c
             # An empty split wrote no partial output (only its -inf LSE): never read it.
-            live = (s < num_splits) & (s * split_len < seq_len)
+            live = s < n_live
             lse_c = tl.load(LSEP + row0 + s, mask=live, other=float("-inf"), cache_modifier=".cg")
             part = tl.load(
                 OP + (row0 + s)[:, None] * HEAD_DIM + offs_d[None, :],
@@ -206,24 +208,6 @@ def _decode_fused(
     done = tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
     if done == num_splits - 1:
         tl.store(ticket, 0)
-        # The request's cut, as every stage-1 program of it computed it: split 1 starts at
-        # the split length.
-        seq_len, split_len, _ = _piece(
-            LENS,
-            b,
-            1,
-            num_splits,
-            split_len_hint,
-            capacity,
-            BLOCK_N,
-            DEVICE_PLAN,
-            TARGET_VARLEN,
-            MIN_SPLIT,
-            BLOCK_B,
-            MAX_SPLITS,
-            MERGE,
-            SEARCH,
-        )
         _merge_group(
             OP,
             LSEP,
@@ -233,8 +217,6 @@ def _decode_fused(
             kvh,
             kv_heads * GROUP,
             num_splits,
-            seq_len,
-            split_len,
             stride_outb,
             stride_outh,
             GROUP,

@@ -1,0 +1,123 @@
+"""Registers and shared memory of the decode kernels compiled for sm_90, on a machine without a GPU.
+
+``triton.compile`` runs the whole pipeline on the CPU (Triton IR, PTX, Triton's bundled ptxas);
+the register count is read from the cubin (the high byte of the ``sh_info`` of the kernel's
+``.text.<name>`` section, where the CUDA ELF keeps it). For each head layout of the bench, stage
+1 alone (the two-launch path) and the fused kernel (kernels/decode_fused.py), so a change to
+either shows whether it keeps as many programs per SM. The H200 runs Triton 3.6; another
+Triton can be put first on the path (``PYTHONPATH=/some/triton-3.6 python ...``).
+
+Run: python bench/decode_regs_cpu.py   (prints one line per layout; a private Triton cache)
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
+os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="kdash-regs-"))
+
+import triton
+from kdash.kernels import decode_attention as da
+from kdash.kernels import decode_fused as df
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+STRIDES = ("stride_qb", "stride_qh", "stride_kp", "stride_ks", "stride_kh", "stride_vp")
+STRIDES += ("stride_vs", "stride_vh", "stride_ptb")
+# (name, KV kind, head_dim, query heads per KV head, page size, tokens per tile)
+LAYOUTS = [
+    ("bf16 32/8/128 p16", "bf16", 128, 4, 16, 64),
+    ("bf16 64/8/128 p16", "bf16", 128, 8, 16, 64),
+    ("bf16 32/32/64 p16", "bf16", 64, 1, 16, 64),
+    ("fp8 pairs 32/8/128 p16", "pairs", 128, 4, 16, 128),
+    ("fp8 pairs 64/8/128 p1", "pairs", 128, 8, 1, 128),
+]
+
+
+def cubin_registers(cubin: bytes, kernel: str) -> int | None:
+    """Registers per thread of ``kernel`` in a 64-bit CUDA ELF, or None if not found: the
+    ``EIATTR_REGCOUNT`` (0x2f) entry of the ``.nv.info`` section for the kernel's symbol (the
+    ``sh_info`` of its ``.text.<name>`` section)."""
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
+        return None
+    (shoff,) = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    heads = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names_off = heads[shstrndx][4]
+
+    def name(h: tuple) -> str:
+        start = names_off + h[0]
+        return cubin[start : cubin.index(b"\0", start)].decode()
+
+    by_name = {name(h): h for h in heads}
+    text, info = by_name.get(f".text.{kernel}"), by_name.get(".nv.info")
+    if text is None or info is None:
+        return None
+    data = cubin[info[4] : info[4] + info[5]]
+    at = 0
+    while at + 4 <= len(data):
+        fmt, attr = data[at], data[at + 1]
+        if fmt != 4:  # no payload beyond the 2-byte value
+            at += 4
+            continue
+        (size,) = struct.unpack_from("<H", data, at + 2)
+        if attr == 0x2F and size == 8:
+            sym, count = struct.unpack_from("<II", data, at + 4)
+            if sym == text[7]:
+                return count
+        at += 4 + size
+    return None
+
+
+def compile_one(fused: bool, kind: str, head_dim: int, group: int, page: int, block_n: int):
+    fp8, pairs = kind != "bf16", kind == "pairs"
+    kv = "*fp8e4nv" if fp8 else "*bf16"
+    sig = {"Q": "*bf16", "K": kv, "V": kv, "PT": "*i32", "LENS": "*i32", "KS": "*fp32"}
+    sig.update(VS="*fp32", OP="*fp32", LSEP="*fp32")
+    if fused:
+        sig.update(Out="*bf16", LSE="*fp32", TICKETS="*i32")
+    sig.update(qk_scale="fp32", num_splits="i32", split_len_hint="i32", capacity="i32")
+    strides = STRIDES + (("stride_outb", "stride_outh") if fused else ())
+    sig.update({s: "i32" for s in strides})
+    const = dict(GROUP=group, BLOCK_H=max(16, 1 << (group - 1).bit_length()), HEAD_DIM=head_dim)
+    const.update(BLOCK_N=block_n, PAGE=page, EVICT="", UPCAST=False, PREFETCH=True)
+    const.update(DEVICE_PLAN=True, TARGET_VARLEN=132 * 12, MIN_SPLIT=256, BLOCK_B=16)
+    const.update(MAX_SPLITS=256, MERGE=4, SEARCH=256)
+    if fused:
+        fn = df._decode_fused
+        const.update(PAIRS=pairs, IS_FP8=fp8, FP8_FP16=True, ASM=pairs, BLOCK_S=256)
+        const["CHUNK"] = df.merge_chunk(256, head_dim)
+    elif pairs:
+        fn, const["ASM"] = da._decode_stage1_fp8_pairs, True
+    else:
+        fn = da._decode_stage1
+        const.update(IS_FP8=fp8, FP8_FP16=True)
+    sig.update({k: "constexpr" for k in const})
+    # Pointers and strides 16-divisible, as the plan's buffers and the workload's caches are.
+    div = [i for i, n in enumerate(sig) if sig[n].startswith("*") or n.startswith("stride")]
+    src = ASTSource(fn, sig, const, attrs={(i,): [["tt.divisibility", 16]] for i in div})
+    k = triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2}
+    )
+    return cubin_registers(k.asm["cubin"], k.metadata.name), k.metadata.shared
+
+
+def main() -> int:
+    print(f"triton {triton.__version__}, sm_90, 4 warps, 2 stages (the configs' defaults)")
+    for name, kind, d, group, page, bn in LAYOUTS:
+        try:
+            r1, s1 = compile_one(False, kind, d, group, page, bn)
+            r2, s2 = compile_one(True, kind, d, group, page, bn)
+        except Exception as e:  # noqa: BLE001 - one layout that does not compile is reported
+            print(f"{name:>24}: {type(e).__name__}: {str(e)[:200]}")
+            continue
+        print(f"{name:>24}: stage 1 {r1} registers, {s1} B shared | fused {r2}, {s2} B")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
