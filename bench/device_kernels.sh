@@ -26,15 +26,15 @@ if [ "${DECODE_ONLY:-0}" = 1 ]; then
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
     python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
     echo "== decode gates, both launch paths (pytest -m gpu)"
-    timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/test_kernels_decode.py \
+    timeout 270 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/test_kernels_decode.py \
       tests/test_kernels_plan.py > "$OUT/gates.log" 2>&1
     echo "rc=$?"; grep -E "passed|failed|FAILED|Error" "$OUT/gates.log" | tail -12
     echo "== bench, decode table only, both paths"
-    timeout 200 python3 -m kdash.kernels.bench --sweep none --only decode \
+    timeout 180 python3 -m kdash.kernels.bench --sweep none --only decode \
       --out "$OUT/kernels-h200-decode.json" > "$OUT/bench.log" 2>&1
     echo "rc=$?"; grep -E "^(decode|summary|configs|wrote)" "$OUT/bench.log" | cut -c1-300
     echo "== host time of DecodePlan.run (two-launch default path), cProfile"
-    timeout 60 python3 bench/gpu_decode_host.py > "$OUT/decode-host.log" 2>&1
+    timeout 30 python3 bench/gpu_decode_host.py > "$OUT/decode-host.log" 2>&1
     echo "rc=$?"; grep -E '"(run_us|s1_us|s2_us|empty_launch_us|fast|direct)"' "$OUT/decode-host.log"
   } 2>&1 | tee "$log"
   exit 0
