@@ -472,7 +472,9 @@ def test_bench_summary_judges_each_key_against_its_floor() -> None:
     # floors recorded as the issue sets them; none lowered
     assert bench.FLOORS["decode_host_us"] == 10 and bench.FLOORS["prefill_vs_sdpa_cudnn"] == 0.9
     assert bench.FLOORS["decode_bw_ratio_graph"] == 0.9 and bench.FLOORS["fp8_speedup"] == 1.5
-    assert bench.floor_status("prefill_vs_sdpa_cudnn", None) == "miss"
+    from kdash.kernels.bench_summary import floor_status
+
+    assert floor_status("prefill_vs_sdpa_cudnn", None) == "miss"
 
 
 @needs_device
