@@ -9,10 +9,10 @@ pair in memory and merges them for the pair's query heads. It resets the counter
 next run, or the next replay of a CUDA graph holding this launch, starts from zero again: the
 counters are zeroed once, when the plan makes them.
 
-Memory ordering: each program's partial stores come before its ticket (a CTA barrier, then the
-atomic with acquire-release semantics at GPU scope, as Triton's own lock-based tutorial
-kernels order their stores), and the merging program's loads of the others' partials come
-after its ticket and bypass L1 (``.cg``), so no line cached on its SM by an earlier run is read.
+Memory ordering: each program's partial stores come before its ticket (every thread fences at
+GPU scope, then a CTA barrier, then the one atomic, itself acquire-release at GPU scope), and
+the merging program's loads of the others' partials come after its ticket and bypass L1
+(``.cg``), so no line cached on its SM by an earlier run is read.
 One launch saves the host a second launch per decode call and the GPU the gap between the two
 kernels; the merge itself is the same arithmetic as stage 2's, run by one program per
 (request, KV head) over the group's heads instead of one program per query head.
@@ -29,10 +29,9 @@ from .decode_attention import _decode_stage1, _decode_stage1_fp8_pairs
 
 def merge_chunk(block_s: int, head_dim: int) -> int:
     """Splits merged per step (never more than the tile holds). Picked from sm_90 compiles on
-    the CPU (ptxas 13.0): 32 at head_dim 128 keeps the fused kernel within 6 registers of
-    stage 1 alone at 32/8/128 (Triton 3.6, the H200's: bf16 126 against 120, both 4 programs
-    an SM; fp8 pairs 150 against 146, both 3), where 16 took bf16 to 136 and 64 (Triton 3.9)
-    to 150."""
+    the CPU (bench/decode_regs_cpu.py): at 32 for head_dim 128 the fused kernel keeps stage 1's
+    programs per SM at 32/8/128 (Triton 3.6, the H200's: bf16 127 registers against 120, 4 an
+    SM; fp8 pairs 156 against 146, 3), where 16 and 64 took bf16 to 136-150 (3 an SM)."""
     return max(1, min(block_s, 32 if head_dim >= 128 else 16))
 
 
