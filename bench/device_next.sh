@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# What session 7 could not run (no machine was lent after its second call): one device-tool
+# call each, from the repository root, carry `.whl` (rebuilt from HEAD first).
+#   bash bench/device_next.sh kernels      # decode launch paths: gates + decode table (~5 min)
+#   bash bench/device_next.sh attribution  # PC samples vs GPU time on a steady decode step (~2 min)
+#   bash bench/device_next.sh tiny         # tiny-kernel graph A/B, twice (~4 min)
+#   bash bench/device_next.sh eager        # eager target, interleaved twins: null/default x3 (~6 min)
+set -uo pipefail
+bash bench/device_setup.sh >/dev/null || exit 1
+export PYTHONPATH=/tmp/site PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
+case "${1:-}" in
+kernels)
+    DECODE_ONLY=1 timeout 560 bash bench/device_kernels.sh 2>&1 | tail -40 | cut -c1-400 ;;
+attribution)
+    cd bench && PCS_STEADY=1 timeout 200 python3 -u gpu_pcs_agent.py 2>&1 | tail -2 | cut -c1-1500
+    python3 - <<'PY'
+import json, os
+p = os.path.join(os.environ["OUT"], "pcs-attribution-h200-steady.json")
+if os.path.exists(p):
+    d = json.load(open(p))
+    print("attribution", d["summary"])
+    for r in d["attribution"].get("ranges", [])[:12]:
+        print(" ", r["max_gap_points"], r["max_gap_points_coverage"],
+              [(k["kernel"][:24], k["gpu_time_share"], k["coverage_share"], k["sample_share"])
+               for k in r["kernels"]])
+PY
+    ;;
+tiny)
+    cd bench
+    for i in 1 2; do
+        timeout 270 python3 -u gpu_ab_cost.py --targets graph_tiny --name "agent-ab-h200-tiny-$i.json" \
+            2>&1 | grep -E "^graph_tiny|failed|Error" | cut -c1-700
+    done ;;
+eager)
+    cd bench && timeout 560 python3 -u gpu_ab_cost.py --targets eager --interleaved 3 \
+        --variants null,default --name agent-ab-h200-eager-il3.json \
+        2>&1 | grep -E "^eager|failed|Error" | cut -c1-700 ;;
+*) echo "usage: bash bench/device_next.sh kernels|attribution|tiny|eager"; exit 2 ;;
+esac
