@@ -100,12 +100,8 @@ def run_target(
     treat: str = "attach",
     pin: int | None = None,
 ) -> dict:
-    """One process of the loop; kdash attaches at each (t, duration) of `attaches`.
-
-    `treat` says what happens at each of those times instead of a plain attach: `null` (a
-    `sleep` of the same length: the method's own noise), `burn` (a CPU-bound process beside the
-    target for that long: what any busy neighbour costs), `attach` (`kdash attach` with
-    `attach_extra`). `pin` puts the target on one CPU (and nothing else there)."""
+    """One process of the loop, treated (treat_once: `attach` by default, with `attach_extra`)
+    at each (t, duration) of `attaches`. `pin` puts the target on one CPU."""
     inproc = factor not in ("none", "agent", "agent_idle")
     argv = [sys.executable, "-u", str(HERE / "ab_target.py"), mode, str(seconds)]
     if pin is not None:
@@ -154,61 +150,12 @@ def run_target(
             delay = t0 / 1e9 + at - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            a = time.monotonic_ns()
-            ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            if treat == "null":
-                r = subprocess.run(["sleep", str(dur)], capture_output=True, text=True)
-            elif treat == "burn":
-                r = subprocess.run(
-                    [
-                        sys.executable,
-                        "-c",
-                        f"import time\ne=time.time()+{dur}\nwhile time.time()<e: pass",
-                    ],
-                    capture_output=True,
-                    text=True,
-                )
-            elif factor == "agent_idle":
-                code = (
-                    "from kdash.collectors.agent import inject; import sys; "
-                    f"print(inject.inject({proc.pid}))"
-                )
-                r = subprocess.run(
-                    [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
-                )
-            else:
-                cap = Path(f"/tmp/ab-{proc.pid}-{int(at)}.kdash")
-                cap.unlink(missing_ok=True)
-                r = subprocess.run(
-                    kdash_cmd(
-                        "attach",
-                        "--pid",
-                        str(proc.pid),
-                        "--headless",
-                        "--duration",
-                        str(dur),
-                        "--output",
-                        str(cap),
-                        *(attach_extra or []),
-                    ),
-                    capture_output=True,
-                    text=True,
-                    timeout=dur + 90,
-                )
-            b = time.monotonic_ns()
-            ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu_s = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
-            events.append(
-                {
-                    "treat": treat,
-                    "cpu_s": round(cpu_s, 3),
-                    "at_s": at,
-                    "start_s": (a - t0) / 1e9,
-                    "end_s": (b - t0) / 1e9,
-                    "rc": r.returncode,
-                    "out": (r.stdout + r.stderr)[-1500:],
-                }
-            )
+            kind = "agent_idle" if factor == "agent_idle" else treat
+            ev = treat_once(proc.pid, kind, dur, attach_extra or [])
+            ev["treat"], ev["at_s"] = kind, at
+            ev["start_s"] = (ev.pop("start_ns") - t0) / 1e9
+            ev["end_s"] = (ev.pop("end_ns") - t0) / 1e9
+            events.append(ev)
         rc = proc.wait(seconds + 120)
     reader.join(5)
     return {
@@ -230,37 +177,40 @@ SLOT_S = 1.0
 
 
 def treat_once(pid: int, treat: str, dur: float, extra: list[str]) -> dict:
-    """One treatment of pid (see run_target's `treat`), timed; kdash's CPU for it."""
+    """One treatment of pid for dur seconds, timed, with kdash's (or the stand-in's) CPU:
+    `null` (a `sleep`: the method's own noise), `burn` (a CPU-bound process beside the target),
+    `poll:SOURCE` (one of kdash's host sources alone, bench/ab_poller.py), `agent_idle` (the
+    injection alone), `attach` (`kdash attach --headless` with `extra`)."""
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     a = time.monotonic_ns()
     if treat == "null":
-        r = subprocess.run(["sleep", str(dur)], capture_output=True, text=True)
+        argv = ["sleep", str(dur)]
+    elif treat == "burn":
+        argv = [
+            sys.executable,
+            "-c",
+            f"import time\ne=time.time()+{dur}\nwhile time.time()<e: pass",
+        ]
     elif treat.startswith("poll:"):
-        r = subprocess.run(
-            [sys.executable, str(HERE / "ab_poller.py"), treat[5:], str(pid), str(dur)],
-            capture_output=True,
-            text=True,
-            timeout=dur + 60,
-        )
+        argv = [sys.executable, str(HERE / "ab_poller.py"), treat[5:], str(pid), str(dur)]
+    elif treat == "agent_idle":
+        code = f"from kdash.collectors.agent import inject; print(inject.inject({pid}))"
+        argv = [sys.executable, "-c", code]
     else:
         cap = Path(f"/tmp/ab-{pid}-{a}.kdash")
-        r = subprocess.run(
-            kdash_cmd(
-                "attach",
-                "--pid",
-                str(pid),
-                "--headless",
-                "--duration",
-                str(dur),
-                "--output",
-                str(cap),
-                *extra,
-            ),
-            capture_output=True,
-            text=True,
-            timeout=dur + 90,
+        argv = kdash_cmd(
+            "attach",
+            "--pid",
+            str(pid),
+            "--headless",
+            "--duration",
+            str(dur),
+            "--output",
+            str(cap),
+            *extra,
         )
-        cap.unlink(missing_ok=True)
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=dur + 90)
+    Path(f"/tmp/ab-{pid}-{a}.kdash").unlink(missing_ok=True)
     b = time.monotonic_ns()
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
