@@ -25,6 +25,7 @@ import triton.language as tl
 
 from ._common import to_bf16
 from .decode_attention import _decode_stage1, _decode_stage1_fp8_pairs
+from .decode_fp8 import _decode_stage1_fp8_cvt
 
 
 def merge_chunk(block_s: int, head_dim: int) -> int:
@@ -182,10 +183,18 @@ def _decode_fused(
     SEARCH: tl.constexpr,
     BLOCK_S: tl.constexpr,
     CHUNK: tl.constexpr,
+    CVT: tl.constexpr = False,
 ):
     """Stage 1 for one (request, KV head, split), then, for the last split of the pair to
     finish, the merge. ``TICKETS``: ``[B, Hkv]`` int32, zero before the launch and after it."""
-    if PAIRS:
+    if PAIRS and CVT:  # decode_fp8's candidate: the same pairs, the hardware conversion
+        _decode_stage1_fp8_cvt(
+            Q, K, V, PT, LENS, KS, VS, OP, LSEP, qk_scale, num_splits, split_len_hint, capacity,
+            stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
+            stride_vh, stride_ptb, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, EVICT, ASM, UPCAST,
+            PREFETCH, DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT, BLOCK_B, MAX_SPLITS, MERGE, SEARCH,
+        )  # fmt: skip
+    elif PAIRS:
         _decode_stage1_fp8_pairs(
             Q, K, V, PT, LENS, KS, VS, OP, LSEP, qk_scale, num_splits, split_len_hint, capacity,
             stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,

@@ -33,6 +33,7 @@ from .decode_attention import (
     merge_tokens,
     split_class,
 )
+from .decode_fp8 import CVT_MODES, _decode_stage1_fp8_cvt
 from .decode_fused import _decode_fused, merge_chunk
 from .launch import BoundKernel, hooks_installed
 from .residency import MAX_BLOCKS_PER_SM, Residency
@@ -210,7 +211,8 @@ class DecodePlan:
         self.head_dim, self.page_size = head_dim, page_size
         self.kv_dtype, self.q_dtype = kv_dtype, q_dtype
         self.is_fp8 = kv_dtype in FP8_DTYPES
-        self.pairs = self.is_fp8 and config.fp8_compute in ("pairs", "pairs_asm")
+        # The candidates of decode_fp8 read fp8 as int16 pairs too (the same layout and strides).
+        self.pairs = self.is_fp8 and config.fp8_compute in ("pairs", "pairs_asm", *CVT_MODES)
         if self.pairs and head_dim % 32:
             raise ValueError("fp8 pairs path needs head_dim a multiple of 32")
         self.upcast = interpreting(seq_lens)
@@ -248,6 +250,10 @@ class DecodePlan:
             num_warps=config.num_warps,
             num_stages=config.num_stages,
         )
+        # decode_fp8.Fp8Config's register cap: a compile option, so not for the interpreter.
+        maxnreg = getattr(config, "maxnreg", None)
+        if maxnreg and not self.upcast:
+            meta["maxnreg"] = int(maxnreg)
         if self.fused:
             # The merge's tile covers every split count the plan may choose (fixed before the
             # count is, since the count depends on the compiled kernel's residency).
@@ -318,12 +324,18 @@ class DecodePlan:
         """The stage-1 kernel (or the fused one) for this plan, its KV-dtype constexprs added to
         ``meta``."""
         config = self.config
-        asm = self.pairs and config.fp8_compute == "pairs_asm" and not self.upcast
+        cvt = self.pairs and config.fp8_compute in CVT_MODES
+        asm = self.pairs and config.fp8_compute in ("pairs_asm", *CVT_MODES) and not self.upcast
         fp16 = config.fp8_compute != "bf16"
         meta.update(EVICT="evict_first" if config.evict_first else "", UPCAST=self.upcast)
         if self.fused:
             meta.update(PAIRS=self.pairs, IS_FP8=self.is_fp8, FP8_FP16=fp16, ASM=asm)
+            if cvt:
+                meta["CVT"] = True
             return _decode_fused
+        if cvt:
+            meta["ASM"] = asm
+            return _decode_stage1_fp8_cvt
         if self.pairs:
             meta["ASM"] = asm
             return _decode_stage1_fp8_pairs

@@ -1,0 +1,231 @@
+"""Candidate fp8 stage-1 kernels for decode, beside the current one (``fp8_compute="pairs_asm"``).
+
+The H200's profile of the current fp8 stage 1 (bench/NOTES-kernels.md): 59% of DRAM bandwidth,
+147 registers (3 programs of 4 warps an SM, 16.7% achieved occupancy), issue slots 44% busy.
+Too few bytes in flight, and many integer instructions per byte for the fp8 -> fp16 moves.
+
+The kernel candidate, ``fp8_compute="cvt"``: the hardware conversion. sm_89 and later have
+``cvt.rn.f16x2.e4m3x2`` (PTX ISA 7.8), one instruction for the two e4m3 bytes of an int16 pair,
+giving the exact fp16 values (no 2^-8 factor). Two of them and two byte permutes turn a 32-bit
+register of two pairs into the even and odd fp16 pairs the tensor cores read: 4 instructions
+for 4 values, against 9 (before ptxas merges some) for the bit moves of ``_fp8_pairs_to_fp16``.
+It keeps the layout of the current kernel (fp8 read as int16 pairs: two dims of one token, the
+head dim as its even and odd halves), its cut into splits and its outputs, so the plan, the merge
+and the fused launch take it unchanged.
+
+The launch candidates are configs of it (and of the current kernel): fewer tokens a tile with a
+deeper pipeline (64 tokens, 3 or 4 stages: ~106 registers on sm_90, 4 programs an SM) and a
+register cap (:class:`Fp8Config`'s ``maxnreg``). The default config stays on the current kernel
+until an H200 run says otherwise (bench/gpu_fp8_variants.py).
+
+In the CPU interpreter (no inline PTX) the conversion takes Triton ops: the integer bit moves,
+then x 2^8 in fp16 (exact: a power of two, and 448 x 2^-8 x 2^8 is in range), so the interpreter
+checks everything but the PTX itself; :func:`conversion_path` says which one a plan runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+import triton.language as tl
+
+from ._common import mma
+from .decode_attention import DecodeConfig, _fp8_pairs_to_fp16, _piece, _tile_pages
+
+# fp8_compute values that pick this module's kernel.
+CVT_MODES = ("cvt",)
+
+
+@dataclass(frozen=True)
+class Fp8Config(DecodeConfig):
+    """A decode config with a register cap for stage 1 (Triton's ``maxnreg`` compile option,
+    present in 3.6 and 3.9; ``None``: ptxas chooses). A cap that forces spills costs local-memory
+    traffic, so the compiled kernel's spills must be read with its registers."""
+
+    maxnreg: int | None = None
+
+
+def is_cvt(config: DecodeConfig) -> bool:
+    """Whether ``config`` picks one of this module's kernels."""
+    return config.fp8_compute in CVT_MODES
+
+
+def conversion_path(config: DecodeConfig, interpreting: bool) -> str:
+    """Which fp8 -> fp16 conversion a plan with ``config`` runs: ``"ptx-cvt"`` on the GPU,
+    ``"triton-ops"`` in the interpreter (or for a config not of this module: ``"other"``)."""
+    if not is_cvt(config):
+        return "other"
+    return "triton-ops" if interpreting else "ptx-cvt"
+
+
+@triton.jit
+def _fp8_pairs_cvt(w, ASM: tl.constexpr):
+    """int16 words of two e4m3 bytes (dims 2j, 2j+1 of one token) -> (even, odd) fp16, the exact
+    e4m3 values. With ``ASM`` (sm_89+): per 32-bit register (two words, the first in the low
+    half) two ``cvt.rn.f16x2.e4m3x2`` (low byte to the low half) and two ``prmt`` that gather the
+    two even halves into one register and the two odd halves into the other."""
+    if ASM:
+        even, odd = tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 r;
+            .reg .b16 lo, hi;
+            prmt.b32 r, $2, 0, 0x3120;
+            mov.b32 {lo, hi}, r;
+            cvt.rn.f16x2.e4m3x2 $0, lo;
+            cvt.rn.f16x2.e4m3x2 $1, hi;
+            }""",
+            constraints="=r,=r,r",
+            args=[w],
+            dtype=(tl.float16, tl.float16),
+            is_pure=True,
+            pack=2,
+        )
+    else:
+        e8, o8 = _fp8_pairs_to_fp16(w, False)
+        even = (e8.to(tl.float32) * 256.0).to(tl.float16)
+        odd = (o8.to(tl.float32) * 256.0).to(tl.float16)
+    return even, odd
+
+
+@triton.jit(do_not_specialize=["capacity"])
+def _decode_stage1_fp8_cvt(
+    Q,
+    K,
+    V,
+    PT,
+    LENS,
+    KS,
+    VS,
+    OP,
+    LSEP,
+    qk_scale,
+    num_splits,
+    split_len_hint,
+    capacity,
+    stride_qb,
+    stride_qh,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    stride_ptb,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE: tl.constexpr,
+    EVICT: tl.constexpr,
+    ASM: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
+    DEVICE_PLAN: tl.constexpr = False,
+    TARGET_VARLEN: tl.constexpr = 1,
+    MIN_SPLIT: tl.constexpr = 256,
+    BLOCK_B: tl.constexpr = 16,
+    MAX_SPLITS: tl.constexpr = 256,
+    MERGE: tl.constexpr = 0,
+    SEARCH: tl.constexpr = 1,
+):
+    """Stage 1 for fp8 KV read as int16 pairs, converted by ``_fp8_pairs_cvt`` (exact values, so
+    the scales carry no 2^8). Arguments as ``_decode_stage1_fp8_pairs``'s (strides in int16
+    units)."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    q_heads = tl.num_programs(1) * GROUP
+    HALF: tl.constexpr = HEAD_DIM // 2
+    seq_len, start, end = _piece(
+        LENS,
+        b,
+        split,
+        num_splits,
+        split_len_hint,
+        capacity,
+        BLOCK_N,
+        DEVICE_PLAN,
+        TARGET_VARLEN,
+        MIN_SPLIT,
+        BLOCK_B,
+        MAX_SPLITS,
+        MERGE,
+        SEARCH,
+    )
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_j = tl.arange(0, HALF)
+    hmask = offs_h < GROUP
+    heads = kvh * GROUP + offs_h
+    row = (b * q_heads + heads).to(tl.int64) * num_splits + split
+    if start >= end:
+        # Past the end of a short request: lse = -inf only, which the merge weighs as zero.
+        tl.store(LSEP + row, float("-inf"), mask=hmask)
+        return
+    K = K.to(tl.pointer_type(tl.int16), bitcast=True)
+    V = V.to(tl.pointer_type(tl.int16), bitcast=True)
+    q_ptr = Q + b * stride_qb + heads[:, None] * stride_qh + 2 * offs_j[None, :]
+    q_even = tl.load(q_ptr, mask=hmask[:, None], other=0.0).to(tl.float16)
+    q_odd = tl.load(q_ptr + 1, mask=hmask[:, None], other=0.0).to(tl.float16)
+    scale = qk_scale * tl.load(KS + kvh)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc_e = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
+    acc_o = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
+
+    pt_row = PT + b * stride_ptb
+    offs_t = tl.arange(0, BLOCK_N)
+    if PREFETCH:
+        page_next = _tile_pages(pt_row, start + offs_t, end, PAGE)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + offs_t
+        nmask = offs_n < end
+        if PREFETCH:
+            # Indices for this tile came during the previous one; the next tile's go out first.
+            page = page_next.to(tl.int64)
+            page_next = _tile_pages(pt_row, offs_n + BLOCK_N, end, PAGE)
+        else:
+            page = _tile_pages(pt_row, offs_n, end, PAGE).to(tl.int64)
+        slot = offs_n % PAGE
+        kw = tl.load(
+            K
+            + page[:, None] * stride_kp
+            + slot[:, None] * stride_ks
+            + kvh * stride_kh
+            + offs_j[None, :],
+            mask=nmask[:, None],
+            other=0,
+            eviction_policy=EVICT,
+        )
+        vw = tl.load(
+            V
+            + page[:, None] * stride_vp
+            + slot[:, None] * stride_vs
+            + kvh * stride_vh
+            + offs_j[None, :],
+            mask=nmask[:, None],
+            other=0,
+            eviction_policy=EVICT,
+        )
+        k_even, k_odd = _fp8_pairs_cvt(kw, ASM)
+        qk = mma(q_even, tl.trans(k_even), UPCAST) + mma(q_odd, tl.trans(k_odd), UPCAST)
+        qk = qk * scale
+        qk = tl.where(nmask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        p16 = p.to(tl.float16)
+        v_even, v_odd = _fp8_pairs_cvt(vw, ASM)
+        acc_e = acc_e * alpha[:, None] + mma(p16, v_even, UPCAST)
+        acc_o = acc_o * alpha[:, None] + mma(p16, v_odd, UPCAST)
+        m_i = m_new
+
+    vscale = tl.load(VS + kvh)
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+    o_ptr = OP + row[:, None] * HEAD_DIM + 2 * offs_j[None, :]
+    tl.store(o_ptr, acc_e * vscale / l_safe[:, None], mask=hmask[:, None])
+    tl.store(o_ptr + 1, acc_o * vscale / l_safe[:, None], mask=hmask[:, None])
+    tl.store(LSEP + row, lse, mask=hmask)

@@ -1,0 +1,224 @@
+"""The fp8 stage-1 candidates (kernels/decode_fp8.py) against the fp32 reference, and against
+the current fp8 kernel bit for bit.
+
+Each candidate passes the gates of the current fp8 path: NaN-filled unused slots, odd lengths,
+GQA, pages 1 and 16, per-head and per-tensor fp8 scales, both launch paths. In the CPU
+interpreter inline PTX cannot run, so the candidate's conversion takes Triton ops there (the
+integer bit moves x 2^8); every test records which conversion ran (``conversion`` in the
+junit properties, and the assertion on :func:`conversion_path`). On a GPU (``-m gpu`` with
+``TRITON_INTERPRET=0``) the same tests run the PTX ``cvt.rn.f16x2.e4m3x2`` path.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+
+import pytest
+
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
+
+from kdash.kernels import decode_plan  # noqa: E402
+from kdash.kernels.decode_attention import DecodeConfig, decode_attention  # noqa: E402
+from kdash.kernels.decode_fp8 import (  # noqa: E402
+    Fp8Config,
+    _decode_stage1_fp8_cvt,
+    _fp8_pairs_cvt,
+    conversion_path,
+)
+from kdash.kernels.kv_cache import FP8, build_paged_cache, fp8_scales  # noqa: E402
+from kdash.kernels.reference import baseline_for, decode_reference, error_gate  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DEV = "cpu" if INTERPRET else "cuda"
+needs_device = pytest.mark.skipif(
+    not INTERPRET and not torch.cuda.is_available(), reason="no CUDA and not interpreting"
+)
+# Small tiles keep the interpreter's runs short; the candidates' configs as the GPU script runs
+# them, scaled down: the hardware conversion at one and two pipeline stages, and with the
+# register cap (which the interpreter, compiling nothing, leaves out).
+VARIANTS = {
+    "cvt": DecodeConfig(block_n=64, fp8_compute="cvt", prefetch_pages=True),
+    "cvt-plain": DecodeConfig(block_n=64, fp8_compute="cvt", prefetch_pages=False),
+    "cvt-3stages": DecodeConfig(block_n=32, num_stages=3, fp8_compute="cvt"),
+    "cvt-maxnreg": Fp8Config(block_n=64, fp8_compute="cvt", maxnreg=128),
+}
+with_variant = pytest.mark.parametrize("cfg", list(VARIANTS.values()), ids=list(VARIANTS))
+
+
+@pytest.fixture(params=[False, True], ids=["two-launch", "fused"])
+def path(request, monkeypatch) -> bool:
+    monkeypatch.setattr(decode_plan, "FUSED_DEFAULT", request.param)
+    return request.param
+
+
+@pytest.fixture
+def which(record_property):
+    """Records (and checks) which conversion a config runs here."""
+
+    def say(cfg: DecodeConfig) -> str:
+        ran = conversion_path(cfg, INTERPRET)
+        record_property("conversion", ran)
+        assert ran == ("triton-ops" if INTERPRET else "ptx-cvt")
+        return ran
+
+    return say
+
+
+@triton.jit
+def _convert(W, Even, Odd, BLOCK: tl.constexpr, ASM: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    e, o = _fp8_pairs_cvt(tl.load(W + offs), ASM)
+    tl.store(Even + offs, e)
+    tl.store(Odd + offs, o)
+
+
+def make_case(lens, q_heads, kv_heads, head_dim, page_size, *, seed=0):
+    """A random fp8 paged cache (NaN in every unowned slot), per-head scales, and the queries."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    mult = torch.linspace(0.5, 2.0, kv_heads, device=DEV).view(1, -1, 1)
+    ks = [torch.randn(n, kv_heads, head_dim, generator=g, device=DEV) * mult for n in lens]
+    vs = [torch.randn(n, kv_heads, head_dim, generator=g, device=DEV) for n in lens]
+    scales = dict(k_scale=fp8_scales(torch.cat(ks)), v_scale=fp8_scales(torch.cat(vs)))
+    kc, vc, pt, sl = build_paged_cache(
+        ks, vs, page_size, dtype=FP8, generator=torch.Generator().manual_seed(seed), **scales
+    )
+    q = torch.randn(len(lens), q_heads, head_dim, generator=g, device=DEV).bfloat16()
+    return q, kc, vc, pt, sl, scales
+
+
+def check(out, q, kc, vc, pt, sl, scales) -> None:
+    ref = decode_reference(q, kc, vc, pt, sl, **scales)
+    base = decode_reference(q, kc, vc, pt, sl, fn=baseline_for(q.device), **scales)
+    ok, msg = error_gate(out, ref, base, max_factor=4.0, mean_factor=3.0)
+    assert ok, msg
+
+
+@needs_device
+@pytest.mark.parametrize("asm", [False, True], ids=["triton-ops", "ptx-cvt"])
+def test_conversion_is_exact_for_every_code(asm: bool, record_property) -> None:
+    """All 65536 byte pairs: the fp16 values are the e4m3 values, exactly (NaN codes aside)."""
+    if asm and INTERPRET:
+        pytest.skip("inline PTX runs on the GPU only")
+    record_property("conversion", "ptx-cvt" if asm else "triton-ops")
+    words = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).to(DEV)
+    even = torch.empty(65536, dtype=torch.float16, device=DEV)
+    odd = torch.empty_like(even)
+    _convert[(16,)](words, even, odd, BLOCK=4096, ASM=asm)
+    pairs = words.view(FP8).view(65536, 2).float()  # little endian: byte 0 is dim 2j
+    fin_e, fin_o = torch.isfinite(pairs[:, 0]), torch.isfinite(pairs[:, 1])
+    assert torch.equal(even.float()[fin_e], pairs[fin_e, 0])
+    assert torch.equal(odd.float()[fin_o], pairs[fin_o, 1])
+
+
+@needs_device
+@with_variant
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_variant_matches_reference(page_size: int, head_dim: int, cfg, path, which) -> None:
+    # Odd lengths, two shorter than the split count; 500 gives a split several tiles.
+    which(cfg)
+    q, kc, vc, pt, sl, scales = make_case([1, 5, 100, 500], 8, 2, head_dim, page_size)
+    out = torch.full_like(q, float("nan"))  # poisoned: every element must be written
+    decode_attention(q, kc, vc, pt, sl, num_splits=4, config=cfg, out=out, **scales)
+    check(out, q, kc, vc, pt, sl, scales)
+
+
+@needs_device
+@pytest.mark.parametrize(("q_heads", "kv_heads"), [(2, 2), (8, 1), (6, 2)])
+def test_variant_gqa_groups(q_heads: int, kv_heads: int, path, which) -> None:
+    cfg = VARIANTS["cvt"]
+    which(cfg)
+    q, kc, vc, pt, sl, scales = make_case([7, 130], q_heads, kv_heads, 64, 16, seed=1)
+    out = decode_attention(q, kc, vc, pt, sl, config=cfg, max_seq_len=130, **scales)
+    check(out, q, kc, vc, pt, sl, scales)
+
+
+@needs_device
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_variant_equals_the_current_kernel_bit_for_bit(page_size: int, which) -> None:
+    """The current kernel's fp16 values are the e4m3 values x 2^-8 and its scales carry the 2^8:
+    powers of two, so every product and sum is the same number and the outputs are equal."""
+    cfg = VARIANTS["cvt"]
+    which(cfg)
+    q, kc, vc, pt, sl, scales = make_case([300, 77, 3], 8, 2, 64, page_size, seed=5)
+    outs = [
+        decode_attention(q, kc, vc, pt, sl, num_splits=3, config=c, **scales).clone()
+        for c in (cfg, DecodeConfig(block_n=64, fp8_compute="pairs_asm"))
+    ]
+    assert torch.isfinite(outs[0].float()).all()
+    assert torch.equal(outs[0], outs[1])
+
+
+@needs_device
+def test_variant_per_tensor_scale_as_float(which) -> None:
+    cfg = VARIANTS["cvt"]
+    which(cfg)
+    q, kc, vc, pt, sl, _ = make_case([40, 9], 4, 2, 64, 16, seed=4)
+    kf, vf = kc.float().nan_to_num(0.0).to(FP8), vc.float().nan_to_num(0.0).to(FP8)
+    a = decode_attention(q, kf, vf, pt, sl, k_scale=0.5, v_scale=2.0, config=cfg)
+    ks = torch.full((2,), 0.5, device=q.device)
+    vs = torch.full((2,), 2.0, device=q.device)
+    b = decode_attention(q, kf, vf, pt, sl, k_scale=ks, v_scale=vs, config=cfg)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    check(a, q, kf, vf, pt, sl, dict(k_scale=ks, v_scale=vs))
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["two-launch", "fused"])
+def test_plan_picks_the_variant_kernel(fused: bool) -> None:
+    """fp8_compute="cvt" selects decode_fp8's kernel (inlined into the fused one), the current
+    config stays on the current kernel, and the register cap reaches the compile options only
+    where something is compiled."""
+    q, kc, vc, pt, sl, scales = make_case([9], 4, 2, 64, 16)
+    kw = dict(max_seq_len=9, kv_dtype=FP8, fused=fused, **scales)
+    cvt = decode_plan.DecodePlan(pt, sl, 4, 2, 64, 16, config=VARIANTS["cvt-maxnreg"], **kw)
+    cur = decode_plan.DecodePlan(pt, sl, 4, 2, 64, 16, config=DecodeConfig(block_n=64), **kw)
+    if fused:
+        assert cvt._meta1["CVT"] is True and "CVT" not in cur._meta1
+    else:
+        assert cvt._kern1 is _decode_stage1_fp8_cvt and cur._kern1 is not _decode_stage1_fp8_cvt
+    assert cvt.pairs and cur.pairs
+    assert ("maxnreg" in cvt._meta1) == (not INTERPRET)
+    assert "maxnreg" not in cur._meta1
+
+
+# --------------------------------------------------------------------------- GPU gates
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(
+    INTERPRET or not torch.cuda.is_available(), reason="needs CUDA (and TRITON_INTERPRET=0)"
+)
+# The candidates at the GPU script's launch configs (bench/gpu_fp8_variants.py).
+GPU_VARIANTS = {
+    "cvt": DecodeConfig(block_n=128, fp8_compute="cvt", programs_per_sm=3),
+    "cvt_64_3stages": DecodeConfig(block_n=64, num_stages=3, fp8_compute="cvt"),
+    "cvt_64_4stages": DecodeConfig(block_n=64, num_stages=4, fp8_compute="cvt"),
+    "cvt_maxnreg128": Fp8Config(block_n=128, fp8_compute="cvt", programs_per_sm=3, maxnreg=128),
+}
+
+
+@gpu
+@needs_cuda
+def test_gpu_ptx_conversion_is_exact_for_every_code(record_property) -> None:
+    test_conversion_is_exact_for_every_code(True, record_property)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("cfg", list(GPU_VARIANTS.values()), ids=list(GPU_VARIANTS))
+@pytest.mark.parametrize(
+    ("q_heads", "lens", "page_size"),
+    [(64, [65536], 1), (32, [16384] * 8, 16)],
+    ids=["1x64k-p1", "8x16k"],
+)
+def test_gpu_variant_gates_at_benchmark_shapes(q_heads, lens, page_size, cfg, path, which) -> None:
+    which(cfg)
+    q, kc, vc, pt, sl, scales = make_case(lens, q_heads, 8, 128, page_size)
+    out = torch.full_like(q, float("nan"))
+    decode_attention(
+        q, kc, vc, pt, sl, out=out, max_seq_len=max(lens), total_tokens=sum(lens), config=cfg,
+        **scales,
+    )  # fmt: skip
+    check(out, q, kc, vc, pt, sl, scales)
