@@ -10,7 +10,7 @@ of shared memory, 2048 threads) and, in the SASS, the conversion instructions (F
 logic (LOP3/SHF/PRMT), MMAs (HMMA), shared loads (LDSM/LDS) and async copies (LDGSTS).
 
 Run with the H200's Triton first on the path:
-    PYTHONPATH=/tmp/kb/t36 .venv/bin/python bench/fp8_regs_cpu.py [--json FILE]
+    PYTHONPATH=/tmp/kb/t36 .venv/bin/python bench/fp8_regs_cpu.py [--fused] [--json FILE]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="kdash-fp8regs
 import triton
 from kdash.kernels import decode_attention as da
 from kdash.kernels import decode_fp8 as d8
+from kdash.kernels import decode_fused as df
 from kdash.kernels.residency import programs_per_sm
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -65,16 +66,24 @@ def tool(name: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
 
-def compile_one(mode: str, group: int, page: int, block_n: int, warps: int, stages: int, reg):
+def compile_one(
+    mode: str, group: int, page: int, block_n: int, warps: int, stages: int, reg, fused=False
+):
     sig = {"Q": "*bf16", "K": "*fp8e4nv", "V": "*fp8e4nv", "PT": "*i32", "LENS": "*i32"}
     sig.update(KS="*fp32", VS="*fp32", OP="*fp32", LSEP="*fp32")
+    if fused:
+        sig.update(Out="*bf16", LSE="*fp32", TICKETS="*i32")
     sig.update(qk_scale="fp32", num_splits="i32", split_len_hint="i32", capacity="i32")
-    sig.update({s: "i32" for s in STRIDES})
+    sig.update({s: "i32" for s in STRIDES + (("stride_outb", "stride_outh") if fused else ())})
     const = dict(GROUP=group, BLOCK_H=max(16, 1 << (group - 1).bit_length()), HEAD_DIM=128)
     const.update(BLOCK_N=block_n, PAGE=page, EVICT="", ASM=True, UPCAST=False, PREFETCH=True)
     const.update(DEVICE_PLAN=True, TARGET_VARLEN=132 * 12, MIN_SPLIT=256, BLOCK_B=16)
     const.update(MAX_SPLITS=256, MERGE=4, SEARCH=256)
     fn = da._decode_stage1_fp8_pairs if mode == "pairs_asm" else d8._decode_stage1_fp8_cvt
+    if fused:
+        fn = df._decode_fused
+        const.update(PAIRS=True, IS_FP8=True, FP8_FP16=True, BLOCK_S=256)
+        const.update(CHUNK=df.merge_chunk(256, 128), CVT=mode == "cvt")
     sig.update({k: "constexpr" for k in const})
     div = [i for i, n in enumerate(sig) if sig[n].startswith("*") or n.startswith("stride")]
     src = ASTSource(fn, sig, const, attrs={(i,): [["tt.divisibility", 16]] for i in div})
@@ -109,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--only", help="fp8_compute value to compile (default: every config)")
+    ap.add_argument("--fused", action="store_true", help="the fused kernel instead of stage 1")
     a = ap.parse_args(argv)
     print(f"triton {triton.__version__}, sm_90 (ptxas -v on Triton's PTX)")
     rows = []
@@ -117,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for name, group, page in LAYOUTS:
             tag = f"{mode} {bn}/{warps}w/{stages}s" + (f"/maxnreg {reg}" if reg else "")
+            tag += " fused" if a.fused else ""
             try:
-                r = compile_one(mode, group, page, bn, warps, stages, reg)
+                r = compile_one(mode, group, page, bn, warps, stages, reg, a.fused)
             except Exception as e:  # noqa: BLE001 - one config that does not compile is reported
                 print(f"{tag:>34} {name}: {type(e).__name__}: {str(e)[:200]}")
                 continue

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from kdash.kernels import bench as kbench
+from kdash.kernels import decode_plan
 from kdash.kernels.bench import DecodeCase, lognormal_lens, occupancy_or_error
 from kdash.kernels.bench_summary import LONG_CONTEXT
 from kdash.kernels.bench_timing import bench_graph_ms, bench_ms, log
@@ -37,11 +39,18 @@ HEADS = [(32, 8, 128), (64, 8, 128)]
 SHAPES = [(1, 131072), (1, 65536), (8, 16384)]
 CUR = DEFAULT_FP8_CONFIG  # pairs_asm, 128 tokens, 4 warps, 2 stages
 CVT = replace(DEFAULT_FP8_CONFIG, fp8_compute="cvt")
-BF16 = {"bf16": DEFAULT_CONFIG, "bf16_3stages": replace(DEFAULT_CONFIG, num_stages=3)}
-# name -> config, in the order they are timed (the most likely winners first)
+# name -> (config, fused launch), in the order they are timed (the most likely winners first).
+# A variant's speedup is taken against the faster bf16 config of its own launch path.
+BF16 = {
+    "bf16": (DEFAULT_CONFIG, False),
+    "bf16_3stages": (replace(DEFAULT_CONFIG, num_stages=3), False),
+    "bf16_fused": (DEFAULT_CONFIG, True),
+}
 FP8 = {
     "current": CUR,
     "cvt": CVT,
+    "current_fused": CUR,
+    "cvt_fused": CVT,
     "cvt_64_3stages": replace(CVT, block_n=64, num_stages=3),
     "cvt_64_4stages": replace(CVT, block_n=64, num_stages=4),
     "cvt_maxnreg128": Fp8Config(**{**asdict(CVT), "maxnreg": 128}),
@@ -51,6 +60,7 @@ FP8 = {
     "cvt_8warps": replace(CVT, num_warps=8),
     "current_maxnreg128": Fp8Config(**{**asdict(CUR), "maxnreg": 128}),
 }
+FP8_FUSED = {"current_fused", "cvt_fused"}
 
 
 def shape_cases(lognormal: bool) -> list[dict[str, Any]]:
@@ -74,27 +84,34 @@ def shape_cases(lognormal: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def time_cfg(case: DecodeCase, cfg: DecodeConfig) -> dict[str, Any]:
-    fn, splits = case.fn(cfg)
+def time_cfg(case: DecodeCase, cfg: DecodeConfig, fused: bool) -> dict[str, Any]:
+    fn, splits = case.fn(cfg, fused)
     plan = case.last_plan
     ms = bench_ms(fn)
     ms_g = bench_graph_ms(fn)
     fn()
-    torch.cuda.synchronize()
+    if kbench.DEVICE == "cuda":
+        torch.cuda.synchronize()
     return {
         "us": ms * 1e3,
         "us_graph": ms_g * 1e3,
         "splits": splits,
         "stage1": occupancy_or_error(plan),
+        "fused": plan.fused,
         "residency_source": plan.residency_source,
     }
 
 
-def gate(case: DecodeCase, cfg: DecodeConfig) -> dict[str, Any]:
+def gate(case: DecodeCase, cfg: DecodeConfig, fused: bool) -> dict[str, Any]:
+    """The bench's FA-style gate (its first 4 requests), on the variant's launch path."""
+    saved = decode_plan.FUSED_DEFAULT
+    decode_plan.FUSED_DEFAULT = fused  # DecodeCase.check's one-call form takes the default path
     try:
         return case.check(cfg)
     except Exception as e:  # noqa: BLE001 - a variant that fails to run fails its gate, said why
         return {"passed": False, "detail": f"{type(e).__name__}: {str(e)[:300]}"}
+    finally:
+        decode_plan.FUSED_DEFAULT = saved
 
 
 def summarise(result: dict[str, Any]) -> None:
@@ -107,7 +124,8 @@ def summarise(result: dict[str, Any]) -> None:
             t = s["times"]
             if name not in t or "us" not in t[name]:
                 continue
-            bf = [t[b] for b in BF16 if b in t and "us" in t[b]]
+            fused = name in FP8_FUSED
+            bf = [t[b] for b in BF16 if b in t and "us" in t[b] and BF16[b][1] == fused]
             if not bf:
                 continue
             x = min(b["us"] for b in bf) / t[name]["us"]
@@ -147,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"gpu_fp8_variants: unknown variant(s) {bad}; known: {list(FP8)}", file=sys.stderr
             )
             return 2
-    if not torch.cuda.is_available():
+    on_gpu = kbench.DEVICE == "cuda"  # a CPU test of the wiring sets "cpu" (and stubs the timers)
+    if on_gpu and not torch.cuda.is_available():
         print("gpu_fp8_variants: needs a CUDA GPU", file=sys.stderr)
         return 2
     t0 = time.monotonic()
@@ -155,13 +174,18 @@ def main(argv: list[str] | None = None) -> int:
 
     result: dict[str, Any] = {
         "command": " ".join(sys.argv),
-        "device": torch.cuda.get_device_name(0),
+        "device": torch.cuda.get_device_name(0) if on_gpu else kbench.DEVICE,
         "torch": torch.__version__,
         "triton": triton.__version__,
         "variants": {
-            n: {**asdict(FP8[n]), "conversion": conversion_path(FP8[n], False)} for n in names
+            n: {
+                **asdict(FP8[n]),
+                "fused": n in FP8_FUSED,
+                "conversion": conversion_path(FP8[n], False),
+            }
+            for n in names
         },
-        "bf16_configs": {n: asdict(c) for n, c in BF16.items()},
+        "bf16_configs": {n: {**asdict(c), "fused": f} for n, (c, f) in BF16.items()},
         "gates": {},
         "shapes": [],
         "skipped": [],
@@ -181,22 +205,29 @@ def main(argv: list[str] | None = None) -> int:
         result["seconds"] = time.monotonic() - t0
         a.out.write_text(json.dumps(result, indent=1) + "\n")
 
-    # The gate case of every variant: 8 x 16k at 32/8/128 (its first 4 requests).
-    gate_at = next(i for i, s in enumerate(shapes) if s["batch"] == 8 and s["dims"][0] == 32)
-    for name, cfg, kv in [
-        *((n, c, "bf16") for n, c in BF16.items()),
-        *((n, FP8[n], "fp8") for n in names),
-    ]:
+    # The gate case of every variant: the equal-length shape of most requests at the first
+    # head layout (8 x 16k at 32/8/128), its first 4 requests.
+    gate_at = max(
+        (
+            i
+            for i, s in enumerate(shapes)
+            if s["dims"] == HEADS[0] and isinstance(s["context"], int)
+        ),
+        key=lambda i: shapes[i]["batch"],
+    )
+    todo = [(n, c, f, "bf16") for n, (c, f) in BF16.items()]
+    todo += [(n, FP8[n], n in FP8_FUSED, "fp8") for n in names]
+    for name, cfg, fused, kv in todo:
         if time.monotonic() - t0 > a.budget:
             result["skipped"].append(name)
             log(f"{name}: skipped (budget {a.budget:.0f}s spent)")
             continue
         if kv == "fp8":
-            result["gates"][name] = g = gate(cases[gate_at]["fp8"], cfg)
+            result["gates"][name] = g = gate(cases[gate_at]["fp8"], cfg, fused)
             log(f"{name}: gate {'passed' if g['passed'] else 'FAILED'}: {g['detail']}")
         for s, c in zip(result["shapes"], cases, strict=True):
             try:
-                fig = time_cfg(c[kv], cfg)
+                fig = time_cfg(c[kv], cfg, fused)
             except Exception as e:  # noqa: BLE001 - a variant that fails is a finding, not fatal
                 fig = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             s["times"][name] = fig

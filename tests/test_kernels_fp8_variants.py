@@ -222,3 +222,55 @@ def test_gpu_variant_gates_at_benchmark_shapes(q_heads, lens, page_size, cfg, pa
         **scales,
     )  # fmt: skip
     check(out, q, kc, vc, pt, sl, scales)
+
+
+def _load_gpu_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "gpu_fp8_variants.py"
+    spec = importlib.util.spec_from_file_location("gpu_fp8_variants", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the CPU wiring check of the GPU script")
+def test_gpu_script_wiring_on_the_cpu(tmp_path, monkeypatch) -> None:
+    """bench/gpu_fp8_variants.py end to end on CPU cases in the interpreter: real plans, real
+    gates, real JSON; only the GPU timers (do_bench, graph replay) are stood in for by one
+    timed call each, since they need CUDA. Tiny shapes, "long context" moved down to them."""
+    from kdash.kernels import bench as kbench
+
+    mod = _load_gpu_script()
+    monkeypatch.setattr(kbench, "DEVICE", "cpu")
+    monkeypatch.setattr(mod, "HEADS", [(4, 2, 64)])
+    monkeypatch.setattr(mod, "SHAPES", [(1, 300), (2, 130)])
+    monkeypatch.setattr(mod, "LONG_CONTEXT", 200)
+
+    def one_call_ms(fn, **_):
+        import time
+
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+
+    monkeypatch.setattr(mod, "bench_ms", one_call_ms)
+    monkeypatch.setattr(mod, "bench_graph_ms", one_call_ms)
+    out = tmp_path / "v.json"
+    rc = mod.main(["--out", str(out), "--only", "current,cvt_fused", "--no-lognormal"])
+    assert rc == 0
+    import json
+
+    res = json.loads(out.read_text())
+    assert [s["long_context"] for s in res["shapes"]] == [True, False]
+    assert set(res["summary"]) == {"current", "cvt_fused"}
+    for name, sm in res["summary"].items():
+        assert sm["gate"]["passed"], (name, sm["gate"])
+        assert sm["shapes_timed"] == 2
+        assert sm["fp8_speedup"] is not None and sm["fp8_speedup"] > 0
+    assert res["variants"]["cvt_fused"]["fused"] and not res["variants"]["current"]["fused"]
+    assert res["variants"]["cvt_fused"]["conversion"] == "ptx-cvt"  # what the GPU will run
+    for s in res["shapes"]:
+        assert s["times"]["cvt_fused"]["fused"] and not s["times"]["current"]["fused"]
+        assert s["times"]["bf16_fused"]["fused"]
