@@ -18,12 +18,12 @@ from collections import deque
 from typing import Any
 
 from kdash.errors import UserError
+from kdash.histogram import BUCKET_TAG, bucket_delta, bucket_quantile, le_text, window_buckets
 from kdash.schema import Batch, make_batch
 
 from .base import Health
 from .sglang_client import ADMIN_PATHS, SglangClient, SglangError
 from .sglang_metrics import (
-    BUCKET_TAG,
     COUNTERS,
     GAUGES,
     HISTOGRAMS,
@@ -32,13 +32,9 @@ from .sglang_metrics import (
     SCHED_COUNTERS,
     STAGE_HISTOGRAM,
     Scrape,
-    bucket_delta,
-    bucket_quantile,
-    le_text,
     load_rows,
     one_per_dp,
     parse_metrics,
-    window_buckets,
 )
 from .sglang_profile import (
     ACTIVITIES,

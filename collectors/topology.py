@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 
 # the cpulist form lives in the core: analyses use it too, and must not import a collector
 from kdash.cpulist import format_cpulist, parse_cpulist
+from kdash.topology import Topology
 
 __all__ = ["format_cpulist", "parse_cpulist"]  # kept importable from here, where they were
 
@@ -149,7 +150,7 @@ def gpu_local_cpus(
     nvml_affinity: Mapping[int, set[int]] | None = None,
     sysfs: str = SYSFS,
 ) -> dict[int, str]:
-    """GPU index -> cpulist of its local CPUs, for the findings' `topo["gpu_local_cpus"]`.
+    """GPU index -> cpulist of its local CPUs, for the findings' `Topology.gpu_local_cpus`.
 
     sysfs first (it is what the kernel's scheduler and numactl agree on); NVML's CPU affinity
     (`nvml_affinity`, already turned into sets with `cpus_from_mask_words`) where sysfs has
@@ -175,14 +176,9 @@ def build_topo(
     gpu_of_pid: Mapping[int, list[int]] | None = None,
     nvml_affinity: Mapping[int, set[int]] | None = None,
     sysfs: str = SYSFS,
-) -> dict:
-    """The plain `topo` dict that `kdash.analyses.findings.find_all` takes.
-
-    Keys: `gpu_local_cpus` {gpu: cpulist}, `gpu_numa_node` {gpu: node}, `gpu_of_pid`
-    {pid: [gpu, ...]} (when known, e.g. from NVML's process list), `cpu_count`, `online_cpus`
-    (cpulist) and `core_of_cpu` {cpu: [package, core]} (for SMT-sibling sharing).
-    Plain types only, so it can be stored in a capture's JSON metadata and replayed.
-    """
+) -> Topology:
+    """The `Topology` that `kdash.analyses.findings.find_all` takes: every field read, with
+    `gpu_of_pid` {pid: [gpu, ...]} when the caller knows it (e.g. from NVML's process list)."""
     bus_ids = dict(bus_ids or {})
     online = online_cpus(sysfs)
     numa: dict[int, int] = {}
@@ -191,13 +187,13 @@ def build_topo(
             numa[gpu] = pci_numa_node(bus_id, sysfs)
         except ValueError:
             numa[gpu] = -1
-    topo: dict = {
-        "gpu_local_cpus": gpu_local_cpus(bus_ids, nvml_affinity, sysfs),
-        "gpu_numa_node": numa,
-        "cpu_count": len(online),
-        "online_cpus": format_cpulist(online),
-        "core_of_cpu": {c: list(pc) for c, pc in cpu_cores(online, sysfs).items()},
-    }
-    if gpu_of_pid:
-        topo["gpu_of_pid"] = {int(p): [int(g) for g in gs] for p, gs in gpu_of_pid.items()}
-    return topo
+    return Topology(
+        gpu_local_cpus=gpu_local_cpus(bus_ids, nvml_affinity, sysfs),
+        gpu_numa_node=numa,
+        cpu_count=len(online),
+        online_cpus=format_cpulist(online),
+        core_of_cpu=cpu_cores(online, sysfs),
+        gpu_of_pid={int(p): [int(g) for g in gs] for p, gs in gpu_of_pid.items()}
+        if gpu_of_pid
+        else None,
+    )

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from kdash.topology import Topology
+
 MONOTONIC = "host monotonic ns"
 WALL = "unix wall ns"
 
@@ -106,7 +108,7 @@ class CaptureMeta:
     sources_health: dict[str, dict[str, Any]] | None = None  # name -> Health.to_dict()
     overflowed_rows: int | None = None
     interval_s: float | None = None
-    topology: dict[str, Any] | None = None
+    topology: Topology | None = None
     traces: list[dict[str, Any]] | None = None  # the imported (or server-side) Kineto traces
     cost_estimate: dict[str, float | None] | None = None
     sglang: dict[str, Any] | None = None
@@ -122,6 +124,8 @@ class CaptureMeta:
         """The record of a capture's metadata, old or new (missing keys: their defaults)."""
         named = {f.name for f in fields(cls)} - {"extra", "clock", "window"}
         values: dict[str, Any] = {k: d[k] for k in named if d.get(k) is not None}
+        if isinstance(values.get("topology"), Mapping):
+            values["topology"] = Topology.from_dict(values["topology"])
         return cls(
             **values,
             clock=ClockInfo.from_dict(d.get("clock")),
@@ -136,7 +140,7 @@ class CaptureMeta:
             if f.name == "extra":
                 continue
             value = getattr(self, f.name)
-            if isinstance(value, Window | ClockInfo):
+            if isinstance(value, Window | ClockInfo | Topology):
                 value = value.to_dict()
             if value is not None or f.name in _ALWAYS:
                 out[f.name] = value
@@ -179,7 +183,7 @@ def build_meta(
     origin: str | None = None,
     overflowed_rows: int | None = None,
     interval_s: float | None = None,
-    topology: dict[str, Any] | None = None,
+    topology: Topology | None = None,
     traces: list[dict[str, Any]] | None = None,
 ) -> CaptureMeta:
     """A new capture's metadata: the one builder, for recordings and imports alike.

@@ -16,7 +16,7 @@ import pandas as pd
 
 from kdash import gpu_reasons, schema
 from kdash.analyses.cpu_ops import cpu_op_threads, top_cpu_ops
-from kdash.analyses.findings import SEVERITY_ORDER
+from kdash.analyses.finding import findings_of
 from kdash.analyses.gpu_time import account, gpu_time_text
 from kdash.analyses.kernel_findings import idle_findings, latency_findings
 from kdash.analyses.kernels import top_kernels
@@ -26,7 +26,6 @@ from kdash.names import demangle, short_names, symbols_of
 
 REPORT_SCHEMA_VERSION = 1
 DEFAULT_TOP = 20
-FINDING_FIELDS = ("severity", "kind", "subject", "evidence", "advice")
 
 
 def schema_path() -> Path:
@@ -190,10 +189,7 @@ def _findings(tables: dict[str, pd.DataFrame], acc) -> list[dict]:
     """The capture's findings (the CPU/GPU-state ones made while recording; their numbers are in
     the prose only, as stored) and the kernel ones judged here over the whole window (idle time
     by class, launch latency; their numbers also in `data`), most severe first."""
-    stored = [
-        {"t_ns": int(r["t_ns"]), **{k: str(r[k]) for k in FINDING_FIELDS}, "data": {}}
-        for _, r in tables["findings"].iterrows()
-    ]
+    stored = findings_of(tables["findings"])
     kernels = tables["kernels"]
     judged = []
     if not kernels.empty:
@@ -205,13 +201,8 @@ def _findings(tables: dict[str, pd.DataFrame], acc) -> list[dict]:
             kernels, api, tables.get("markers"), tables.get("threads"), memcpy=memcpy,
             accounting=acc,
         ) + latency_findings(kernels, api, memcpy, tables.get("threads"))  # fmt: skip
-    rows = stored + [
-        {"t_ns": int(f["t_ns"]), **{k: str(f[k]) for k in FINDING_FIELDS},
-         "data": _plain(f.get("data") or {})}
-        for f in judged
-    ]  # fmt: skip
-    rows.sort(key=lambda r: SEVERITY_ORDER.get(r["severity"], 9))
-    return rows
+    found = sorted(stored + judged, key=lambda f: f.rank)
+    return [{**f.to_dict(), "data": _plain(f.data)} for f in found]
 
 
 def _plain(v):

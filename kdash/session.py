@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kdash import clock, schema
@@ -36,6 +36,7 @@ from kdash.config import Thresholds
 from kdash.errors import UserError
 from kdash.store import Store
 from kdash.target import Target
+from kdash.topology import Topology
 
 log = logging.getLogger("kdash.session")
 
@@ -92,8 +93,8 @@ class Recorder:
         self._lock = threading.Lock()
         self._next_findings = 0
         self._target_gone_reported = False
-        self._topo: dict | None = None
-        self._topo_no_gpu: tuple[float, dict] | None = None  # (monotonic s, topo) without GPUs
+        self._topo: Topology | None = None
+        self._topo_no_gpu: tuple[float, Topology] | None = None  # (monotonic s, topo), no GPUs
 
     # -- life cycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -184,8 +185,9 @@ class Recorder:
             threading.Thread(target=self._write_capture, name="kdash-capture", daemon=True).start()
 
     # -- analyses -------------------------------------------------------------------------
-    def topology(self) -> dict:
-        """The `topo` dict findings take; cached, since GPUs and CPUs do not move under us."""
+    def topology(self) -> Topology:
+        """The machine as the findings take it; cached, since GPUs and CPUs do not move under
+        us."""
         kept = self._topo_no_gpu
         if self._topo is None and kept is not None and time.monotonic() - kept[0] < 30.0:
             return kept[1]
@@ -199,10 +201,12 @@ class Recorder:
                 )
             except (OSError, ValueError) as e:
                 log.warning("topology: %s", e)
-                topo = {"gpu_local_cpus": {}, "cpu_count": os.cpu_count() or 0}
+                topo = Topology(gpu_local_cpus={}, cpu_count=os.cpu_count() or 0)
+            local = dict(topo.gpu_local_cpus or {})
             for g in gpus:  # NVML's view (affinity) where sysfs had nothing
-                if g.get("local_cpus") and not topo["gpu_local_cpus"].get(g["index"]):
-                    topo["gpu_local_cpus"][g["index"]] = g["local_cpus"]
+                if g.get("local_cpus") and not local.get(g["index"]):
+                    local[g["index"]] = g["local_cpus"]
+            topo = replace(topo, gpu_local_cpus=local)
             if not gpus:
                 # NVML may come up later: keep this view only a while, since rebuilding it
                 # reads sysfs for every CPU at each findings pass

@@ -10,6 +10,7 @@ max 1980 MHz, memory 3201 MHz, 700 W limit) at 4 Hz.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -17,12 +18,15 @@ import pytest
 
 from kdash import gpu_reasons, schema
 from kdash.analyses import findings as F
+from kdash.analyses.finding import ROW_FIELDS, Finding, findings_frame, findings_of
 from kdash.config import Thresholds
+from kdash.topology import Topology
 
 HZ = 4
 STEP = 1_000_000_000 // HZ
 T0 = 5_000_000_000_000  # an arbitrary monotonic-clock origin
 
+DATA = Path(__file__).resolve().parent / "data"
 TH = Thresholds()  # the defaults: runq 5 ms/s, hot 50%, min_duration 1 s, ...
 
 
@@ -125,10 +129,10 @@ def test_power_cap_while_busy_is_a_warning_with_numbers():
 def test_thermal_slowdown_is_critical_and_named():
     gpu = h200_samples(3, sm=1100.0, temp=91.0, reasons=0x40 | 0x4)
     out = F.gpu_throttle(gpu, TH)
-    assert [f["severity"] for f in out] == ["critical"]
-    assert "hw-thermal" in out[0]["evidence"] and "sw-power" in out[0]["evidence"]
-    assert "91 °C" in out[0]["evidence"]
-    assert "cooling" in out[0]["advice"]
+    assert [f.severity for f in out] == ["critical"]
+    assert "hw-thermal" in out[0].evidence and "sw-power" in out[0].evidence
+    assert "91 °C" in out[0].evidence
+    assert "cooling" in out[0].advice
 
 
 def test_throttle_bits_on_an_idle_gpu_or_na_say_nothing():
@@ -194,7 +198,7 @@ def test_runq_needs_a_hot_thread_and_persistence():
     assert "300.0 ms/s" in rq.iloc[0]["evidence"]
     assert "12 involuntary switches/s" in rq.iloc[0]["evidence"]
     mild = thread_rows(3, tid=103, runq=8.0)
-    assert [f["severity"] for f in F.runq_delay(mild, TH)] == ["warning"]
+    assert [f.severity for f in F.runq_delay(mild, TH)] == ["warning"]
     brief = thread_rows(0.75, tid=104, runq=300.0)  # 2 rates: 0.5 s < 1 s
     assert F.runq_delay(brief, TH) == []
 
@@ -211,17 +215,17 @@ def test_off_local_warning_when_allowed_somewhere_local():
     out = F.off_local_cpu(t, topo, TH)
     assert len(out) == 1
     f = out[0]
-    assert f["severity"] == "warning"
-    assert "launch runs on CPU 37, not local to GPU 0 (local: 0-31)" in f["evidence"]
-    assert "taskset -pc 0-31 7" in f["advice"]
-    assert "numactl --cpunodebind=0 --membind=0" in f["advice"]
+    assert f.severity == "warning"
+    assert "launch runs on CPU 37, not local to GPU 0 (local: 0-31)" in f.evidence
+    assert "taskset -pc 0-31 7" in f.advice
+    assert "numactl --cpunodebind=0 --membind=0" in f.advice
 
 
 def test_off_local_info_when_only_allowed_outside():
     t = thread_rows(3, tid=7, name="launch", cpu=5, allowed="0-63")
     out = F.off_local_cpu(t, {"gpu_local_cpus": {0: "0-31"}, "cpu_count": 64}, TH)
-    assert [f["severity"] for f in out] == ["info"]
-    assert "32-63 are not local to GPU 0" in out[0]["evidence"]
+    assert [f.severity for f in out] == ["info"]
+    assert "32-63 are not local to GPU 0" in out[0].evidence
 
 
 def test_off_local_topology_from_json_and_gpu_mapping():
@@ -242,8 +246,8 @@ def test_off_local_topology_from_json_and_gpu_mapping():
     )
     out = F.off_local_cpu(t, topo, TH)
     # pid 100 uses GPU 0 (CPU 40 is remote); pid 200 uses GPU 1 (CPU 40 is local).
-    assert [f["subject"] for f in out] == ["worker (tid 7, pid 100)"]
-    assert out[0]["severity"] == "critical"
+    assert [f.subject for f in out] == ["worker (tid 7, pid 100)"]
+    assert out[0].severity == "critical"
     # Without the pid map, two GPUs: only CPUs far from every GPU count -> nothing here.
     topo.pop("gpu_of_pid")
     assert F.off_local_cpu(t, topo, TH) == []
@@ -260,7 +264,7 @@ def test_migrations_rate_from_cumulative_counter():
     n = 12
     t = thread_rows(3, tid=9, migrations=list(np.arange(n) * 15))  # 15 per 250 ms = 60/s
     out = F.migrations(t, TH)
-    assert len(out) == 1 and "60 migrations/s" in out[0]["evidence"]
+    assert len(out) == 1 and "60 migrations/s" in out[0].evidence
     calm = thread_rows(3, tid=9, migrations=list(np.arange(n)))  # 4/s
     assert F.migrations(calm, TH) == []
     na = thread_rows(3, tid=9, migrations=[-1] * n)
@@ -274,12 +278,12 @@ def test_shared_core_groups_threads_and_knows_smt_siblings():
     apart = thread_rows(3, tid=4, cpu=5)
     out = F.shared_core(pd.concat([a, b, c, apart]), TH)
     assert len(out) == 1
-    assert out[0]["subject"].count("tid") == 3 and "tid 4," not in out[0]["subject"]
-    assert "same CPU 4" in out[0]["evidence"]
+    assert out[0].subject.count("tid") == 3 and "tid 4," not in out[0].subject
+    assert "same CPU 4" in out[0].evidence
     # CPUs 4 and 5 as SMT siblings of one core: now tid 4 shares too.
     topo = {"core_of_cpu": {"4": [0, 2], "5": [0, 2]}}
     out = F.shared_core(pd.concat([a, apart]), TH, topo)
-    assert len(out) == 1 and "SMT siblings, CPUs 4-5" in out[0]["evidence"]
+    assert len(out) == 1 and "SMT siblings, CPUs 4-5" in out[0].evidence
     # Same CPU in only a third of the polls: below shared_core_ratio.
     mixed = thread_rows(3, tid=5, cpu=[4, 6, 6] * 4)
     assert F.shared_core(pd.concat([a, mixed]), TH) == []
@@ -309,8 +313,8 @@ def cpu_freq_rows(seconds: float, cpus: list[int], mhz: float, busy: float) -> p
 def test_low_cpu_frequency_under_load():
     slow = cpu_freq_rows(3, [0, 1, 2, 3], 1200.0, 95.0)
     out = F.low_cpu_freq(slow, TH)
-    assert [f["severity"] for f in out] == ["info"]  # no target thread there
-    assert "CPUs 0-3 at 1.20 GHz" in out[0]["evidence"] and "32%" in out[0]["evidence"]
+    assert [f.severity for f in out] == ["info"]  # no target thread there
+    assert "CPUs 0-3 at 1.20 GHz" in out[0].evidence and "32%" in out[0].evidence
     t = thread_rows(3, tid=11, name="sched", cpu=2)
     out = F.find_all({"cpu_freq": slow, "threads": t}, {}, TH)
     low = out[out["kind"] == "low-cpu-freq"]
@@ -359,7 +363,7 @@ def test_evidence_cites_the_window(window_end):
 def test_empty_gpu_of_pid_map_means_unknown_not_no_gpu():
     t = thread_rows(3, tid=7, cpu=40, allowed="40")
     topo = {"gpu_local_cpus": {0: "0-31"}, "gpu_of_pid": {}, "cpu_count": 64}
-    assert [f["severity"] for f in F.off_local_cpu(t, topo, TH)] == ["critical"]
+    assert [f.severity for f in F.off_local_cpu(t, topo, TH)] == ["critical"]
 
 
 def test_threads_meeting_in_a_single_poll_are_not_a_shared_core():
@@ -419,7 +423,7 @@ def test_a_late_poll_does_not_break_a_stretch_but_missing_data_does():
     first = h200_samples(2, reasons=0x4)
     late = h200_samples(2, reasons=0x4, start=T0 + 3_000_000_000)  # one poll 1.25 s late
     out = F.gpu_throttle(pd.concat([first, late], ignore_index=True), th)
-    assert len(out) == 1 and "for 5.0 s" in out[0]["evidence"]
+    assert len(out) == 1 and "for 5.0 s" in out[0].evidence
     lost = h200_samples(2, reasons=0x4, start=T0 + 7_000_000_000)  # 5 s without samples
     assert F.gpu_throttle(pd.concat([first, lost], ignore_index=True), th) == []
 
@@ -442,3 +446,62 @@ def test_gpu_of_pid_comes_from_gpu_procs_when_topo_lacks_it():
     assert list(off["subject"]) == ["worker (tid 7, pid 100)"]
     # Without it, two GPUs and no map: CPU 40 is local to one of them, nothing to say.
     assert "off-local-cpu" not in kinds(F.find_all({"threads": t}, topo, TH))
+
+
+# -- the record and its table --------------------------------------------------------------
+def test_every_rule_gives_records_that_the_table_gives_back():
+    """find_all's table holds each rule's Finding, field for field, and reads back into it."""
+    gpu = pd.concat([h200_samples(3, reasons=0x4), h200_samples(3, gpu=1, reasons=0x40)])
+    t = thread_rows(3, tid=7, pid=100, cpu=40, allowed="0-63")
+    topo = {"gpu_local_cpus": {0: "0-31"}, "cpu_count": 64}
+    direct = F.gpu_throttle(gpu, TH) + F.off_local_cpu(t, topo, TH)
+    assert direct and all(isinstance(f, Finding) for f in direct)
+    table = F.find_all({"threads": t, "gpu_samples": gpu}, topo, TH)
+    assert list(table.columns) == list(ROW_FIELDS) == schema.columns("findings")
+    back = findings_of(table)
+    assert sorted(back, key=lambda f: (f.rank, f.kind, f.subject)) == sorted(
+        direct, key=lambda f: (f.rank, f.kind, f.subject)
+    )
+    assert [f.severity for f in back] == ["critical", "warning", "warning"]  # most severe first
+    # a store batch of the same table reads into the same records
+    assert findings_of(schema.from_frame("findings", table)) == back
+
+
+def test_a_topology_record_and_its_json_object_give_the_same_findings():
+    t = thread_rows(3, tid=7, pid=100, cpu=40, allowed="40")
+    stored = {"gpu_local_cpus": {"0": "0-31"}, "gpu_of_pid": {"100": [0]}, "cpu_count": 64}
+    record = Topology(gpu_local_cpus={0: "0-31"}, gpu_of_pid={100: [0]}, cpu_count=64)
+    a = F.find_all({"threads": t}, stored, TH)
+    b = F.find_all({"threads": t}, record, TH)
+    assert not a.empty and a.equals(b)
+
+
+def test_a_finding_row_and_report_object_keep_their_shapes():
+    f = Finding(
+        t_ns=np.int64(7).item(),
+        severity="warning",
+        kind="launch-latency",
+        subject="GPU 0",
+        evidence="e",
+        advice="a",
+        data={"p99_us": 80.0},
+    )
+    assert f.to_row() == {"t_ns": 7, "severity": "warning", "kind": "launch-latency",
+                          "subject": "GPU 0", "evidence": "e", "advice": "a"}  # fmt: skip
+    assert list(f.to_dict()) == [*ROW_FIELDS, "data"] and f.to_dict()["data"] == {"p99_us": 80.0}
+    # the table keeps no `data`: a stored finding reads back without it
+    assert Finding.from_row({**f.to_row(), "t_ns": np.int64(7)}) == Finding(**f.to_row())
+    assert Finding(7, "odd", "k", "s", "e", "a").rank > f.rank  # unknown severities sort last
+    assert findings_of(None) == [] and findings_frame([]).empty
+
+
+@pytest.mark.parametrize("name", ["local-cpu.kdash", "h200-contended.kdash", "h200-matmul.kdash"])
+def test_a_captures_findings_read_into_records_and_back(name):
+    from kdash.capture import load_capture
+
+    table = load_capture(DATA / name).tables["findings"]
+    records = findings_of(table)
+    assert records and all(f.data == {} for f in records)
+    assert [f.to_row() for f in records] == [
+        {k: (int(v) if k == "t_ns" else v) for k, v in r.items()} for r in table.to_dict("records")
+    ]

@@ -202,10 +202,10 @@ def test_a_launch_bound_loop_reads_launch_bound():
     (d,) = idle_summaries(k, api)
     assert d.top == SHORT and d.feeder == 4242 and d.severity == "warning"
     (f,) = idle_findings(k, api)
-    assert f["advice"] == ADVICE[SHORT]
-    assert "in 2.0k gaps <100 µs" in str(f["evidence"]) and "median 35.0 µs" in str(f["evidence"])
-    assert "thread 4242 launched most of its kernels" in str(f["evidence"])
-    assert f["data"]["about"] == SHORT and f["data"]["gpu_time"]["short_gaps"] == n - 1
+    assert f.advice == ADVICE[SHORT]
+    assert "in 2.0k gaps <100 µs" in f.evidence and "median 35.0 µs" in f.evidence
+    assert "thread 4242 launched most of its kernels" in f.evidence
+    assert f.data["about"] == SHORT and f.data["gpu_time"]["short_gaps"] == n - 1
 
 
 # -- every shipped capture, against a union computed another way ---------------------------------

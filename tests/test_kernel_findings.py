@@ -89,12 +89,12 @@ def test_demo_is_host_bound_and_says_by_whom(demo):
     pid = int(demo.meta["target"]["pid"])
     assert d.feeder == pid and d.feeder in set(t["threads"]["tid"])  # the main thread
     (f,) = idle_findings(t["kernels"], t["api"], t["markers"], t["threads"], memcpy=t["memcpy"])
-    assert f["severity"] == "warning" and f["kind"] == "gpu-idle-gaps"
-    assert f"thread {pid} (python3) fed most of the host gaps" in str(f["evidence"])
-    assert "pthread id" not in str(f["evidence"])
-    assert f"Longest host gap {d.example['gap_us'] / 1e3:.2f} ms" in str(f["evidence"])
+    assert f.severity == "warning" and f.kind == "gpu-idle-gaps"
+    assert f"thread {pid} (python3) fed most of the host gaps" in f.evidence
+    assert "pthread id" not in f.evidence
+    assert f"Longest host gap {d.example['gap_us'] / 1e3:.2f} ms" in f.evidence
     # that thread is on a CPU all the time: the advice is to launch less, not faster
-    assert str(f["advice"]).startswith("the thread that feeds this GPU is busy all the time")
+    assert f.advice.startswith("the thread that feeds this GPU is busy all the time")
 
 
 def test_old_agent_demo_names_its_feeder_by_pthread_id(old):
@@ -107,10 +107,10 @@ def test_old_agent_demo_names_its_feeder_by_pthread_id(old):
     assert list(d.by_cause) == sorted(d.by_cause, key=d.by_cause.get, reverse=True)
     assert d.feeder >= 1 << 22  # a pthread id, not an OS tid
     (f,) = idle_findings(old.tables["kernels"], old.tables["api"])
-    assert f["severity"] == "warning" and f["kind"] == "gpu-idle-gaps"
-    assert f"thread 0x{d.feeder:x} (pthread id" in str(f["evidence"])
-    assert f"Longest host gap {d.example['gap_us'] / 1e3:.2f} ms" in str(f["evidence"])
-    assert str(f["advice"]).startswith("the launching thread is too slow")
+    assert f.severity == "warning" and f.kind == "gpu-idle-gaps"
+    assert f"thread 0x{d.feeder:x} (pthread id" in f.evidence
+    assert f"Longest host gap {d.example['gap_us'] / 1e3:.2f} ms" in f.evidence
+    assert f.advice.startswith("the launching thread is too slow")
 
 
 def test_demo_notes_line_and_report(demo, tmp_path):
@@ -267,7 +267,7 @@ def test_launch_latency_counts_only_waits_on_an_idle_gpu():
         ),
     )
     (f,) = latency_findings(k, api, copies, warn_us=50)
-    ev = str(f["evidence"])
+    ev = f.evidence
     assert "worst 80.0 µs: k3 from thread 42" in ev and "HtoD copy of 1048576 B" in ev
     assert latency_findings(k, api, copies, warn_us=100) == []  # p99 80 < 100: no finding
 
@@ -322,13 +322,13 @@ def test_host_gaps_name_the_feeding_threads_own_state(cpu_pct, runq, advice):
               i + 1) for i in range(10)]  # fmt: skip
     k, api = _kernels(ks), _api(calls)
     (f,) = idle_findings(k, api, threads=_threads(4242, cpu_pct, runq))
-    ev = str(f["evidence"])
+    ev = f.evidence
     assert "thread 4242 (launcher) fed most of the host gaps" in ev
     assert f"ran {cpu_pct:.0f}% of the time and waited {runq:.1f} ms/s for a CPU" in ev
-    assert "allowed CPUs 0-3" in ev and advice in str(f["advice"])
+    assert "allowed CPUs 0-3" in ev and advice in f.advice
     # without scheduler rows for it (or with a pthread id) the finding says what it knows
     (bare,) = idle_findings(k, api)
-    assert "ran " not in str(bare["evidence"]) and "too slow" in str(bare["advice"])
+    assert "ran " not in bare.evidence and "too slow" in bare.advice
 
 
 def test_notes_line_says_when_the_feeder_waits_for_a_cpu():

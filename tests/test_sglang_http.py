@@ -358,20 +358,6 @@ def test_old_tpot_histogram_stands_in_for_itl():
     assert scrape.hist["itl"][0.1] == 1.0 and "tpot" not in scrape.hist
 
 
-def test_bucket_quantile_is_prometheus_interpolation():
-    b = {0.1: 0.0, 0.2: 10.0, 0.4: 10.0, math.inf: 10.0}
-    assert sh.bucket_quantile(0.5, b) == pytest.approx(0.15)
-    assert sh.bucket_quantile(0.99, b) == pytest.approx(0.199)
-    # everything above the last finite bound -> that bound
-    assert sh.bucket_quantile(0.5, {1.0: 0.0, math.inf: 4.0}) == 1.0
-    assert math.isnan(sh.bucket_quantile(0.5, {1.0: 0.0, math.inf: 0.0}))
-    # counters that went down (restart): the new counts stand alone
-    assert sh.bucket_delta({1.0: 1.0, math.inf: 1.0}, {1.0: 5.0, math.inf: 5.0}) == {
-        1.0: 1.0,
-        math.inf: 1.0,
-    }
-
-
 def test_metrics_source_p50_p99_from_bucket_deltas(server):
     src = sh.SglangMetricsSource(server.url, interval_s=1.0)
     assert isinstance(src, Source)

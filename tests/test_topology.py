@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from kdash.collectors import topology as topo
 
+from kdash.topology import Topology
+
 PCI = Path("/sys/bus/pci/devices")
 
 
@@ -147,14 +149,73 @@ def test_cores_and_numa_on_real_sysfs():
     assert topo.numa_node_cpus(-1) is None
 
 
-def test_build_topo_is_plain_and_complete():
+def test_build_topo_is_complete_and_stores_as_json():
     d = a_pci_device()
     t = topo.build_topo({0: nvml_style(d.name)}, gpu_of_pid={"123": ["0"]})
-    assert t["gpu_local_cpus"] == {
+    assert t.gpu_local_cpus == {
         0: topo.format_cpulist(topo.parse_cpulist(_read(d / "local_cpulist")))
     }
-    assert t["cpu_count"] == len(topo.online_cpus())
-    assert t["online_cpus"] == topo.format_cpulist(topo.online_cpus())
-    assert t["gpu_of_pid"] == {123: [0]}
-    assert set(t["core_of_cpu"]) <= topo.online_cpus()
-    json.dumps(t)  # plain types only: it goes into a capture's metadata
+    assert t.cpu_count == len(topo.online_cpus())
+    assert t.online_cpus == topo.format_cpulist(topo.online_cpus())
+    assert t.gpu_of_pid == {123: [0]}
+    assert set(t.core_of_cpu or {}) <= topo.online_cpus()
+    # it goes into a capture's metadata: JSON and back gives the same record
+    assert Topology.from_dict(json.loads(json.dumps(t.to_dict()))) == t
+
+
+def test_build_topo_without_gpus_reads_the_cpus():
+    """No GPU on the CI machine is needed for the CPU half: every CPU field is read."""
+    t = topo.build_topo()
+    assert t.gpu_local_cpus == {} and t.gpu_numa_node == {} and t.gpu_of_pid is None
+    assert t.cpu_count == len(topo.online_cpus()) > 0
+    assert topo.parse_cpulist(t.online_cpus or "") == topo.online_cpus()
+    assert list(t.to_dict()) == [
+        "gpu_local_cpus", "gpu_numa_node", "cpu_count", "online_cpus", "core_of_cpu"
+    ]  # fmt: skip
+
+
+# A capture's `topology` as build_topo's dict was written by json.dumps (int keys -> strings).
+STORED = {
+    "gpu_local_cpus": {"0": "0-15", "1": "16-31"},
+    "gpu_numa_node": {"0": 0, "1": -1},
+    "cpu_count": 32,
+    "online_cpus": "0-31",
+    "core_of_cpu": {"0": [0, 0], "16": [1, 0]},
+}
+
+
+def test_a_stored_topology_reads_into_the_record_and_back():
+    t = Topology.from_dict(STORED)
+    assert t.gpu_local_cpus == {0: "0-15", 1: "16-31"} and t.gpu_numa_node == {0: 0, 1: -1}
+    assert t.core_of_cpu == {0: (0, 0), 16: (1, 0)} and t.gpu_of_pid is None
+    assert t.extra == {}
+    assert t.to_dict() == STORED
+    assert json.dumps(t.to_dict()) == json.dumps(STORED)  # same keys, same order
+
+
+def test_a_sparse_topology_keeps_only_its_keys():
+    """The recorder's fallback when sysfs cannot be read has two keys, and writes two."""
+    t = Topology(gpu_local_cpus={}, cpu_count=8)
+    assert t.to_dict() == {"gpu_local_cpus": {}, "cpu_count": 8}
+    assert Topology.from_dict(t.to_dict()) == t
+    assert Topology.from_dict(None) == Topology() and Topology().to_dict() == {}
+
+
+def test_a_malformed_topology_is_kept_as_it_came_and_never_raises():
+    odd = {
+        "cpu_count": "many",
+        "core_of_cpu": {"x": [0, 0]},
+        "gpu_of_pid": [1, 2],
+        "gpu_local_cpus": {"0": "0-3"},
+        "later": {"a": 1},
+    }
+    t = Topology.from_dict(odd)
+    assert t.gpu_local_cpus == {0: "0-3"}
+    assert t.cpu_count is None and t.core_of_cpu is None and t.gpu_of_pid is None
+    assert set(t.extra) == {"cpu_count", "core_of_cpu", "gpu_of_pid", "later"}
+    assert t.to_dict() == odd  # lossless: what could not be read is written back as it was
+
+
+def test_a_topology_record_passes_through_from_dict():
+    t = Topology(cpu_count=4)
+    assert Topology.from_dict(t) is t

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 
 from kdash import gpu_reasons
+from kdash.analyses.finding import Finding
 from kdash.analyses.finding_rules import (
-    Finding,
     covered_s,
     poll_interval,
     span_words,
@@ -82,18 +82,18 @@ def low_cpu_freq(
     if users:
         evidence += "; the target's hot threads there: " + ", ".join(users)
     return [
-        {
-            "t_ns": end,
-            "severity": "warning" if users else "info",
-            "kind": "low-cpu-freq",
-            "subject": f"CPUs {format_cpulist(cpus)}",
-            "evidence": evidence,
-            "advice": (
+        Finding(
+            t_ns=end,
+            severity="warning" if users else "info",
+            kind="low-cpu-freq",
+            subject=f"CPUs {format_cpulist(cpus)}",
+            evidence=evidence,
+            advice=(
                 "set the performance governor (`cpupower frequency-set -g performance`), check "
                 "the BIOS power profile and C-state limits, and power/thermal capping "
                 "(`turbostat` shows the package power and throttling)"
             ),
-        }
+        )
     ]
 
 
@@ -171,17 +171,17 @@ def gpu_throttle(gpu: pd.DataFrame, th: Thresholds, now_ns: int | None = None) -
         for bit in counts:
             any_bits |= bit
         out.append(
-            {
-                "t_ns": end,
-                "severity": "critical" if any_bits & _HARD_REASONS else "warning",
-                "kind": "gpu-throttle",
-                "subject": f"GPU {g}",
-                "evidence": (
+            Finding(
+                t_ns=end,
+                severity="critical" if any_bits & _HARD_REASONS else "warning",
+                kind="gpu-throttle",
+                subject=f"GPU {g}",
+                evidence=(
                     f"throttled while busy {span_words(run, window)}: {seen} of {n} busy samples; "
                     f"{_gpu_state(df, cond)}"
                 ),
-                "advice": "; ".join(_REASON_ADVICE[bit] for bit, _ in counts.most_common()),
-            }
+                advice="; ".join(_REASON_ADVICE[bit] for bit, _ in counts.most_common()),
+            )
         )
     return out
 
@@ -225,16 +225,16 @@ def low_sm_clock(gpu: pd.DataFrame, th: Thresholds, now_ns: int | None = None) -
             "`nvidia-smi -rgc` and `nvidia-smi -rac`, admin) and the power limit"
         )
         out.append(
-            {
-                "t_ns": end,
-                "severity": "warning",
-                "kind": "low-sm-clock",
-                "subject": f"GPU {g}",
-                "evidence": (
+            Finding(
+                t_ns=end,
+                severity="warning",
+                kind="low-sm-clock",
+                subject=f"GPU {g}",
+                evidence=(
                     f"SM clock at {ratio:.0%} of its maximum while busy {span_words(run, window)}: "
                     f"{_gpu_state(df, cond)}; {why}"
                 ),
-                "advice": advice,
-            }
+                advice=advice,
+            )
         )
     return out

@@ -1,9 +1,10 @@
-"""What every finding shares: the row type, severity order, and the persistence rules.
+"""The persistence rules every finding shares, and the helpers its evidence is worded with.
 
 A condition is judged per sample; `stretches` finds the longest run of consecutive samples where
 it holds, with a late poll not breaking a run and a gap longer than both 2.5 poll intervals and
 `MAX_GAP_S` ending one. `covered_s` and `span_words` say how much of the window that was, for
-the evidence. `kdash.analyses.findings` describes the rules in full.
+the evidence. `kdash.analyses.findings` describes the rules in full; `kdash.analyses.finding`
+holds the `Finding` every rule gives.
 """
 
 from __future__ import annotations
@@ -14,10 +15,6 @@ import numpy as np
 import pandas as pd
 
 from kdash import schema
-
-Finding = dict[str, object]
-
-SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 # A gap between two samples of a subject longer than this (and than 2.5 poll intervals) ends a
 # stretch: below it, a late poll on a loaded machine; above it, data is missing.
@@ -83,8 +80,3 @@ def span_words(run_s: float, window_s: float) -> str:
 
 def subject_label(name: str, tid: int, pid: int) -> str:
     return f"{name or '?'} (tid {tid}, pid {pid})" if tid != pid else f"{name or '?'} (pid {pid})"
-
-
-def int_keys(d: Mapping | None) -> dict:
-    """JSON round trips turn int keys into strings; the topo dict may come from a capture."""
-    return {int(k): v for k, v in (d or {}).items()}

@@ -1,5 +1,6 @@
 """The issue detector: pure functions from the `threads`, `cpu_freq` and `gpu_samples` tables
-to `findings` rows (severity, kind, subject, evidence, advice).
+to `Finding`s (severity, kind, subject, evidence, advice), and `find_all`, which gives them as
+the `findings` table the recorder keeps and captures store.
 
 Each finding answers "what is wrong, with which thread or device, how do we know, what to do".
 The caller hands over the window it wants judged (the dashboard: the last 10 s, recomputed
@@ -30,23 +31,26 @@ allowed CPUs exclude every CPU local to its GPU; hardware or thermal GPU slowdow
 delay at 10x the threshold), `warning` for a measured loss, `info` for a risk not yet seen
 costing anything.
 
-The code: `finding_rules` (the row type, severity order, persistence), `thread_view` (the
-`threads` table as arrays), `thread_findings` and `clock_findings` (the kinds); this module
-holds the entry point and re-exports the public names.
+The code: `finding` (the `Finding` record, severity order, the table's shape),
+`finding_rules` (persistence), `thread_view` (the `threads` table as arrays), `thread_findings`
+and `clock_findings` (the kinds); this module holds the entry point and re-exports the public
+names.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import pandas as pd
 
-from kdash import schema
 from kdash.analyses.clock_findings import gpu_throttle, low_cpu_freq, low_sm_clock
-from kdash.analyses.finding_rules import SEVERITY_ORDER, Finding, table_frame
+from kdash.analyses.finding import SEVERITY_ORDER, Finding, findings_frame
+from kdash.analyses.finding_rules import table_frame
 from kdash.analyses.thread_findings import migrations, off_local_cpu, runq_delay, shared_core
 from kdash.analyses.thread_view import ThreadView
 from kdash.config import Thresholds
+from kdash.topology import Topology
 
 __all__ = [
     "SEVERITY_ORDER",
@@ -69,7 +73,7 @@ __all__ = [
 
 def find_all(
     tables: Mapping[str, pd.DataFrame],
-    topo: Mapping,
+    topo: Topology | Mapping | None,
     th: Thresholds,
     now_ns: int | None = None,
 ) -> pd.DataFrame:
@@ -79,20 +83,19 @@ def find_all(
     give no findings of their kind. `gpu_procs`, when given, says which pids hold which GPU
     (used when `topo` has no `gpu_of_pid`).
 
-    `topo` is a plain dict (see `collectors.topology.build_topo`): `gpu_local_cpus`
-    {gpu: cpulist}, optional `gpu_of_pid` {pid: [gpu, ...]}, `gpu_numa_node` {gpu: node},
-    `core_of_cpu` {cpu: [package, core]}, `online_cpus` (cpulist), `cpu_count`. `now_ns` is the
-    window's end (defaults to the newest sample).
+    `topo` is the machine (`kdash.topology.Topology`, as `collectors.topology.build_topo` reads
+    it), or its JSON object as a capture stores it. `now_ns` is the window's end (defaults to
+    the newest sample).
     """
     rows: list[Finding] = []
     threads = table_frame(tables, "threads")
     cpu_freq = table_frame(tables, "cpu_freq")
     gpu = table_frame(tables, "gpu_samples")
-    topo = dict(topo or {})
-    if not topo.get("gpu_of_pid"):
+    topo = Topology.from_dict(topo)
+    if not topo.gpu_of_pid:
         derived = gpu_of_pid_from(tables.get("gpu_procs"))
         if derived:
-            topo["gpu_of_pid"] = derived
+            topo = replace(topo, gpu_of_pid=derived)
     tv = ThreadView(threads, th) if len(threads) else None
     if tv is not None:
         rows += off_local_cpu(tv, topo, th, now_ns)
@@ -104,10 +107,8 @@ def find_all(
     if len(gpu):
         rows += gpu_throttle(gpu, th, now_ns)
         rows += low_sm_clock(gpu, th, now_ns)
-    rows.sort(key=lambda r: (SEVERITY_ORDER.get(str(r["severity"]), 9), str(r["kind"])))
-    if not rows:
-        return schema.to_frame("findings", schema.empty("findings"))
-    return schema.to_frame("findings", schema.make_batch("findings", rows=rows))
+    rows.sort(key=lambda f: (f.rank, f.kind))
+    return findings_frame(rows)
 
 
 def gpu_of_pid_from(gpu_procs: pd.DataFrame | None) -> dict[int, list[int]]:

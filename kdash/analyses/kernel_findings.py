@@ -1,7 +1,8 @@
 """Kernel findings: why the GPU sat idle, and how long launched kernels waited to start.
 
 Pure functions over the `kernels`, `api`, `memcpy`, `markers` and `threads` tables, giving
-`findings` rows (severity, kind, subject, evidence, advice) like `kdash.analyses.findings`.
+`Finding`s (`kdash.analyses.finding`) like `kdash.analyses.findings`, with their numbers in
+`data` too.
 The kernel pane shows them under its lanes; `kdash report` lists them with the CPU findings.
 
 How much of the recorded time the GPU was busy and idle is `kdash.analyses.gpu_time`'s
@@ -37,13 +38,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from kdash.analyses.finding import Finding
 from kdash.analyses.kernels import launch_latency, short_name
 from kdash.schema import RUNQ_MAX_MS_PER_S
 
 if TYPE_CHECKING:  # gpu_time builds on this module's gap causes: imported where used
     from kdash.analyses.gpu_time import Accounting, GpuTime
-
-Finding = dict[str, object]
 
 MIN_GAP_US = 100.0
 # Below this share of recorded time idle, the gaps are a detail, not a finding.
@@ -500,15 +500,15 @@ def idle_findings(
             data["feeder_cpu_pct"] = state.cpu_pct
             data["feeder_runq_ms_per_s"] = state.runq_ms_per_s
         out.append(
-            {
-                "t_ns": d.t_ns,
-                "severity": d.severity,
-                "kind": "gpu-idle-gaps",
-                "subject": f"GPU {d.device}",
-                "evidence": evidence,
-                "advice": advice,
-                "data": data,
-            }
+            Finding(
+                t_ns=d.t_ns,
+                severity=d.severity,
+                kind="gpu-idle-gaps",
+                subject=f"GPU {d.device}",
+                evidence=evidence,
+                advice=advice,
+                data=data,
+            )
         )
     return out
 
@@ -561,20 +561,20 @@ def latency_findings(
                 c = cp.iloc[-1]
                 before = f"; a {c['kind']} copy of {int(c['bytes'])} B ran before it"
         out.append(
-            {
-                "t_ns": int(worst["start_ns"]),
-                "severity": "warning",
-                "kind": "launch-latency",
-                "subject": f"GPU {int(dev)}",
-                "evidence": (
+            Finding(
+                t_ns=int(worst["start_ns"]),
+                severity="warning",
+                kind="launch-latency",
+                subject=f"GPU {int(dev)}",
+                evidence=(
                     f"kernels launched onto an idle GPU waited p50 {p50:.1f} µs, p99 {p99:.1f} "
                     f"µs to start ({len(g)} launches); worst {worst['idle_wait_us']:.1f} µs: "
                     f"{short_name(str(worst['name']), 40)} from "
                     f"{thread_label(int(worst['tid']), names)}{before}"
                 ),
-                "advice": "a wait after the launch returned is the driver or a dependency, not "
+                advice="a wait after the launch returned is the driver or a dependency, not "
                 "the host: look for copies, event waits or another process on this GPU",
-                "data": {
+                data={
                     "gpu": int(dev),
                     "p50_us": float(p50),
                     "p99_us": float(p99),
@@ -583,7 +583,7 @@ def latency_findings(
                     "worst_kernel": str(worst["name"]),
                     "worst_tid": int(worst["tid"]),
                 },
-            }
+            )
         )
     return out
 

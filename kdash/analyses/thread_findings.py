@@ -12,10 +12,9 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from kdash.analyses.finding import Finding
 from kdash.analyses.finding_rules import (
-    Finding,
     covered_s,
-    int_keys,
     span_words,
     stretches,
     subject_label,
@@ -23,14 +22,18 @@ from kdash.analyses.finding_rules import (
 from kdash.analyses.thread_view import ThreadView, as_view
 from kdash.config import Thresholds
 from kdash.cpulist import format_cpulist, parse_cpulist
+from kdash.topology import Topology
 
 
 def off_local_cpu(
-    t: pd.DataFrame | ThreadView, topo: Mapping, th: Thresholds, now_ns: int | None = None
+    t: pd.DataFrame | ThreadView,
+    topo: Topology | Mapping,
+    th: Thresholds,
+    now_ns: int | None = None,
 ) -> list[Finding]:
     """A hot thread running (warning/critical) or allowed (info) outside its GPU's local CPUs.
 
-    The GPU of a thread is its process's GPU from `topo["gpu_of_pid"]`; a process absent from
+    The GPU of a thread is its process's GPU from `topo.gpu_of_pid`; a process absent from
     that map holds no GPU and is skipped. Without the map (or with an empty one, as when NVML
     cannot see the container's pids): the only GPU, or with several GPUs
     the union of their local CPUs ("any GPU"), so only CPUs far from every GPU are flagged.
@@ -38,19 +41,20 @@ def off_local_cpu(
     Critical when the thread's allowed CPUs contain no local CPU at all.
     """
     v = as_view(t, th)
+    topo = Topology.from_dict(topo)
     local_map = {}
-    for g, s in int_keys(topo.get("gpu_local_cpus")).items():
-        cpus = parse_cpulist(str(s)) if s else set()
+    for g, s in (topo.gpu_local_cpus or {}).items():
+        cpus = parse_cpulist(s) if s else set()
         if cpus:
             local_map[g] = cpus
     if not local_map or not v.hot.any():
         return []
-    has_pid_map = bool(topo.get("gpu_of_pid"))  # an empty map (NVML saw no pids) = unknown
-    gpu_of_pid = {k: [int(g) for g in gs] for k, gs in int_keys(topo.get("gpu_of_pid")).items()}
-    online = parse_cpulist(str(topo["online_cpus"])) if topo.get("online_cpus") else set()
-    if not online and topo.get("cpu_count"):
-        online = set(range(int(topo["cpu_count"])))
-    numa = int_keys(topo.get("gpu_numa_node"))
+    gpu_of_pid = topo.gpu_of_pid or {}
+    has_pid_map = bool(gpu_of_pid)  # an empty map (NVML saw no pids) = unknown
+    online = parse_cpulist(topo.online_cpus) if topo.online_cpus else set()
+    if not online and topo.cpu_count:
+        online = set(range(topo.cpu_count))
+    numa = topo.gpu_numa_node or {}
     window = covered_s(v.t, now_ns)
     out: list[Finding] = []
     for pid, tid, rows in v.threads_where(v.hot):
@@ -95,38 +99,38 @@ def off_local_cpu(
             top_cpu = counts.most_common(1)[0][0]
             never_local = bool(allowed) and not (allowed & local)
             out.append(
-                {
-                    "t_ns": end,
-                    "severity": "critical" if never_local else "warning",
-                    "kind": "off-local-cpu",
-                    "subject": v.label(rows),
-                    "evidence": (
+                Finding(
+                    t_ns=end,
+                    severity="critical" if never_local else "warning",
+                    kind="off-local-cpu",
+                    subject=v.label(rows),
+                    evidence=(
                         f"{name} runs on CPU {top_cpu}, not local to {gpu_words} "
                         f"(local: {local_s}): {int(outside.sum())} of {int(hot.sum())} hot "
                         f"samples on CPUs {format_cpulist(counts)}, {span_words(run, window)}; "
                         f"allowed CPUs {allowed_s or 'n/a'}"
                         + (" (none of them local)" if never_local else "")
                     ),
-                    "advice": advice,
-                }
+                    advice=advice,
+                )
             )
             continue
         hot_run, hot_end, _ = stretches(tt, hot, v.interval)
         if allowed and allowed - local and hot_run >= th.min_duration_s:
             out.append(
-                {
-                    "t_ns": hot_end,
-                    "severity": "info",
-                    "kind": "off-local-cpu",
-                    "subject": v.label(rows),
-                    "evidence": (
+                Finding(
+                    t_ns=hot_end,
+                    severity="info",
+                    kind="off-local-cpu",
+                    subject=v.label(rows),
+                    evidence=(
                         f"{name} is hot ({float(np.nanmedian(v.demand[rows][hot])):.0f}% CPU "
                         f"demand) and allowed on CPUs {allowed_s}, of which "
                         f"{format_cpulist(allowed - local)} are not local to {gpu_words} "
                         f"(local: {local_s}); it stayed on local CPUs {span_words(hot_run, window)}"
                     ),
-                    "advice": "nothing keeps it there: " + advice,
-                }
+                    advice="nothing keeps it there: " + advice,
+                )
             )
     return out
 
@@ -179,19 +183,19 @@ def runq_delay(
             evidence += "; shares its CPU with " + ", ".join(n for n, _ in rivals.most_common(3))
         allowed = str(v.allowed[rows][-1]) or "n/a"
         out.append(
-            {
-                "t_ns": end,
-                "severity": "critical" if med >= 10 * th.runq_ms_per_s else "warning",
-                "kind": "run-queue-delay",
-                "subject": v.label(rows),
-                "evidence": evidence,
-                "advice": (
+            Finding(
+                t_ns=end,
+                severity="critical" if med >= 10 * th.runq_ms_per_s else "warning",
+                kind="run-queue-delay",
+                subject=v.label(rows),
+                evidence=evidence,
+                advice=(
                     f"it is runnable but waits for a CPU: other threads compete for its allowed "
                     f"CPUs ({allowed}). Give it CPUs of its own (`taskset -pc CPUS {tid}` or a "
                     f"cpuset), move other work off them (`top -H` shows who runs there), or "
                     f"raise its priority (`renice -n -5 -p {tid}`)"
                 ),
-            }
+            )
         )
     return out
 
@@ -238,21 +242,21 @@ def migrations(
         name = str(v.name[rows][-1])
         cpus = format_cpulist(int(c) for c in v.cpu[rows][cond] if c >= 0)
         out.append(
-            {
-                "t_ns": end,
-                "severity": "warning",
-                "kind": "migrations",
-                "subject": v.label(rows),
-                "evidence": (
+            Finding(
+                t_ns=end,
+                severity="warning",
+                kind="migrations",
+                subject=v.label(rows),
+                evidence=(
                     f"{float(np.median(r)):.0f} migrations/s (median; max {float(np.max(r)):.0f})"
                     f" of {name}, {span_words(run, window)}, seen on CPUs {cpus or 'n/a'}; "
                     f"each move costs it its warm caches"
                 ),
-                "advice": (
+                advice=(
                     f"pin it to one CPU (or one core's SMT siblings) local to its GPU: "
                     f"`taskset -pc CPU {tid}`; allowed now: {v.allowed[rows][-1] or 'n/a'}"
                 ),
-            }
+            )
         )
     return out
 
@@ -293,10 +297,10 @@ def _hot_pairs(
 def shared_core(
     t: pd.DataFrame | ThreadView,
     th: Thresholds,
-    topo: Mapping | None = None,
+    topo: Topology | Mapping | None = None,
     now_ns: int | None = None,
 ) -> list[Finding]:
-    """Hot threads whose last CPU (or physical core, when `topo["core_of_cpu"]` says which
+    """Hot threads whose last CPU (or physical core, when `topo.core_of_cpu` says which
     CPUs are SMT siblings) is the same in at least `shared_core_ratio` of the polls where both
     are hot, for `min_duration_s`. Threads that share pairwise are reported as one group.
     """
@@ -304,7 +308,7 @@ def shared_core(
     sel = np.flatnonzero(v.hot & (v.cpu >= 0))
     if len(sel) < 2:
         return []
-    core_of = {int(k): tuple(c) for k, c in int_keys((topo or {}).get("core_of_cpu")).items()}
+    core_of = Topology.from_dict(topo).core_of_cpu or {}
     cpu_arr = v.cpu[sel]
     if core_of:
         keys = [core_of.get(int(c), (-1, int(c))) for c in cpu_arr]
@@ -372,21 +376,21 @@ def shared_core(
             else f"core (SMT siblings, CPUs {format_cpulist(cpus)})"
         )
         out.append(
-            {
-                "t_ns": end,
-                "severity": "warning",
-                "kind": "shared-core",
-                "subject": ", ".join(labels),
-                "evidence": (
+            Finding(
+                t_ns=end,
+                severity="warning",
+                kind="shared-core",
+                subject=", ".join(labels),
+                evidence=(
                     f"{len(tids)} hot threads on the same {where} in {n_same} of {n_both} "
                     f"polls where both of a pair were hot, {span_words(run, window)}; they take "
                     f"turns instead of running in parallel"
                 ),
-                "advice": (
+                advice=(
                     "give each its own core local to the GPU, e.g. "
                     + ", ".join(f"`taskset -pc <cpu-{i}> {x}`" for i, x in enumerate(tids, 1))
                     + " with different CPUs that are not SMT siblings"
                 ),
-            }
+            )
         )
     return out

@@ -22,43 +22,29 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
+from kdash.analyses.finding import SEVERITY_ORDER, Finding, findings_of
+
 from ..widgets.spark import fmt
 from .base import Pane, View
 
-SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 SEVERITY_TAG = {"critical": "CRIT", "warning": "WARN", "info": "info"}
 
 
-FINDING_FIELDS = ("severity", "kind", "subject", "evidence", "advice")
-
-
-def current_findings(view: View) -> list[dict]:
+def current_findings(view: View) -> list[Finding]:
     """The findings to show for this view, most severe first, one per (kind, subject).
 
-    Plain dicts, not pandas: there are a handful, and a DataFrame round trip per redraw cost
-    more than the rest of the pane.
+    Records, not pandas: there are a handful, and a DataFrame round trip per redraw cost more
+    than the rest of the pane.
     """
     if view.mode == "live" and view.findings is not None:
-        f = view.findings
-        if f is None or f.empty:
-            return []
-        rows = f.to_dict("records")
+        rows = findings_of(view.findings)
     else:
         # A capture's findings were judged over its whole window (their evidence says so),
         # so panning or zooming a replay keeps them all rather than hiding them by time stamp.
-        b = view.store.get("findings")
-        n = len(b["t_ns"])
-        rows = [{c: b[c][i] for c in ("t_ns", *FINDING_FIELDS)} for i in range(n)]
-    if not rows:
-        return []
-    rows.sort(key=lambda r: r.get("t_ns", 0))
-    latest: dict[tuple, dict] = {}
-    for r in rows:
-        latest[(str(r["kind"]), str(r["subject"]))] = r
-    return sorted(
-        latest.values(),
-        key=lambda r: (SEVERITY_ORDER.get(str(r["severity"]), 3), str(r["kind"])),
-    )
+        rows = findings_of(view.store.get("findings"))
+    rows.sort(key=lambda f: f.t_ns)
+    latest = {(f.kind, f.subject): f for f in rows}
+    return sorted(latest.values(), key=lambda f: (f.rank, f.kind))
 
 
 THREAD_COLUMNS = [
@@ -111,13 +97,6 @@ def thread_rows(threads: dict[str, np.ndarray]) -> pd.DataFrame:
 # follows the clock (top refreshes every 3 s): a repaint of the table was the largest part of
 # kdash's own CPU at 120x40 (bench/self_cpu.py). A zoom, pan or replay redraws at once.
 TABLE_EVERY_S = 2.0
-
-
-class _Row:
-    """Attribute access to a finding dict (r.kind, r.subject, ...)."""
-
-    def __init__(self, d: dict) -> None:
-        self.__dict__.update({k: d.get(k, "") for k in FINDING_FIELDS})
 
 
 class CpuPane(Pane):
@@ -182,7 +161,7 @@ class CpuPane(Pane):
         # Set again only when changed: each update costs Textual a layout pass and a repaint,
         # which at the redraw rate was most of kdash's own CPU.
         key = (
-            [tuple(str(r.get(k, "")) for k in FINDING_FIELDS) for r in findings],
+            [(f.severity, f.kind, f.subject, f.evidence, f.advice) for f in findings],
             self.app.has_class("-compact"),
             self.app.theme,
         )
@@ -191,7 +170,7 @@ class CpuPane(Pane):
             self.findings.update(self._findings_text(findings))
         self._fill_table(thread_rows(threads))
 
-    def _findings_text(self, f: list[dict]) -> Text | Table:
+    def _findings_text(self, f: list[Finding]) -> Text | Table:
         out = Text()
         if not f:
             out.append("No findings in this window ", self.get_component_rich_style("cpu-pane--ok"))
@@ -206,30 +185,30 @@ class CpuPane(Pane):
         grid = Table.grid(padding=(0, 1), expand=True)
         grid.add_column(width=4, no_wrap=True)
         grid.add_column(ratio=1)
-        for r in map(_Row, f):
-            sev = str(r.severity)
+        for r in f:
+            sev = r.severity
             style = self.get_component_rich_style(
                 f"cpu-pane--{sev}" if sev in SEVERITY_ORDER else "cpu-pane--info"
             )
             body = Text(f"{r.kind} · {r.subject}: ", style)
-            body.append(str(r.evidence))
-            if str(r.advice):
+            body.append(r.evidence)
+            if r.advice:
                 body.append(f"\n→ {r.advice}", advice_style)
             grid.add_row(Text(SEVERITY_TAG.get(sev, sev)[:4], style), body)
         return grid
 
-    def _findings_compact(self, f: list[dict], advice_style) -> Text:
+    def _findings_compact(self, f: list[Finding], advice_style) -> Text:
         """80 columns: each finding on one line and its advice on the next, cut with '…'."""
         lines: list[Text] = []
-        for r in map(_Row, f):
-            sev = str(r.severity)
+        for r in f:
+            sev = r.severity
             style = self.get_component_rich_style(
                 f"cpu-pane--{sev}" if sev in SEVERITY_ORDER else "cpu-pane--info"
             )
             head = Text(f"{SEVERITY_TAG.get(sev, sev)[:4]:<4} {r.kind} · {r.subject}: ", style)
-            head.append(str(r.evidence))
+            head.append(r.evidence)
             lines.append(head)
-            if str(r.advice):
+            if r.advice:
                 lines.append(Text(f"  → {r.advice}", advice_style))
         out = Text("\n").join(lines)
         out.no_wrap = True

@@ -23,7 +23,6 @@ import math
 
 import numpy as np
 import pandas as pd
-from kdash.collectors.sglang_http import BUCKET_TAG, bucket_quantile, window_buckets
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
@@ -31,6 +30,7 @@ from textual.widgets import Static
 
 from kdash import schema
 from kdash.gpu_reasons import THROTTLE_MASK
+from kdash.histogram import BUCKET_TAG, bucket_quantile, window_buckets
 
 from ..widgets.spark import bin_mean, fmt, spark
 from .base import Pane, View
