@@ -51,6 +51,10 @@ CONFIGS = [
     ("cvt", 64, 4, 4, None),
     ("cvt", 128, 8, 2, None),
     ("cvt", 128, 4, 2, 128),
+    ("cvt", 64, 2, 3, None),
+    ("cvt", 32, 1, 3, None),
+    ("cvt", 32, 1, 4, None),
+    ("pairs_asm", 32, 1, 3, None),
 ]
 SASS_GROUPS = {
     "F2FP": r"\bF2FP\b",

@@ -196,6 +196,7 @@ GPU_VARIANTS = {
     "cvt_64_3stages": DecodeConfig(block_n=64, num_stages=3, fp8_compute="cvt"),
     "cvt_64_4stages": DecodeConfig(block_n=64, num_stages=4, fp8_compute="cvt"),
     "cvt_maxnreg128": Fp8Config(block_n=128, fp8_compute="cvt", programs_per_sm=3, maxnreg=128),
+    "cvt_32_1warp": DecodeConfig(block_n=32, num_warps=1, num_stages=3, fp8_compute="cvt"),
 }
 
 
