@@ -40,10 +40,25 @@ needs_device = pytest.mark.skipif(
 KERNELS = ("default", *VARIANTS)
 
 
-def prefill(kernel: str, *args, **kwargs):
-    """``extend_attention`` (the default kernel) or one Hopper variant, same arguments."""
+def prefill(kernel: str, *args, record=None, **kwargs):
+    """``extend_attention`` (the default kernel) or one Hopper variant, same arguments; with
+    ``record`` (pytest's ``record_property``) the path that ran goes into the junit report."""
     if kernel == "default":
+        if record:
+            record("path", "default kernel, pointer loads")
         return extend_attention(*args, **kwargs)
+    q, k_new, v_new, k_cache = args[:4]
+    cfg = variant_config(
+        kernel, q.shape[-1], kwargs.get("causal", True), has_prefix=k_cache is not None
+    )
+    path = plan_path(q, k_new, v_new, cfg)
+    if record:
+        ws = warp_specialized(cfg, path, k_cache is not None)
+        record(
+            "path",
+            f"{kernel}: {path}{' descriptors' if path != 'pointer' else ' loads'}"
+            f"{', warp-specialised loop (a compile hint the interpreter ignores)' if ws else ''}",
+        )
     return extend_attention_hopper(*args, variant=kernel, **kwargs)
 
 
@@ -80,42 +95,84 @@ def check(out, q, kn, vn, kc, vc, pt, pl, cu, causal, paged: bool):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_extend_with_prefix_matches_reference(
-    page_size: int, head_dim: int, causal: bool, kernel: str
+    page_size: int, head_dim: int, causal: bool, kernel: str, record_property
 ) -> None:
     prefixes = [0, 5, 100, 37]  # a request with no prefix, and lengths off every block size
     news = [100, 1, 5, 60]
     q, kn, vn, kc, vc, pt, pl, cu = make_case(prefixes, news, 4, 2, head_dim, page_size)
     out = torch.full_like(q, float("nan"))
-    prefill(kernel, q, kn, vn, kc, vc, pt, pl, cu, max(news), causal=causal, out=out)
+    prefill(
+        kernel,
+        q,
+        kn,
+        vn,
+        kc,
+        vc,
+        pt,
+        pl,
+        cu,
+        max(news),
+        causal=causal,
+        out=out,
+        record=record_property,
+    )
     check(out, q, kn, vn, kc, vc, pt, pl, cu, causal, paged=True)
 
 
 @needs_device
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_plain_prefill_matches_reference(causal: bool, kernel: str) -> None:
+def test_plain_prefill_matches_reference(causal: bool, kernel: str, record_property) -> None:
     """No prefix: the path the bench times (``tma_ws`` warp-specialised on a GPU)."""
     news = [100, 1, 5, 60, 130]
     q, kn, vn, kc, vc, pt, pl, cu = make_case([0] * 5, news, 4, 2, 128, 1, seed=3)
     out = torch.full_like(q, float("nan"))
-    prefill(kernel, q, kn, vn, None, None, None, None, cu, max(news), causal=causal, out=out)
+    prefill(
+        kernel,
+        q,
+        kn,
+        vn,
+        None,
+        None,
+        None,
+        None,
+        cu,
+        max(news),
+        causal=causal,
+        out=out,
+        record=record_property,
+    )
     check(out, q, kn, vn, kc, vc, pt, pl, cu, causal, paged=False)
 
 
 @needs_device
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_long_request_lengths_1_5_100_500(kernel: str) -> None:
+def test_long_request_lengths_1_5_100_500(kernel: str, record_property) -> None:
     news = [1, 5, 100, 500]
     q, kn, vn, kc, vc, pt, pl, cu = make_case([0, 0, 0, 0], news, 2, 1, 64, 1, seed=1)
     out = torch.full_like(q, float("nan"))
-    prefill(kernel, q, kn, vn, None, None, None, None, cu, max(news), causal=True, out=out)
+    prefill(
+        kernel,
+        q,
+        kn,
+        vn,
+        None,
+        None,
+        None,
+        None,
+        cu,
+        max(news),
+        causal=True,
+        out=out,
+        record=record_property,
+    )
     check(out, q, kn, vn, kc, vc, pt, pl, cu, True, paged=False)
 
 
 @needs_device
 @pytest.mark.parametrize("kernel", VARIANTS)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_rows_past_the_last_request_do_not_leak(causal: bool, kernel: str) -> None:
+def test_rows_past_the_last_request_do_not_leak(causal: bool, kernel: str, record_property) -> None:
     """Packed tensors longer than the batch, their spare rows NaN: a tile that reaches past the
     last request (host descriptors read those rows) must not carry a NaN into the output."""
     news = [70, 33]
@@ -123,7 +180,21 @@ def test_rows_past_the_last_request_do_not_leak(causal: bool, kernel: str) -> No
     spare = 40
     q, kn, vn = (torch.cat([t, torch.full_like(t[:spare], float("nan"))]) for t in (q, kn, vn))
     out = torch.full_like(q, float("nan"))
-    prefill(kernel, q, kn, vn, None, None, None, None, cu, max(news), causal=causal, out=out)
+    prefill(
+        kernel,
+        q,
+        kn,
+        vn,
+        None,
+        None,
+        None,
+        None,
+        cu,
+        max(news),
+        causal=causal,
+        out=out,
+        record=record_property,
+    )
     n = sum(news)
     if kernel != "ffma":
         assert plan_path(q, kn, vn, variant_config(kernel, 64, causal)) != "pointer"
@@ -156,7 +227,7 @@ def test_variant_paths() -> None:
 
 @needs_device
 @pytest.mark.parametrize("kernel", ["tma", "tma_ws"])
-def test_pointer_fallback_matches_reference(kernel: str) -> None:
+def test_pointer_fallback_matches_reference(kernel: str, record_property) -> None:
     """A layout no descriptor takes (misaligned row stride) runs the pointer path, correctly."""
     news = [50, 20]
     q, kn, vn, kc, vc, pt, pl, cu = make_case([0, 0], news, 2, 1, 64, 1, seed=5)
@@ -165,7 +236,21 @@ def test_pointer_fallback_matches_reference(kernel: str) -> None:
     qs = wide[:, :128].view(q.shape[0], 2, 64)
     assert plan_path(qs, kn, vn, variant_config(kernel, 64, True)) == "pointer"
     out = torch.full_like(q, float("nan"))
-    prefill(kernel, qs, kn, vn, None, None, None, None, cu, max(news), causal=True, out=out)
+    prefill(
+        kernel,
+        qs,
+        kn,
+        vn,
+        None,
+        None,
+        None,
+        None,
+        cu,
+        max(news),
+        causal=True,
+        out=out,
+        record=record_property,
+    )
     check(out, q, kn, vn, kc, vc, pt, pl, cu, True, paged=False)
 
 
@@ -223,7 +308,9 @@ needs_cuda = pytest.mark.skipif(
     ],
     ids=["h2048-d128-4k-causal", "h2048-d64-2k-full", "h2048-d64-8k-causal", "gqa-2k", "extend"],
 )
-def test_gpu_prefill_gates(q_heads, kv_heads, head_dim, seq, causal, prefix, kernel) -> None:
+def test_gpu_prefill_gates(
+    q_heads, kv_heads, head_dim, seq, causal, prefix, kernel, record_property
+) -> None:
     batch = 2
     q, kn, vn, kc, vc, pt, pl, cu = make_case(
         [prefix] * batch, [seq, seq - 7], q_heads, kv_heads, head_dim, 16, device="cuda"
@@ -231,5 +318,5 @@ def test_gpu_prefill_gates(q_heads, kv_heads, head_dim, seq, causal, prefix, ker
     out = torch.full_like(q, float("nan"))
     # No prefix: the bench's case, no cache passed (tma_ws takes its warp-specialised loop).
     cache = (kc, vc, pt, pl) if prefix else (None, None, None, None)
-    prefill(kernel, q, kn, vn, *cache, cu, seq, causal=causal, out=out)
+    prefill(kernel, q, kn, vn, *cache, cu, seq, causal=causal, out=out, record=record_property)
     check(out, q, kn, vn, kc, vc, pt, pl, cu, causal, paged=prefix > 0)

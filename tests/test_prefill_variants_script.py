@@ -1,0 +1,75 @@
+"""bench/gpu_prefill_variants.py's choice of a config per variant and class, and its summary,
+on made-up timing rows (the script itself times on a GPU; ``--smoke`` runs its flow on the CPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "gpu_prefill_variants.py"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("gpu_prefill_variants", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def row(cls, seq, default, flash, cudnn, variants):
+    per = {
+        n: {c: ({"ms": ms} if ms else {"error": "x"}) for c, ms in cs.items()}
+        for n, cs in variants.items()
+    }
+    return {"class": cls, "seq": seq, "default_ms": default, "sdpa_flash_ms": flash,
+            "sdpa_cudnn_ms": cudnn, "variants": per}  # fmt: skip
+
+
+def test_choice_is_per_class_by_geometric_mean_and_summary_names_the_best() -> None:
+    gv = load()
+    # Config "a" wins at 4k by a little, "b" at 8k by a lot: the geometric mean picks "b".
+    rows = [
+        row("d128-full", 4096, 2.0, 2.4, 1.5, {"tma_ws": {"a": 1.6, "b": 1.7}, "tma": {"t": 1.8}}),
+        row("d128-full", 8192, 4.0, 4.8, 3.0, {"tma_ws": {"a": 4.0, "b": 3.0}, "tma": {"t": 3.6}}),
+        # "c" failed at one shape: never chosen; ffma has no row at all here.
+        row("d64-full", 4096, 1.0, 1.2, 0.9, {"tma_ws": {"c": 0.8, "d": None}, "tma": {"t": 0.95}}),
+        row("d64-full", 8192, 2.0, 2.4, 1.8, {"tma_ws": {"c": 1.6, "d": 1.9}, "tma": {"t": 1.9}}),
+    ]
+    rows[2]["variants"]["tma_ws"]["d"] = {"ms": 0.85}
+    rows[3]["variants"]["tma_ws"]["c"] = {"error": "compile"}
+    chosen = gv.choose(rows)
+    assert chosen["tma_ws"] == {"d128-full": "b", "d64-full": "d"}
+    assert chosen["tma"] == {"d128-full": "t", "d64-full": "t"}
+    assert "ffma" not in chosen
+    s = gv.summarize(rows, chosen)
+    ws = s["variants"]["tma_ws"]
+    # tma_ws: cuDNN / ours = 1.5/1.7, 3.0/3.0, 0.9/0.85, 1.8/1.9 -> lowest 1.5/1.7.
+    assert ws["prefill_vs_sdpa_cudnn"] == pytest.approx(1.5 / 1.7)
+    assert ws["prefill_vs_sdpa_flash"] == pytest.approx(2.4 / 1.9)
+    assert s["variants"]["tma"]["prefill_vs_sdpa_cudnn"] == pytest.approx(1.5 / 1.8)
+    assert s["variants"]["ffma"]["complete"] is False
+    assert s["best_variant"] == "tma_ws"
+    assert s["prefill_vs_sdpa_cudnn"] == ws["prefill_vs_sdpa_cudnn"]
+    assert s["default"]["prefill_vs_sdpa_cudnn"] == pytest.approx(0.75)
+
+
+def test_candidates_start_with_the_variants_own_config() -> None:
+    gv = load()
+    from kdash.kernels.prefill_hopper import VARIANTS, variant_config
+
+    for name in VARIANTS:
+        for d in (64, 128):
+            for causal in (True, False):
+                cands = gv.candidates(name, d, causal)
+                assert cands[0] == variant_config(name, d, causal)
+                assert len(set(cands)) == len(cands)
+                if name == "tma_ws":
+                    assert all(c.warp_specialize and c.descriptors == "device" for c in cands)
