@@ -11,23 +11,29 @@ these exist so one GPU session can time them against it and against cuDNN
   instead of an FMUL kept alive for the max plus an FADD; the P@V product accumulates in the
   dot itself (``tl.dot(p, v, acc)``: wgmma's accumulator input, no separate add), and ``l`` is
   updated after the dot so the row sums are not live across it.
-- ``descriptors``: Q, K and V of the new tokens are read through host-side tensor descriptors
-  (TMA on Hopper): one thread issues a whole tile copy into shared memory, so the 256 threads
-  no longer compute 128-bit addresses and issue ``cp.async`` per tile. The packed ``[T, H, D]``
-  tensors are viewed as ``[T, H * D]``; a tile at row ``t`` and column ``h * D`` is one head's
-  ``BLOCK x D`` block. Rows past a request's end belong to the next request (or are zero past
-  the tensor's end): their scores are masked in the tail tile and their V rows zeroed there, so
-  they add nothing even if they held Inf/NaN. The output is stored with a row mask (a descriptor
-  store would write the next request's rows).
-- ``warp_specialize``: the unmasked loop is a ``tl.range(..., warp_specialize=True)``, which on
-  sm_90 lets Triton's Hopper pass split it into a producer warp group (TMA loads, mbarriers)
-  and consumers (wgmma + softmax); needs ``descriptors``.
+- ``descriptors="host"`` (variant ``tma``): Q, K and V of the new tokens are read through
+  host-side tensor descriptors (TMA on Hopper): one thread issues a whole tile copy into shared
+  memory, so the 256 threads no longer compute addresses and issue ``cp.async`` per tile. The
+  packed ``[T, H, D]`` tensors are viewed as ``[T, H * D]``; a tile at row ``t`` and column
+  ``h * D`` is one head's ``BLOCK x D`` block. Rows past a request's end belong to the next
+  request (or are zero past the tensor's end): their scores are masked in the tail tile and
+  their V rows zeroed there, so they add nothing even if they held Inf/NaN. The output is
+  stored with a row mask (a descriptor store would write the next request's rows).
+- ``descriptors="device"``: one descriptor per (request, head) made in the kernel
+  (``tl.make_tensor_descriptor``, Triton's scratch allocator holds the tensor maps), whose
+  bounds are the request's: rows past its end read as zeros.
+- ``warp_specialize`` (variant ``tma_ws``, device descriptors, 4 warps): the new-token loop is
+  one ``tl.range(..., warp_specialize=True)``, which Triton 3.6's Hopper pass splits into a
+  producer warp group (TMA copies, mbarriers) and two consumer warp groups (wgmma + softmax),
+  12 warps in all. That pass takes one loop, no early return and no branch in the loop, so this
+  path masks every tile and has no cached prefix (with one, ``tma_ws`` runs as ``tma``).
 - tiles and ``num_stages`` per head dim (software-pipelining depth of the K/V ring).
 
 The cached-prefix loop is the default kernel's (a page-table gather; TMA cannot gather rows).
-A layout the descriptors cannot take (a head stride other than D, a row stride or base not
-16-byte aligned) runs the same kernel with pointer loads: :func:`plan_path` says which path a
-call takes, and the tests assert it.
+A layout the descriptors cannot take (a row stride or base not 16-byte aligned; for host
+descriptors also a head stride other than D) runs the same kernel with pointer loads:
+:func:`plan_path` says which path a call takes and :func:`warp_specialized` whether the split
+loop runs; the tests assert both.
 """
 
 from __future__ import annotations
