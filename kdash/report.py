@@ -484,6 +484,6 @@ def _fmt(v, nd: int = 0) -> str:
 
 
 def _cpus(cpus: list[int]) -> str:
-    from kdash.collectors.topology import format_cpulist
+    from kdash.cpulist import format_cpulist
 
     return format_cpulist(set(cpus)) if cpus else "n/a"
