@@ -6,16 +6,18 @@ Too few bytes in flight, and many integer instructions per byte for the fp8 -> f
 
 The kernel candidate, ``fp8_compute="cvt"``: the hardware conversion. sm_89 and later have
 ``cvt.rn.f16x2.e4m3x2`` (PTX ISA 7.8), one instruction for the two e4m3 bytes of an int16 pair,
-giving the exact fp16 values (no 2^-8 factor). Two of them and two byte permutes turn a 32-bit
-register of two pairs into the even and odd fp16 pairs the tensor cores read: 4 instructions
-for 4 values, against 9 (before ptxas merges some) for the bit moves of ``_fp8_pairs_to_fp16``.
+giving the exact fp16 values (no 2^-8 factor). One byte permute and two of them turn a 32-bit
+register of two pairs into the even and odd fp16 pairs the tensor cores read: 3 instructions
+for 4 values, against 9 (before ptxas merges some) for the bit moves of ``_fp8_pairs_to_fp16``
+(on sm_90 the loop's integer and convert instructions drop by about a quarter).
 It keeps the layout of the current kernel (fp8 read as int16 pairs: two dims of one token, the
 head dim as its even and odd halves), its cut into splits and its outputs, so the plan, the merge
 and the fused launch take it unchanged.
 
 The launch candidates are configs of it (and of the current kernel): fewer tokens a tile with a
-deeper pipeline (64 tokens, 3 or 4 stages: ~106 registers on sm_90, 4 programs an SM) and a
-register cap (:class:`Fp8Config`'s ``maxnreg``). The default config stays on the current kernel
+deeper pipeline (64 tokens, 3 or 4 stages: 110 registers on sm_90, 4 programs an SM), one or
+two warps a program (no cross-warp exchange per tile) and a register cap (:class:`Fp8Config`'s
+``maxnreg``). The default config stays on the current kernel
 until an H200 run says otherwise (bench/gpu_fp8_variants.py).
 
 In the CPU interpreter (no inline PTX) the conversion takes Triton ops: the integer bit moves,
@@ -63,8 +65,9 @@ def conversion_path(config: DecodeConfig, interpreting: bool) -> str:
 def _fp8_pairs_cvt(w, ASM: tl.constexpr):
     """int16 words of two e4m3 bytes (dims 2j, 2j+1 of one token) -> (even, odd) fp16, the exact
     e4m3 values. With ``ASM`` (sm_89+): per 32-bit register (two words, the first in the low
-    half) two ``cvt.rn.f16x2.e4m3x2`` (low byte to the low half) and two ``prmt`` that gather the
-    two even halves into one register and the two odd halves into the other."""
+    half; bytes e0 o0 e1 o1 from the low end) one ``prmt`` gathers the even bytes into the low
+    half and the odd ones into the high half (e0 e1 o0 o1), then one ``cvt.rn.f16x2.e4m3x2`` per
+    half (its low byte to the low fp16) gives the two even values and the two odd ones."""
     if ASM:
         even, odd = tl.inline_asm_elementwise(
             asm="""{
