@@ -215,6 +215,84 @@ def choose(rows: list[dict]) -> dict[str, dict[str, str]]:
     return chosen
 
 
+def run_gate_jobs(jobs: list[dict], smoke: bool, progress: Path) -> None:
+    """The child's side: gate each job in order, one JSON line before (``start``) and after
+    (``done``) each, so the parent knows which job a hang is in."""
+    cases: dict[tuple, GateCase] = {}
+    with progress.open("a") as f:
+        for i, job in enumerate(jobs):
+            f.write(json.dumps({"i": i, "start": True}) + "\n")
+            f.flush()
+            key = (job["d"], job["hq"], job["causal"])
+            if key not in cases:
+                cases.clear()  # one class's tensors and references at a time
+                heads = 2 if smoke else job["hq"]
+                cases[key] = GateCase(job["d"], heads, heads, job["causal"])
+            cfg = HopperConfig(**job["config"]) if job["config"] else None
+            try:
+                ok, msg = cases[key].check(cfg)
+                if DEV == "cuda":
+                    torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001 - a config that fails is kept in the JSON
+                ok, msg = False, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            f.write(json.dumps({"i": i, "done": True, "pass": ok, "msg": msg}) + "\n")
+            f.flush()
+
+
+def gates_in_child(jobs: list[dict], smoke: bool, stall_s: float):
+    """Yields ``(job, result)`` for every job, gated in a child process; a child that makes no
+    progress for ``stall_s`` seconds is killed, its current job recorded as hung, and a new
+    child takes the jobs after it."""
+    import subprocess
+    import tempfile
+
+    todo = list(range(len(jobs)))
+    while todo:
+        with tempfile.TemporaryDirectory() as tmp:
+            spec, progress = Path(tmp) / "jobs.json", Path(tmp) / "progress.jsonl"
+            spec.write_text(json.dumps([jobs[i] for i in todo]))
+            progress.touch()
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--gate-child", str(spec)]
+            cmd += [str(progress)] + (["--smoke"] if smoke else [])
+            child = subprocess.Popen(cmd)
+            seen, current, last = 0, None, time.time()
+            results: dict[int, dict] = {}
+            while True:
+                done = (
+                    child.poll() is not None
+                )  # before reading: a finished child's lines are all in
+                lines = progress.read_text().splitlines()
+                for line in lines[seen:]:
+                    if not line.endswith("}"):
+                        break  # a line still being written
+                    rec = json.loads(line)
+                    seen += 1
+                    last = time.time()
+                    if rec.get("start"):
+                        current = rec["i"]
+                    else:
+                        results[rec["i"]] = {"pass": rec["pass"], "msg": rec["msg"]}
+                        current = None
+                if done or time.time() - last > stall_s:
+                    break
+                time.sleep(0.5)
+            if not done:
+                child.kill()
+                child.wait()
+        for i in sorted(results):
+            yield jobs[todo[i]], results[i]
+        handled = set(results)
+        if current is not None:
+            why = "child died" if done else f"hung: no progress for {stall_s:.0f} s, killed"
+            yield jobs[todo[current]], {"pass": False, "msg": f"{why} (exit {child.returncode})"}
+            handled.add(current)
+        if not handled:  # the child failed before its first job (an import or CUDA failure)
+            for i in todo:
+                yield jobs[i], {"pass": False, "msg": f"gate child exit {child.returncode}"}
+            return
+        todo = [todo[i] for i in range(len(todo)) if i not in handled]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     default_out = Path(os.environ.get("OUT", ".")) / "prefill-variants-h200.json"
@@ -224,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         "--budget-s", type=float, default=200.0, help="start no new shape after this many seconds"
     )
     ap.add_argument("--smoke", action="store_true", help="CPU wiring check (TRITON_INTERPRET=1)")
+    ap.add_argument(
+        "--stall-s", type=float, default=60.0, help="kill a gate child silent this long"
+    )
+    ap.add_argument("--gate-child", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     global SHAPES, DEV, GATE_LENS
     if args.smoke:
@@ -236,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     elif not torch.cuda.is_available():
         print("gpu_prefill_variants: needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.gate_child:
+        spec, progress = args.gate_child
+        run_gate_jobs(json.loads(spec.read_text()), args.smoke, progress)
+        return 0
     from torch.nn.attention import SDPBackend
 
     t0 = time.time()
@@ -253,29 +339,25 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
 
-    # 1) Gates: each variant config once per class, before any timing.
-    passed: dict[str, dict[str, list[HopperConfig]]] = {}
+    # 1) Gates: each variant config once per class, before any timing, in a child process: a
+    # kernel that hangs (a mis-scheduled warp split) is killed there and skipped, not the run.
+    jobs = []
     for d, hq in ((64, 32), (128, 16)):
         for causal in (True, False):
-            cls = class_key(d, causal)
-            gcase = GateCase(d, 2 if args.smoke else hq, 2 if args.smoke else hq, causal)
-            ok, msg = gcase.check(None)
-            result["gates"][f"default {cls}"] = {"pass": ok, "msg": msg}
-            print(f"gate default {cls}: {'pass' if ok else 'FAIL'} {msg}", flush=True)
+            jobs.append({"d": d, "hq": hq, "causal": causal, "variant": "default", "config": None})
             for name in VARIANTS:
                 for cfg in candidates(name, d, causal):
-                    key = f"{name} {cls} {cfg_id(cfg)}"
-                    try:
-                        ok, msg = gcase.check(cfg)
-                    except Exception as e:  # noqa: BLE001 - a config that fails is kept in the JSON
-                        ok, msg = False, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                    result["gates"][key] = {"pass": ok, "msg": msg, "config": asdict(cfg)}
-                    print(f"gate {key}: {'pass' if ok else 'FAIL'} {msg}", flush=True)
-                    if ok:
-                        passed.setdefault(name, {}).setdefault(cls, []).append(cfg)
-            del gcase
-            if DEV == "cuda":
-                torch.cuda.empty_cache()
+                    job = {"d": d, "hq": hq, "causal": causal, "variant": name}
+                    jobs.append({**job, "config": asdict(cfg)})
+    passed: dict[str, dict[str, list[HopperConfig]]] = {}
+    for job, res in gates_in_child(jobs, args.smoke, args.stall_s):
+        cls = class_key(job["d"], job["causal"])
+        cfg = HopperConfig(**job["config"]) if job["config"] else None
+        key = f"{job['variant']} {cls}" + (f" {cfg_id(cfg)}" if cfg else "")
+        result["gates"][key] = {**res, "config": job["config"]}
+        print(f"gate {key}: {'pass' if res['pass'] else 'FAIL'} {res['msg']}", flush=True)
+        if res["pass"] and cfg is not None:
+            passed.setdefault(job["variant"], {}).setdefault(cls, []).append(cfg)
     save()
     print(f"gates done at {time.time() - t0:.0f}s", flush=True)
 

@@ -73,3 +73,30 @@ def test_candidates_start_with_the_variants_own_config() -> None:
                 assert len(set(cands)) == len(cands)
                 if name == "tma_ws":
                     assert all(c.warp_specialize and c.descriptors == "device" for c in cands)
+
+
+def test_a_gate_child_that_hangs_is_killed_and_the_rest_still_gated(tmp_path, monkeypatch) -> None:
+    """A kernel that never returns cannot be made here, so the child is a stand-in script: it
+    reports the start of its first job, then hangs on the even ones and passes the odd ones."""
+    gv = load()
+    fake = tmp_path / "child.sh"
+    fake.write_text(
+        "#!/bin/sh\n"
+        "# argv: script --gate-child JOBS PROGRESS\n"
+        'first=$(python3 -c "import json, sys; '
+        'print(json.load(open(sys.argv[1]))[0][\'tag\'])" "$3")\n'
+        'echo \'{"i": 0, "start": true}\' >> "$4"\n'
+        "if [ $((first % 2)) -eq 1 ]; then\n"
+        '  echo \'{"i": 0, "done": true, "pass": true, "msg": "ok"}\' >> "$4"\n'
+        "  exit 0\n"
+        "fi\n"
+        "exec sleep 30\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(gv.sys, "executable", str(fake))
+    jobs = [{"tag": t} for t in (0, 1, 2)]
+    got = list(gv.gates_in_child(jobs, False, 1.0))
+    assert [j["tag"] for j, _ in got] == [0, 1, 2]
+    assert [r["pass"] for _, r in got] == [False, True, False]
+    assert got[0][1]["msg"].startswith("hung: no progress for 1 s, killed")
+    assert got[1][1]["msg"] == "ok"
