@@ -5,6 +5,8 @@
 #   bash bench/device_next.sh attribution  # PC samples vs GPU time on a steady decode step (~2 min)
 #   bash bench/device_next.sh tiny         # tiny-kernel graph A/B, twice (~4 min)
 #   bash bench/device_next.sh eager        # eager target, interleaved twins: null/default x3 (~6 min)
+#   bash bench/device_next.sh prefill      # prefill variants against SDPA flash/cuDNN (~4 min)
+#   bash bench/device_next.sh fp8          # fp8 decode variants against bf16 (~5 min)
 set -uo pipefail
 bash bench/device_setup.sh >/dev/null || exit 1
 export PYTHONPATH=/tmp/site PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
@@ -35,5 +37,9 @@ eager)
     cd bench && timeout 560 python3 -u gpu_ab_cost.py --targets eager --interleaved 3 \
         --variants null,default --name agent-ab-h200-eager-il3.json \
         2>&1 | grep -E "^eager|failed|Error" | cut -c1-700 ;;
-*) echo "usage: bash bench/device_next.sh kernels|attribution|tiny|eager"; exit 2 ;;
+prefill)
+    timeout 580 bash bench/device_prefill.sh 2>&1 | tail -40 | cut -c1-400 ;;
+fp8)
+    timeout 580 bash bench/device_fp8.sh 2>&1 | tail -40 | cut -c1-400 ;;
+*) echo "usage: bash bench/device_next.sh kernels|attribution|tiny|eager|prefill|fp8"; exit 2 ;;
 esac
