@@ -183,6 +183,7 @@ def treat_once(pid: int, treat: str, dur: float, extra: list[str]) -> dict:
     injection alone), `attach` (`kdash attach --headless` with `extra`)."""
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     a = time.monotonic_ns()
+    cap = Path(f"/tmp/ab-{pid}-{a}.kdash")  # `attach` writes its capture here; not kept
     if treat == "null":
         argv = ["sleep", str(dur)]
     elif treat == "burn":
@@ -197,7 +198,6 @@ def treat_once(pid: int, treat: str, dur: float, extra: list[str]) -> dict:
         code = f"from kdash.collectors.agent import inject; print(inject.inject({pid}))"
         argv = [sys.executable, "-c", code]
     else:
-        cap = Path(f"/tmp/ab-{pid}-{a}.kdash")
         argv = kdash_cmd(
             "attach",
             "--pid",
@@ -210,7 +210,7 @@ def treat_once(pid: int, treat: str, dur: float, extra: list[str]) -> dict:
             *extra,
         )
     r = subprocess.run(argv, capture_output=True, text=True, timeout=dur + 90)
-    Path(f"/tmp/ab-{pid}-{a}.kdash").unlink(missing_ok=True)
+    cap.unlink(missing_ok=True)
     b = time.monotonic_ns()
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
@@ -289,21 +289,12 @@ def run_pair(
         t.join(5)
     rate = {i: {k: it / (ns / 1e9) for k, it, ns, _w in rows[i] if ns > 0} for i in (0, 1)}
     ivals = [(e["start_s"], e["end_s"]) for e in events]
+    slot_phase = phases(ivals, n, SLOT_S)
     out_slots = []
     for k, r in sorted(rate[1].items()):
         ctl = [rate[0][j] for j in (k - 1, k + 1) if j in rate[0]]
-        if not ctl:
-            continue
-        a, b = k * SLOT_S, (k + 1) * SLOT_S
-        if not ivals or b <= ivals[0][0]:
-            ph = "before"
-        elif any(s <= a and b <= e for s, e in ivals):
-            ph = "attached"
-        elif any(a < e and s < b for s, e in ivals):
-            ph = "edge"
-        else:
-            ph = "after"
-        out_slots.append((k, r / statistics.mean(ctl), ph))
+        if ctl and k < n:
+            out_slots.append((k, r / statistics.mean(ctl), slot_phase[k]))
     base = [x for _k, x, ph in out_slots if ph == "before"]
     norm = statistics.median(base) if base else 1.0
     rel = [(k, round(100 * (x / norm - 1), 2), ph) for k, x, ph in out_slots]
@@ -410,10 +401,12 @@ def intervals(run: dict) -> list[tuple[float, float]]:
     return []
 
 
-def phases(ivals: list[tuple[float, float]], nbins: int) -> list[str]:
+def phases(ivals: list[tuple[float, float]], nbins: int, width: float = BIN_S) -> list[str]:
+    """The phase of each bin of `width` s from 0: before the first treatment, wholly inside
+    one (`attached`), straddling an edge, or after."""
     out = []
     for k in range(nbins):
-        a, b = k * BIN_S, (k + 1) * BIN_S
+        a, b = k * width, (k + 1) * width
         if not ivals or b <= ivals[0][0]:
             out.append("before")
         elif any(s <= a and b <= e for s, e in ivals):
