@@ -53,6 +53,8 @@ SCREEN_FACTORS = [
     "agent_idle",
     "agent",
 ]
+# what a graph-replaying target goes through, one part at a time (`--screen graph_probe`)
+PROBE_FACTORS = ["import_only", "probe_fin", "agent_idle", "agent"]
 
 
 class Clocks:
@@ -495,15 +497,18 @@ def screen(mode: str) -> int:
         return screen_many(FINALIZE2_FACTORS, "agent-finalize2-h200.json")
     if mode == "finalize":
         return screen_many(FINALIZE_FACTORS, "agent-finalize-h200.json")
+    if mode == "graph_probe":
+        return screen_many({"graph_tiny": PROBE_FACTORS}, "agent-probe-h200.json", 36.0)
     return screen_many({mode: SCREEN_FACTORS}, "agent-factors-h200.json")
 
 
-def screen_many(plan: dict[str, list[str]], name: str) -> int:
-    seconds, on_s, hold_s = 20.0, 6.0, 4.0
+def screen_many(plan: dict[str, list[str]], name: str, seconds: float = 20.0) -> int:
+    on_s, hold_s = 6.0, 4.0
     os.environ["AB_PROFILER_CHECK"] = "1"
     res: dict = {
         "command": "python bench/gpu_ab_cost.py " + " ".join(sys.argv[1:]),
-        "method": "twin: control never attached; factor on at 6 s for 4 s; 2-s bins",
+        "method": f"twin: control never attached; {seconds:.0f} s runs, factor on at 6 s for "
+        "4 s; 2-s bins",
         "machine": machine(),
         "factors": {},
         "controls": [],
@@ -560,6 +565,7 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "nvml_only": ("poll:nvml", []),
     "nvml_dev_only": ("poll:nvml_dev", []),
     "sched_only": ("poll:sched", []),
+    "agent_idle": ("agent_idle", []),  # the injection alone (the second attach finds it in)
 }
 
 
