@@ -50,10 +50,12 @@ from kdash.collectors.base import (
 from kdash import schema, target_python
 from kdash.analyses.cost import (
     DEFAULT_BUDGET,
+    PC_BUDGET,
     PC_GPU_SHARE,
     duty_for_budget,
     duty_fraction,
     estimated_cost,
+    pc_period_for_budget,
 )
 from kdash.schema import Batch
 from kdash.target import Target
@@ -446,6 +448,7 @@ class AgentTreeSource:
                 pc["pc_period_ms"] = src.pc_period_ms
                 self.cost.update(pid, {**src.stats, **pc}, mono_ns)
                 self._keep_budget(pid, src)
+                self._keep_pc_budget(src)
             self.cost.retain(self.agents)
             for pid in [p for p in self._tuned_on if p not in self.agents]:
                 del self._tuned_on[pid]
@@ -476,6 +479,29 @@ class AgentTreeSource:
         )
         if cycle is not None and cycle != (src.period_ms, src.on_ms):
             src.set_duty(*cycle)
+
+    def _keep_pc_budget(self, src: AgentSource) -> None:
+        """Space one agent's PC ranges so that what each one holds the target (measured by the
+        agent) stays within PC_BUDGET, or the cost budget where that is larger; a cost budget
+        of 0 keeps the fixed cycle."""
+        if self.cost_budget is None or not src.pc_sampling or not src.health.ok:
+            return
+        stats = src.stats
+        if stats.get("agent_pc_state") != "ok":
+            return
+        try:
+            held = float(stats.get("agent_pc_held_ms_per_range") or 0)
+        except (TypeError, ValueError):
+            return
+        period = pc_period_for_budget(
+            held,
+            src.pc_on_ms,
+            src.pc_period_ms,
+            max(PC_BUDGET, self.cost_budget),
+            server.PC_PERIOD_MS,
+        )
+        if period is not None:
+            src.set_pc_period(period)
 
     def stop(self) -> None:
         with self._lock:

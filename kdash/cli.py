@@ -121,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
             "--pc-sampling",
             action="store_true",
             help="start the agents' PC sampling (source-pane line samples; `L` switches it "
-            "live): 200 ms ranges every 2 s, kernel activity paused during each",
+            "live): 200 ms ranges, kernel activity paused during each, spaced 2-30 s apart "
+            "so that what they hold the target stays near 5%% (--cost-budget 0: every 2 s)",
         )
         sp.add_argument(
             "--graph-kernels",

@@ -287,3 +287,21 @@ def test_no_release_between_windows_while_pc_sampling_is_on():
     h.at(100.1)  # the first window's end
     assert h.session.pc_cfg.on
     assert "pause" in h.ctl.calls and "release" not in h.ctl.calls
+
+
+def test_a_new_pc_spacing_counts_from_the_last_range_start():
+    """The tree source spaces PC ranges to its budget with SET pc_period_ms: the next range
+    moves by the change at once, instead of waiting one old period first; a SET that leaves
+    the spacing alone (a duty retune) does not move it."""
+    h = Harness()
+    h.send(wire.MsgType.START, pc_sampling=True)
+    h.at(100.1)
+    n0 = h.session.next_pc
+    assert n0 > 0  # a range was due at START and the next one is scheduled
+    h.send(wire.MsgType.SET, pc_sampling=True, pc_period_ms=7000)
+    assert h.session.pc_cfg.period_ms == 7000
+    assert h.session.next_pc == pytest.approx(n0 + 5.0)
+    h.send(wire.MsgType.SET, period_ms=2000, on_ms=100)
+    assert h.session.next_pc == pytest.approx(n0 + 5.0)
+    h.send(wire.MsgType.SET, pc_period_ms=3000)  # closer again: sooner
+    assert h.session.next_pc == pytest.approx(n0 + 1.0)

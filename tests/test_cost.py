@@ -193,3 +193,24 @@ def test_pc_sampling_cost_is_its_cpu_per_range_over_the_period():
     base = m.estimate()
     m.update(1, {**stats(10_000, 0, S, 0, CONT), **on}, 2 * S)
     assert m.estimate() == pytest.approx(base + pc_sampling_cost(on))
+
+
+def test_pc_ranges_are_spaced_to_their_budget():
+    from kdash.analyses.cost import MAX_PC_PERIOD_MS, PC_GPU_SHARE, pc_period_for_budget
+
+    # the H200 decode loop: 344 ms held per 200-ms range; at 5% the ranges go ~7 s apart
+    p = pc_period_for_budget(344.0, 200, 2000, 0.05, 2000)
+    assert p is not None and p % 100 == 0
+    per_range = 344.0 + PC_GPU_SHARE * 200
+    assert per_range / p <= 0.05 < per_range / (p - 100)  # the shortest that keeps the budget
+    # already there (within the retune ratio): nothing to ask
+    assert pc_period_for_budget(344.0, 200, p, 0.05, 2000) is None
+    assert pc_period_for_budget(300.0, 200, p, 0.05, 2000) is None
+    # a cheap range: never faster than the default cycle, and back to it when it got cheap
+    assert pc_period_for_budget(5.0, 200, 2000, 0.05, 2000) is None
+    assert pc_period_for_budget(5.0, 200, 9000, 0.05, 2000) == 2000
+    # a very dear range: capped, so the hot line still refreshes
+    assert pc_period_for_budget(5000.0, 200, 2000, 0.05, 2000) == MAX_PC_PERIOD_MS
+    # nothing measured, or no budget: nothing to do
+    assert pc_period_for_budget(0.0, 200, 2000, 0.05, 2000) is None
+    assert pc_period_for_budget(344.0, 200, 2000, 0.0, 2000) is None

@@ -204,3 +204,43 @@ def test_the_tree_shows_the_agent_that_samples_not_a_context_less_child():
     assert health_from_text(line, "pc sampling").code == "pc_unavailable"
     tree.agents = {11: PcAgent(worker)}
     assert tree.pc_status() == worker
+
+
+class BudgetAgent:
+    """Stand-in for an AgentSource: only what the tree's PC budget reads and asks."""
+
+    def __init__(self, held_ms, state: str = "ok") -> None:
+        from kdash.collectors.base import Health
+
+        self.health = Health("ok", "sampling", "sampling")
+        self.pc_sampling = True
+        self.pc_on_ms, self.pc_period_ms = 200, 2000
+        self.stats = {"agent_pc_state": state, "agent_pc_held_ms_per_range": held_ms}
+        self.asked: list[int] = []
+
+    def set_pc_period(self, period_ms: int) -> None:
+        self.asked.append(period_ms)
+        self.pc_period_ms = period_ms
+
+
+def test_the_tree_spaces_pc_ranges_by_what_each_holds_the_target():
+    from kdash.collectors.agents import AgentTreeSource
+
+    from kdash.analyses.cost import PC_BUDGET
+    from kdash.target import Target
+
+    tree = AgentTreeSource(Target.from_pid(1), try_inject=False)
+    dear = BudgetAgent(344.0)
+    tree._keep_pc_budget(dear)
+    assert len(dear.asked) == 1 and 344.0 / dear.asked[0] <= PC_BUDGET
+    tree._keep_pc_budget(dear)  # the same figure again: asked once only
+    assert len(dear.asked) == 1
+    for held, state in ((344.0, "starting"), (None, "ok"), ("junk", "ok")):
+        quiet = BudgetAgent(held, state)
+        tree._keep_pc_budget(quiet)
+        assert quiet.asked == []
+    # a cost budget of 0 (`--cost-budget 0`) keeps the fixed cycle
+    fixed = AgentTreeSource(Target.from_pid(1), try_inject=False, cost_budget=0)
+    dear = BudgetAgent(344.0)
+    fixed._keep_pc_budget(dear)
+    assert dear.asked == []

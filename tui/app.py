@@ -641,7 +641,7 @@ class KdashApp(App[None]):
         second thread hung the target otherwise, on the H200); the source pane shows the state
         and the reason when sampling cannot run.
         """
-        texts = ("on (200 ms ranges every 2 s)", "off")
+        texts = ("on (200 ms ranges, spaced to cost the target ≈5%)", "off")
         self._toggle_agents("PC sampling", self.session.pc_sampling_toggle(), texts)
 
     def action_help(self) -> None:

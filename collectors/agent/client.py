@@ -312,6 +312,14 @@ class AgentSource:
             return
         self._send(wire.encode_control(wire.MsgType.SET, self._duty_fields()))
 
+    def set_pc_period(self, period_ms: int) -> None:
+        """Space the PC ranges `period_ms` apart (the tree source's PC budget); sent at once
+        when connected, else kept for START."""
+        self.pc_period_ms = int(period_ms)
+        if self._sock is None or not self.hello or not self.hello.get("pc_sampling"):
+            return
+        self._send(wire.encode_control(wire.MsgType.SET, self._duty_fields()))
+
     def pc_status(self) -> str:
         """The agent's PC-sampling state: "off", "starting", "ok", "unavailable: <why>", or
         "" when this agent cannot sample (too old) or has not said yet."""
@@ -323,9 +331,13 @@ class AgentSource:
             with self._lock:
                 ranges = self.stats.get("agent_pc_ranges")
                 cpu_ms = self.stats.get("agent_pc_cpu_ms_per_range")
-            if ranges and cpu_ms is not None:
-                # the range's Stop decodes the samples holding the target's GIL: its cost
-                return f"ok: {ranges} ranges, {cpu_ms:.0f} ms of the target's CPU each"
+                held_ms = self.stats.get("agent_pc_held_ms_per_range")
+            every = f", one every {self.pc_period_ms / 1000:g} s"
+            if ranges and held_ms:
+                # every CUPTI call of a range holds the target's GIL: wall time, not CPU
+                return f"ok: {ranges} ranges, each holds the target {held_ms:.0f} ms{every}"
+            if ranges and cpu_ms is not None:  # an older agent: only Stop's CPU is known
+                return f"ok: {ranges} ranges, {cpu_ms:.0f} ms of the target's CPU each{every}"
         return str(state or ("starting" if self.pc_sampling else "off"))
 
     def _duty_fields(self) -> dict[str, Any]:

@@ -205,6 +205,9 @@ class Session:
         elif not pcc.on and self.pc_cfg.on:
             pc.stop()
             pc.set_state(PCState.OFF)
+        elif pcc.on and pcc.period_ms != self.pc_cfg.period_ms:
+            # a new spacing counts from the last range's start, not from the next one's
+            self.next_pc += (pcc.period_ms - self.pc_cfg.period_ms) / 1000
         self.pc_cfg = pcc
         if self.phase is Phase.ACTIVE:
             self.duty.retime(self.now(), duty)

@@ -113,6 +113,40 @@ def duty_for_budget(
     return MAX_BUDGET_PERIOD_MS, max(min_on_ms, round(MAX_BUDGET_PERIOD_MS * want))
 
 
+# PC sampling is asked for by the user, who wants line heat, so its ranges get a budget of
+# their own, larger than the activity's: each range holds the target for a fixed time (its
+# enable and start, Stop's decoding, its disable: 340 ms a range on the H200 decode loop,
+# bench/results/pcs-agent-h200-s8-steady.json), which a range every 2 s turned into a 24%
+# slowdown; spacing the ranges is the only lever, as the held time does not shrink with them.
+PC_BUDGET = 0.05
+MAX_PC_PERIOD_MS = 30_000  # a hot line refreshed less often than this looks stuck
+
+
+def pc_period_for_budget(
+    held_ms: float,
+    on_ms: int,
+    period_ms: int,
+    budget: float,
+    min_period_ms: int,
+    max_period_ms: int = MAX_PC_PERIOD_MS,
+) -> int | None:
+    """The PC-range period (ms) that keeps PC sampling's estimated cost at `budget`, or None
+    when the current `period_ms` is close enough (within RETUNE_RATIO) or nothing is known.
+
+    A range of `on_ms` costs the target `held_ms` (the agent's measured wall time in calls
+    that hold its GIL) plus PC_GPU_SHARE of the range on the GPU, once per period; the period
+    never drops under `min_period_ms` (the default cycle) nor goes past `max_period_ms`.
+    """
+    if budget <= 0 or held_ms <= 0 or period_ms <= 0:
+        return None
+    per_range_ms = held_ms + PC_GPU_SHARE * max(0, on_ms)
+    want = 100 * math.ceil(per_range_ms / budget / 100)  # whole tenths of a second
+    want = int(min(max_period_ms, max(min_period_ms, 2 * on_ms, want)))
+    if max(want, period_ms) / min(want, period_ms) <= RETUNE_RATIO:
+        return None
+    return want
+
+
 def cost_text(fraction: float | None) -> str:
     """ "kdash cost ≈ 3%" for the status bar ("" when unknown); under 1% reads "<1%" so a
     small cost is not shown as zero."""
