@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# What session 7 could not run (no machine was lent after its second call): one device-tool
-# call each, from the repository root, carry `.whl` (rebuilt from HEAD first).
-#   bash bench/device_next.sh kernels      # decode launch paths: gates + decode table (~5 min)
-#   bash bench/device_next.sh attribution  # PC samples vs GPU time on a steady decode step (~2 min)
+# The device runs left for the next session, one device-tool call each, from the repository
+# root, carry `.whl` (rebuilt from HEAD first: see bench/device_setup.sh).
+#   bash bench/device_next.sh pc           # PC ranges spaced to 5%: twin A/B, eager (~4 min)
+#   bash bench/device_next.sh probe        # graph_tiny: the graph probe's linger, repeated (~7 min)
+#   bash bench/device_next.sh kernels      # decode launch paths: gates + decode table (~3 min)
+#   bash bench/device_next.sh fp8          # fp8 decode variants against bf16 (~3 min)
+#   bash bench/device_next.sh prefill      # prefill variants against SDPA flash/cuDNN (~2 min)
 #   bash bench/device_next.sh tiny         # tiny-kernel graph A/B, twice (~4 min)
 #   bash bench/device_next.sh eager        # eager target, interleaved twins: null/default x3 (~6 min)
-#   bash bench/device_next.sh prefill      # prefill variants against SDPA flash/cuDNN (~4 min)
-#   bash bench/device_next.sh fp8          # fp8 decode variants against bf16 (~5 min)
+#   bash bench/device_next.sh attribution  # PC samples vs GPU time on a steady decode step (~2 min)
 set -uo pipefail
 bash bench/device_setup.sh >/dev/null || exit 1
 export PYTHONPATH=/tmp/site PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
 case "${1:-}" in
+pc)
+    cd bench && timeout 300 python3 -u gpu_ab_cost.py --targets eager --attach-s 20 \
+        --variants pc_sampling,pc_sampling#2 --name agent-ab-h200-pc-spaced.json \
+        2>&1 | grep -E "^eager|failed|Error" | cut -c1-700 ;;
+probe)
+    cd bench && timeout 450 python3 -u gpu_ab_cost.py --screen graph_probe \
+        2>&1 | grep -E "^(import_only|probe_fin|agent)|failed|Error" | cut -c1-500 ;;
 kernels)
     DECODE_ONLY=1 timeout 560 bash bench/device_kernels.sh 2>&1 | tail -40 | cut -c1-400 ;;
 attribution)
@@ -41,5 +50,5 @@ prefill)
     timeout 580 bash bench/device_prefill.sh 2>&1 | tail -40 | cut -c1-400 ;;
 fp8)
     timeout 580 bash bench/device_fp8.sh 2>&1 | tail -40 | cut -c1-400 ;;
-*) echo "usage: bash bench/device_next.sh kernels|attribution|tiny|eager|prefill|fp8"; exit 2 ;;
+*) echo "usage: bash bench/device_next.sh pc|probe|kernels|fp8|prefill|tiny|eager|attribution"; exit 2 ;;
 esac

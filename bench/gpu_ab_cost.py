@@ -54,7 +54,8 @@ SCREEN_FACTORS = [
     "agent",
 ]
 # what a graph-replaying target goes through, one part at a time (`--screen graph_probe`)
-PROBE_FACTORS = ["import_only", "probe_fin", "agent_idle", "agent"]
+# (NAME#2: the same factor again, in its own process; a control before every four)
+PROBE_FACTORS = ["import_only", "probe_fin", "import_only#2", "probe_fin#2", "agent", "probe_fin#3"]
 
 
 class Clocks:
@@ -522,7 +523,7 @@ def screen_many(plan: dict[str, list[str]], name: str, seconds: float = 20.0) ->
                 if i % 4 == 0:
                     control = run_target(mode, seconds)
                     res["controls"].append(slim(control))
-                run = run_target(mode, seconds, f, on_s, hold_s)
+                run = run_target(mode, seconds, f.split("#")[0], on_s, hold_s)
                 cmp = compare(run, control, seconds)
                 res["factors"][key] = {**cmp, "run": slim(run)}
                 brief = {k: cmp[k] for k in ("before_pct", "attached_pct", "after_pct")}
@@ -576,15 +577,18 @@ def ab(
     variants: list[str] | None = None,
     pin: int | None = None,
     name: str = "agent-ab-h200.json",
+    attach_s: float = 6.0,
 ) -> int:
-    seconds = 40.0
-    attaches = [(8.0, 6.0), (22.0, 6.0)]
+    # two attaches of attach_s, 8 s after ready and 8 s after the first detach; the run ends
+    # 10 s after the second (40 s at the default 6-s attaches)
+    attaches = [(8.0, attach_s), (16.0 + attach_s, attach_s)]
+    seconds = 26.0 + 2 * attach_s
     os.environ["AB_PROFILER_CHECK"] = "1"  # does torch.profiler still see kernels afterwards?
     res: dict = {
         "command": "python bench/gpu_ab_cost.py " + " ".join(sys.argv[1:]),
-        "method": "twin: control never attached; treated attached at 8 s and 22 s for 6 s "
-        "(`kdash attach --pid --headless --duration 6`); 2-s bins; ratio normalised by the "
-        "bins before the first attach",
+        "method": f"twin: control never attached; treated attached at 8 s and "
+        f"{16 + attach_s:g} s for {attach_s:g} s (`kdash attach --pid --headless --duration "
+        f"{attach_s:g}`); 2-s bins; ratio normalised by the bins before the first attach",
         "machine": machine(),
         "runs": {},
         "summary": {},
@@ -656,6 +660,13 @@ def main(argv: list[str]) -> int:
         help="interleaved twins (run_pair), each variant REPEAT times",
     )
     p.add_argument("--name", default="agent-ab-h200.json", help="output file under $OUT")
+    p.add_argument(
+        "--attach-s",
+        type=float,
+        default=6.0,
+        help="length of each of the two attaches (sequential twins; the run is 26 s longer "
+        "than both together)",
+    )
     p.add_argument("extra", nargs="*", help="more `kdash attach` options")
     a = p.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -664,7 +675,7 @@ def main(argv: list[str]) -> int:
     variants = a.variants.split(",") if a.variants else None
     if a.interleaved:
         return interleaved(a.targets.split(","), variants or ["default"], a.name, a.interleaved)
-    return ab(a.targets.split(","), a.pc, a.extra, variants, a.pin, a.name)
+    return ab(a.targets.split(","), a.pc, a.extra, variants, a.pin, a.name, a.attach_s)
 
 
 if __name__ == "__main__":
