@@ -87,7 +87,7 @@ EOF
       --section SchedulerStats --section Occupancy --section LaunchStats \
       --section ComputeWorkloadAnalysis"
     for kind in fp8 bf16; do
-      if [ $kind = fp8 ]; then k="regex:^_decode_(stage1_fp8_pairs|fused)$"; else k="regex:^_decode_(stage1|fused)$"; fi
+      if [ $kind = fp8 ]; then k="regex:^_decode_(stage1_fp8_cvt|stage1_fp8_pairs|fused)$"; else k="regex:^_decode_(stage1|fused)$"; fi
       # shellcheck disable=SC2086 # the section list is meant to split
       timeout 60 ncu --clock-control none --kernel-name "$k" --launch-skip 2 --launch-count 1 \
         $sections -f -o "$OUT/ncu-decode-$kind" python3 /tmp/kdash_decode_prof.py $kind \

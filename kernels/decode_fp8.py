@@ -1,24 +1,28 @@
-"""Candidate fp8 stage-1 kernels for decode, beside the current one (``fp8_compute="pairs_asm"``).
+"""The default fp8 stage-1 kernel for decode (``fp8_compute="cvt"``) and its launch configs.
 
-The H200's profile of the current fp8 stage 1 (bench/NOTES-kernels.md): 59% of DRAM bandwidth,
-147 registers (3 programs of 4 warps an SM, 16.7% achieved occupancy), issue slots 44% busy.
+The H200's profile of the integer-op fp8 stage 1 (``pairs_asm``; bench/NOTES-kernels.md): 59% of
+DRAM bandwidth, 147 registers (3 programs of 4 warps an SM, 16.7% achieved occupancy), issue
+slots 44% busy.
 Too few bytes in flight, and many integer instructions per byte for the fp8 -> fp16 moves.
 
-The kernel candidate, ``fp8_compute="cvt"``: the hardware conversion. sm_89 and later have
+This kernel, ``fp8_compute="cvt"``, takes the hardware conversion instead. sm_89 and later have
 ``cvt.rn.f16x2.e4m3x2`` (PTX ISA 7.8), one instruction for the two e4m3 bytes of an int16 pair,
 giving the exact fp16 values (no 2^-8 factor). One byte permute and two of them turn a 32-bit
 register of two pairs into the even and odd fp16 pairs the tensor cores read: 3 instructions
 for 4 values, against 9 (before ptxas merges some) for the bit moves of ``_fp8_pairs_to_fp16``
 (on sm_90 the loop's integer and convert instructions drop by about a quarter).
-It keeps the layout of the current kernel (fp8 read as int16 pairs: two dims of one token, the
+It keeps the layout of the integer-op kernel (fp8 read as int16 pairs: two dims of one token, the
 head dim as its even and odd halves), its cut into splits and its outputs, so the plan, the merge
 and the fused launch take it unchanged.
 
-The launch candidates are configs of it (and of the current kernel): fewer tokens a tile with a
-deeper pipeline (64 tokens, 3 or 4 stages: 110 registers on sm_90, 4 programs an SM), one or
-two warps a program (no cross-warp exchange per tile) and a register cap (:class:`Fp8Config`'s
-``maxnreg``). The default config stays on the current kernel
-until an H200 run says otherwise (bench/gpu_fp8_variants.py).
+The H200 timed it against the integer-op kernel (``"pairs_asm"``, kernels/decode_attention.py)
+and against launch configs of both (bench/gpu_fp8_variants.py; figures in
+bench/NOTES-kernels.md): at the fp8 launch config (128 tokens a tile, 4 warps, 2 stages) it beat
+the integer-op kernel on every shape and had the highest ``fp8_speedup`` of all, eager and
+graph-replayed, so that is the default (``DEFAULT_FP8_CONFIG``); fewer tokens a tile with a
+deeper pipeline and a register cap (:class:`Fp8Config`'s ``maxnreg``) came close under graph
+replay only. A GPU below sm_89 runs the integer-op kernel instead
+(:func:`kdash.kernels.decode_plan.runnable_config`).
 
 In the CPU interpreter (no inline PTX) the conversion takes Triton ops: the integer bit moves,
 then x 2^8 in fp16 (exact: a power of two, and 448 x 2^-8 x 2^8 is in range), so the interpreter

@@ -13,6 +13,7 @@ import functools
 import math
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -37,6 +38,34 @@ from .decode_fp8 import CVT_MODES, _decode_stage1_fp8_cvt
 from .decode_fused import _decode_fused, merge_chunk
 from .launch import BoundKernel, hooks_installed
 from .residency import MAX_BLOCKS_PER_SM, Residency
+
+# cvt.rn.f16x2.e4m3x2 (the default fp8 stage 1's conversion) is PTX for sm_89 and later.
+CVT_MIN_CAPABILITY = (8, 9)
+
+
+def runnable_config(config: DecodeConfig, capability: tuple[int, int] | None) -> DecodeConfig:
+    """``config`` as a GPU of compute ``capability`` can run it: a hardware-conversion config
+    (``fp8_compute="cvt"``) becomes the same launch config on the integer-op conversion
+    (``"pairs_asm"``: the same layout, both conversions exact) below
+    :data:`CVT_MIN_CAPABILITY`. ``None`` (the CPU interpreter, which runs no PTX and takes
+    Triton ops for either): unchanged."""
+    below = capability is not None and tuple(capability) < CVT_MIN_CAPABILITY
+    if below and config.fp8_compute in CVT_MODES:
+        return replace(config, fp8_compute="pairs_asm")
+    return config
+
+
+@functools.lru_cache(maxsize=16)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def capability_of(device: torch.device) -> tuple[int, int] | None:
+    """The compute capability of a CUDA ``device``; None for any other (the CPU interpreter)."""
+    if device.type != "cuda":
+        return None
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+
 
 # Float scales become [Hkv] tensors once, not on every call: a torch.full per decode step is an
 # allocation plus a fill kernel, both inside a benchmark's timed region. Bounded; keyed by value.
@@ -114,7 +143,10 @@ def _stage2_meta(splits: int, head_dim: int) -> tuple[int, int]:
 
 _NO_SCALE = object()
 # Whether a plan launches one fused kernel (stage 1 and the merge) rather than two; a plan's
-# ``fused`` argument chooses per plan.
+# ``fused`` argument chooses per plan. Two: on the H200 the fused kernel passes the same gates
+# and costs less host time per run, but takes more GPU time at the long contexts that decide the
+# bandwidth figures, eager and graph-replayed alike (bench/NOTES-kernels.md), and GPU time is
+# what a graph-replayed server step pays.
 FUSED_DEFAULT = False
 
 
@@ -168,6 +200,9 @@ class DecodePlan:
     :meth:`run` writes into the plan's output buffer (``out`` at plan time, else one allocated
     here) and returns it: the next run overwrites it. fp8 KV takes ``k_scale``/``v_scale`` here
     (one float, or ``[Hkv]``) or per run (``[Hkv]`` fp32 tensors, e.g. per layer).
+
+    ``config`` (default :func:`default_config` of ``kv_dtype``) is kept as the GPU can run it
+    (:func:`runnable_config`): ``config`` on the plan says what runs.
     """
 
     def __init__(
@@ -206,7 +241,8 @@ class DecodePlan:
             raise ValueError("head_dim must be a power of two (64 and 128 are supported)")
         dev = seq_lens.device
         self.device = dev
-        self.config = config = config or default_config(kv_dtype)
+        cap = capability_of(dev)
+        self.config = config = runnable_config(config or default_config(kv_dtype), cap)
         self.batch, self.q_heads, self.kv_heads = batch, num_q_heads, num_kv_heads
         self.head_dim, self.page_size = head_dim, page_size
         self.kv_dtype, self.q_dtype = kv_dtype, q_dtype

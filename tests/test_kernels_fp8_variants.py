@@ -1,7 +1,7 @@
-"""The fp8 stage-1 candidates (kernels/decode_fp8.py) against the fp32 reference, and against
-the current fp8 kernel bit for bit.
+"""The default fp8 stage 1 (kernels/decode_fp8.py, the hardware conversion) and its launch configs
+against the fp32 reference, and against the integer-op fp8 kernel bit for bit.
 
-Each candidate passes the gates of the current fp8 path: NaN-filled unused slots, odd lengths,
+Each config passes the gates of the integer-op fp8 path: NaN-filled unused slots, odd lengths,
 GQA, pages 1 and 16, per-head and per-tensor fp8 scales, both launch paths. In the CPU
 interpreter inline PTX cannot run, so the candidate's conversion takes Triton ops there (the
 integer bit moves x 2^8); every test records which conversion ran (``conversion`` in the
@@ -12,6 +12,7 @@ junit properties, and the assertion on :func:`conversion_path`). On a GPU (``-m 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
 
@@ -22,7 +23,13 @@ triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
 from kdash.kernels import decode_plan  # noqa: E402
-from kdash.kernels.decode_attention import DecodeConfig, decode_attention  # noqa: E402
+from kdash.kernels.decode_attention import (  # noqa: E402
+    DEFAULT_FP8_CONFIG,
+    PAIRS_FP8_CONFIG,
+    DecodeConfig,
+    decode_attention,
+    default_config,
+)
 from kdash.kernels.decode_fp8 import (  # noqa: E402
     Fp8Config,
     _decode_stage1_fp8_cvt,
@@ -185,6 +192,49 @@ def test_plan_picks_the_variant_kernel(fused: bool) -> None:
     assert "maxnreg" not in cur._meta1
 
 
+def test_the_fp8_default_is_the_hardware_conversion_at_the_fp8_launch_config() -> None:
+    """What the H200 picked: the integer-op kernel's launch config, only the conversion changed;
+    bf16 keeps its own config."""
+    cfg = default_config(FP8)
+    assert cfg is DEFAULT_FP8_CONFIG and cfg.fp8_compute == "cvt"
+    assert PAIRS_FP8_CONFIG.fp8_compute == "pairs_asm"
+    assert replace(cfg, fp8_compute="pairs_asm") == PAIRS_FP8_CONFIG
+    assert (cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.programs_per_sm) == (128, 4, 2, 3)
+    assert default_config(torch.bfloat16).fp8_compute == "pairs_asm"  # not read for bf16
+    assert default_config(torch.bfloat16).block_n == 64
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["two-launch", "fused"])
+def test_a_plan_without_a_config_runs_the_hardware_conversion(fused: bool) -> None:
+    q, kc, vc, pt, sl, scales = make_case([9], 4, 2, 64, 16)
+    plan = decode_plan.DecodePlan(
+        pt, sl, 4, 2, 64, 16, max_seq_len=9, kv_dtype=FP8, fused=fused, **scales
+    )
+    assert plan.config is DEFAULT_FP8_CONFIG  # here (interpreter): no capability to check
+    if fused:
+        assert plan._meta1["CVT"] is True
+    else:
+        assert plan._kern1 is _decode_stage1_fp8_cvt
+    check(plan.run(q, kc, vc).clone(), q, kc, vc, pt, sl, scales)
+
+
+@pytest.mark.parametrize(
+    ("capability", "runs"),
+    [(None, "cvt"), ((8, 0), "pairs_asm"), ((8, 6), "pairs_asm"), ((8, 9), "cvt"), ((9, 0), "cvt")],
+)
+def test_a_gpu_without_the_conversion_instruction_runs_the_integer_op_kernel(capability, runs):
+    """cvt.rn.f16x2.e4m3x2 is sm_89+: below that the same launch config (the register cap
+    included) on the integer-op conversion; other modes are left alone."""
+    capped = Fp8Config(**{**vars(DEFAULT_FP8_CONFIG), "maxnreg": 128})
+    got = decode_plan.runnable_config(capped, capability)
+    assert got.fp8_compute == runs
+    assert isinstance(got, Fp8Config) and got.maxnreg == 128
+    assert replace(got, fp8_compute="cvt") == capped
+    for mode in ("pairs_asm", "pairs", "fp16", "bf16"):
+        cfg = DecodeConfig(fp8_compute=mode)
+        assert decode_plan.runnable_config(cfg, capability) is cfg
+
+
 # --------------------------------------------------------------------------- GPU gates
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(
@@ -225,6 +275,19 @@ def test_gpu_variant_gates_at_benchmark_shapes(q_heads, lens, page_size, cfg, pa
     check(out, q, kc, vc, pt, sl, scales)
 
 
+@gpu
+@needs_cuda
+def test_gpu_default_plan_runs_the_hardware_conversion_on_sm89_and_later() -> None:
+    q, kc, vc, pt, sl, scales = make_case([16384] * 2, 32, 8, 128, 16)
+    plan = decode_plan.DecodePlan(
+        pt, sl, 32, 8, 128, 16, max_seq_len=16384, total_tokens=32768, kv_dtype=FP8, **scales
+    )
+    sm89 = torch.cuda.get_device_capability() >= (8, 9)
+    assert plan.config.fp8_compute == ("cvt" if sm89 else "pairs_asm")
+    assert conversion_path(plan.config, False) == ("ptx-cvt" if sm89 else "other")
+    check(plan.run(q, kc, vc).clone(), q, kc, vc, pt, sl, scales)
+
+
 def _load_gpu_script():
     import importlib.util
     from pathlib import Path
@@ -259,19 +322,20 @@ def test_gpu_script_wiring_on_the_cpu(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(mod, "bench_ms", one_call_ms)
     monkeypatch.setattr(mod, "bench_graph_ms", one_call_ms)
     out = tmp_path / "v.json"
-    rc = mod.main(["--out", str(out), "--only", "current,cvt_fused", "--no-lognormal"])
+    rc = mod.main(["--out", str(out), "--only", "pairs_asm,cvt_fused", "--no-lognormal"])
     assert rc == 0
     import json
 
     res = json.loads(out.read_text())
     assert [s["long_context"] for s in res["shapes"]] == [True, False]
-    assert set(res["summary"]) == {"current", "cvt_fused"}
+    assert set(res["summary"]) == {"pairs_asm", "cvt_fused"}
     for name, sm in res["summary"].items():
         assert sm["gate"]["passed"], (name, sm["gate"])
         assert sm["shapes_timed"] == 2
         assert sm["fp8_speedup"] is not None and sm["fp8_speedup"] > 0
-    assert res["variants"]["cvt_fused"]["fused"] and not res["variants"]["current"]["fused"]
+    assert res["variants"]["cvt_fused"]["fused"] and not res["variants"]["pairs_asm"]["fused"]
     assert res["variants"]["cvt_fused"]["conversion"] == "ptx-cvt"  # what the GPU will run
+    assert res["variants"]["pairs_asm"]["fp8_compute"] == "pairs_asm"
     for s in res["shapes"]:
-        assert s["times"]["cvt_fused"]["fused"] and not s["times"]["current"]["fused"]
+        assert s["times"]["cvt_fused"]["fused"] and not s["times"]["pairs_asm"]["fused"]
         assert s["times"]["bf16_fused"]["fused"]
