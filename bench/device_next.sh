@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The device runs left for the next session, one device-tool call each, from the repository
 # root, carry `.whl` (rebuilt from HEAD first: see bench/device_setup.sh).
+#   bash bench/device_next.sh tiny         # tiny-kernel graph A/B, twice: the CUPTI-free graph
+#                                          # probe (replaywatch.py) after detach (~4 min)
 #   bash bench/device_next.sh pc           # PC ranges spaced to 5%: twin A/B, eager (~4 min)
 #   bash bench/device_next.sh probe        # graph_tiny: the graph probe's linger, repeated (~7 min)
 #   bash bench/device_next.sh kernels      # decode launch paths: gates + decode table (~3 min)
 #   bash bench/device_next.sh fp8          # fp8 decode variants against bf16 (~3 min)
 #   bash bench/device_next.sh prefill      # prefill variants against SDPA flash/cuDNN (~2 min)
-#   bash bench/device_next.sh tiny         # tiny-kernel graph A/B, twice (~4 min)
 #   bash bench/device_next.sh eager        # eager target, interleaved twins: null/default x3 (~6 min)
 #   bash bench/device_next.sh attribution  # PC samples vs GPU time on a steady decode step (~2 min)
 set -uo pipefail
@@ -38,10 +39,9 @@ PY
     ;;
 tiny)
     cd bench
-    for i in 1 2; do
-        timeout 270 python3 -u gpu_ab_cost.py --targets graph_tiny --name "agent-ab-h200-tiny-$i.json" \
-            2>&1 | grep -E "^graph_tiny|failed|Error" | cut -c1-700
-    done ;;
+    timeout 330 python3 -u gpu_ab_cost.py --targets graph_tiny --variants null,default,default#2 \
+        --name agent-ab-h200-tiny-watch.json 2>&1 | grep -E "^graph_tiny|failed|Error" | cut -c1-700
+    grep -o "kdash never started CUPTI in it" "$OUT/agent-ab-h200-tiny-watch.json" | sort | uniq -c ;;
 eager)
     cd bench && timeout 560 python3 -u gpu_ab_cost.py --targets eager --interleaved 3 \
         --variants null,default --name agent-ab-h200-eager-il3.json \

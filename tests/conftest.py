@@ -243,6 +243,26 @@ def fake_cupti(tmp_path: Path) -> dict[str, str]:
     }
 
 
+@pytest.fixture
+def fake_libcupti(tmp_path: Path, fake_cupti: dict[str, str]) -> dict[str, str]:
+    """The stand-in cupti plus a compiled stand-in libcupti.so.13 (test fixture) that calls
+    the agent's own ctypes buffer callbacks with CUPTI-layout buffers; skipped without gcc."""
+    import shutil
+    import subprocess
+
+    from fakes import FAKES
+
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler to build the stand-in libcupti")
+    lib = tmp_path / "libcupti.so.13"
+    subprocess.run(
+        [cc, "-shared", "-fPIC", "-O1", "-pthread", "-o", str(lib), str(FAKES / "libcupti.c")],
+        check=True,
+    )
+    return {**fake_cupti, "FAKE_CUPTI_LIB": str(lib)}
+
+
 # ---- test kinds: every test gets exactly one of the markers unit, integration, tui ----------
 # `pytest -m unit` is the fast in-process part; `-m integration` starts processes, servers or
 # sockets; `-m tui` drives the dashboard (Pilot) or compares snapshots. Chosen here rather than

@@ -31,14 +31,12 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from fakes import FAKES, fake_cupti_module
+from fakes import fake_cupti_module
 from kdash.collectors.agent import bootstrap, server
 from kdash.collectors.agent.client import AgentSource, find_agent_socket
 from kdash.collectors.base import Source
 
 from kdash.store import Store
-
-FAKE_LIBCUPTI_C = FAKES / "libcupti.c"
 
 # Every child here lives until the test says it is done with it (its stop file appears, or a
 # signal for the blocked ones), never for a fixed time: a loaded 2-core CI machine can take
@@ -980,23 +978,6 @@ def test_stale_sockets_are_swept_and_refused_ones_reported(tmp_path):
     finally:
         rc, _out, err = finish(p)
     assert rc == 0, err
-
-
-@pytest.fixture
-def fake_libcupti(tmp_path: Path, fake_cupti: dict[str, str]) -> dict[str, str]:
-    """The stand-in cupti plus a compiled stand-in libcupti.so.13 (test fixture) that calls
-    the agent's own ctypes buffer callbacks with CUPTI-layout buffers; skipped without gcc."""
-    import shutil
-
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler to build the stand-in libcupti")
-    lib = tmp_path / "libcupti.so.13"
-    subprocess.run(
-        [cc, "-shared", "-fPIC", "-O1", "-pthread", "-o", str(lib), str(FAKE_LIBCUPTI_C)],
-        check=True,
-    )
-    return {**fake_cupti, "FAKE_CUPTI_LIB": str(lib)}
 
 
 def test_raw_buffers_flow_without_per_record_objects(fake_libcupti):

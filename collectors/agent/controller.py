@@ -107,6 +107,7 @@ class CuptiActivity:
         # safe): the user may ask for kernels of graph replays anyway (START "graph_kernels")
         self.graph_kernels = False
         self.graphs_seen = False  # this process replays CUDA graphs (probe or a kernel record)
+        self.graph_probe = ""  # how the last probe asked first: "torch" (no CUPTI) or "cupti"
         self.graph_kernels_recorded = False  # kernel activity was on during graph replays
         self.hook: Any = None  # the detach.ExitHook of the last detach or probe
         self.cupti_detached = 0  # finalized after a detach or a probe
@@ -565,10 +566,18 @@ class CuptiActivity:
             self.detach_state = "attached (the pending finalize was cancelled by a new client)"
 
     def probe_graphs(self, seconds: float) -> bool:
-        """True when the target launches a CUDA graph within `seconds` (CUPTI is then
-        finalized at that launch's exit, so the probe leaves nothing behind)."""
-        from . import detach
+        """True when the target launches a CUDA graph within `seconds`. Asked first without
+        CUPTI (a torch CUDAGraph.replay, replaywatch.py), so a torch process that replays
+        graphs never has CUPTI initialized by kdash; then, for graphs torch does not launch,
+        through CUPTI (finalized at that launch's exit)."""
+        from . import detach, replaywatch
 
+        if replaywatch.torch_replays_within(seconds):
+            self.graph_probe = "torch"
+            self.graphs_seen = True
+            self.detach_state = "never attached (a torch CUDA-graph replay, seen without CUPTI)"
+            return True
+        self.graph_probe = "cupti"
         lib = self.libcupti()
         if lib is None or self.cupti is None:
             return False

@@ -60,11 +60,12 @@ def active_line(names: str, cycle: DutyCycle) -> str:
     return f"ok: CUPTI activity on, {sampling_text(cycle.describe())} ({names})"
 
 
-def graphs_line(pid: int) -> str:
+def graphs_line(pid: int, cupti_started: bool = True) -> str:
+    how = "CUPTI was detached" if cupti_started else "kdash never started CUPTI in it"
     return (
         f"kernel activity off: pid {pid} replays CUDA graphs, and once CUPTI has "
         "recorded their kernels it cannot be taken out of the process again on this "
-        "driver (it would stay 8-25% slower until it restarts); CUPTI was detached. "
+        f"driver (it would stay 8-25% slower until it restarts); {how}. "
         "`--graph-kernels` records them anyway"
     )
 
@@ -279,7 +280,7 @@ class Session:
             c.cancel_hook()
             c.graph_kernels = agent.graph_kernels
             if not c.graph_kernels and (c.graphs_seen or c.probe_graphs(GRAPH_PROBE_S)):
-                raise Unavailable(graphs_line(agent.pid))
+                raise Unavailable(graphs_line(agent.pid, getattr(c, "graph_probe", "") != "torch"))
             c.enable(self.acts, agent.outbox.sink)
         except Unavailable as e:
             self.status("unavailable", f"unavailable: {e}")
