@@ -214,3 +214,31 @@ def test_pc_ranges_are_spaced_to_their_budget():
     # nothing measured, or no budget: nothing to do
     assert pc_period_for_budget(0.0, 200, 2000, 0.05, 2000) is None
     assert pc_period_for_budget(344.0, 200, 2000, 0.0, 2000) is None
+
+
+class _GraphAgent:
+    """Stand-in for an AgentSource (only the fields cost_estimate reads)."""
+
+    def __init__(self, stats: dict, pc: bool = False) -> None:
+        self.stats = stats
+        self.pc_sampling, self.pc_on_ms, self.pc_period_ms = pc, 200, 2000
+
+
+def test_an_agent_that_records_nothing_in_a_graph_process_estimates_its_pc_share_only():
+    from kdash.collectors.agents import pc_sampling_cost
+
+    graph = {"agent_graphs_seen": True, "agent_graph_kernels_recorded": False,
+             "agent_enabled": []}  # fmt: skip
+    src = AgentTreeSource(_Tree(), inject_allowed=False)
+    src.agents = {1: _GraphAgent(graph)}
+    assert src.cost_estimate() == 0.0  # shown as "<1%", not left blank
+    pc = {**graph, "agent_pc_state": "ok", "agent_pc_held_ms_per_range": 100.0}
+    src.agents = {1: _GraphAgent(pc, pc=True)}
+    want = pc_sampling_cost({**pc, "pc_on": True, "pc_on_ms": 200, "pc_period_ms": 2000})
+    assert want > 0.04 and src.cost_estimate() == pytest.approx(want)
+    # kernels of graph replays recorded (`--graph-kernels`), or activity on: the record
+    # rates decide, and none are known yet
+    for stats in ({**graph, "agent_graph_kernels_recorded": True},
+                  {**graph, "agent_enabled": ["kernel"]}, {}):  # fmt: skip
+        src.agents = {1: _GraphAgent(stats)}
+        assert src.cost_estimate() is None
