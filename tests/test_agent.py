@@ -74,16 +74,17 @@ def start_target(
     extra_env: dict[str, str] | None = None,
     armed: bool = True,
     stop_file: Path | None = None,
+    script: str = TARGET,
 ) -> subprocess.Popen:
-    """A busy Python child, armed with the agent unless `armed` is False; it runs until
-    `finish` (or `kill_target`) ends it."""
+    """A busy Python child (`script`, given SAFETY_S and its stop file), armed with the agent
+    unless `armed` is False; it runs until `finish` (or `kill_target`) ends it."""
     base = dict(os.environ)
     base.pop(server.ENV_FAKE_CUDA, None)
     base.update(extra_env or {})
     env = bootstrap.run_env(base) if armed else bootstrap.disarmed_env(base)
     stop, folder = _stop_file(stop_file)
     p = subprocess.Popen(
-        [sys.executable, "-c", TARGET, str(SAFETY_S), str(stop)],
+        [sys.executable, "-c", script, str(SAFETY_S), str(stop)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

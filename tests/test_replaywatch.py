@@ -10,23 +10,13 @@ run; the test says so where it does it.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import textwrap
 import threading
 
 import pytest
-from kdash.collectors.agent import bootstrap, replaywatch
-from test_agent import (
-    PATIENCE_S,
-    SAFETY_S,
-    _stop_file,
-    finish,
-    log_lines,
-    wait_for,
-    wait_socket,
-)
+from kdash.collectors.agent import replaywatch
+from test_agent import PATIENCE_S, finish, log_lines, start_target, wait_for, wait_socket
 
 
 class Graph:
@@ -163,16 +153,7 @@ def test_an_attach_to_a_torch_graph_process_never_starts_cupti(fake_libcupti):
     pytest.importorskip("torch")
     from kdash.collectors.agent.client import AgentSource
 
-    env = bootstrap.run_env({**os.environ, **fake_libcupti})
-    stop, folder = _stop_file(None)
-    p = subprocess.Popen(
-        [sys.executable, "-c", TORCH_TARGET, str(SAFETY_S), str(stop)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    p.stop_file, p.stop_folder = stop, folder  # type: ignore[attr-defined]
+    p = start_target(fake_libcupti, script=TORCH_TARGET)
     try:
         wait_socket(p.pid)
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"  # torch is in
