@@ -3,6 +3,8 @@
 # root, carry `.whl` (rebuilt from HEAD first: see bench/device_setup.sh).
 #   bash bench/device_next.sh tiny         # tiny-kernel graph A/B, twice: the CUPTI-free graph
 #                                          # probe (replaywatch.py) after detach (~4 min)
+#   bash bench/device_next.sh deager       # the demo's decode step launched eagerly: twin A/B,
+#                                          # null/no_inject/default (~4 min)
 #   bash bench/device_next.sh pc           # PC ranges spaced to 5%: twin A/B, eager (~4 min)
 #   bash bench/device_next.sh probe        # graph_tiny: the graph probe's linger, repeated (~7 min)
 #   bash bench/device_next.sh kernels      # decode launch paths: gates + decode table (~3 min)
@@ -14,6 +16,10 @@ set -uo pipefail
 bash bench/device_setup.sh >/dev/null || exit 1
 export PYTHONPATH=/tmp/site PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
 case "${1:-}" in
+deager)
+    cd bench && timeout 330 python3 -u gpu_ab_cost.py --targets decode_eager \
+        --variants null,no_inject,default --name agent-ab-h200-decode-eager.json \
+        2>&1 | grep -E "^decode_eager|failed|Error" | cut -c1-700 ;;
 pc)
     cd bench && timeout 300 python3 -u gpu_ab_cost.py --targets eager --attach-s 20 \
         --variants pc_sampling,pc_sampling#2 --name agent-ab-h200-pc-spaced.json \
@@ -50,5 +56,5 @@ prefill)
     timeout 580 bash bench/device_prefill.sh 2>&1 | tail -40 | cut -c1-400 ;;
 fp8)
     timeout 580 bash bench/device_fp8.sh 2>&1 | tail -40 | cut -c1-400 ;;
-*) echo "usage: bash bench/device_next.sh pc|probe|kernels|fp8|prefill|tiny|eager|attribution"; exit 2 ;;
+*) echo "usage: bash bench/device_next.sh tiny|deager|pc|probe|kernels|fp8|prefill|eager|attribution"; exit 2 ;;
 esac
