@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# One device-tool call for the prefill variants on the H200 machine (kernels/prefill_hopper.py):
-#   1. bench/gpu_prefill_variants.py: every variant config through the prefill error gate, then
-#      the default kernel, each variant's configs and SDPA flash / cuDNN timed at the bench's
-#      S >= 4096 prefill shapes -> $OUT/prefill-variants-h200.json (saved after every shape);
-#   2. the prefill GPU gates (pytest -m gpu) over the default kernel and every variant.
+# One device-tool call for prefill on the H200 machine (the default path: kernels/prefill_hopper.py
+# at the H200's pick per class; the pointer kernel of kernels/prefill_attention.py as fallback):
+#   1. bench/gpu_prefill_variants.py: the default path, the pointer kernel and every variant
+#      config through the prefill error gate, then all of them and SDPA flash / cuDNN timed at
+#      the bench's S >= 4096 prefill shapes -> $OUT/prefill-variants-h200.json (saved after
+#      every shape);
+#   2. the prefill GPU gates (pytest -m gpu): the default path (and which path ran), the pointer
+#      kernel and every variant.
 # Worst case (both timeouts hit, a reinstall) ~4.8 min; typical ~3.5. Log: $OUT/prefill.log.
 # The variants script starts no new shape after 190 s; shapes run S=4096 first.
 # Before the call, rebuild the kdash wheel from the tree and carry `.whl`:

@@ -1,13 +1,16 @@
-"""The Hopper prefill variants (kernels/prefill_hopper.py) against the default kernel and SDPA.
+"""The prefill default and the Hopper variants (kernels/prefill_hopper.py) against SDPA.
 
 For the bench's prefill shapes with S >= 4096 (those that decide ``prefill_vs_sdpa_cudnn``:
 hidden 2048 at D=64 and 128, causal and not, S 4k/8k/16k, and GQA 32/8/128 at 8k; 16k tokens a
 launch, no prefix), times by ``do_bench`` (median, L2 flushed, as kernels/bench.py) the default
-kernel at its H200 config, each variant at a few configs, and SDPA's FLASH_ATTENTION and
-CUDNN_ATTENTION backends. Correctness first: every variant config passes the prefill error gate
+path (``extend_attention`` without a config: prefill_hopper's kernel at the H200's pick per
+class), the pointer kernel it replaced (kernels/prefill_attention.py at its H200 configs, the
+fallback), each variant at a few configs, and SDPA's FLASH_ATTENTION and CUDNN_ATTENTION
+backends. Correctness first: the default, the pointer kernel and every variant config pass the
+prefill error gate
 (fp32 reference, bf16 SDPA baseline: tests/test_kernels_prefill.py's) on a ragged batch of its
 class at S=4096 before it is timed; one that fails or does not compile is recorded and skipped.
-Every timed output is also compared with the default kernel's (``max_abs_diff_vs_default``).
+Every timed output is also compared with the default path's (``max_abs_diff_vs_default``).
 
 Per variant and class (head dim x causality) the config with the best geometric-mean time over
 the class's shapes is chosen (no per-shape oracle); the summary gives each variant's
@@ -35,14 +38,14 @@ from typing import Any
 import torch
 import triton
 from kdash.kernels import bench
-from kdash.kernels.prefill_attention import default_config
+from kdash.kernels.bench import prefill_config_json
+from kdash.kernels.prefill_attention import PrefillConfig, chosen_config, default_config
 from kdash.kernels.prefill_hopper import (
     VARIANTS,
     HopperConfig,
     extend_attention_hopper,
     plan_path,
     variant_config,
-    warp_specialized,
 )
 from kdash.kernels.reference import baseline_for, error_gate, extend_reference
 
@@ -64,14 +67,9 @@ def candidates(name: str, d: int, causal: bool) -> list[HopperConfig]:
     base = variant_config(name, d, causal)
     alts: list[HopperConfig] = []
     if name == "tma":
-        alts = [HopperConfig(128, 64, 8, 3), HopperConfig(128, 128, 8, 2)]
-    elif name == "tma_ws":
-        ws = {"descriptors": "device", "warp_specialize": True}
-        alts = [
-            HopperConfig(128, 128, 4, 2, **ws),
-            HopperConfig(128, 64, 4, 2, **ws),
-            HopperConfig(128, 64, 4, 3, **ws),
-        ]
+        alts = [HopperConfig(128, 64, 8, 4), HopperConfig(128, 128, 8, 2)]
+    else:
+        alts = [HopperConfig(128, 64, 8, 3, descriptors="none")]
     out = [base]
     for c in alts:
         if c not in out:
@@ -80,8 +78,7 @@ def candidates(name: str, d: int, causal: bool) -> list[HopperConfig]:
 
 
 def cfg_id(cfg: HopperConfig) -> str:
-    ws = "+ws" if cfg.warp_specialize else ""
-    return f"{cfg.block_m}x{cfg.block_n}/{cfg.num_warps}w/{cfg.num_stages}s/{cfg.descriptors}{ws}"
+    return f"{cfg.block_m}x{cfg.block_n}/{cfg.num_warps}w/{cfg.num_stages}s/{cfg.descriptors}"
 
 
 def class_key(d: int, causal: bool) -> str:
@@ -128,16 +125,14 @@ class GateCase:
         self.ref = extend_reference(*args, causal=causal)
         self.base = extend_reference(*args, causal=causal, fn=baseline_for(self.q.device))
 
-    def check(self, cfg: HopperConfig | None) -> tuple[bool, str]:
-        """A variant config, or the default kernel when ``cfg`` is None."""
+    def check(self, cfg: HopperConfig | PrefillConfig | None) -> tuple[bool, str]:
+        """A variant config, the pointer kernel at a :class:`PrefillConfig`, or the default path
+        when ``cfg`` is None."""
         from kdash.kernels.prefill_attention import extend_attention
 
         c = (self.q, self.k, self.v, None, None, None, None, self.cu, self.max_len)
         out = torch.full_like(self.q, float("nan"))
-        if cfg is None:
-            extend_attention(*c, causal=self.causal, out=out)
-        else:
-            extend_attention_hopper(*c, causal=self.causal, config=cfg, out=out)
+        extend_attention(*c, causal=self.causal, config=cfg, out=out)
         return error_gate(out, self.ref, self.base, max_factor=2.0)
 
 
@@ -164,6 +159,7 @@ def summarize(rows: list[dict], chosen: dict[str, dict[str, str]]) -> dict[str, 
         return {"prefill_vs_sdpa_cudnn": lowest(cud), "prefill_vs_sdpa_flash": lowest(fla)}
 
     out["default"] = ratios(lambda r: r.get("default_ms"))
+    out["pointer"] = ratios(lambda r: r.get("pointer_ms"))
     for name in VARIANTS:
 
         def ms(r, name=name):
@@ -228,7 +224,7 @@ def run_gate_jobs(jobs: list[dict], smoke: bool, progress: Path) -> None:
                 cases.clear()  # one class's tensors and references at a time
                 heads = 2 if smoke else job["hq"]
                 cases[key] = GateCase(job["d"], heads, heads, job["causal"])
-            cfg = HopperConfig(**job["config"]) if job["config"] else None
+            cfg = job_config(job)
             try:
                 ok, msg = cases[key].check(cfg)
                 if DEV == "cuda":
@@ -237,6 +233,13 @@ def run_gate_jobs(jobs: list[dict], smoke: bool, progress: Path) -> None:
                 ok, msg = False, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
             f.write(json.dumps({"i": i, "done": True, "pass": ok, "msg": msg}) + "\n")
             f.flush()
+
+
+def job_config(job: dict) -> HopperConfig | PrefillConfig | None:
+    """A gate job's config: None for the default path, the pointer kernel's, or a variant's."""
+    if not job["config"]:
+        return None
+    return (PrefillConfig if job["variant"] == "pointer" else HopperConfig)(**job["config"])
 
 
 def gates_in_child(jobs: list[dict], smoke: bool, stall_s: float):
@@ -340,11 +343,15 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(result, indent=1))
 
     # 1) Gates: each variant config once per class, before any timing, in a child process: a
-    # kernel that hangs (a mis-scheduled warp split) is killed there and skipped, not the run.
+    # kernel that hangs is killed there and skipped, not the run.
     jobs = []
     for d, hq in ((64, 32), (128, 16)):
         for causal in (True, False):
             jobs.append({"d": d, "hq": hq, "causal": causal, "variant": "default", "config": None})
+            pointer = asdict(default_config(d, causal, torch.device(DEV)))
+            jobs.append(
+                {"d": d, "hq": hq, "causal": causal, "variant": "pointer", "config": pointer}
+            )
             for name in VARIANTS:
                 for cfg in candidates(name, d, causal):
                     job = {"d": d, "hq": hq, "causal": causal, "variant": name}
@@ -352,11 +359,13 @@ def main(argv: list[str] | None = None) -> int:
     passed: dict[str, dict[str, list[HopperConfig]]] = {}
     for job, res in gates_in_child(jobs, args.smoke, args.stall_s):
         cls = class_key(job["d"], job["causal"])
-        cfg = HopperConfig(**job["config"]) if job["config"] else None
-        key = f"{job['variant']} {cls}" + (f" {cfg_id(cfg)}" if cfg else "")
+        cfg = job_config(job)
+        key = f"{job['variant']} {cls}" + (
+            f" {cfg_id(cfg)}" if isinstance(cfg, HopperConfig) else ""
+        )
         result["gates"][key] = {**res, "config": job["config"]}
         print(f"gate {key}: {'pass' if res['pass'] else 'FAIL'} {res['msg']}", flush=True)
-        if res["pass"] and cfg is not None:
+        if res["pass"] and isinstance(cfg, HopperConfig):
             passed.setdefault(job["variant"], {}).setdefault(cls, []).append(cfg)
     save()
     print(f"gates done at {time.time() - t0:.0f}s", flush=True)
@@ -378,8 +387,11 @@ def main(argv: list[str] | None = None) -> int:
             "class": cls,
             "variants": {},
         }
-        dcfg = default_config(d, causal, torch.device(DEV))
-        row["default_config"] = asdict(dcfg)
+        pcfg = default_config(d, causal, torch.device(DEV))
+        row["pointer_config"] = asdict(pcfg)
+        row["pointer_ms"] = time_ms(case.ours(pcfg), args.rep)
+        dcfg = chosen_config(d, causal, torch.device(DEV))
+        row["default_config"] = prefill_config_json(dcfg)
         row["default_ms"] = time_ms(case.ours(dcfg), args.rep)
         ref_out = case.out.clone()
         for key, backend in (
@@ -395,7 +407,6 @@ def main(argv: list[str] | None = None) -> int:
                 entry: dict[str, Any] = {"config": asdict(cfg)}
                 path = plan_path(case.q, case.k, case.v, cfg)
                 entry["path"] = path
-                entry["warp_specialized"] = warp_specialized(cfg, path, False)
                 try:
                     case.out.fill_(float("nan"))
                     entry["ms"] = time_ms(run_fn(case, cfg), args.rep)
@@ -405,7 +416,10 @@ def main(argv: list[str] | None = None) -> int:
                     entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 row["variants"].setdefault(name, {})[cfg_id(cfg)] = entry
         flops = case.flops()
-        row["TFLOPs"] = {"default": flops / (row["default_ms"] * 1e-3) / 1e12}
+        row["TFLOPs"] = {
+            "default": flops / (row["default_ms"] * 1e-3) / 1e12,
+            "pointer": flops / (row["pointer_ms"] * 1e-3) / 1e12,
+        }
         for key in ("sdpa_flash", "sdpa_cudnn"):
             if f"{key}_ms" in row:
                 row["TFLOPs"][key] = flops / (row[f"{key}_ms"] * 1e-3) / 1e12

@@ -3,9 +3,10 @@
 ``triton.compile`` runs the whole pipeline on the CPU; the PTX is then handed to Triton's bundled
 ``ptxas -v`` for sm_90a, whose report gives registers and spill bytes (the cubin alone has no spill
 figure), and the PTX is searched for what each variant is meant to change: TMA tile copies
-(``cp.async.bulk.tensor``), ``cp.async``, ``wgmma``, mbarrier waits, and warp-specialised
-partitions (``setmaxnreg``, which Triton emits per partition). Compiled: the default kernel at
-its H200 configs and every variant of kernels/prefill_hopper.py at its own, for the bench's
+(``cp.async.bulk.tensor``), ``cp.async``, ``wgmma``, mbarrier waits, and ``setmaxnreg`` (which
+Triton emits per warp-specialised partition; none is expected). Compiled: the pointer kernel
+(kernels/prefill_attention.py, the fallback) at its H200 configs and every variant of
+kernels/prefill_hopper.py at its own, for the bench's
 prefill shapes (no prefix), plus ``--with-prefix`` for the extend path.
 
 The H200 runs Triton 3.6; put that one first on the path:
@@ -91,7 +92,7 @@ def compile_default(d: int, causal: bool, prefix: bool):
 
 
 def compile_variant(name: str, d: int, causal: bool, prefix: bool):
-    cfg = ph.variant_config(name, d, causal, has_prefix=prefix)
+    cfg = ph.variant_config(name, d, causal)
     sig = {"Q": "*bf16", "KN": "*bf16", "VN": "*bf16"}
     if cfg.descriptors == "host":
         sig["QD"] = f"tensordesc<bf16[{cfg.block_m}, {d}]>"
@@ -103,9 +104,7 @@ def compile_variant(name: str, d: int, causal: bool, prefix: bool):
     sig.update({s: "i32" for s in STRIDES})
     const = dict(GROUP=1, HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
     const.update(PAGE=16 if prefix else 1, CAUSAL=causal, UPCAST=False)
-    const["DESC"] = {"none": 0, "host": 1, "device": 2}[cfg.descriptors]
-    # As the wrapper does: the warp-specialised loop only without a cached prefix.
-    const.update(WARP_SPEC=ph.warp_specialized(cfg, "device", prefix), HAS_PREFIX=prefix)
+    const.update(DESC=cfg.descriptors == "host", HAS_PREFIX=prefix)
     return _compile(ph._hopper_kernel, sig, const, cfg.num_warps, cfg.num_stages), asdict(cfg)
 
 
@@ -137,11 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     prefixes = (False, True) if args.with_prefix else (False,)
     for prefix in prefixes:
         for d, causal in CASES:
-            for name in ("default", *ph.VARIANTS):
+            for name in ("pointer", *ph.VARIANTS):
                 mode = ("causal" if causal else "full  ") + (" prefix" if prefix else "")
                 tag = f"{name:>8} d{d} {mode}"
                 try:
-                    if name == "default":
+                    if name == "pointer":
                         r, cfg = compile_default(d, causal, prefix)
                     else:
                         r, cfg = compile_variant(name, d, causal, prefix)

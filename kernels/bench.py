@@ -57,7 +57,8 @@ from .bench_timing import (
 from .decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
 from .decode_plan import FUSED_DEFAULT, DecodePlan, decode_attention
 from .kv_cache import fp8_scales, quantize_fp8
-from .prefill_attention import PrefillConfig, default_config, extend_attention
+from .prefill_attention import PrefillConfig, chosen_config, extend_attention
+from .prefill_hopper import HopperConfig
 
 GiB = 1024**3
 DEVICE = "cuda"  # the cases' device; a CPU smoke test of the wiring sets "cpu"
@@ -97,22 +98,30 @@ DECODE_SWEEP = {
         replace(DEFAULT_FP8_CONFIG, fp8_compute="pairs"),
     ],
 }
-PREFILL_SWEEP = {
+# Prefill: the Hopper kernel's configs (kernels/prefill_hopper.py; the defaults are the H200's
+# fastest per class: 128 x 64, 8 warps, 3 stages, host descriptors, or pointer loads at D=64
+# causal) and the pointer kernel's best earlier picks, for comparison.
+PREFILL_SWEEP: dict[int, list[PrefillConfig | HopperConfig]] = {
     64: [
-        PrefillConfig(128, 64, 4, 3),
-        PrefillConfig(128, 128, 8, 3),
+        HopperConfig(128, 64, 8, 3, descriptors="none"),
+        HopperConfig(128, 64, 8, 3),
+        HopperConfig(128, 128, 8, 3),
         PrefillConfig(128, 64, 8, 3),
         PrefillConfig(64, 64, 4, 4),
-        PrefillConfig(128, 128, 4, 3),
     ],
     128: [
+        HopperConfig(128, 64, 8, 3),
+        HopperConfig(128, 64, 8, 3, descriptors="none"),
+        HopperConfig(128, 128, 8, 2),
         PrefillConfig(128, 64, 8, 3),
         PrefillConfig(128, 128, 8, 3),
-        PrefillConfig(128, 64, 4, 3),
-        PrefillConfig(128, 128, 8, 2),
-        PrefillConfig(64, 64, 4, 3),
     ],
 }
+
+
+def prefill_config_json(cfg: PrefillConfig | HopperConfig) -> dict[str, Any]:
+    """A prefill config as JSON, with the kernel it runs (``hopper`` or ``pointer``)."""
+    return {**asdict(cfg), "kernel": "hopper" if isinstance(cfg, HopperConfig) else "pointer"}
 
 
 # ----------------------------------------------------------------------------------- ceilings
@@ -469,7 +478,7 @@ class PrefillCase:
         f = 4.0 * self.batch * self.seq * self.seq * self.hq * self.d
         return f / 2 if self.causal else f
 
-    def ours(self, cfg: PrefillConfig):
+    def ours(self, cfg: PrefillConfig | HopperConfig):
         def run():
             extend_attention(
                 self.q,
@@ -518,12 +527,14 @@ class PrefillCase:
         return run
 
 
-def sweep_prefill() -> dict[str, Any]:
+def sweep_prefill() -> tuple[dict[str, Any], dict[str, PrefillConfig | HopperConfig]]:
+    """Each class's configs timed at S=4096: the figures, and the fastest config per class."""
     out: dict[str, Any] = {}
+    picked: dict[str, PrefillConfig | HopperConfig] = {}
     for d, hq in ((64, 32), (128, 16)):
         for causal in (True, False):
             case = PrefillCase(4096, hq, hq, d, causal)
-            rows = []
+            timed: list[tuple[PrefillConfig | HopperConfig, dict[str, Any]]] = []
             for cfg in PREFILL_SWEEP[d]:
                 try:
                     ms = bench_ms(case.ours(cfg), rep=50)
@@ -531,16 +542,20 @@ def sweep_prefill() -> dict[str, Any]:
                     log(f"  prefill config {cfg} failed: {type(e).__name__}: {e}")
                     continue
                 tf = case.flops() / (ms * 1e-3) / 1e12
-                rows.append({"config": asdict(cfg), "us": ms * 1e3, "TFLOPs": tf})
+                timed.append(
+                    (cfg, {"config": prefill_config_json(cfg), "us": ms * 1e3, "TFLOPs": tf})
+                )
                 log(f"  prefill d={d} causal={causal} {cfg}: {tf:.0f} TFLOP/s")
-            best = max(rows, key=lambda r: r["TFLOPs"])
-            out[f"d{d}-{'causal' if causal else 'full'}"] = {"rows": rows, "best": best["config"]}
+            best_cfg, best = max(timed, key=lambda t: t[1]["TFLOPs"])
+            key = f"d{d}-{'causal' if causal else 'full'}"
+            picked[key] = best_cfg
+            out[key] = {"rows": [r for _, r in timed], "best": best["config"]}
             del case
     torch.cuda.empty_cache()
-    return out
+    return out, picked
 
 
-def prefill_table(best: dict[str, PrefillConfig]) -> list[dict[str, Any]]:
+def prefill_table(best: dict[str, PrefillConfig | HopperConfig]) -> list[dict[str, Any]]:
     """The issue's prefill shapes: hidden 2048 at D=64 and 128, causal and not, S 512..16k, GQA."""
     shapes = []
     for d, hq in ((64, 32), (128, 16)):
@@ -562,7 +577,9 @@ def prefill_table(best: dict[str, PrefillConfig]) -> list[dict[str, Any]]:
     return rows
 
 
-def prefill_row(name, hq, hkv, d, causal, s, best: dict[str, PrefillConfig]) -> dict[str, Any]:
+def prefill_row(
+    name, hq, hkv, d, causal, s, best: dict[str, PrefillConfig | HopperConfig]
+) -> dict[str, Any]:
     """Time one prefill shape against SDPA's FLASH_ATTENTION and CUDNN_ATTENTION backends."""
     from torch.nn.attention import SDPBackend
 
@@ -575,6 +592,7 @@ def prefill_row(name, hq, hkv, d, causal, s, best: dict[str, PrefillConfig]) -> 
         "causal": causal,
         "seq": s,
         "batch": case.batch,
+        "kernel": prefill_config_json(cfg)["kernel"],
         "us": ms * 1e3,
         "TFLOPs": case.flops() / (ms * 1e-3) / 1e12,
     }
@@ -657,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
 
     best_dec = {"bf16": DecodeConfig(), "fp8": DEFAULT_FP8_CONFIG}
     best_pre = {
-        f"d{d}-{'causal' if c else 'full'}": default_config(d, c, torch.device("cuda"))
+        f"d{d}-{'causal' if c else 'full'}": chosen_config(d, c, torch.device("cuda"))
         for d in (64, 128)
         for c in (True, False)
     }
@@ -669,13 +687,12 @@ def main(argv: list[str] | None = None) -> int:
         result["sweep"]["decode"] = sd
     if args.sweep in ("all", "prefill") and args.only == "all":
         log("sweep: prefill configs")
-        sp = sweep_prefill()
-        best_pre = {k: PrefillConfig(**v["best"]) for k, v in sp.items()}
+        sp, best_pre = sweep_prefill()
         result["sweep"]["prefill"] = sp
     log(f"configs at {time.time() - t0:.0f}s: decode {best_dec}, prefill {best_pre}")
     result["configs_used"] = {
         "decode": {k: asdict(v) for k, v in best_dec.items()},
-        "prefill": {k: asdict(v) for k, v in best_pre.items()},
+        "prefill": {k: prefill_config_json(v) for k, v in best_pre.items()},
     }
     out = Path(args.out)
 

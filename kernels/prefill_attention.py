@@ -198,6 +198,22 @@ def _extend_kernel(
     )
 
 
+# The default path on Hopper is prefill_hopper's kernel; imported here, below the lines above,
+# which stay as they are since recorded GPU profiles point at this module's kernel by line.
+from .prefill_hopper import HopperConfig, default_hopper_config, extend_attention_hopper  # noqa: E402
+
+
+def chosen_config(
+    head_dim: int, causal: bool, device: torch.device
+) -> PrefillConfig | HopperConfig:
+    """The config :func:`extend_attention` runs when given none: prefill_hopper's for the head
+    dim and causality where it runs (:func:`~kdash.kernels.prefill_hopper.default_hopper_config`:
+    the H200's fastest per class), else this module's kernel at :func:`default_config`."""
+    return default_hopper_config(head_dim, causal, device) or default_config(
+        head_dim, causal, device
+    )
+
+
 def extend_attention(
     q: torch.Tensor,
     k_new: torch.Tensor,
@@ -211,7 +227,7 @@ def extend_attention(
     *,
     causal: bool = True,
     sm_scale: float | None = None,
-    config: PrefillConfig | None = None,
+    config: PrefillConfig | HopperConfig | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention for packed new tokens ``q [T, Hq, D]`` over cached prefixes plus themselves.
@@ -219,6 +235,9 @@ def extend_attention(
     ``cu_seqlens`` (int32 ``[B+1]``) delimits each request's new tokens in ``q``/``k_new``/
     ``v_new`` (``[T, Hkv, D]``); ``max_new_len`` (a host int, so no sync) sizes the grid. Pass
     ``k_cache=v_cache=page_table=prefix_lens=None`` for a plain varlen prefill. bf16 only.
+    ``config``: a :class:`PrefillConfig` runs this module's kernel, a
+    :class:`~kdash.kernels.prefill_hopper.HopperConfig` prefill_hopper's; None takes
+    :func:`chosen_config`'s.
     """
     total, q_heads, head_dim = q.shape
     kv_heads = k_new.shape[1]
@@ -233,6 +252,13 @@ def extend_attention(
             raise ValueError("the head dimension must be contiguous")
     batch = cu_seqlens.numel() - 1
     dev = q.device
+    cfg = config or chosen_config(head_dim, causal, dev)
+    if isinstance(cfg, HopperConfig):
+        cache = (k_cache, v_cache, page_table, prefix_lens)
+        return extend_attention_hopper(
+            q, k_new, v_new, *cache, cu_seqlens, max_new_len,
+            causal=causal, sm_scale=sm_scale, config=cfg, out=out,
+        )  # fmt: skip
     if k_cache is None:
         page_size = 1
         k_cache = v_cache = torch.empty((1, 1, kv_heads, head_dim), device=dev, dtype=q.dtype)
@@ -242,7 +268,6 @@ def extend_attention(
         page_size = k_cache.shape[1]
         if k_cache.dtype != torch.bfloat16:
             raise ValueError("extend_attention reads a bf16 cache")
-    cfg = config or default_config(head_dim, causal, dev)
     sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
     if out is None:
         out = torch.empty_like(q)

@@ -1,53 +1,57 @@
-"""Prefill/extend attention variants aimed at Hopper (sm_90), selectable beside the default kernel.
+"""Prefill/extend attention built for Hopper (sm_90): the default prefill path where it runs.
 
 Same call and semantics as :func:`kdash.kernels.prefill_attention.extend_attention` (packed
-varlen new tokens over a paged cached prefix, causal or not, GQA); only how the new-token loop
-is built differs. :func:`kdash.kernels.prefill_attention.extend_attention` stays the default;
-these exist so one GPU session can time them against it and against cuDNN
-(``bench/gpu_prefill_variants.py``). The knobs, each of which a variant turns on:
+varlen new tokens over a paged cached prefix, causal or not, GQA), which calls this module's
+kernel by default (:func:`default_hopper_config`) and keeps its own pointer-load kernel for the
+rest: head dims other than 64 and 128, GPUs before Hopper, a Triton without host-side tensor
+descriptors. What differs from that kernel is how the new-token loop is built:
 
-- ``ffma``: the softmax in the form the hardware likes: the row max is taken on the raw scores
-  and scaled once per row, so each score costs one FFMA (``s * scale - m``) before ``exp2``
-  instead of an FMUL kept alive for the max plus an FADD; the P@V product accumulates in the
-  dot itself (``tl.dot(p, v, acc)``: wgmma's accumulator input, no separate add), and ``l`` is
-  updated after the dot so the row sums are not live across it.
-- ``descriptors="host"`` (variant ``tma``): Q, K and V of the new tokens are read through
-  host-side tensor descriptors (TMA on Hopper): one thread issues a whole tile copy into shared
-  memory, so the 256 threads no longer compute addresses and issue ``cp.async`` per tile. The
-  packed ``[T, H, D]`` tensors are viewed as ``[T, H * D]``; a tile at row ``t`` and column
-  ``h * D`` is one head's ``BLOCK x D`` block. Rows past a request's end belong to the next
-  request (or are zero past the tensor's end): their scores are masked in the tail tile and
-  their V rows zeroed there, so they add nothing even if they held Inf/NaN. The output is
-  stored with a row mask (a descriptor store would write the next request's rows).
-- ``descriptors="device"``: one descriptor per (request, head) made in the kernel
-  (``tl.make_tensor_descriptor``, Triton's scratch allocator holds the tensor maps), whose
-  bounds are the request's: rows past its end read as zeros.
-- ``warp_specialize`` (variant ``tma_ws``, device descriptors, 4 warps): the new-token loop is
-  one ``tl.range(..., warp_specialize=True)``, which Triton 3.6's Hopper pass splits into a
-  producer warp group (TMA copies, mbarriers) and two consumer warp groups (wgmma + softmax),
-  12 warps in all. That pass takes one loop, no early return and no branch in the loop, so this
-  path masks every tile and has no cached prefix (with one, ``tma_ws`` runs as ``tma``).
-- tiles and ``num_stages`` per head dim (software-pipelining depth of the K/V ring).
+- the softmax in the form the hardware likes (always on here): the row max is taken on the raw
+  scores and scaled once per row, so each score costs one FFMA (``s * scale - m``) before
+  ``exp2`` instead of an FMUL kept alive for the max plus an FADD; the P@V product accumulates
+  in the dot itself (``tl.dot(p, v, acc)``: wgmma's accumulator input, no separate add), and
+  ``l`` is updated after the dot so the row sums are not live across it.
+- ``descriptors="host"``: Q, K and V of the new tokens are read through host-side tensor
+  descriptors (TMA on Hopper): one thread issues a whole tile copy into shared memory, so the
+  256 threads no longer compute addresses and issue ``cp.async`` per tile. The packed
+  ``[T, H, D]`` tensors are viewed as ``[T, H * D]``; a tile at row ``t`` and column ``h * D``
+  is one head's ``BLOCK x D`` block. Rows past a request's end belong to the next request (or
+  are zero past the tensor's end): their scores are masked in the tail tile and their V rows
+  zeroed there, so they add nothing even if they held Inf/NaN. The output is stored with a row
+  mask (a descriptor store would write the next request's rows). ``"none"``: pointer loads.
 
-The cached-prefix loop is the default kernel's (a page-table gather; TMA cannot gather rows).
-A layout the descriptors cannot take (a row stride or base not 16-byte aligned; for host
-descriptors also a head stride other than D) runs the same kernel with pointer loads:
-:func:`plan_path` says which path a call takes and :func:`warp_specialized` whether the split
-loop runs; the tests assert both.
+The variants the GPU script times (``bench/gpu_prefill_variants.py``): ``ffma`` (pointer loads)
+and ``tma`` (host descriptors), each at a few tiles and pipeline depths. On the H200 ``tma`` at
+128 x 64 tiles, 8 warps, 3 stages was the fastest in three classes (D=64 full, D=128 causal and
+full) and ``ffma`` at the same tiles in the fourth (D=64 causal): those are the defaults
+(:data:`HOPPER_DEFAULTS`; bench/NOTES-kernels.md has the figures).
+
+The cached-prefix loop is the pointer kernel's (a page-table gather; TMA cannot gather rows). A
+layout the descriptors cannot take (a row stride or base not 16-byte aligned, a head stride
+other than D) runs the same kernel with pointer loads: :func:`plan_path` says which path a call
+takes; the tests assert it.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._common import cdiv, interpreting, mma, to_bf16
-from .prefill_attention import LOG2E
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # a Triton without host-side tensor descriptors: the pointer kernel runs
+    TensorDescriptor = None
+
+LOG2E = math.log2(math.e)
+# TMA (the tensor memory accelerator the host descriptors drive) came with Hopper.
+TMA_MIN_CAPABILITY = (9, 0)
 
 
 @dataclass(frozen=True)
@@ -58,23 +62,26 @@ class HopperConfig:
     block_n: int = 128
     num_warps: int = 8
     num_stages: int = 2
-    descriptors: str = "host"  # "none" (pointer loads), "host" or "device" (see the module)
-    warp_specialize: bool = False
+    descriptors: str = "host"  # "none" (pointer loads) or "host" (see the module)
 
 
-def variant_config(
-    name: str, head_dim: int, causal: bool, *, has_prefix: bool = False
-) -> HopperConfig:
+# The default per (head dim, causal): each class's fastest config on the H200 (Triton 3.6,
+# S 4k-16k; bench/NOTES-kernels.md). Q 32 KiB + 3 stages of K and V (16 KiB each at D=128):
+# 128 KiB of the 227 KiB of shared memory.
+HOPPER_DEFAULTS = {
+    (64, True): HopperConfig(128, 64, 8, 3, descriptors="none"),
+    (64, False): HopperConfig(128, 64, 8, 3),
+    (128, True): HopperConfig(128, 64, 8, 3),
+    (128, False): HopperConfig(128, 64, 8, 3),
+}
+VARIANTS = ("ffma", "tma")
+
+
+def variant_config(name: str, head_dim: int, causal: bool) -> HopperConfig:
     """The config a variant runs at by default for a head dim and causality.
 
-    With a cached prefix ``tma_ws`` runs as ``tma``: the prefix's gather loop ahead of the split
-    loop keeps Triton 3.6 from warp-specialising (see :func:`warp_specialized`), and its 4-warp
-    tiles would spill without the split.
-
-    ``ffma`` keeps the default kernel's tiles (so the softmax rewrite is measured alone); ``tma``
-    and ``tma_ws`` take 128 x 128 tiles where shared memory allows (Q 32 KiB + 2 stages of K and
-    V, 64 KiB each at D=128: 160 KiB of the 227 KiB) and 128 x 64 with 3 stages for causal D=128,
-    the default kernel's choice there.
+    ``ffma`` keeps the pointer kernel's tiles (so the softmax rewrite is measured alone); ``tma``
+    takes the tiles it was fastest at on the H200 in every class (128 x 64, 8 warps, 3 stages).
     """
     if name not in VARIANTS:
         raise ValueError(f"unknown prefill variant {name!r}; known: {', '.join(VARIANTS)}")
@@ -84,18 +91,36 @@ def variant_config(
         if head_dim > 64 and not causal:
             return HopperConfig(128, 128, 8, 3, descriptors="none")
         return HopperConfig(128, 64, 8, 3, descriptors="none")
-    if name == "tma_ws" and not has_prefix:
-        # Triton 3.6's Hopper warp specialisation runs only at 4 warps (one consumer warp
-        # group; the pass adds the producer) and on in-kernel descriptors.
-        return HopperConfig(128, 64 if causal or head_dim > 64 else 128, 4, 2, "device", True)
-    if head_dim <= 64:
-        return HopperConfig(128, 128, 8, 3)
-    if causal:
-        return HopperConfig(128, 64, 8, 3)
-    return HopperConfig(128, 128, 8, 2)
+    return HopperConfig(128, 64, 8, 3)
 
 
-VARIANTS = ("ffma", "tma", "tma_ws")
+@functools.lru_cache(maxsize=16)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def descriptors_available(device: torch.device) -> bool:
+    """Whether host tensor descriptors run here: a Triton that has them, and a GPU with TMA (or
+    the CPU interpreter, which runs a descriptor's loads as tile loads)."""
+    if TensorDescriptor is None:
+        return False
+    if device.type != "cuda":
+        return True
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _capability(index) >= TMA_MIN_CAPABILITY
+
+
+def default_hopper_config(head_dim: int, causal: bool, device: torch.device) -> HopperConfig | None:
+    """This module's default config for a head dim and causality on ``device``, or None where
+    the pointer kernel of :mod:`kdash.kernels.prefill_attention` runs instead (a head dim the
+    H200 did not time, or no host descriptors: see :func:`descriptors_available`). In the CPU
+    interpreter: the class's config on small tiles (the same path, quicker to interpret)."""
+    cfg = HOPPER_DEFAULTS.get((head_dim, causal))
+    if cfg is None or not descriptors_available(device):
+        return None
+    if device.type != "cuda":
+        return replace(cfg, block_m=64, block_n=64, num_warps=4, num_stages=1)
+    return cfg
 
 
 @triton.jit
@@ -199,7 +224,6 @@ def _hopper_kernel(
     CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr,
     DESC: tl.constexpr,
-    WARP_SPEC: tl.constexpr,
     HAS_PREFIX: tl.constexpr,
 ):
     # Heaviest query tiles first (under causality the last tiles see the most keys).
@@ -210,44 +234,17 @@ def _hopper_kernel(
 
     q_start = tl.load(CU + b)
     q_len = tl.load(CU + b + 1) - q_start
-    live = m_blk * BLOCK_M < q_len
-    if not WARP_SPEC:  # noqa: SIM102 - a compile-time test around a run-time one
-        if not live:
-            return
-    # (Under warp specialisation an early return puts the loop inside a branch, which Triton
-    # 3.6's Hopper pass rejects; there a program past its request runs empty loops instead.)
+    if m_blk * BLOCK_M >= q_len:
+        return
 
     offs_m = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_nb = tl.arange(0, BLOCK_N)
     mmask = offs_m < q_len
-    if DESC == 2:
-        # One descriptor per request and head: rows past the request's end read as zeros.
-        rows = tl.maximum(q_len, 1)
-        QD = tl.make_tensor_descriptor(
-            Q + q_start.to(tl.int64) * stride_qt + h * stride_qh,
-            shape=[rows, HEAD_DIM],
-            strides=[stride_qt, 1],
-            block_shape=[BLOCK_M, HEAD_DIM],
-        )
-        KD = tl.make_tensor_descriptor(
-            KN + q_start.to(tl.int64) * stride_knt + kvh * stride_knh,
-            shape=[rows, HEAD_DIM],
-            strides=[stride_knt, 1],
-            block_shape=[BLOCK_N, HEAD_DIM],
-        )
-        VD = tl.make_tensor_descriptor(
-            VN + q_start.to(tl.int64) * stride_vnt + kvh * stride_vnh,
-            shape=[rows, HEAD_DIM],
-            strides=[stride_vnt, 1],
-            block_shape=[BLOCK_N, HEAD_DIM],
-        )
-        q_row, kv_row, q_col, kv_col = 0, 0, 0, 0
-    else:
-        # Host descriptors span the packed [T, H * D] tensors: a request's tiles start at its
-        # first row, a head's at column h * D.
-        q_row, kv_row, q_col, kv_col = q_start, q_start, h * HEAD_DIM, kvh * HEAD_DIM
-    if DESC > 0:
+    # Host descriptors span the packed [T, H * D] tensors: a request's tiles start at its first
+    # row, a head's at column h * D.
+    q_row, kv_row, q_col, kv_col = q_start, q_start, h * HEAD_DIM, kvh * HEAD_DIM
+    if DESC:
         # Rows past the request's end are another request's queries: computed, never stored.
         q = QD.load([q_row + m_blk * BLOCK_M, q_col])
     else:
@@ -263,7 +260,7 @@ def _hopper_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
-    # 1) The cached prefix through the page table, as in the default kernel.
+    # 1) The cached prefix through the page table, as in the pointer kernel.
     if HAS_PREFIX:
         m_i, l_i, acc = _prefix_loop(
             q, m_i, l_i, acc, qk_scale, KC, VC, PT, PREFIX, b, kvh, offs_d, offs_nb,
@@ -281,53 +278,38 @@ def _hopper_kernel(
     else:
         full_end = (q_len // BLOCK_N) * BLOCK_N
         tail_end = q_len
-    if WARP_SPEC:
-        # Triton 3.6's Hopper pass splits one loop only (a second loop after it fails to
-        # compile, a branch inside it turns the split off), so here one loop runs to the end
-        # with the mask on every tile: a compare and a select per score, against a producer
-        # warp group that keeps the TMA copies off the consumers' issue slots. In-kernel
-        # descriptors only: rows past the request's end read as zeros.
-        end = tl.where(live, tail_end, 0)
-        for n0 in tl.range(0, end, BLOCK_N, warp_specialize=True):
-            offs_n = n0 + offs_nb
+    for n0 in range(0, full_end, BLOCK_N):
+        if DESC:
             k = KD.load([kv_row + n0, kv_col])
             v = VD.load([kv_row + n0, kv_col])
-            mask = offs_m[:, None] >= offs_n[None, :] if CAUSAL else (offs_n < q_len)[None, :]
-            m_i, l_i, acc = _step(q, k, v, m_i, l_i, acc, qk_scale, mask, True, UPCAST)
-    else:
-        for n0 in range(0, full_end, BLOCK_N):
-            if DESC > 0:
-                k = KD.load([kv_row + n0, kv_col])
-                v = VD.load([kv_row + n0, kv_col])
-            else:
-                offs_n = n0 + offs_nb
-                k = tl.load(kn_base + offs_n[:, None] * stride_knt + offs_d[None, :])
-                v = tl.load(vn_base + offs_n[:, None] * stride_vnt + offs_d[None, :])
-            m_i, l_i, acc = _step(q, k, v, m_i, l_i, acc, qk_scale, None, False, UPCAST)
-        for n0 in range(full_end, tail_end, BLOCK_N):
+        else:
             offs_n = n0 + offs_nb
-            nmask = offs_n < q_len
-            if DESC > 0:
-                k = KD.load([kv_row + n0, kv_col])
-                # Host descriptors read the next request's V rows here (device ones zeros):
-                # they get weight 0, and zeroing them keeps an Inf or NaN there from making
-                # 0 * x a NaN.
-                v = tl.where(nmask[:, None], VD.load([kv_row + n0, kv_col]), 0.0)
-            else:
-                k = tl.load(
-                    kn_base + offs_n[:, None] * stride_knt + offs_d[None, :],
-                    mask=nmask[:, None],
-                    other=0.0,
-                )
-                v = tl.load(
-                    vn_base + offs_n[:, None] * stride_vnt + offs_d[None, :],
-                    mask=nmask[:, None],
-                    other=0.0,
-                )
-            mask = nmask[None, :]
-            if CAUSAL:
-                mask = mask & (offs_m[:, None] >= offs_n[None, :])
-            m_i, l_i, acc = _step(q, k, v, m_i, l_i, acc, qk_scale, mask, True, UPCAST)
+            k = tl.load(kn_base + offs_n[:, None] * stride_knt + offs_d[None, :])
+            v = tl.load(vn_base + offs_n[:, None] * stride_vnt + offs_d[None, :])
+        m_i, l_i, acc = _step(q, k, v, m_i, l_i, acc, qk_scale, None, False, UPCAST)
+    for n0 in range(full_end, tail_end, BLOCK_N):
+        offs_n = n0 + offs_nb
+        nmask = offs_n < q_len
+        if DESC:
+            k = KD.load([kv_row + n0, kv_col])
+            # Host descriptors read the next request's V rows here: they get weight 0, and
+            # zeroing them keeps an Inf or NaN there from making 0 * x a NaN.
+            v = tl.where(nmask[:, None], VD.load([kv_row + n0, kv_col]), 0.0)
+        else:
+            k = tl.load(
+                kn_base + offs_n[:, None] * stride_knt + offs_d[None, :],
+                mask=nmask[:, None],
+                other=0.0,
+            )
+            v = tl.load(
+                vn_base + offs_n[:, None] * stride_vnt + offs_d[None, :],
+                mask=nmask[:, None],
+                other=0.0,
+            )
+        mask = nmask[None, :]
+        if CAUSAL:
+            mask = mask & (offs_m[:, None] >= offs_n[None, :])
+        m_i, l_i, acc = _step(q, k, v, m_i, l_i, acc, qk_scale, mask, True, UPCAST)
 
     out = acc / l_i[:, None]
     tl.store(
@@ -340,46 +322,26 @@ def _hopper_kernel(
     )
 
 
-def _descriptor_ok(t: torch.Tensor, mode: str) -> bool:
-    """Whether ``t [T, H, D]`` can be read through ``mode``'s descriptors: a 16-byte aligned base
-    and row stride for both; ``host`` also needs the heads side by side (head stride D: the
-    2-D ``[T, H * D]`` view), ``device`` a 16-byte aligned head stride (each head's base)."""
+def _descriptor_ok(t: torch.Tensor) -> bool:
+    """Whether ``t [T, H, D]`` can be read through host descriptors: a 16-byte aligned base and
+    row stride, and the heads side by side (head stride D: the 2-D ``[T, H * D]`` view)."""
     _, heads, d = t.shape
     size = t.element_size()
     ok = t.stride(2) == 1 and (t.stride(0) * size) % 16 == 0 and t.data_ptr() % 16 == 0
-    if mode == "host":
-        return ok and (heads == 1 or t.stride(1) == d)
-    return ok and (t.stride(1) * size) % 16 == 0
+    return ok and (heads == 1 or t.stride(1) == d)
 
 
 def plan_path(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, cfg: HopperConfig) -> str:
-    """Which path a call takes for the new tokens: ``"host"`` or ``"device"`` descriptors (TMA
-    tiles), or ``"pointer"`` loads (the config asks for no descriptors, or a tensor's layout
-    cannot take one; warp specialisation is then off too)."""
-    if cfg.descriptors != "none" and all(
-        _descriptor_ok(t, cfg.descriptors) for t in (q, k_new, v_new)
+    """Which path a call takes for the new tokens: ``"host"`` descriptors (TMA tiles), or
+    ``"pointer"`` loads (the config asks for no descriptors, this Triton has none, or a tensor's
+    layout cannot take one)."""
+    if (
+        cfg.descriptors == "host"
+        and TensorDescriptor is not None
+        and all(_descriptor_ok(t) for t in (q, k_new, v_new))
     ):
-        return cfg.descriptors
+        return "host"
     return "pointer"
-
-
-def warp_specialized(cfg: HopperConfig, path: str, has_prefix: bool) -> bool:
-    """Whether a call runs the warp-specialised loop: asked for, on in-kernel descriptors, and
-    without a cached prefix (its gather loop ahead of the split loop is a second loop)."""
-    return cfg.warp_specialize and path == "device" and not has_prefix
-
-
-def _torch_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
-    """Global scratch for in-kernel descriptors (Triton writes each program's tensor maps there)."""
-    return torch.empty(size, device="cuda", dtype=torch.int8)
-
-
-def _ensure_allocator() -> None:
-    """In-kernel descriptors need Triton's scratch allocator; set one unless the caller has."""
-    from triton.runtime import _allocation
-
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_torch_scratch)
 
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
@@ -419,11 +381,9 @@ def extend_attention_hopper(
         if t.stride(-1) != 1:
             raise ValueError("the head dimension must be contiguous")
     has_prefix = k_cache is not None
-    cfg = config or variant_config(variant, head_dim, causal, has_prefix=has_prefix)
-    if cfg.descriptors not in ("none", "host", "device"):
-        raise ValueError(f"descriptors must be none, host or device, not {cfg.descriptors!r}")
-    if cfg.warp_specialize and cfg.descriptors != "device":
-        raise ValueError("warp_specialize needs device descriptors (see the module docstring)")
+    cfg = config or variant_config(variant, head_dim, causal)
+    if cfg.descriptors not in ("none", "host"):
+        raise ValueError(f"descriptors must be none or host, not {cfg.descriptors!r}")
     batch = cu_seqlens.numel() - 1
     dev = q.device
     if k_cache is None:
@@ -446,9 +406,7 @@ def extend_attention_hopper(
         kd = TensorDescriptor.from_tensor(_as_rows(k_new), [cfg.block_n, head_dim])
         vd = TensorDescriptor.from_tensor(_as_rows(v_new), [cfg.block_n, head_dim])
     else:
-        qd, kd, vd = q, k_new, v_new  # unused: pointer loads, or descriptors made in the kernel
-        if path == "device" and not interpreting(q):
-            _ensure_allocator()
+        qd, kd, vd = q, k_new, v_new  # unused: pointer loads
     grid = (cdiv(max_new_len, cfg.block_m), q_heads, batch)
     _hopper_kernel[grid](
         q,
@@ -486,8 +444,7 @@ def extend_attention_hopper(
         PAGE=page_size,
         CAUSAL=causal,
         UPCAST=interpreting(q),
-        DESC={"pointer": 0, "host": 1, "device": 2}[path],
-        WARP_SPEC=warp_specialized(cfg, path, has_prefix),
+        DESC=path == "host",
         HAS_PREFIX=has_prefix,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -2,10 +2,11 @@
 
 CPU CI runs the Triton kernels in its interpreter on small shapes; the ``gpu`` tests run the same
 gates on benchmark-sized shapes (``TRITON_INTERPRET=0 pytest -m gpu`` on a CUDA machine). Every
-gate runs the default kernel and each Hopper variant (kernels/prefill_hopper.py). In the
-interpreter the variants run their own paths: host descriptors and in-kernel descriptors are
-interpreted as tile loads, and ``warp_specialize`` is a compile hint the interpreter ignores, so
-``tma_ws`` runs its single masked loop there; ``test_variant_paths`` pins which path each takes.
+gate runs the default path (``extend_attention`` without a config: kernels/prefill_hopper.py's
+kernel at the H200's pick per class where it runs), the pointer kernel of
+kernels/prefill_attention.py (the fallback) and each Hopper variant. In the interpreter the
+Hopper paths run as on the GPU, host descriptors interpreted as tile loads; every gate records
+which path ran (``path`` in the junit properties) and ``test_variant_paths`` pins them.
 """
 
 from __future__ import annotations
@@ -19,14 +20,23 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from kdash.kernels import prefill_attention, prefill_hopper  # noqa: E402
 from kdash.kernels.kv_cache import build_paged_cache  # noqa: E402
-from kdash.kernels.prefill_attention import extend_attention  # noqa: E402
+from kdash.kernels.prefill_attention import (  # noqa: E402
+    PrefillConfig,
+    chosen_config,
+    default_config,
+    extend_attention,
+)
 from kdash.kernels.prefill_hopper import (  # noqa: E402
+    HOPPER_DEFAULTS,
     VARIANTS,
+    HopperConfig,
+    default_hopper_config,
+    descriptors_available,
     extend_attention_hopper,
     plan_path,
     variant_config,
-    warp_specialized,
 )
 from kdash.kernels.reference import baseline_for, error_gate, extend_reference  # noqa: E402
 
@@ -37,28 +47,33 @@ needs_device = pytest.mark.skipif(
 )
 
 
-KERNELS = ("default", *VARIANTS)
+KERNELS = ("default", "pointer", *VARIANTS)
+
+
+def path_of(cfg, q, k_new, v_new) -> str:
+    """Which kernel and load path a config runs, in words."""
+    if isinstance(cfg, PrefillConfig):
+        return "pointer kernel"
+    path = plan_path(q, k_new, v_new, cfg)
+    return f"hopper kernel, {path}{' descriptors' if path != 'pointer' else ' loads'}"
 
 
 def prefill(kernel: str, *args, record=None, **kwargs):
-    """``extend_attention`` (the default kernel) or one Hopper variant, same arguments; with
-    ``record`` (pytest's ``record_property``) the path that ran goes into the junit report."""
+    """``extend_attention`` without a config (the default path), at the pointer kernel's config,
+    or one Hopper variant, same arguments; with ``record`` (pytest's ``record_property``) the
+    path that ran goes into the junit report."""
+    q, k_new, v_new = args[:3]
+    d, causal = q.shape[-1], kwargs.get("causal", True)
     if kernel == "default":
-        if record:
-            record("path", "default kernel, pointer loads")
-        return extend_attention(*args, **kwargs)
-    q, k_new, v_new, k_cache = args[:4]
-    cfg = variant_config(
-        kernel, q.shape[-1], kwargs.get("causal", True), has_prefix=k_cache is not None
-    )
-    path = plan_path(q, k_new, v_new, cfg)
+        cfg = chosen_config(d, causal, q.device)
+    elif kernel == "pointer":
+        cfg = kwargs["config"] = default_config(d, causal, q.device)
+    else:
+        cfg = variant_config(kernel, d, causal)
     if record:
-        ws = warp_specialized(cfg, path, k_cache is not None)
-        record(
-            "path",
-            f"{kernel}: {path}{' descriptors' if path != 'pointer' else ' loads'}"
-            f"{', warp-specialised loop (a compile hint the interpreter ignores)' if ws else ''}",
-        )
+        record("path", f"{kernel}: {path_of(cfg, q, k_new, v_new)}")
+    if kernel in ("default", "pointer"):
+        return extend_attention(*args, **kwargs)
     return extend_attention_hopper(*args, variant=kernel, **kwargs)
 
 
@@ -123,7 +138,7 @@ def test_extend_with_prefix_matches_reference(
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_plain_prefill_matches_reference(causal: bool, kernel: str, record_property) -> None:
-    """No prefix: the path the bench times (``tma_ws`` warp-specialised on a GPU)."""
+    """No prefix: the path the bench times."""
     news = [100, 1, 5, 60, 130]
     q, kn, vn, kc, vc, pt, pl, cu = make_case([0] * 5, news, 4, 2, 128, 1, seed=3)
     out = torch.full_like(q, float("nan"))
@@ -170,7 +185,7 @@ def test_long_request_lengths_1_5_100_500(kernel: str, record_property) -> None:
 
 
 @needs_device
-@pytest.mark.parametrize("kernel", VARIANTS)
+@pytest.mark.parametrize("kernel", ["default", *VARIANTS])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_rows_past_the_last_request_do_not_leak(causal: bool, kernel: str, record_property) -> None:
     """Packed tensors longer than the batch, their spare rows NaN: a tile that reaches past the
@@ -196,8 +211,12 @@ def test_rows_past_the_last_request_do_not_leak(causal: bool, kernel: str, recor
         record=record_property,
     )
     n = sum(news)
-    if kernel != "ffma":
-        assert plan_path(q, kn, vn, variant_config(kernel, 64, causal)) != "pointer"
+    if kernel == "default":
+        cfg = chosen_config(64, causal, q.device)
+    else:
+        cfg = variant_config(kernel, 64, causal)
+    if cfg.descriptors == "host":  # the tiles that reach past the last request
+        assert plan_path(q, kn, vn, cfg) == "host"
     check(out[:n], q[:n], kn[:n], vn[:n], kc, vc, pt, pl, cu, causal, paged=False)
 
 
@@ -205,28 +224,75 @@ def test_variant_paths() -> None:
     """Which path each variant takes, with and without a prefix, and the pointer fallback."""
     t = torch.zeros(64, 4, 64, dtype=torch.bfloat16)
     kv = torch.zeros(64, 2, 64, dtype=torch.bfloat16)
-    seen = {}
-    for name in VARIANTS:
-        for has_prefix in (False, True):
-            cfg = variant_config(name, 64, True, has_prefix=has_prefix)
-            path = plan_path(t, kv, kv, cfg)
-            seen[name, has_prefix] = (path, warp_specialized(cfg, path, has_prefix))
-    assert seen["ffma", False] == ("pointer", False)
-    assert seen["tma", False] == seen["tma", True] == ("host", False)
-    assert seen["tma_ws", False] == ("device", True)
-    assert seen["tma_ws", True] == ("host", False)  # with a prefix it runs as tma
+    for causal in (True, False):
+        assert plan_path(t, kv, kv, variant_config("ffma", 64, causal)) == "pointer"
+        assert plan_path(t, kv, kv, variant_config("tma", 64, causal)) == "host"
     # Heads not side by side (every other head of a wider tensor): no 2-D view for host
-    # descriptors, so the pointer path; in-kernel descriptors only need aligned strides.
+    # descriptors, so the pointer path.
     strided = torch.zeros(64, 8, 64, dtype=torch.bfloat16)[:, ::2]
     assert plan_path(strided, kv, kv, variant_config("tma", 64, True)) == "pointer"
-    assert plan_path(strided, kv, kv, variant_config("tma_ws", 64, True)) == "device"
-    # A row stride that is not 16-byte aligned: no descriptor of either kind.
+    # A row stride that is not 16-byte aligned: no descriptor.
     odd = torch.zeros(64, 4 * 64 + 1, dtype=torch.bfloat16)[:, :256].view(64, 4, 64)
-    assert plan_path(odd, kv, kv, variant_config("tma_ws", 64, True)) == "pointer"
+    assert plan_path(odd, kv, kv, variant_config("tma", 64, True)) == "pointer"
+
+
+def test_the_default_path_per_class_is_the_h200_pick() -> None:
+    """The H200's fastest per class (bench/results/prefill-variants-h200.json): host descriptors
+    at 128 x 64 / 8 warps / 3 stages, except pointer loads (the FFMA softmax alone) at D=64
+    causal; in the interpreter the same path on small tiles; other head dims keep the pointer
+    kernel."""
+    cpu = torch.device("cpu")
+    for (d, causal), cfg in HOPPER_DEFAULTS.items():
+        assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == (128, 64, 8, 3)
+        assert cfg.descriptors == ("none" if (d, causal) == (64, True) else "host")
+        small = chosen_config(d, causal, cpu)
+        assert isinstance(small, HopperConfig) and small.descriptors == cfg.descriptors
+        assert (small.block_m, small.block_n) == (64, 64)
+    for d in (32, 256):
+        assert chosen_config(d, True, cpu) == default_config(d, True, cpu)
+
+
+def test_descriptors_need_tma_and_a_triton_that_has_them(monkeypatch) -> None:
+    """Hopper (sm_90) and later have TMA: below that, or with a Triton without host tensor
+    descriptors, the default is the pointer kernel (the capability is stood in for: no GPU)."""
+    gpu = torch.device("cuda", 0)
+    for cap, ok in (((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), True)):
+        monkeypatch.setattr(prefill_hopper, "_capability", lambda _i, cap=cap: cap)
+        assert descriptors_available(gpu) is ok
+        got = default_hopper_config(128, True, gpu)
+        assert got == (HOPPER_DEFAULTS[128, True] if ok else None)
+    monkeypatch.setattr(prefill_hopper, "TensorDescriptor", None)
+    assert not descriptors_available(torch.device("cpu"))
+    assert isinstance(chosen_config(64, False, torch.device("cpu")), PrefillConfig)
+    t = torch.zeros(64, 4, 64, dtype=torch.bfloat16)
+    assert plan_path(t, t, t, variant_config("tma", 64, True)) == "pointer"
 
 
 @needs_device
-@pytest.mark.parametrize("kernel", ["tma", "tma_ws"])
+@pytest.mark.parametrize("descriptors", [True, False], ids=["hopper", "no-descriptors"])
+def test_extend_attention_runs_the_chosen_kernel(descriptors: bool, monkeypatch) -> None:
+    """Without a config, extend_attention runs prefill_hopper's kernel where descriptors run and
+    the pointer kernel where they do not; both pass the gate (the Hopper entry is watched
+    through a wrapper that calls it)."""
+    if not descriptors:
+        monkeypatch.setattr(prefill_hopper, "TensorDescriptor", None)
+    calls = []
+    real = prefill_attention.extend_attention_hopper
+
+    def watched(*a, **kw):
+        calls.append(kw["config"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(prefill_attention, "extend_attention_hopper", watched)
+    news = [70, 33]
+    q, kn, vn, kc, vc, pt, pl, cu = make_case([0, 0], news, 4, 2, 64, 1, seed=6)
+    out = extend_attention(q, kn, vn, None, None, None, None, cu, max(news), causal=False)
+    check(out, q, kn, vn, kc, vc, pt, pl, cu, False, paged=False)
+    assert calls == ([chosen_config(64, False, q.device)] if descriptors else [])
+
+
+@needs_device
+@pytest.mark.parametrize("kernel", ["tma"])
 def test_pointer_fallback_matches_reference(kernel: str, record_property) -> None:
     """A layout no descriptor takes (misaligned row stride) runs the pointer path, correctly."""
     news = [50, 20]
@@ -316,7 +382,16 @@ def test_gpu_prefill_gates(
         [prefix] * batch, [seq, seq - 7], q_heads, kv_heads, head_dim, 16, device="cuda"
     )
     out = torch.full_like(q, float("nan"))
-    # No prefix: the bench's case, no cache passed (tma_ws takes its warp-specialised loop).
+    # No prefix: the bench's case, no cache passed.
     cache = (kc, vc, pt, pl) if prefix else (None, None, None, None)
     prefill(kernel, q, kn, vn, *cache, cu, seq, causal=causal, out=out, record=record_property)
     check(out, q, kn, vn, kc, vc, pt, pl, cu, causal, paged=prefix > 0)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_default_path_is_the_h200_pick_on_hopper() -> None:
+    dev = torch.device("cuda")
+    hopper = torch.cuda.get_device_capability() >= (9, 0)
+    for (d, causal), cfg in HOPPER_DEFAULTS.items():
+        assert chosen_config(d, causal, dev) == (cfg if hopper else default_config(d, causal, dev))

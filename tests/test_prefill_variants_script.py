@@ -37,28 +37,31 @@ def test_choice_is_per_class_by_geometric_mean_and_summary_names_the_best() -> N
     gv = load()
     # Config "a" wins at 4k by a little, "b" at 8k by a lot: the geometric mean picks "b".
     rows = [
-        row("d128-full", 4096, 2.0, 2.4, 1.5, {"tma_ws": {"a": 1.6, "b": 1.7}, "tma": {"t": 1.8}}),
-        row("d128-full", 8192, 4.0, 4.8, 3.0, {"tma_ws": {"a": 4.0, "b": 3.0}, "tma": {"t": 3.6}}),
-        # "c" failed at one shape: never chosen; ffma has no row at all here.
-        row("d64-full", 4096, 1.0, 1.2, 0.9, {"tma_ws": {"c": 0.8, "d": None}, "tma": {"t": 0.95}}),
-        row("d64-full", 8192, 2.0, 2.4, 1.8, {"tma_ws": {"c": 1.6, "d": 1.9}, "tma": {"t": 1.9}}),
+        row("d128-full", 4096, 2.0, 2.4, 1.5, {"tma": {"a": 1.6, "b": 1.7}}),
+        row("d128-full", 8192, 4.0, 4.8, 3.0, {"tma": {"a": 4.0, "b": 3.0}}),
+        # "c" failed at one shape: never chosen; ffma has rows at d64 only: incomplete.
+        row("d64-full", 4096, 1.0, 1.2, 0.9, {"tma": {"c": 0.8, "d": None}, "ffma": {"t": 0.95}}),
+        row("d64-full", 8192, 2.0, 2.4, 1.8, {"tma": {"c": 1.6, "d": 1.9}, "ffma": {"t": 1.9}}),
     ]
-    rows[2]["variants"]["tma_ws"]["d"] = {"ms": 0.85}
-    rows[3]["variants"]["tma_ws"]["c"] = {"error": "compile"}
+    rows[2]["variants"]["tma"]["d"] = {"ms": 0.85}
+    rows[3]["variants"]["tma"]["c"] = {"error": "compile"}
+    for r, ptr in zip(rows, (2.2, 4.4, 1.1, 2.2), strict=True):
+        r["pointer_ms"] = ptr
     chosen = gv.choose(rows)
-    assert chosen["tma_ws"] == {"d128-full": "b", "d64-full": "d"}
-    assert chosen["tma"] == {"d128-full": "t", "d64-full": "t"}
-    assert "ffma" not in chosen
+    assert chosen["tma"] == {"d128-full": "b", "d64-full": "d"}
+    assert chosen["ffma"] == {"d64-full": "t"}
     s = gv.summarize(rows, chosen)
-    ws = s["variants"]["tma_ws"]
-    # tma_ws: cuDNN / ours = 1.5/1.7, 3.0/3.0, 0.9/0.85, 1.8/1.9 -> lowest 1.5/1.7.
-    assert ws["prefill_vs_sdpa_cudnn"] == pytest.approx(1.5 / 1.7)
-    assert ws["prefill_vs_sdpa_flash"] == pytest.approx(2.4 / 1.9)
-    assert s["variants"]["tma"]["prefill_vs_sdpa_cudnn"] == pytest.approx(1.5 / 1.8)
+    tma = s["variants"]["tma"]
+    # tma: cuDNN / ours = 1.5/1.7, 3.0/3.0, 0.9/0.85, 1.8/1.9 -> lowest 1.5/1.7.
+    assert tma["prefill_vs_sdpa_cudnn"] == pytest.approx(1.5 / 1.7)
+    assert tma["prefill_vs_sdpa_flash"] == pytest.approx(2.4 / 1.9)
+    assert tma["complete"] is True
     assert s["variants"]["ffma"]["complete"] is False
-    assert s["best_variant"] == "tma_ws"
-    assert s["prefill_vs_sdpa_cudnn"] == ws["prefill_vs_sdpa_cudnn"]
+    assert s["best_variant"] == "tma"
+    assert s["prefill_vs_sdpa_cudnn"] == tma["prefill_vs_sdpa_cudnn"]
     assert s["default"]["prefill_vs_sdpa_cudnn"] == pytest.approx(0.75)
+    # The pointer kernel (the fallback): cuDNN / pointer = 1.5/2.2, 3.0/4.4, 0.9/1.1, 1.8/2.2.
+    assert s["pointer"]["prefill_vs_sdpa_cudnn"] == pytest.approx(1.5 / 2.2)
 
 
 def test_candidates_start_with_the_variants_own_config() -> None:
@@ -71,8 +74,8 @@ def test_candidates_start_with_the_variants_own_config() -> None:
                 cands = gv.candidates(name, d, causal)
                 assert cands[0] == variant_config(name, d, causal)
                 assert len(set(cands)) == len(cands)
-                if name == "tma_ws":
-                    assert all(c.warp_specialize and c.descriptors == "device" for c in cands)
+                want = "host" if name == "tma" else "none"
+                assert all(c.descriptors == want for c in cands)
 
 
 def test_a_gate_child_that_hangs_is_killed_and_the_rest_still_gated(tmp_path, monkeypatch) -> None:
