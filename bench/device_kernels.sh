@@ -16,11 +16,32 @@
 # case ~8 min, typical ~5: the decode and plan/run GPU gates (both paths), the decode table of
 # the bench for both paths without the sweep (--sweep none --only decode ->
 # $OUT/kernels-h200-decode.json), and bench/gpu_decode_host.py's host-time profile.
+#
+# DEFAULTS=1 bash bench/device_kernels.sh: the defaults as they are, worst case ~9.5 min, typical
+# ~5: every kernel GPU gate (decode and plan/run on both paths, the fp8 conversion kernel, prefill
+# default/pointer/variants; each gate's path in $OUT/gates.xml), then the whole bench table at
+# the defaults, no sweep (--sweep none -> $OUT/kernels-h200.json: decode both paths, prefill).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 [ -d /tmp/site/kdash ] || bash bench/device_setup.sh || exit 1
 export PYTHONPATH=/tmp/site PYTHONSAFEPATH=1
 log=$OUT/kernels.log
+if [ "${DEFAULTS:-0}" = 1 ]; then
+  {
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+    echo "== kernel gates at the defaults (pytest -m gpu)"
+    timeout 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/test_kernels_decode.py \
+      tests/test_kernels_plan.py tests/test_kernels_fp8_variants.py tests/test_kernels_prefill.py \
+      --junitxml="$OUT/gates.xml" > "$OUT/gates.log" 2>&1
+    echo "rc=$?"; grep -E "passed|failed|FAILED|Error" "$OUT/gates.log" | tail -12
+    echo "== bench at the defaults (no sweep), decode both paths and prefill"
+    timeout 260 python3 -m kdash.kernels.bench --sweep none --out "$OUT/kernels-h200.json" \
+      > "$OUT/bench.log" 2>&1
+    echo "rc=$?"; grep -E "^(summary|configs|wrote)" "$OUT/bench.log" | cut -c1-400
+  } 2>&1 | tee "$log"
+  exit 0
+fi
 if [ "${DECODE_ONLY:-0}" = 1 ]; then
   {
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv

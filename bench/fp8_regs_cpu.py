@@ -1,9 +1,10 @@
-"""Registers, spills, shared memory and SASS mix of the fp8 stage-1 candidates, compiled for sm_90
+"""Registers, spills, shared memory and SASS mix of the fp8 stage-1 kernels, compiled for sm_90
 on a machine without a GPU (the approach of bench/decode_regs_cpu.py: ``triton.compile`` with
 Triton's bundled ptxas; here ptxas is run once more with ``-v`` on the same PTX for the spill
 counts, and nvdisasm gives the instruction mix).
 
-For each candidate (kernels/decode_fp8.py) and the current kernel (``pairs_asm``), at the bench's
+For the conversion kernel (kernels/decode_fp8.py, the default) and the integer-op one
+(``pairs_asm``), at the bench's
 head layouts and the launch configs the GPU script times, one line: registers, spill bytes,
 shared memory, programs per SM (kernels/residency.py's rule on an H200: 64K registers, 228 KB
 of shared memory, 2048 threads) and, in the SASS, the conversion instructions (F2FP), integer
