@@ -7,7 +7,7 @@
 #                                          # null/no_inject/default (~4 min)
 #   bash bench/device_next.sh pc           # PC ranges spaced to 5%: twin A/B, eager (~4 min)
 #   bash bench/device_next.sh probe        # graph_tiny: the graph probe's linger, repeated (~7 min)
-#   bash bench/device_next.sh kernels      # decode launch paths: gates + decode table (~3 min)
+#   bash bench/device_next.sh kernels      # every kernel gate at the new defaults + the bench (~5 min)
 #   bash bench/device_next.sh fp8          # fp8 decode variants against bf16 (~3 min)
 #   bash bench/device_next.sh prefill      # prefill variants against SDPA flash/cuDNN (~2 min)
 #   bash bench/device_next.sh eager        # eager target, interleaved twins: null/default x3 (~6 min)
@@ -28,7 +28,7 @@ probe)
     cd bench && timeout 450 python3 -u gpu_ab_cost.py --screen graph_probe \
         2>&1 | grep -E "^(import_only|probe_fin|agent)|failed|Error" | cut -c1-500 ;;
 kernels)
-    DECODE_ONLY=1 timeout 560 bash bench/device_kernels.sh 2>&1 | tail -40 | cut -c1-400 ;;
+    DEFAULTS=1 timeout 560 bash bench/device_kernels.sh 2>&1 | tail -40 | cut -c1-400 ;;
 attribution)
     cd bench && PCS_STEADY=1 timeout 200 python3 -u gpu_pcs_agent.py 2>&1 | tail -2 | cut -c1-1500
     python3 - <<'PY'
