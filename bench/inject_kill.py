@@ -197,7 +197,10 @@ def run_case(driver: str, sig: str | None, delay_s: float, source: str, pause_s:
             why = "heartbeat stopped"
         else:
             why = ""
-        done = [float(x.split()[1]) for x in out.lines if x.startswith("done")]
+        # "done SECONDS"; a driver killed while writing it may leave the word alone
+        done = [
+            float(w[1]) for w in (x.split() for x in out.lines) if w[:1] == ["done"] and len(w) > 1
+        ]
         took = round(done[0], 4) if done else None
         return Case(driver, sig or "none", round(delay_s, 4), bool(why), why, took)
     finally:

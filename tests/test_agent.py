@@ -419,7 +419,11 @@ CLIENT = textwrap.dedent(
         src.poll(0)
         time.sleep(0.02)
     print(src.health, flush=True)
-    time.sleep(300)  # until the test SIGKILLs it
+    # go on reading until the test SIGKILLs it: a client that stops reading is dropped by the
+    # agent after SEND_TIMEOUT_S, which a loaded machine could reach before the kill
+    while True:
+        src.poll(0)
+        time.sleep(0.02)
     """
 )
 
