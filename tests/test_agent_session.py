@@ -305,3 +305,30 @@ def test_a_new_pc_spacing_counts_from_the_last_range_start():
     assert h.session.next_pc == pytest.approx(n0 + 5.0)
     h.send(wire.MsgType.SET, pc_period_ms=3000)  # closer again: sooner
     assert h.session.next_pc == pytest.approx(n0 + 1.0)
+
+
+def test_a_first_range_lost_to_the_bucket_is_followed_by_one_right_after_the_refresh():
+    """The first range whose samples CUPTI put in its non-user bucket asks for a refresh; the
+    next range then comes at the next step the refresh may be done in, not a whole PC period
+    later. Only once a session: a target that keeps loading modules waits its period. The
+    ranges themselves are not run here (no GPU): start_range is recorded instead."""
+    h = Harness()
+    pc = h.agent.pc
+    started: list[float] = []
+    pc.start_range = lambda on_s: started.append(h.clock.t)  # type: ignore[method-assign]
+    h.send(wire.MsgType.START, pc_sampling=True)
+    h.send(wire.MsgType.SET, pc_sampling=True, pc_period_ms=7000)
+    h.at(100.1)  # the first window's end: the first range
+    assert started == [100.1] and "refresh_pc" not in h.ctl.calls
+    h.at(100.2)
+    assert started == [100.1]  # a clean range: the next one waits for its period
+    pc.refresh_wanted = True  # that range landed in the bucket
+    h.at(100.3)
+    assert started == [100.1, 100.3] and h.ctl.calls.count("refresh_pc") == 1
+    pc.refresh_wanted = True  # lost again: this time it waits for its period
+    pc.last_refresh = -10.0  # (and a refresh would be allowed)
+    for t in (100.5, 101.5, 102.5, 104.5, 106.5, 107.2):
+        h.at(t)
+    assert started == [100.1, 100.3]
+    h.at(107.35)
+    assert started == [100.1, 100.3, 107.35] and h.ctl.calls.count("refresh_pc") == 2

@@ -104,6 +104,9 @@ class Session:
         self.last_sent: tuple[str, str] | None = None
         self.pc_cfg = PCConfig()
         self.next_pc = 0.0  # when the next PC-sampling range may start
+        # the first range CUPTI put in its non-user bucket is followed by one right after the
+        # refresh, not a (budget-spaced) period later: the user pressed L to see a hot line
+        self.pc_retried = False
         self.pc_paused_activity = False  # a range paused continuous activity: resume after it
         self.duty = DutyClock(agent.outbox.add_window)
         now = clock()
@@ -386,8 +389,11 @@ class Session:
         """Start a PC-sampling range when one is due (activity off meanwhile), and switch
         continuous activity back on once a range it was cut for has ended."""
         pc = self.agent.pc
-        due = self.pc_cfg.on and now >= self.next_pc and not pc.busy and not pc.unavailable
+        retry = not self.pc_retried and pc.refresh_due(now)
+        due = self.pc_cfg.on and (now >= self.next_pc or retry)
+        due = due and not pc.busy and not pc.unavailable
         if due and (not self.duty.on or self.duty.cycle.continuous):
+            self.pc_retried = self.pc_retried or retry
             if self.duty.cut(self.ctl):  # continuous: activity must be off during the range
                 self.pc_paused_activity = True
             if pc.refresh_due(now):  # modules CUPTI cannot attribute: start it afresh

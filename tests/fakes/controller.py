@@ -157,6 +157,11 @@ class FakeController:
         self.detach_state = "detached"
         return ""
 
+    def refresh_for_pc(self, wait_s: float) -> str:
+        """As CuptiActivity's, for a target that makes CUDA calls: CUPTI finalized."""
+        self.calls.append("refresh_pc")
+        return "finalized"
+
     def release_between_windows(self, wait_s: float) -> str:
         """As CuptiActivity's: finalized unless graphs were seen, a kind is on, or the target
         made no CUDA call (`target_calls`)."""
