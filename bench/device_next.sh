@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The device runs left for the next session, one device-tool call each, from the repository
 # root, carry `.whl` (rebuilt from HEAD first: see bench/device_setup.sh).
+#   bash bench/device_next.sh first        # tiny then deager in one call (~8 min, under 600 s)
 #   bash bench/device_next.sh tiny         # tiny-kernel graph A/B, twice: the CUPTI-free graph
 #                                          # probe (replaywatch.py) after detach (~4 min)
 #   bash bench/device_next.sh deager       # the demo's decode step launched eagerly: twin A/B,
@@ -16,8 +17,11 @@ set -uo pipefail
 bash bench/device_setup.sh >/dev/null || exit 1
 export PYTHONPATH=/tmp/site PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
 case "${1:-}" in
+first)
+    T_TINY=240 bash "$0" tiny
+    T_DEAGER=280 bash "$0" deager ;;
 deager)
-    cd bench && timeout 330 python3 -u gpu_ab_cost.py --targets decode_eager \
+    cd bench && timeout "${T_DEAGER:-330}" python3 -u gpu_ab_cost.py --targets decode_eager \
         --variants null,no_inject,default --name agent-ab-h200-decode-eager.json \
         2>&1 | grep -E "^decode_eager|failed|Error" | cut -c1-700 ;;
 pc)
@@ -45,7 +49,7 @@ PY
     ;;
 tiny)
     cd bench
-    timeout 330 python3 -u gpu_ab_cost.py --targets graph_tiny --variants null,default,default#2 \
+    timeout "${T_TINY:-330}" python3 -u gpu_ab_cost.py --targets graph_tiny --variants null,default,default#2 \
         --name agent-ab-h200-tiny-watch.json 2>&1 | grep -E "^graph_tiny|failed|Error" | cut -c1-700
     grep -o "kdash never started CUPTI in it" "$OUT/agent-ab-h200-tiny-watch.json" | sort | uniq -c ;;
 eager)
@@ -56,5 +60,5 @@ prefill)
     timeout 580 bash bench/device_prefill.sh 2>&1 | tail -40 | cut -c1-400 ;;
 fp8)
     timeout 580 bash bench/device_fp8.sh 2>&1 | tail -40 | cut -c1-400 ;;
-*) echo "usage: bash bench/device_next.sh tiny|deager|pc|probe|kernels|fp8|prefill|eager|attribution"; exit 2 ;;
+*) echo "usage: bash bench/device_next.sh first|tiny|deager|pc|probe|kernels|fp8|prefill|eager|attribution"; exit 2 ;;
 esac
