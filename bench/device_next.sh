@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The device runs left for the next session, one device-tool call each, from the repository
 # root, carry `.whl` (rebuilt from HEAD first: see bench/device_setup.sh).
-#   bash bench/device_next.sh first        # tiny then deager in one call (~8 min, under 600 s)
+#   bash bench/device_next.sh first        # deager then pc in one call (~8 min, under 600 s)
 #   bash bench/device_next.sh tiny         # tiny-kernel graph A/B, twice: the CUPTI-free graph
-#                                          # probe (replaywatch.py) after detach (~4 min)
+#                                          # probe (replaywatch.py) after detach (~4 min; ran in
+#                                          # session 9: agent-ab-h200-s9-tiny-watch.json)
 #   bash bench/device_next.sh deager       # the demo's decode step launched eagerly: twin A/B,
 #                                          # null/no_inject/default (~4 min)
 #   bash bench/device_next.sh pc           # PC ranges spaced to 5%: twin A/B, eager (~4 min)
@@ -18,14 +19,14 @@ bash bench/device_setup.sh >/dev/null || exit 1
 export PYTHONPATH=/tmp/site PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
 case "${1:-}" in
 first)
-    T_TINY=240 bash "$0" tiny
-    T_DEAGER=280 bash "$0" deager ;;
+    T_DEAGER=280 bash "$0" deager
+    T_PC=250 bash "$0" pc ;;
 deager)
     cd bench && timeout "${T_DEAGER:-330}" python3 -u gpu_ab_cost.py --targets decode_eager \
         --variants null,no_inject,default --name agent-ab-h200-decode-eager.json \
         2>&1 | grep -E "^decode_eager|failed|Error" | cut -c1-700 ;;
 pc)
-    cd bench && timeout 300 python3 -u gpu_ab_cost.py --targets eager --attach-s 20 \
+    cd bench && timeout "${T_PC:-300}" python3 -u gpu_ab_cost.py --targets eager --attach-s 20 \
         --variants pc_sampling,pc_sampling#2 --name agent-ab-h200-pc-spaced.json \
         2>&1 | grep -E "^eager|failed|Error" | cut -c1-700 ;;
 probe)
