@@ -6,7 +6,8 @@
 #                                          # probe (replaywatch.py) after detach (~4 min; ran in
 #                                          # session 9: agent-ab-h200-s9-tiny-watch.json)
 #   bash bench/device_next.sh deager       # the demo's decode step launched eagerly: twin A/B,
-#                                          # null/no_inject/default (~4 min)
+#                                          # null/default/no_release (CUPTI kept between
+#                                          # windows: what the releases cost) (~4 min)
 #   bash bench/device_next.sh pc           # PC ranges spaced to 5%: twin A/B, eager (~4 min)
 #   bash bench/device_next.sh probe        # graph_tiny: the graph probe's linger, repeated (~7 min)
 #   bash bench/device_next.sh kernels      # every kernel gate at the new defaults + the bench (~5 min)
@@ -23,7 +24,7 @@ first)
     T_PC=250 bash "$0" pc ;;
 deager)
     cd bench && timeout "${T_DEAGER:-330}" python3 -u gpu_ab_cost.py --targets decode_eager \
-        --variants null,no_inject,default --name agent-ab-h200-decode-eager.json \
+        --variants null,default,no_release --name agent-ab-h200-decode-eager.json \
         2>&1 | grep -E "^decode_eager|failed|Error" | cut -c1-700 ;;
 pc)
     cd bench && timeout "${T_PC:-300}" python3 -u gpu_ab_cost.py --targets eager --attach-s 20 \

@@ -102,9 +102,11 @@ def run_target(
     attach_extra: list[str] | None = None,
     treat: str = "attach",
     pin: int | None = None,
+    target_env: dict[str, str] | None = None,
 ) -> dict:
     """One process of the loop, treated (treat_once: `attach` by default, with `attach_extra`)
-    at each (t, duration) of `attaches`. `pin` puts the target on one CPU."""
+    at each (t, duration) of `attaches`. `pin` puts the target on one CPU; `target_env` is
+    added to its environment (what the agent reads there)."""
     inproc = factor not in ("none", "agent", "agent_idle")
     argv = [sys.executable, "-u", str(HERE / "ab_target.py"), mode, str(seconds)]
     if pin is not None:
@@ -113,6 +115,7 @@ def run_target(
         argv += [factor, str(on_s), str(hold_s)]
     env = dict(os.environ)
     env.pop("KDASH_AGENT", None)
+    env.update(target_env or {})
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=HERE
     )
@@ -567,7 +570,10 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "nvml_dev_only": ("poll:nvml_dev", []),
     "sched_only": ("poll:sched", []),
     "agent_idle": ("agent_idle", []),  # the injection alone (the second attach finds it in)
+    "no_release": ("attach", []),  # CUPTI kept between windows (TARGET_ENV)
 }
+# what a variant puts in the target's environment
+TARGET_ENV = {"no_release": {"KDASH_AGENT_RELEASE": "0"}}
 
 
 def ab(
@@ -611,6 +617,7 @@ def ab(
                     attach_extra=[*extra, *vargs],
                     treat=treat,
                     pin=pin,
+                    target_env=TARGET_ENV.get(vname.split("#")[0]),
                 )
                 cmp = compare(run, control, seconds)
                 key = mode if vname == "default" else f"{mode}_{vname}"

@@ -108,7 +108,7 @@ class AgentCounters:
     kernels: int  # kernel rows the agent sent, all sessions
     api: int  # API rows the agent sent
     on_ns: int  # total time activity was on
-    cpu_ns: int  # agent callback CPU time in the target
+    cpu_ns: int  # the target's time taken by the agent: callback CPU, CUPTI releases
     duty: float | None  # fraction of time activity is on now (None: not said yet)
     pc_share: float = 0.0  # PC sampling's cost now: agent CPU per range / range period
 
@@ -132,12 +132,18 @@ def counters_from_stats(stats: dict[str, Any], t_ns: int) -> AgentCounters | Non
     if not isinstance(sent, dict) or on_ns is None or cpu_ns is None:
         return None
     try:
+        # A release's cuptiFinalize runs inside one of the target's CUDA calls, and the next
+        # window's registration initialises CUPTI again while the target launches: both are
+        # the target's time, counted like the callbacks' (older agents do not say: 0).
+        held_ns = int(stats.get("agent_cupti_release_finalize_ns") or 0) + int(
+            stats.get("agent_cupti_reregister_ns") or 0
+        )
         return AgentCounters(
             t_ns=int(t_ns),
             kernels=int(sent.get("kernels", 0)),
             api=int(sent.get("api", 0)),
             on_ns=int(on_ns),
-            cpu_ns=int(cpu_ns),
+            cpu_ns=int(cpu_ns) + max(0, held_ns),
             duty=duty_fraction(stats.get("sampling") or stats.get("agent_sampling")),
             pc_share=pc_sampling_cost(stats),
         )

@@ -138,6 +138,20 @@ def test_cupti_is_released_after_every_window_and_never_in_a_graph_process():
     assert h.ctl.calls[-2:] == ["disable", "detach"] and h.ctl.detach_state == "detached"
 
 
+def test_the_targets_environment_can_keep_cupti_between_windows(monkeypatch):
+    """KDASH_AGENT_RELEASE=0 in the target (the A/B bench's `no_release` factor): windows
+    pause and resume, and no release is asked for in between."""
+    monkeypatch.setenv("KDASH_AGENT_RELEASE", "0")
+    h = Harness()
+    h.send(wire.MsgType.START)
+    for k in range(2):
+        h.at(100.1 + k)
+        assert h.ctl.calls[-1] == "pause"
+        h.at(101.0 + k)
+        assert h.ctl.calls[-1] == "resume"
+    assert "release" not in h.ctl.calls and h.ctl.releases == 0
+
+
 def test_a_start_waits_for_cuda_and_says_so_once():
     h = Harness()
     h.agent.controller = FakeController(h.agent.pid, h.clock)

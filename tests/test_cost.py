@@ -62,6 +62,21 @@ def test_counters_need_a_stats_reply():
     assert c.duty == pytest.approx(0.1)
 
 
+def test_cupti_releases_count_as_the_targets_time():
+    """A release's cuptiFinalize (in the target's CUDA call) and the next window's
+    registration are added to the agent's callback CPU: a launch-bound loop pays them each
+    window, and an estimate without them read low."""
+    a = counters_from_stats(stats(0, 0, 0, 0), 0)
+    st = stats(0, 0, int(0.3 * S), 6_000_000)
+    st["agent_cupti_release_finalize_ns"] = 30_000_000
+    st["agent_cupti_reregister_ns"] = 90_000_000
+    b = counters_from_stats(st, 3 * S)
+    assert b.cpu_ns == 126_000_000
+    assert rates_between(a, b).cpu_ns_per_s == pytest.approx(42e6)  # 4.2% of each second
+    st["agent_cupti_reregister_ns"] = None  # an agent that does not say
+    assert counters_from_stats(st, 3 * S).cpu_ns == 36_000_000
+
+
 def test_rates_are_per_second_of_activity():
     a = counters_from_stats(stats(0, 0, 0, 0), 0)
     # 3 s of wall time, 0.3 s of it with activity on, 72,900 kernels recorded in it

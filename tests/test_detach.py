@@ -44,8 +44,12 @@ class FakeLib:
         self.enabled.clear()
         return 0
 
+    finalize_s = 0.0  # how long the stand-in's finalize takes
+
     def cuptiFinalize(self) -> int:
         self.events.append("finalize")
+        if self.finalize_s:
+            time.sleep(self.finalize_s)
         return 0
 
     def call(self, domain: int, cbid: int) -> None:
@@ -156,3 +160,21 @@ def test_a_library_without_the_callback_api_arms_nothing():
     lib = types.SimpleNamespace(cuptiSubscribe=lambda *a: 0)
     hook = detach.finalize_at_next_call(lib, CUPTI, wait_s=0.01)
     assert hook.state.startswith("failed: this libcupti has no")
+
+
+def test_the_finalize_is_timed_and_a_release_adds_it_to_the_controllers_cost():
+    """The finalize runs inside the target's own CUDA call: the hook times it, and the real
+    controller adds each release's finalize to what the cost estimate counts (the stand-in
+    library takes 20 ms to finalize; CUPTI itself is not here)."""
+    from kdash.collectors.agent.controller import CuptiActivity
+
+    lib = FakeLib()
+    lib.finalize_s = 0.02
+    c = CuptiActivity(1)
+    c.cupti, c._lib = CUPTI, lib
+    t = call_once_armed(lib, (RT, LAUNCH))
+    assert c.release_between_windows(PATIENCE_S) == "finalized"
+    t.join()
+    assert c.hook is not None and c.hook.finalize_ns >= 20_000_000
+    assert c.release_finalize_ns == c.hook.finalize_ns and c.releases == 1
+    assert c.needs_register  # the next window registers again (and times that too)

@@ -7,6 +7,9 @@ from __future__ import annotations
 AGENT_VERSION = 2  # 2: duty cycle (START period_ms/on_ms/continuous, SET), "activity on" rows
 ENV_FLAG = "KDASH_AGENT"
 ENV_FAKE_CUDA = "KDASH_AGENT_FAKE_CUDA"
+# "0" in the target's environment: CUPTI stays initialised between duty-cycle windows (the
+# A/B bench's factor for what the releases themselves cost; bench/gpu_ab_cost.py no_release)
+ENV_RELEASE = "KDASH_AGENT_RELEASE"
 
 POLL_S = 0.05  # how often the session looks at its socket and queue
 FLUSH_EVERY_S = 0.2  # how often completed CUPTI buffers are asked for

@@ -121,6 +121,10 @@ class CuptiActivity:
         # in the process until the next window registers the buffer callbacks again
         self.released = False
         self.releases = 0
+        # what the releases cost the target: cuptiFinalize runs inside one of its CUDA calls,
+        # and the next window's registration initialises CUPTI again
+        self.release_finalize_ns = 0
+        self.reregister_ns = 0
         self.release_note = ""  # why the last window's release did not happen
 
     def note(self, text: str) -> None:
@@ -388,10 +392,12 @@ class CuptiActivity:
         if self.needs_register:
             self.needs_register = False
             self.released = False
+            t0 = time.perf_counter_ns()
             try:
                 self._register()
             except Exception as e:  # noqa: BLE001 - the kinds then record nothing: say so
                 errors.append(f"re-registering after a PC refresh: {self._describe_error(e)}")
+            self.reregister_ns += time.perf_counter_ns() - t0
         kinds, self.paused = self.paused, []
         self.enabled_at_ns = time.monotonic_ns()
         for act, kind in kinds:
@@ -670,6 +676,7 @@ class CuptiActivity:
             return "waiting for the target's next CUDA call"
         if hook.state == "finalized":
             self.needs_register = True
+            self.release_finalize_ns += hook.finalize_ns
             return "finalized"
         return hook.state
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import re
 import threading
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ class ExitHook:
         self.graph_ids = graph_ids or set()
         self.state = "new"
         self.rc: int | None = None
+        self.finalize_ns = 0  # the target's thread waited this long in cuptiFinalize
         self.graph_seen = False
         self.errors = 0
         self.last_error = ""
@@ -133,7 +135,9 @@ class ExitHook:
                     return
                 self.graph_seen = int(cbid) in self.graph_ids
                 self.lib.cuptiUnsubscribe(self._sub)
+                t0 = time.perf_counter_ns()
                 self.rc = int(self.lib.cuptiFinalize())
+                self.finalize_ns = time.perf_counter_ns() - t0
                 self.state = "finalized" if self.rc == 0 else f"failed: cuptiFinalize {self.rc}"
                 self._fired.set()
         except BaseException as e:  # noqa: BLE001 - nothing may raise into the target's call

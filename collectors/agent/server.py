@@ -556,6 +556,10 @@ class Agent:
             "cupti_releases": getattr(c, "releases", 0),
             "cupti_released": bool(getattr(c, "released", False)),
             "cupti_release_note": getattr(c, "release_note", ""),
+            # the target's time in those releases' cuptiFinalize calls and the windows'
+            # registrations after them (part of what the cost estimate counts)
+            "cupti_release_finalize_ns": getattr(c, "release_finalize_ns", 0),
+            "cupti_reregister_ns": getattr(c, "reregister_ns", 0),
         }
 
     def _session(self, conn: socket.socket, first: Any) -> None:

@@ -26,10 +26,12 @@ kernel that shows up later (graphs begun after START) stops kernel activity for 
 from __future__ import annotations
 
 import enum
+import os
 import time
 
 from .constants import (
     DETACH_WAIT_S,
+    ENV_RELEASE,
     FLUSH_EVERY_S,
     GRAPH_PROBE_S,
     MAX_NAME_CHARS,
@@ -107,6 +109,8 @@ class Session:
         # the first range CUPTI put in its non-user bucket is followed by one right after the
         # refresh, not a (budget-spaced) period later: the user pressed L to see a hot line
         self.pc_retried = False
+        # CUPTI finalized after each window unless the target's environment says not
+        self.release = os.environ.get(ENV_RELEASE, "1") != "0"
         self.pc_paused_activity = False  # a range paused continuous activity: resume after it
         self.duty = DutyClock(agent.outbox.add_window)
         now = clock()
@@ -322,7 +326,7 @@ class Session:
             # Not while PC sampling is on: its ranges start right after a window, and a range
             # started just after a finalize found no active context in a live attach on the
             # H200 (bench/results/pcs-s6-h200.json); pcrun refreshes CUPTI when it needs to.
-            if was_on and not self.duty.on and not self.pc_cfg.on:
+            if was_on and not self.duty.on and not self.pc_cfg.on and self.release:
                 c.release_between_windows(RELEASE_WAIT_S)
         self.pc_tick(now)
         if self.duty.on and now - self.last_flush >= FLUSH_EVERY_S:

@@ -12,7 +12,9 @@ shown as an estimate ("kdash cost ≈ N%"), built from what we measured on an NV
 * each API record (runtime/driver callback) costs about 1.0 µs of the launching thread;
 * the agent's own CPU time in the target's process (its buffer callback, stats key
   `agent_callback_cpu_ns`) is taken from the target: it holds the GIL, so a Python launch
-  thread waits for it.
+  thread waits for it. So is the time of CUPTI's releases between windows (the
+  `cuptiFinalize` inside one of the target's CUDA calls, and the next window's registration,
+  which initialises CUPTI again), counted with it (collectors/agents.counters_from_stats).
 
 The record costs are paid only while activity is on, so the record rates are per second *of
 activity* and are scaled by the duty fraction (`on_ms / period_ms`, 1.0 continuous); the
