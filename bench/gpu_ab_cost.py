@@ -58,15 +58,49 @@ SCREEN_FACTORS = [
 PROBE_FACTORS = ["import_only", "probe_fin", "import_only#2", "probe_fin#2", "agent", "probe_fin#3"]
 
 
-class Clocks:
-    """GPU 0's SM clock every 0.5 s on a thread (NVML), to join rates by bin."""
+def host_sample(pid: int) -> tuple[int, float | None, int, int] | None:
+    """Where the target's main thread is on the host now: (CPU it last ran on, that CPU's MHz
+    from /proc/cpuinfo, its involuntary context switches so far, runnable tasks on the
+    machine); None once it has gone. The eager loop's twins differ by ±5-10% for 10-20 s at a
+    time with the SM clock flat at 1980 MHz in every run, so its noise is the host's."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            cpu = int(f.read().rsplit(")", 1)[1].split()[36])  # field 39, `processor`
+        with open(f"/proc/{pid}/status") as f:
+            nvcsw = next(int(line.split()[1]) for line in f if line.startswith("nonvoluntary_ctxt"))
+    except (OSError, IndexError, ValueError, StopIteration):
+        return None
+    mhz = None
+    running = 0
+    try:
+        with open("/proc/cpuinfo") as f:
+            proc = -1
+            for line in f:
+                if line.startswith("processor"):
+                    proc = int(line.split(":")[1])
+                elif proc == cpu and line.startswith("cpu MHz"):
+                    mhz = float(line.split(":")[1])
+                    break
+        with open("/proc/stat") as f:
+            running = next((int(x.split()[1]) for x in f if x.startswith("procs_running")), 0)
+    except (OSError, ValueError):
+        pass
+    return cpu, mhz, nvcsw, running
 
-    def __init__(self) -> None:
+
+class Clocks:
+    """GPU 0's SM clock every 0.5 s on a thread (NVML), and the target's place on the host
+    (`host_sample`) when its pid is given, to join rates by bin."""
+
+    def __init__(self, pid: int | None = None) -> None:
         self.samples: list[tuple[int, int]] = []
+        self.host: list[tuple[int, int, float | None, int, int]] = []
+        self.pid = pid
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
+        h = None
         try:
             import pynvml
 
@@ -74,10 +108,14 @@ class Clocks:
             h = pynvml.nvmlDeviceGetHandleByIndex(0)
         except Exception as e:  # noqa: BLE001 - the clocks are a figure beside the rates
             print("no NVML:", e, flush=True)
-            return
         while not self._stop.wait(0.5):
-            mhz = int(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM))
-            self.samples.append((time.monotonic_ns(), mhz))
+            t = time.monotonic_ns()
+            if h is not None:
+                mhz = int(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM))
+                self.samples.append((t, mhz))
+            hs = host_sample(self.pid) if self.pid is not None else None
+            if hs is not None:
+                self.host.append((t, *hs))
 
     def __enter__(self) -> Clocks:
         self._t.start()
@@ -144,7 +182,7 @@ def run_target(
         daemon=True,  # type: ignore[arg-type]
     ).start()
     events: list[dict] = []
-    with Clocks() as clocks:
+    with Clocks(proc.pid) as clocks:
         if not ready.wait(240):
             proc.kill()
             raise RuntimeError(f"{mode} never ready: {''.join(err)[-2000:]}")
@@ -174,6 +212,7 @@ def run_target(
         "lines": lines[-20:],
         "stderr": "".join(err)[-1500:],
         "clocks": [((t - t0) / 1e9, mhz) for t, mhz in clocks.samples],
+        "host": [((t - t0) / 1e9, *rest) for t, *rest in clocks.host],
         "on_s": on_s,
         "hold_s": hold_s,
     }
@@ -398,6 +437,31 @@ def bin_clocks(run: dict, nbins: int) -> list[float | None]:
     return out
 
 
+def bin_host(run: dict, nbins: int) -> list[dict | None]:
+    """Per bin: the CPUs the target's main thread was seen on, their mean MHz, its involuntary
+    context switches per second and the machine's mean runnable tasks."""
+    out: list[dict | None] = []
+    rows = run.get("host") or []
+    for k in range(nbins):
+        b = [r for r in rows if k * BIN_S <= r[0] < (k + 1) * BIN_S]
+        if not b:
+            out.append(None)
+            continue
+        mhz = [r[2] for r in b if r[2] is not None]
+        prev = [r for r in rows if r[0] < k * BIN_S]
+        start = prev[-1] if prev else b[0]
+        span = b[-1][0] - start[0]
+        out.append(
+            {
+                "cpus": sorted({r[1] for r in b}),
+                "mhz": round(statistics.mean(mhz)) if mhz else None,
+                "nvcsw_per_s": round((b[-1][3] - start[3]) / span, 1) if span > 0 else None,
+                "running": round(statistics.mean(r[4] for r in b), 1),
+            }
+        )
+    return out
+
+
 def intervals(run: dict) -> list[tuple[float, float]]:
     """The treated process's attach intervals, seconds after ready."""
     if run["events"]:
@@ -464,6 +528,8 @@ def compare(treated: dict, control: dict, seconds: float) -> dict:
         "max_stall_ms": stall,
         "sm_clock_treated": bin_clocks(treated, n),
         "sm_clock_control": bin_clocks(control, n),
+        "host_treated": bin_host(treated, n),
+        "host_control": bin_host(control, n),
     }
 
 
@@ -479,7 +545,7 @@ def estimate_from(events: list[dict]) -> float | None:
 
 
 def slim(run: dict) -> dict:
-    keep = {k: v for k, v in run.items() if k not in ("ticks", "clocks")}
+    keep = {k: v for k, v in run.items() if k not in ("ticks", "clocks", "host")}
     keep["iters"] = run["ticks"][-1][1] if run["ticks"] else 0
     return keep
 
