@@ -592,6 +592,11 @@ class AgentTreeSource:
                 "agent_degraded",
                 **_pid_field(p, h),
             )
+        elif off := {p: h for p, h in states.items() if h.code == "graphs_off"}:
+            # the process that does the work replays CUDA graphs, and kdash left its kernels
+            # alone by design: that, not a helper process's trouble, is why the pane is empty
+            p, h = next(iter(off.items()))
+            self.health = Health("off", h.reason, "graphs_off", {"pid": p})
         elif bad:
             p, h = next(iter(bad.items()))
             self.health = Health.unavailable(

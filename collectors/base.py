@@ -18,7 +18,8 @@ class Health:
     panes switch on) and the `fields` the reason was built from (pid, note, ...). `str()` is
     the line users see; the code and fields never change it."""
 
-    state: str = "ok"  # "ok" | "degraded" | "unavailable" | "starting" (a part may say "off")
+    # "ok" | "degraded" | "unavailable" | "starting"; "off": a part, or a source off by design
+    state: str = "ok"
     reason: str = ""
     code: str = ""  # stable; defaults to the state (see HEALTH_CODES)
     fields: dict[str, Any] = field(default_factory=dict, hash=False)
@@ -75,6 +76,8 @@ HEALTH_CODES = {
     "agent_starting": "agent tree: an agent found, not recording yet; fields pid (when named)",
     "agent_degraded": "agent tree: some agents ok, one not; fields pid",
     "agent_unavailable": "agent tree: no agent records; fields pid",
+    "graphs_off": "agent (tree): kernel activity off by design, the target replays CUDA graphs "
+    "(`--graph-kernels` records them); fields pid",
     "metrics_off": "sglang: no /metrics (server without --enable-metrics), load fallback",
     "no_pynvml": "nvml: the pynvml module is not importable",
     "nvml_init_failed": "nvml: nvmlInit failed (no driver, no device access)",
@@ -127,6 +130,10 @@ def health_from_text(line: str, name: str = "") -> Health:
         pid = re.search(r"\bpid (\d+)", reason)
         if "--no-inject" in line:
             code = "no_inject"
+        elif "CUDA graphs" in line and ("activity off" in line or "activity stopped" in line):
+            code = "graphs_off"
+            if pid:
+                fields["pid"] = int(pid.group(1))
         elif "or its children" in line:
             code = "no_agent"
             note = line.split("or its children: ", 1)

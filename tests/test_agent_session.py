@@ -192,7 +192,7 @@ def test_a_process_that_replays_graphs_gets_no_kernel_activity():
     h.ctl.graph_replays = True
     h.send(wire.MsgType.START)
     assert h.session.phase is Phase.IDLE
-    assert h.lines() == [f"unavailable: {_graphs_line(h.agent.pid)}"]
+    assert h.lines() == [f"off: {_graphs_line(h.agent.pid)}"]
     assert not [c for c in h.ctl.calls if c.startswith("enable")]
     h.send(wire.MsgType.STOP)
     assert h.lines() == ["idle: stopped"]
@@ -210,7 +210,7 @@ def test_graph_kernels_recorded_later_stop_kernel_activity_for_good():
     h.ctl.graph_kernels_recorded = True  # a graph began replaying after START
     h.at(100.05)
     assert h.session.phase is Phase.IDLE and h.ctl.calls[-1] == "disable"
-    assert h.lines()[-1].startswith(f"unavailable: kernel activity stopped: pid {h.agent.pid}")
+    assert h.lines()[-1].startswith(f"off: kernel activity stopped: pid {h.agent.pid}")
     assert h.ctl.detach_state.startswith("attached for good")
 
 

@@ -200,6 +200,39 @@ def test_tree_codes_and_what_the_app_and_kernel_pane_make_of_them():
     assert "no kernels yet" in kernel_line(tree.health)
 
 
+def test_a_graph_replaying_target_is_off_by_design_not_unavailable():
+    """The agent leaves a process that replays CUDA graphs without kernel activity on purpose
+    (recording their kernels would slow it until it restarts): its STATUS state is "off", the
+    tree says so first (beside a helper process still waiting, or one with no driver), the
+    kernel pane gives the reason without "no kernels yet", the status bar does not mark it as
+    trouble, and an older capture's line for it gets the same code."""
+    from kdash.collectors.agent.session import graphs_line, tainted_line
+    from kdash.tui.widgets.status import StatusInfo, segments
+
+    graphs = {"state": "off", "line": "off: " + graphs_line(1000, False)}
+    h = _health_from_status(graphs)
+    assert (h.state, h.code) == ("off", "graphs_off") and h.reason == graphs_line(1000, False)
+    for others in ((), (WAITING,), (NO_DRIVER,)):
+        tree = _tree_with(graphs, *others)
+        assert (tree.health.state, tree.health.code) == ("off", "graphs_off"), others
+        assert tree.health.fields == {"pid": 1000} and tree.health.reason == h.reason
+        line = kernel_line(tree.health)
+        assert line == "Kernel timeline: " + h.reason and "yet" not in line
+    assert _tree_with(SAMPLING, graphs).health.code == "sampling"  # another process records
+    stopped = _health_from_status({"state": "off", "line": "off: " + tainted_line(1000)})
+    assert stopped.code == "graphs_off"
+    bad = object()
+    info = StatusInfo(mode="live", target="pid 1000", sources={"agent": tree.health})
+    seg = next(s for s in segments(info, lambda c: bad) if s.forms[0].startswith("agent"))
+    assert seg.style is not bad and seg.forms[-1] == "agent off"
+    info = StatusInfo(mode="live", target="pid 1000", sources={"agent": NO_DRIVER["line"]})
+    seg = next(s for s in segments(info, lambda c: bad) if s.forms[0].startswith("agent"))
+    assert seg.style is bad  # a real failure keeps its mark
+    assert "press L" in why_no_samples({"agent": tree.health})  # the agent is there
+    old = health_from_text("unavailable: pid 1000: " + graphs_line(1000), "agent")
+    assert old.code == "graphs_off" and old.fields == {"pid": 1000}
+
+
 @pytest.mark.parametrize(
     "text, code, why",
     [

@@ -128,6 +128,8 @@ def _health_from_status(body: dict[str, Any]) -> Health:
         return Health("ok", sampling, code) if sampling else OK
     if state in ("unavailable", "busy"):
         return Health.unavailable(why, "agent_busy" if state == "busy" else "")
+    if state == "off":  # kernel activity off by design (the target replays CUDA graphs)
+        return Health("off", why, "graphs_off")
     if state == "waiting":
         return Health("starting", line, "agent_waiting")
     if state == "error":

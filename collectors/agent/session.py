@@ -287,7 +287,10 @@ class Session:
             c.cancel_hook()
             c.graph_kernels = agent.graph_kernels
             if not c.graph_kernels and (c.graphs_seen or c.probe_graphs(GRAPH_PROBE_S)):
-                raise Unavailable(graphs_line(agent.pid, getattr(c, "graph_probe", "") != "torch"))
+                # off by design, not broken: the client shows it as such (code graphs_off)
+                cupti_started = getattr(c, "graph_probe", "") != "torch"
+                self.status("off", f"off: {graphs_line(agent.pid, cupti_started)}")
+                return Phase.IDLE
             c.enable(self.acts, agent.outbox.sink)
         except Unavailable as e:
             self.status("unavailable", f"unavailable: {e}")
@@ -370,7 +373,7 @@ class Session:
         self.duty.end(c.disabled_at_ns)
         c.detach_state = "attached for good (graph kernels recorded)"
         self.send_rows()
-        self.status("unavailable", f"unavailable: {tainted_line(self.agent.pid)}")
+        self.status("off", f"off: {tainted_line(self.agent.pid)}")
 
     def reread_as_objects(self) -> bool:
         """A raw buffer could not be read: go on with cupti-python's record objects. False

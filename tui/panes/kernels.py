@@ -144,6 +144,9 @@ def empty_line(agent_health: Health | str) -> str:
     h = as_health(agent_health, "agent")
     if h.code == "no_inject":
         return "Kernel timeline: " + h.reason
+    # off by design (the target replays CUDA graphs): not "yet", and not an error
+    if h.code == "graphs_off":
+        return "Kernel timeline: " + h.reason
     # why an agent is missing where kdash tried to put one (injection failed or a precondition
     # did not hold): say that, not the generic advice
     if h.code == "no_agent" and h.fields.get("note"):
