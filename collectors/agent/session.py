@@ -64,11 +64,11 @@ def active_line(names: str, cycle: DutyCycle) -> str:
 
 def graphs_line(pid: int, cupti_started: bool = True) -> str:
     how = "CUPTI was detached" if cupti_started else "kdash never started CUPTI in it"
+    # the advice before the why: a pane at 80x24 shows the first three lines of it
     return (
-        f"kernel activity off: pid {pid} replays CUDA graphs, and once CUPTI has "
-        "recorded their kernels it cannot be taken out of the process again on this "
-        f"driver (it would stay 8-25% slower until it restarts); {how}. "
-        "`--graph-kernels` records them anyway"
+        f"kernel activity off: pid {pid} replays CUDA graphs; `--graph-kernels` records "
+        "their kernels, but then CUPTI cannot leave the process on this driver (it stays "
+        f"8-25% slower until it restarts); {how}"
     )
 
 
