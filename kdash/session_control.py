@@ -81,10 +81,12 @@ RECORDER_CAPABILITIES: tuple[type, ...] = (DescribesServer, CaptureDetail, Serve
 # -- answers --------------------------------------------------------------------------------------
 def activity_label(agent_health: Health | str) -> str:
     """ "sampled" or "continuous" from the agent source's health (codes "sampling",
-    "continuous"); "" when no agent records (the status bar then says nothing of activity or
-    cost: there is none)."""
+    "continuous"); "off (CUDA graphs)" where the agent left kernel activity off in a graph
+    process (its PC ranges, if on, still cost: the bar shows the estimate beside it); "" when
+    no agent is there to record (the status bar then says nothing of activity or cost)."""
     code = as_health(agent_health, "agent").code
-    return {"continuous": "continuous", "sampling": "sampled"}.get(code, "")
+    labels = {"continuous": "continuous", "sampling": "sampled", "graphs_off": "off (CUDA graphs)"}
+    return labels.get(code, "")
 
 
 @dataclass(frozen=True)

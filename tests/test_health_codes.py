@@ -218,6 +218,7 @@ def test_a_graph_replaying_target_is_off_by_design_not_unavailable():
         assert tree.health.fields == {"pid": 1000} and tree.health.reason == h.reason
         line = kernel_line(tree.health)
         assert line == "Kernel timeline: " + h.reason and "yet" not in line
+    assert activity_label(tree.health) == "off (CUDA graphs)"  # the cost estimate goes beside
     assert _tree_with(SAMPLING, graphs).health.code == "sampling"  # another process records
     stopped = _health_from_status({"state": "off", "line": "off: " + tainted_line(1000)})
     assert stopped.code == "graphs_off"
