@@ -35,6 +35,12 @@ class Health:
     def ok(self) -> bool:
         return self.state == "ok"
 
+    @property
+    def trouble(self) -> bool:
+        """Not ok, and not off by design (an agent that left a graph process's kernels alone
+        is there and working: panes do not mark it as a failure)."""
+        return not self.ok and self.code != "graphs_off"
+
     @classmethod
     def unavailable(cls, why: str, code: str = "", **fields: Any) -> Health:
         return cls("unavailable", why, code, fields)

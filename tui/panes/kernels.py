@@ -142,10 +142,9 @@ def empty_line(agent_health: Health | str) -> str:
     N (injection off: --no-inject); ...") says the pane is empty by the user's choice, and
     where the source says why no agent could be had (a failed injection's precondition)."""
     h = as_health(agent_health, "agent")
-    if h.code == "no_inject":
-        return "Kernel timeline: " + h.reason
-    # off by design (the target replays CUDA graphs): not "yet", and not an error
-    if h.code == "graphs_off":
+    # empty by choice (the user's --no-inject, or a graph process left alone by design): its
+    # reason, never "yet"
+    if h.code in ("no_inject", "graphs_off"):
         return "Kernel timeline: " + h.reason
     # why an agent is missing where kdash tried to put one (injection failed or a precondition
     # did not hold): say that, not the generic advice

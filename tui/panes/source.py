@@ -162,9 +162,8 @@ def why_no_samples(health: Mapping[str, Health | str]) -> str:
         if pcs.code == "pc_off":
             return "no line samples: PC sampling was off (live: press L to turn it on)"
         return f"no line samples: PC sampling {pcs}"
-    ah = as_health(agent, "agent") if agent is not None else None
     # an agent that left kernel activity off in a graph process is there: PC sampling works
-    if ah is None or not (ah.ok or ah.code == "graphs_off"):
+    if agent is None or as_health(agent, "agent").trouble:
         why = f" ({agent})" if agent is not None and str(agent) else ""
         return (
             f"no line samples: no in-process agent{why} — start the target with `kdash run -- CMD`"

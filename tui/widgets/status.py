@@ -98,7 +98,7 @@ def segments(info: StatusInfo, st) -> list[Segment]:
         full = f"{name} {cut_end(str(health), 70)}"
         short_form = f"{name} {health.state}"
         forms = [full] if full == short_form else [full, short_form]
-        if health.ok or health.code == "graphs_off":  # off by design is not trouble
+        if not health.trouble:
             segs.append(Segment(forms, [25, 12][-len(forms) :]))
         else:
             segs.append(Segment(forms, [30, 60][-len(forms) :], st("status-bar--bad")))
