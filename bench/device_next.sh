@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
 # The device runs left for the next session, one device-tool call each, from the repository
 # root, carry `.whl` (rebuilt from HEAD first: see bench/device_setup.sh).
+# Session 10 ran `first` (deager + pc). Sequential twins cannot judge the eager targets on this
+# machine (vCPU speeds drift apart by 15-50%); twins interleaved on one CPU can. Next, in order:
+#   bash bench/device_next.sh ilpin        # the summary: eager, decode_graph, graph_tiny
+#                                          # interleaved on CPU 5, null + default (~7 min)
+#   bash bench/device_next.sh dfactors     # the eager decode step's per-window cost, interleaved
+#                                          # on CPU 5: default, no_release, kernels_only, no_api
+#                                          # (~5 min); read switch_us_per_window in the output
 #   bash bench/device_next.sh first        # deager then pc in one call (~8 min, under 600 s)
 #   bash bench/device_next.sh tiny         # tiny-kernel graph A/B, twice: the CUPTI-free graph
 #                                          # probe (replaywatch.py) after detach (~4 min; ran in
@@ -30,6 +37,15 @@ pc)
     cd bench && timeout "${T_PC:-300}" python3 -u gpu_ab_cost.py --targets eager --attach-s 20 \
         --variants pc_sampling,pc_sampling#2 --name agent-ab-h200-pc-spaced.json \
         2>&1 | grep -E "^eager|failed|Error" | cut -c1-700 ;;
+ilpin)
+    cd bench && timeout 570 python3 -u gpu_ab_cost.py --targets eager,decode_graph,graph_tiny \
+        --interleaved 1 --pin 5 --variants null,default --name agent-ab-h200.json \
+        2>&1 | grep -E "^(eager|decode_graph|graph_tiny)/|failed|Error" | cut -c1-600 ;;
+dfactors)
+    cd bench && timeout 570 python3 -u gpu_ab_cost.py --targets decode_eager --interleaved 1 \
+        --pin 5 --variants default,no_release,kernels_only,no_api,null \
+        --name agent-ab-h200-decode-eager-factors.json \
+        2>&1 | grep -E "^decode_eager/|failed|Error" | cut -c1-600 ;;
 probe)
     cd bench && timeout 450 python3 -u gpu_ab_cost.py --screen graph_probe \
         2>&1 | grep -E "^(import_only|probe_fin|agent)|failed|Error" | cut -c1-500 ;;
@@ -62,5 +78,5 @@ prefill)
     timeout 580 bash bench/device_prefill.sh 2>&1 | tail -40 | cut -c1-400 ;;
 fp8)
     timeout 580 bash bench/device_fp8.sh 2>&1 | tail -40 | cut -c1-400 ;;
-*) echo "usage: bash bench/device_next.sh first|tiny|deager|pc|probe|kernels|fp8|prefill|eager|attribution"; exit 2 ;;
+*) echo "usage: bash bench/device_next.sh ilpin|dfactors|first|tiny|deager|pc|probe|kernels|fp8|prefill|eager|attribution"; exit 2 ;;
 esac

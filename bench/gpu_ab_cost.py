@@ -221,7 +221,9 @@ def run_target(
 SLOT_S = 1.0
 
 
-def treat_once(pid: int, treat: str, dur: float, extra: list[str]) -> dict:
+def treat_once(
+    pid: int, treat: str, dur: float, extra: list[str], avoid_cpu: int | None = None
+) -> dict:
     """One treatment of pid for dur seconds, timed, with kdash's (or the stand-in's) CPU:
     `null` (a `sleep`: the method's own noise), `burn` (a CPU-bound process beside the target),
     `poll:SOURCE` (one of kdash's host sources alone, bench/ab_poller.py), `agent_idle` (the
@@ -254,7 +256,12 @@ def treat_once(pid: int, treat: str, dur: float, extra: list[str]) -> dict:
             str(cap),
             *extra,
         )
+    if avoid_cpu is not None:
+        others = sorted(os.sched_getaffinity(0) - {avoid_cpu})
+        if others:
+            argv = ["taskset", "-c", ",".join(map(str, others)), *argv]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=dur + 90)
+    cost = capture_cost(cap)
     cap.unlink(missing_ok=True)
     b = time.monotonic_ns()
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -265,29 +272,66 @@ def treat_once(pid: int, treat: str, dur: float, extra: list[str]) -> dict:
         "rc": r.returncode,
         "cpu_s": round(cpu, 3),
         "out": (r.stdout + r.stderr)[-1500:],
+        "agent_cost": cost,
     }
 
 
+def capture_cost(cap: Path) -> dict | None:
+    """The estimate and the agents' counters behind it that an attach's capture kept
+    (`agent_cost` in its metadata: switch_us_per_window and the rest), if it wrote one."""
+    if not cap.exists():
+        return None
+    try:
+        from kdash.capture import read_meta
+
+        return read_meta(cap).get("agent_cost")
+    except Exception as e:  # noqa: BLE001 - a figure lost, said so
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def edge_us(events: list[dict]) -> list[float]:
+    """switch_us_per_window of every agent in every attach of a run."""
+    out = []
+    for e in events:
+        for a in ((e.get("agent_cost") or {}).get("agents") or {}).values():
+            if a.get("switch_us_per_window") is not None:
+                out.append(a["switch_us_per_window"])
+    return out
+
+
 def run_pair(
-    mode: str, seconds: float, attaches: list[tuple[float, float]], treat: str, extra: list[str]
+    mode: str,
+    seconds: float,
+    attaches: list[tuple[float, float]],
+    treat: str,
+    extra: list[str],
+    pin: int | None = None,
+    target_env: dict[str, str] | None = None,
 ) -> dict:
     """Interleaved twins: a control and a treated process of the loop, alive together, take
     turns in alternate slots of SLOT_S (control first); kdash treats the treated one at each
     (t, duration) of `attaches`, t counted from the first slot. Each treated slot is compared
     with the mean of the control slots either side of it, so a drift of the machine falls on
-    both; ratios are normalised by their median before the first treatment."""
+    both; ratios are normalised by their median before the first treatment.
+
+    `pin`: both processes on that one CPU, and kdash (the treatment) on every other. On the
+    H200 machine the vCPUs' speeds drift apart by 15-50% for tens of seconds (session 10:
+    a null read -15% over a whole run, a process that moved CPU ran 50-150% faster), so twins
+    on different CPUs compare the CPUs, not kdash. The treated process's agent threads share
+    that CPU with the control's turns too, which makes a cost read low by their CPU share."""
     env = dict(os.environ, AB_SLOTS="1")
+    head = ["taskset", "-c", str(pin)] if pin is not None else []
     env.pop("KDASH_AGENT", None)
     procs = []
-    for _ in range(2):
+    for i in range(2):  # the control, then the treated one (`target_env` in its environment)
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-u", str(HERE / "ab_target.py"), mode, str(seconds)],
+                [*head, sys.executable, "-u", str(HERE / "ab_target.py"), mode, str(seconds)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
-                env=env,
+                env={**env, **(target_env or {})} if i else env,
                 cwd=HERE,
             )
         )
@@ -324,7 +368,7 @@ def run_pair(
         delay = (t0 + at * 1e9 - time.monotonic_ns()) / 1e9
         if delay > 0:
             time.sleep(delay)
-        ev = treat_once(procs[1].pid, treat, dur, extra)
+        ev = treat_once(procs[1].pid, treat, dur, extra, avoid_cpu=pin)
         ev["start_s"] = (ev.pop("start_ns") - t0) / 1e9
         ev["end_s"] = (ev.pop("end_ns") - t0) / 1e9
         events.append(ev)
@@ -338,7 +382,7 @@ def run_pair(
     out_slots = []
     for k, r in sorted(rate[1].items()):
         ctl = [rate[0][j] for j in (k - 1, k + 1) if j in rate[0]]
-        if ctl and k < n:
+        if ctl and k < n - 1:  # the last slot is cut short by the run's end (read -50%)
             out_slots.append((k, r / statistics.mean(ctl), slot_phase[k]))
     base = [x for _k, x, ph in out_slots if ph == "before"]
     norm = statistics.median(base) if base else 1.0
@@ -363,7 +407,9 @@ def run_pair(
     }
 
 
-def interleaved(targets: list[str], variants: list[str], name: str, repeat: int) -> int:
+def interleaved(
+    targets: list[str], variants: list[str], name: str, repeat: int, pin: int | None = None
+) -> int:
     seconds = 44.0
     attaches = [(8.0, 6.0), (24.0, 6.0)]
     res: dict = {
@@ -374,8 +420,10 @@ def interleaved(targets: list[str], variants: list[str], name: str, repeat: int)
         "and 24 s for 6 s",
         "machine": machine(),
         "runs": {},
+        "per_run": {},
         "summary": {},
     }
+    res["pin"] = pin
     path = OUT / name
     for mode in targets:
         for rep in range(repeat):
@@ -383,7 +431,8 @@ def interleaved(targets: list[str], variants: list[str], name: str, repeat: int)
                 treat, vargs = VARIANTS[vname.split("#")[0]]
                 key = f"{mode}/{vname}/{rep}"
                 try:
-                    run = run_pair(mode, seconds, attaches, treat, vargs)
+                    env = TARGET_ENV.get(vname.split("#")[0])
+                    run = run_pair(mode, seconds, attaches, treat, vargs, pin, env)
                 except Exception:  # noqa: BLE001 - keep the other runs' figures
                     res["runs"][key] = {"error": traceback.format_exc()[-2000:]}
                     print(key, "failed", traceback.format_exc()[-800:], flush=True)
@@ -392,12 +441,55 @@ def interleaved(targets: list[str], variants: list[str], name: str, repeat: int)
                 brief = {k: run[k] for k in ("attached_pct", "after_pct", "before_spread_pct")}
                 brief["estimate_pct"] = estimate_from(run["events"])
                 brief["cpu_s"] = [e["cpu_s"] for e in run["events"]]
+                brief["switch_us_per_window"] = edge_us(run["events"])
                 brief["attached_slots"] = [x for _k, x, q in run["slots_pct"] if q == "attached"]
-                res["summary"][key] = brief
+                it_c, it_t = run["iters"]
+                brief["whole_run_vs_twin_pct"] = (
+                    round(100 * (it_t / it_c - 1), 2) if it_c and it_t else None
+                )
+                res["per_run"][key] = brief
                 print(key, brief, flush=True)
                 path.write_text(json.dumps(res, indent=1))
-    path.write_text(json.dumps(res, indent=1))
+        res["summary"].update(target_summary(mode, res["runs"], res["per_run"]))
+        path.write_text(json.dumps(res, indent=1))
+    print(json.dumps(res["summary"], indent=1))
     return 0
+
+
+def target_summary(mode: str, runs: dict, per_run: dict) -> dict:
+    """The issue's summary keys per target and variant, over the repeats of each: the median
+    of their phase medians (`attached_vs_twin_pct`, `after_detach_vs_twin_pct`), the largest
+    estimate kdash printed, and the longest iteration of the treated loop less the control's
+    (`max_stall_ms`); each variant but `default` under `MODE_VARIANT`."""
+    out: dict = {}
+    groups: dict[str, list[str]] = {}
+    for key in per_run:
+        m, vname, _rep = key.split("/")
+        if m == mode:
+            groups.setdefault(vname.split("#")[0], []).append(key)
+    for vname, keys in groups.items():
+
+        def med(field: str, keys: list[str] = keys) -> float | None:
+            vals = [per_run[k][field] for k in keys if per_run[k].get(field) is not None]
+            return round(statistics.median(vals), 2) if vals else None
+
+        ests = [per_run[k]["estimate_pct"] for k in keys if per_run[k]["estimate_pct"] is not None]
+        stalls = [
+            runs[k]["max_worst_ms_treated"] - runs[k]["max_worst_ms_control"]
+            for k in keys
+            if "max_worst_ms_treated" in runs[k]
+        ]
+        out[mode if vname == "default" else f"{mode}_{vname}"] = {
+            "attached_vs_twin_pct": med("attached_pct"),
+            "after_detach_vs_twin_pct": med("after_pct"),
+            "estimate_pct": max(ests) if ests else None,
+            "max_stall_ms": round(max(stalls), 1) if stalls else None,
+            "repeats": len(keys),
+            "attached_each_pct": [per_run[k]["attached_pct"] for k in keys],
+            "after_each_pct": [per_run[k]["after_pct"] for k in keys],
+            "before_spread_each_pct": [per_run[k]["before_spread_pct"] for k in keys],
+        }
+    return out
 
 
 def bin_rates(run: dict, seconds: float) -> list[float | None]:
@@ -544,6 +636,13 @@ def estimate_from(events: list[dict]) -> float | None:
     return max(vals) if vals else None
 
 
+def whole_run_pct(treated: dict, control: dict) -> float | None:
+    """Iterations the treated process made over its whole run against the control's, in %."""
+    t = treated["ticks"][-1][1] if treated.get("ticks") else 0
+    c = control["ticks"][-1][1] if control.get("ticks") else 0
+    return round(100 * (t / c - 1), 2) if t and c else None
+
+
 def slim(run: dict) -> dict:
     keep = {k: v for k, v in run.items() if k not in ("ticks", "clocks", "host")}
     keep["iters"] = run["ticks"][-1][1] if run["ticks"] else 0
@@ -637,9 +736,15 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "sched_only": ("poll:sched", []),
     "agent_idle": ("agent_idle", []),  # the injection alone (the second attach finds it in)
     "no_release": ("attach", []),  # CUPTI kept between windows (TARGET_ENV)
+    "kernels_only": ("attach", []),  # one activity kind: kernels (TARGET_ENV)
+    "no_api": ("attach", []),  # every default kind but the runtime and driver API records
 }
 # what a variant puts in the target's environment
-TARGET_ENV = {"no_release": {"KDASH_AGENT_RELEASE": "0"}}
+TARGET_ENV = {
+    "no_release": {"KDASH_AGENT_RELEASE": "0"},
+    "kernels_only": {"KDASH_AGENT_ACTIVITIES": "kernels"},
+    "no_api": {"KDASH_AGENT_ACTIVITIES": "kernels,memcpy,memset,synchronization,markers"},
+}
 
 
 def ab(
@@ -694,6 +799,9 @@ def ab(
                     "before_spread_pct": cmp["before_spread_pct"],
                     "estimate_pct": estimate_from(run["events"]),
                     "max_stall_ms": cmp["max_stall_ms"],
+                    # iterations over the whole run against the control's: one number per run,
+                    # free of the per-bin noise (a null read +0.2% on decode_eager, session 10)
+                    "whole_run_vs_twin_pct": whole_run_pct(run, control),
                     "attach_rc": [e["rc"] for e in run["events"]],
                     "treat_cpu_s": [e["cpu_s"] for e in run["events"]],
                     "attached_bins_pct": [
@@ -747,7 +855,9 @@ def main(argv: list[str]) -> int:
         return screen(a.screen)
     variants = a.variants.split(",") if a.variants else None
     if a.interleaved:
-        return interleaved(a.targets.split(","), variants or ["default"], a.name, a.interleaved)
+        return interleaved(
+            a.targets.split(","), variants or ["default"], a.name, a.interleaved, a.pin
+        )
     return ab(a.targets.split(","), a.pc, a.extra, variants, a.pin, a.name, a.attach_s)
 
 

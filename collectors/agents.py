@@ -61,6 +61,22 @@ from kdash.schema import Batch
 from kdash.target import Target
 
 NO_INJECT = "injection off: --no-inject"
+# the agent's STATS counters behind the cost estimate, kept in captures (cost_detail)
+COST_DETAIL_KEYS = (
+    "sampling",
+    "sent_rows",
+    "on_ns",
+    "windows_sent",
+    "callback_cpu_ns",
+    "cupti_releases",
+    "cupti_release_finalize_ns",
+    "cupti_reregister_ns",
+    "cupti_switch_ns",
+    "narrow_us_per_window",
+    "switch_us_per_window",
+    "pc_held_ms_per_range",
+    "pc_ranges",
+)
 
 
 def holds_cuda(pid: int) -> bool:
@@ -132,11 +148,17 @@ def counters_from_stats(stats: dict[str, Any], t_ns: int) -> AgentCounters | Non
     if not isinstance(sent, dict) or on_ns is None or cpu_ns is None:
         return None
     try:
-        # A release's cuptiFinalize runs inside one of the target's CUDA calls, and the next
-        # window's registration initialises CUPTI again while the target launches: both are
-        # the target's time, counted like the callbacks' (older agents do not say: 0).
-        held_ns = int(stats.get("agent_cupti_release_finalize_ns") or 0) + int(
-            stats.get("agent_cupti_reregister_ns") or 0
+        # A release's cuptiFinalize runs inside one of the target's CUDA calls, the next
+        # window's registration initialises CUPTI again while the target launches, and each
+        # window's edges switch kinds on and off in the live context: all the target's time,
+        # counted like the callbacks' (older agents do not say: 0).
+        held_ns = sum(
+            int(stats.get(k) or 0)
+            for k in (
+                "agent_cupti_release_finalize_ns",
+                "agent_cupti_reregister_ns",
+                "agent_cupti_switch_ns",
+            )
         )
         return AgentCounters(
             t_ns=int(t_ns),
@@ -523,6 +545,15 @@ class AgentTreeSource:
         with self._lock:
             for src in self.agents.values():
                 safe_call(src, "stop")
+
+    def cost_detail(self) -> dict[str, dict]:
+        """Per agent pid, the STATS counters the estimate is made of (COST_DETAIL_KEYS),
+        as the agent last reported them."""
+        with self._lock:
+            return {
+                str(pid): {k: src.stats.get(f"agent_{k}") for k in COST_DETAIL_KEYS}
+                for pid, src in self.agents.items()
+            }
 
     def cost_estimate(self) -> float | None:
         """kdash's estimated slowdown of the target (a fraction), None while unknown.

@@ -214,9 +214,13 @@ class ExtraHealth(Protocol):
 
 @runtime_checkable
 class CostEstimating(Protocol):
-    """A source that estimates what watching costs the target (a fraction; None unknown)."""
+    """A source that estimates what watching costs the target (a fraction; None unknown), and
+    gives the counters behind the estimate per process (`cost_detail`: pid -> counters), which
+    a capture keeps so that a cost can be read back against a measured one."""
 
     def cost_estimate(self) -> float | None: ...
+
+    def cost_detail(self) -> dict[str, dict]: ...
 
 
 @runtime_checkable

@@ -23,6 +23,7 @@ from pathlib import Path
 from kdash import clock, schema
 from kdash.capture import write_capture
 from kdash.collectors.base import (
+    CostEstimating,
     DescribesGpus,
     ExtraHealth,
     Health,
@@ -336,7 +337,11 @@ class Recorder:
             trigger_ns=trigger_ns,
             wall_offset_ns=self.wall_offset_ns,
             overflowed=self.store.overflowed(),
-            extra={"interval_s": self.opt.interval_s, "topology": self.topology()},
+            extra={
+                "interval_s": self.opt.interval_s,
+                "topology": self.topology(),
+                "agent_cost": agent_cost(self.sources),
+            },
         )
 
     def _emit(self, event: str, payload: object) -> None:
@@ -361,6 +366,20 @@ def source_healths(sources) -> dict[str, Health]:
                 f"extra_health failed: {type(e).__name__}: {e}", "extra_health_failed"
             )
     return out
+
+
+def agent_cost(sources) -> dict | None:
+    """What watching cost the target when the window was written: the estimate (a fraction)
+    and the agents' counters behind it, so a capture can be read against a measured cost;
+    None when no source estimates it."""
+    for s in sources:
+        if not isinstance(s, CostEstimating):
+            continue
+        try:  # a bug here must not cost a capture
+            return {"estimate": s.cost_estimate(), "agents": s.cost_detail()}
+        except Exception as e:  # noqa: BLE001
+            return {"error": f"{type(e).__name__}: {e}"}
+    return None
 
 
 def source_health(sources) -> dict[str, str]:

@@ -152,6 +152,19 @@ def test_the_targets_environment_can_keep_cupti_between_windows(monkeypatch):
     assert "release" not in h.ctl.calls and h.ctl.releases == 0
 
 
+def test_the_targets_environment_can_name_the_default_activities(monkeypatch):
+    """KDASH_AGENT_ACTIVITIES in the target (the A/B bench's activity factors): a START that
+    names no activities switches on those; one that names some still gets what it asked."""
+    monkeypatch.setenv("KDASH_AGENT_ACTIVITIES", "kernels,memcpy")
+    h = Harness()
+    h.send(wire.MsgType.START)
+    assert [c for c in h.ctl.calls if c.startswith("enable")] == ["enable kernels,memcpy"]
+    h.send(wire.MsgType.STOP)
+    h2 = Harness()
+    h2.send(wire.MsgType.START, activities=["kernels"])
+    assert [c for c in h2.ctl.calls if c.startswith("enable")] == ["enable kernels"]
+
+
 def test_a_start_waits_for_cuda_and_says_so_once():
     h = Harness()
     h.agent.controller = FakeController(h.agent.pid, h.clock)

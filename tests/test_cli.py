@@ -236,6 +236,13 @@ def test_run_headless_arms_the_agent(tmp_path):
     assert "no kdash agent" not in agent  # the agent was found in the child
     assert env_log.read_text().strip().splitlines()[0] == "1"
     assert len(k.read_capture(out)["threads"]) > 0
+    # what watching cost is kept beside it: the estimate (none yet, no GPU here) and the
+    # counters of each agent the tree had
+    from kdash.collectors.agents import COST_DETAIL_KEYS
+
+    cost = read_meta(out)["agent_cost"]
+    assert set(cost) == {"estimate", "agents"}
+    assert all(set(a) == set(COST_DETAIL_KEYS) for a in cost["agents"].values()), cost
 
 
 def test_run_removes_an_empty_command_log(tmp_path):

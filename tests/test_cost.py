@@ -77,6 +77,50 @@ def test_cupti_releases_count_as_the_targets_time():
     assert counters_from_stats(st, 3 * S).cpu_ns == 36_000_000
 
 
+def test_window_edges_count_as_the_targets_time():
+    """Each window's edges (kinds on and narrowed, kinds off) are the target's time too: an
+    eager decode step lost ~150 ms a window against its twin on the H200, far more than its
+    records explain."""
+    st = stats(0, 0, int(0.3 * S), 6_000_000)
+    st["agent_cupti_switch_ns"] = 45_000_000
+    assert counters_from_stats(st, 3 * S).cpu_ns == 51_000_000
+    st["agent_cupti_reregister_ns"] = 9_000_000
+    assert counters_from_stats(st, 3 * S).cpu_ns == 60_000_000
+
+
+def test_the_controller_times_its_window_edges():
+    """The real controller times what a window's start (enables, narrowing) and end
+    (disables) take: the stand-in CUPTI below takes 5 ms per switch (no CUPTI here)."""
+    import time
+    import types
+
+    from kdash.collectors.agent.controller import CuptiActivity
+
+    calls = []
+
+    def switch(what):
+        def f(kind):
+            calls.append((what, int(kind)))
+            time.sleep(0.005)
+
+        return f
+
+    c = CuptiActivity(1)
+    c.cupti = types.SimpleNamespace(
+        activity_enable=switch("on"),
+        activity_disable=switch("off"),
+        activity_flush_all=lambda flag: calls.append(("flush", flag)),
+    )
+    c.paused = [("kernels", 10), ("memcpy", 1)]
+    assert c.resume() == ""
+    on_ns = c.switch_ns
+    assert on_ns >= 10_000_000 and c.resumes == 1
+    assert c.pause() == ""
+    assert c.switch_ns - on_ns >= 10_000_000
+    assert calls == [("on", 10), ("on", 1), ("off", 10), ("off", 1), ("flush", 1)]
+    assert c.kinds_on() == []
+
+
 def test_rates_are_per_second_of_activity():
     a = counters_from_stats(stats(0, 0, 0, 0), 0)
     # 3 s of wall time, 0.3 s of it with activity on, 72,900 kernels recorded in it
@@ -237,6 +281,27 @@ class _GraphAgent:
     def __init__(self, stats: dict, pc: bool = False) -> None:
         self.stats = stats
         self.pc_sampling, self.pc_on_ms, self.pc_period_ms = pc, 200, 2000
+
+
+def test_cost_detail_gives_each_agents_counters_for_the_capture():
+    """The counters behind the estimate, per agent pid, as a capture keeps them (what a
+    measured cost is read against); keys the agent did not send are None."""
+    from kdash.collectors.agents import COST_DETAIL_KEYS
+
+    from kdash.session import agent_cost
+
+    st = stats(10, 5, int(0.3 * S), 6_000_000)
+    st["agent_cupti_switch_ns"] = 45_000_000
+    src = AgentTreeSource(_Tree(), inject_allowed=False)
+    src.agents = {7: _GraphAgent(st)}
+    detail = src.cost_detail()
+    assert list(detail) == ["7"] and set(detail["7"]) == set(COST_DETAIL_KEYS)
+    assert detail["7"]["cupti_switch_ns"] == 45_000_000
+    assert detail["7"]["sent_rows"] == {"kernels": 10, "api": 5, "markers": 3}
+    assert detail["7"]["cupti_releases"] is None
+    cost = agent_cost([object(), src])
+    assert cost == {"estimate": src.cost_estimate(), "agents": detail}
+    assert agent_cost([object()]) is None
 
 
 def test_an_agent_that_records_nothing_in_a_graph_process_estimates_its_pc_share_only():

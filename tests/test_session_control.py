@@ -64,6 +64,9 @@ class StandInAgents:
     def cost_estimate(self) -> float | None:
         return 0.25 if self.continuous else 0.02
 
+    def cost_detail(self) -> dict[str, dict]:
+        return {}
+
 
 def _wait(cond, timeout: float = 20.0) -> bool:
     end = time.monotonic() + timeout

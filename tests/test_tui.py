@@ -698,6 +698,9 @@ class _FakeAgents:
     def cost_estimate(self) -> float | None:
         return 0.2916 if self.continuous else 0.02916
 
+    def cost_detail(self) -> dict[str, dict]:
+        return {}
+
     # PC sampling, as AgentTreeSource has it (the `L` key and the source pane's line)
     pc_sampling = False
     pc_calls: list[bool] = []

@@ -10,6 +10,9 @@ ENV_FAKE_CUDA = "KDASH_AGENT_FAKE_CUDA"
 # "0" in the target's environment: CUPTI stays initialised between duty-cycle windows (the
 # A/B bench's factor for what the releases themselves cost; bench/gpu_ab_cost.py no_release)
 ENV_RELEASE = "KDASH_AGENT_RELEASE"
+# a comma-separated activity list in the target's environment: what a START that names none
+# switches on instead of DEFAULT_ACTIVITIES (the A/B bench's factors, e.g. `kernels` alone)
+ENV_ACTIVITIES = "KDASH_AGENT_ACTIVITIES"
 
 POLL_S = 0.05  # how often the session looks at its socket and queue
 FLUSH_EVERY_S = 0.2  # how often completed CUPTI buffers are asked for

@@ -102,6 +102,11 @@ class CuptiActivity:
         self.enabled_at_ns = 0  # monotonic ns just before the kinds were (re-)enabled
         self.disabled_at_ns = 0  # monotonic ns just after they were all disabled
         self.narrow_ns = 0  # agent-thread time re-narrowing API records at window starts
+        # wall time of the windows' edges: the kinds switched on and narrowed (resume), off
+        # again (pause). CUPTI instruments the live context there, under the driver locks the
+        # target's launches take, and the narrowing is a Python loop holding the GIL: the
+        # target's time as much as a release's finalize is (the cost estimate counts it)
+        self.switch_ns = 0
         self.resumes = 0
         # CUPTI out of the process again after a detach (detach.py says why and when it is
         # safe): the user may ask for kernels of graph replays anyway (START "graph_kernels")
@@ -371,11 +376,13 @@ class CuptiActivity:
         """
         errors = []
         kinds = list(self.enabled)
+        t_off = time.perf_counter_ns()
         for act, kind in kinds:
             try:
                 self._kind_off(kind)
             except Exception as e:  # noqa: BLE001
                 errors.append(f"disable {act}: {self._describe_error(e)}")
+        self.switch_ns += time.perf_counter_ns() - t_off
         self.paused, self.enabled = kinds, []
         self.disabled_at_ns = time.monotonic_ns()  # the window's end: before the flush's work
         try:
@@ -400,6 +407,7 @@ class CuptiActivity:
             self.reregister_ns += time.perf_counter_ns() - t0
         kinds, self.paused = self.paused, []
         self.enabled_at_ns = time.monotonic_ns()
+        t_on = time.perf_counter_ns()
         for act, kind in kinds:
             try:
                 self._kind_on(kind)
@@ -409,7 +417,9 @@ class CuptiActivity:
             self.enabled.append((act, kind))
         t0 = time.perf_counter_ns()
         self._narrow_api_records(enable=True)  # one call per API id: measured, as it repeats
-        self.narrow_ns += time.perf_counter_ns() - t0
+        t1 = time.perf_counter_ns()
+        self.narrow_ns += t1 - t0
+        self.switch_ns += t1 - t_on
         self.resumes += 1
         if errors:
             self.last_error = "; ".join(errors)

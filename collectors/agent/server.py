@@ -560,6 +560,8 @@ class Agent:
             # registrations after them (part of what the cost estimate counts)
             "cupti_release_finalize_ns": getattr(c, "release_finalize_ns", 0),
             "cupti_reregister_ns": getattr(c, "reregister_ns", 0),
+            # the windows' edges (kinds on and narrowed, kinds off): counted like the releases
+            "cupti_switch_ns": getattr(c, "switch_ns", 0),
         }
 
     def _session(self, conn: socket.socket, first: Any) -> None:
@@ -633,6 +635,7 @@ def controller_stats(c: CuptiActivity | None) -> dict:
             "graphs_seen": False,
             "graph_kernels_recorded": False,
             "narrow_us_per_window": None,
+            "switch_us_per_window": None,
         }
     return {
         **out,
@@ -643,6 +646,7 @@ def controller_stats(c: CuptiActivity | None) -> dict:
         "graphs_seen": c.graphs_seen,
         "graph_kernels_recorded": c.graph_kernels_recorded,
         "narrow_us_per_window": round(c.narrow_ns / c.resumes / 1e3, 1) if c.resumes else None,
+        "switch_us_per_window": round(c.switch_ns / c.resumes / 1e3, 1) if c.resumes else None,
     }
 
 

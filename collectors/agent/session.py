@@ -31,6 +31,7 @@ import time
 
 from .constants import (
     DETACH_WAIT_S,
+    ENV_ACTIVITIES,
     ENV_RELEASE,
     FLUSH_EVERY_S,
     GRAPH_PROBE_S,
@@ -177,7 +178,8 @@ class Session:
             self.status(self.agent.state, self.agent.line, force=True)
             return False
         body = msg.body
-        acts, act_note = parse_activities(body.get("activities"))
+        env_acts = [a for a in os.environ.get(ENV_ACTIVITIES, "").split(",") if a]
+        acts, act_note = parse_activities(body.get("activities") or env_acts)
         if acts is None:
             self.status("error", f"error: START {act_note}")
             return False

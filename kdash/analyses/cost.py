@@ -14,7 +14,11 @@ shown as an estimate ("kdash cost ≈ N%"), built from what we measured on an NV
   `agent_callback_cpu_ns`) is taken from the target: it holds the GIL, so a Python launch
   thread waits for it. So is the time of CUPTI's releases between windows (the
   `cuptiFinalize` inside one of the target's CUDA calls, and the next window's registration,
-  which initialises CUPTI again), counted with it (collectors/agents.counters_from_stats).
+  which initialises CUPTI again) and of every window's edges (the kinds switched on and
+  narrowed, then off, in the live context), counted with it
+  (collectors/agents.counters_from_stats). On the H200 an eager decode step lost ~15% of single
+  1-s slots, about one slot a window, against its twin on the same CPU (bench/NOTES-agent.md,
+  session 10), where its record costs explain a few ms: the edges were not timed then.
 
 The record costs are paid only while activity is on, so the record rates are per second *of
 activity* and are scaled by the duty fraction (`on_ms / period_ms`, 1.0 continuous); the
