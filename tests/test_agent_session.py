@@ -165,6 +165,64 @@ def test_the_targets_environment_can_name_the_default_activities(monkeypatch):
     assert [c for c in h2.ctl.calls if c.startswith("enable")] == ["enable kernels"]
 
 
+class _FakeGraph:
+    """Stands in for torch.cuda.CUDAGraph (no torch CUDA here): the kinds that were on when
+    each replay ran."""
+
+    ctl: FakeController | None = None
+    kinds_at_replay: list[list[int]] = []
+
+    def replay(self) -> None:
+        assert _FakeGraph.ctl is not None
+        _FakeGraph.kinds_at_replay.append(_FakeGraph.ctl.kinds_on())
+
+
+def _fake_torch_graphs(monkeypatch) -> None:
+    import sys
+    import types
+
+    graphs = types.SimpleNamespace(CUDAGraph=_FakeGraph)
+    monkeypatch.setitem(sys.modules, "torch.cuda.graphs", graphs)
+
+
+def test_a_graph_replay_after_start_switches_activity_off_before_it_runs(monkeypatch):
+    """A server idle while START listened for graphs, whose first torch CUDA-graph replay
+    comes later: the guard switches every kind off on the target's thread before that
+    replay runs, the session stops at its next tick, CUPTI is detached (no replay's kernel was
+    recorded) and the line says the process replays graphs; the class has its own replay
+    back. torch.cuda.graphs is a stand-in module here."""
+    _fake_torch_graphs(monkeypatch)
+    orig = _FakeGraph.__dict__["replay"]
+    h = Harness()
+    h.send(wire.MsgType.START)
+    assert h.session.phase is Phase.ACTIVE and h.ctl.kinds_on()
+    assert _FakeGraph.__dict__["replay"] is not orig  # the guard is armed
+    monkeypatch.setattr(_FakeGraph, "ctl", h.ctl)
+    monkeypatch.setattr(_FakeGraph, "kinds_at_replay", [])
+    _FakeGraph().replay()
+    _FakeGraph().replay()
+    assert _FakeGraph.kinds_at_replay == [[], []]  # every kind was off before the first
+    assert h.ctl.calls.count("graph_guard") == 1
+    assert _FakeGraph.__dict__["replay"] is orig  # one-shot: the original is back
+    h.at(100.05)
+    assert h.session.phase is Phase.IDLE
+    assert h.ctl.calls[-2:] == ["disable", "detach"] and h.ctl.detach_state == "detached"
+    assert "replays CUDA graphs" in h.lines()[-1]
+    h.send(wire.MsgType.STOP)
+
+
+def test_the_graph_guard_is_taken_back_when_the_session_ends(monkeypatch):
+    """A session that ends with no replay seen leaves the class as it found it."""
+    _fake_torch_graphs(monkeypatch)
+    orig = _FakeGraph.__dict__["replay"]
+    h = Harness()
+    h.send(wire.MsgType.START)
+    assert _FakeGraph.__dict__["replay"] is not orig
+    h.send(wire.MsgType.STOP)
+    assert _FakeGraph.__dict__["replay"] is orig and h.session.graph_guard is None
+    assert "graph_guard" not in h.ctl.calls
+
+
 def test_a_start_waits_for_cuda_and_says_so_once():
     h = Harness()
     h.agent.controller = FakeController(h.agent.pid, h.clock)

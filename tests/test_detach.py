@@ -178,3 +178,27 @@ def test_the_finalize_is_timed_and_a_release_adds_it_to_the_controllers_cost():
     assert c.hook is not None and c.hook.finalize_ns >= 20_000_000
     assert c.release_finalize_ns == c.hook.finalize_ns and c.releases == 1
     assert c.needs_register  # the next window registers again (and times that too)
+
+
+def test_the_graph_guard_switches_every_kind_off_and_none_on_again():
+    """The real controller's guard (called on the target's thread at its first torch graph
+    replay): every kind off at once, a later window's resume switches nothing on, and the
+    detach may still finalize, since no replay's kernel was recorded (the stand-in cupti
+    below records the switches; CUPTI itself is not here)."""
+    from kdash.collectors.agent.controller import CuptiActivity
+
+    switched = []
+    c = CuptiActivity(1)
+    c.cupti = types.SimpleNamespace(
+        activity_enable=lambda k: switched.append(("on", int(k))),
+        activity_disable=lambda k: switched.append(("off", int(k))),
+        activity_flush_all=lambda flag: None,
+    )
+    c.paused = [("kernels", 10), ("memcpy", 1)]
+    assert c.resume() == "" and c.kinds_on() == [1, 10]
+    c.graph_guard()
+    assert c.kinds_on() == [] and c.graph_guarded and c.graphs_seen
+    assert switched[-2:] == [("off", 10), ("off", 1)]
+    assert c.pause() == "" and c.resume() == ""  # the window's edges: nothing goes on
+    assert c.kinds_on() == [] and switched[-1] == ("off", 1)
+    assert not c.graph_kernels_recorded  # what lets detach_cupti finalize

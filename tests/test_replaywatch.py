@@ -28,6 +28,26 @@ class Graph:
         return self.n
 
 
+def test_on_fire_runs_once_on_the_callers_thread_before_the_original():
+    """The graph guard's hook: at the first call, on the thread that makes it, before the
+    original runs; a hook that raises is kept as fire_error and the call still goes through."""
+    seen = []
+    g = Graph()
+    w = replaywatch.ReplayWatch(Graph, on_fire=lambda: seen.append((g.n, threading.get_ident())))
+    assert w.arm()
+    assert g.replay(2) == 2 and g.replay() == 3
+    assert seen == [(0, threading.get_ident())]
+    boom = replaywatch.ReplayWatch(Graph, on_fire=lambda: 1 / 0)
+    assert boom.arm() and g.replay() == 4
+    assert boom.fire_error.startswith("ZeroDivisionError") and boom.state == "fired"
+
+
+def test_the_guard_needs_torch_graphs(monkeypatch):
+    """No torch CUDA graphs imported: nothing to guard (None, nothing changed)."""
+    monkeypatch.delitem(sys.modules, "torch.cuda.graphs", raising=False)
+    assert replaywatch.guard_torch_replays(lambda: None) is None
+
+
 def test_the_first_call_is_seen_made_and_the_original_is_back():
     orig = Graph.__dict__["replay"]
     w = replaywatch.ReplayWatch(Graph)

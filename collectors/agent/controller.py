@@ -79,6 +79,10 @@ class CuptiActivity:
         self.mismatch = ""  # cupti-python/libcupti newer than the driver: what to install
         self._registered = False
         self._lock = threading.Lock()
+        # kinds switched by the session's thread (windows) and by the target's own at its first
+        # CUDA-graph replay (graph_guard): one at a time
+        self._switch_lock = threading.RLock()
+        self.graph_guarded = False  # graph_guard switched kernel activity off before a replay
         self._sink: Callable[[dict[str, dict[str, Any]]], None] | None = None
         self.callback_errors = 0
         self.last_error = ""
@@ -375,16 +379,18 @@ class CuptiActivity:
         record nothing (both seen on a card with CUDA 13.0's CUPTI).
         """
         errors = []
-        kinds = list(self.enabled)
-        t_off = time.perf_counter_ns()
-        for act, kind in kinds:
-            try:
-                self._kind_off(kind)
-            except Exception as e:  # noqa: BLE001
-                errors.append(f"disable {act}: {self._describe_error(e)}")
-        self.switch_ns += time.perf_counter_ns() - t_off
-        self.paused, self.enabled = kinds, []
-        self.disabled_at_ns = time.monotonic_ns()  # the window's end: before the flush's work
+        with self._switch_lock:
+            kinds = list(self.enabled)
+            t_off = time.perf_counter_ns()
+            for act, kind in kinds:
+                try:
+                    self._kind_off(kind)
+                except Exception as e:  # noqa: BLE001
+                    errors.append(f"disable {act}: {self._describe_error(e)}")
+            self.switch_ns += time.perf_counter_ns() - t_off
+            if kinds or not self.graph_guarded:
+                self.paused, self.enabled = kinds, []
+                self.disabled_at_ns = time.monotonic_ns()  # the window's end, before the flush
         try:
             self.cupti.activity_flush_all(1)  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
         except Exception as e:  # noqa: BLE001
@@ -405,25 +411,47 @@ class CuptiActivity:
             except Exception as e:  # noqa: BLE001 - the kinds then record nothing: say so
                 errors.append(f"re-registering after a PC refresh: {self._describe_error(e)}")
             self.reregister_ns += time.perf_counter_ns() - t0
-        kinds, self.paused = self.paused, []
-        self.enabled_at_ns = time.monotonic_ns()
-        t_on = time.perf_counter_ns()
-        for act, kind in kinds:
-            try:
-                self._kind_on(kind)
-            except Exception as e:  # noqa: BLE001
-                errors.append(f"enable {act}: {self._describe_error(e)}")
-                continue
-            self.enabled.append((act, kind))
-        t0 = time.perf_counter_ns()
-        self._narrow_api_records(enable=True)  # one call per API id: measured, as it repeats
-        t1 = time.perf_counter_ns()
-        self.narrow_ns += t1 - t0
-        self.switch_ns += t1 - t_on
-        self.resumes += 1
+        with self._switch_lock:
+            if self.graph_guarded:  # the target began replaying graphs: nothing goes on again
+                return ""
+            kinds, self.paused = self.paused, []
+            self.enabled_at_ns = time.monotonic_ns()
+            t_on = time.perf_counter_ns()
+            for act, kind in kinds:
+                try:
+                    self._kind_on(kind)
+                except Exception as e:  # noqa: BLE001
+                    errors.append(f"enable {act}: {self._describe_error(e)}")
+                    continue
+                self.enabled.append((act, kind))
+            t0 = time.perf_counter_ns()
+            self._narrow_api_records(enable=True)  # one call per API id: timed, as it repeats
+            t1 = time.perf_counter_ns()
+            self.narrow_ns += t1 - t0
+            self.switch_ns += t1 - t_on
+            self.resumes += 1
         if errors:
             self.last_error = "; ".join(errors)
         return "; ".join(errors)
+
+    def graph_guard(self) -> None:
+        """On the target's thread, at its first torch CUDA-graph replay and before it runs
+        (replaywatch.guard_torch_replays, armed while activity is on): every kind off now, and
+        none on again. Kernels of a replay are then never recorded, so CUPTI can still be
+        finalized when the client leaves (once they are, that would kill the process: H200,
+        agent-finalize-h200.json); the session stops at its next tick and says why."""
+        with self._switch_lock:
+            self.graph_guarded = True
+            self.graphs_seen = True
+            kinds = list(self.enabled)
+            for act, kind in kinds:
+                try:
+                    self._kind_off(kind)
+                except Exception as e:  # noqa: BLE001 - the session's disable tries again
+                    self.last_error = f"graph guard: disable {act}: {self._describe_error(e)}"
+            if kinds:
+                self.paused, self.enabled = [*kinds, *self.paused], []
+                self.disabled_at_ns = time.monotonic_ns()
 
     def disable(self, flush: bool = True) -> str:
         """Disable every enabled kind, then force-flush; "" or what went wrong.

@@ -24,6 +24,7 @@ import threading
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 
@@ -41,8 +42,13 @@ class ReplayWatch:
     back before any call), "failed: <why>" (nothing was changed).
     """
 
-    def __init__(self, cls: type, name: str = "replay") -> None:
+    def __init__(
+        self, cls: type, name: str = "replay", on_fire: Callable[[], None] | None = None
+    ) -> None:
         self.cls, self.name = cls, name
+        # run once, on the target's thread, at the first call and before the original runs
+        self.on_fire = on_fire
+        self.fire_error = ""  # what on_fire raised (it never reaches the target)
         self.state = "new"
         self.seen = threading.Event()
         self._lock = threading.Lock()
@@ -50,9 +56,9 @@ class ReplayWatch:
         self._wrapper: Any = None
 
     @classmethod
-    def for_torch(cls) -> ReplayWatch | None:
+    def for_torch(cls, on_fire: Callable[[], None] | None = None) -> ReplayWatch | None:
         graph = torch_graph_class()
-        return cls(graph) if graph is not None else None
+        return cls(graph, on_fire=on_fire) if graph is not None else None
 
     def arm(self) -> bool:
         """Put the wrapper in place; False (and nothing changed) when `name` is not a plain
@@ -80,10 +86,17 @@ class ReplayWatch:
 
     def _fire(self) -> None:
         """On the target's thread, inside its call: put the original back, never raise."""
+        first = False
         with self._lock:
             if self.state == "armed":
                 self._restore()
                 self.state = "fired"
+                first = True
+        if first and self.on_fire is not None:
+            try:
+                self.on_fire()
+            except BaseException as e:  # noqa: BLE001 - never into the target's replay
+                self.fire_error = f"{type(e).__name__}: {e}"
         self.seen.set()
 
     def _restore(self) -> None:
@@ -113,3 +126,15 @@ def torch_replays_within(seconds: float) -> bool | None:
         return watch.wait(seconds)
     finally:
         watch.disarm()
+
+
+def guard_torch_replays(on_fire: Callable[[], None]) -> ReplayWatch | None:
+    """A watch that stays armed until the caller disarms it: `on_fire` runs on the target's
+    thread at its first torch CUDA-graph replay, before the replay itself. The agent switches
+    kernel activity off there, so that a process that began replaying graphs after START (a
+    server idle while the probe listened) never has a replay's kernel recorded, and CUPTI can
+    still leave it. None when torch's CUDA graphs are not imported (nothing to guard)."""
+    watch = ReplayWatch.for_torch(on_fire)
+    if watch is None or not watch.arm():
+        return None
+    return watch

@@ -113,6 +113,9 @@ class Session:
         # CUPTI finalized after each window unless the target's environment says not
         self.release = os.environ.get(ENV_RELEASE, "1") != "0"
         self.pc_paused_activity = False  # a range paused continuous activity: resume after it
+        # armed on torch's CUDAGraph.replay while activity is on (replaywatch.py): the target's
+        # first replay switches every kind off before it runs
+        self.graph_guard: Any = None
         self.duty = DutyClock(agent.outbox.add_window)
         now = clock()
         self.last_flush = self.last_offset = self.last_held_check = now
@@ -161,6 +164,13 @@ class Session:
     def step(self, msg: Any = None) -> None:
         """Handle `msg` (if any), then do what is due: start, switch a window, sample, flush,
         send. A handler that refused its message leaves the rest to the next step."""
+        try:
+            self._step(msg)
+        finally:
+            if self.phase is not Phase.ACTIVE:  # stopped, stepped aside, or never started
+                self.disarm_graph_guard()
+
+    def _step(self, msg: Any) -> None:
         if msg is not None and not self.handlers.get(msg.type, self.on_other)(msg):
             return
         if self.phase is Phase.WAITING:
@@ -294,6 +304,7 @@ class Session:
                 self.status("off", f"off: {graphs_line(agent.pid, cupti_started)}")
                 return Phase.IDLE
             c.enable(self.acts, agent.outbox.sink)
+            self.arm_graph_guard(c)
         except Unavailable as e:
             self.status("unavailable", f"unavailable: {e}")
             if e.retry:
@@ -322,6 +333,9 @@ class Session:
             return False
         if c.graph_kernels_recorded and not c.graph_kernels:
             self.stop_for_graphs()
+            return False
+        if getattr(c, "graph_guarded", False) and not c.graph_kernels:
+            self.stop_for_guard()
             return False
         if c.raw_failed and c.mode == "raw" and self.duty.on and not self.reread_as_objects():
             return False
@@ -366,6 +380,37 @@ class Session:
         self.acts = [a for a, _ in c.last_enabled]
         self.agent.next_try = now + RETRY_S
         return True
+
+    def arm_graph_guard(self, c: Any) -> None:
+        """A process that did not replay CUDA graphs while START listened may begin to (a
+        server idle at the attach): its first torch replay switches kernel activity off
+        before it runs (controller.graph_guard), so CUPTI can still leave it."""
+        if c.graph_kernels or not hasattr(c, "graph_guard"):
+            return
+        from . import replaywatch
+
+        self.disarm_graph_guard()
+        self.graph_guard = replaywatch.guard_torch_replays(c.graph_guard)
+
+    def disarm_graph_guard(self) -> None:
+        if self.graph_guard is not None:
+            self.graph_guard.disarm()
+            self.graph_guard = None
+
+    def stop_for_guard(self) -> None:
+        """The target began replaying CUDA graphs and the guard switched activity off before
+        the first replay: stop for good, and take CUPTI out (no replay's kernel was
+        recorded, so a finalize is safe)."""
+        c = self.ctl
+        self.phase = Phase.IDLE
+        self.disarm_graph_guard()
+        c.disable()
+        self.duty.end(c.disabled_at_ns)
+        err = c.detach_cupti(DETACH_WAIT_S)
+        if err:
+            self.agent.last_error = err
+        self.send_rows()
+        self.status("off", f"off: {graphs_line(self.agent.pid)}")
 
     def stop_for_graphs(self) -> None:
         """A kernel of a CUDA-graph replay was recorded without `graph_kernels`: stop for good."""
@@ -421,6 +466,7 @@ class Session:
         agent = self.agent
         agent.pc.stop()
         agent.pc.set_state(PCState.OFF)
+        self.disarm_graph_guard()
         try:
             c = self.ctl
             err = ""

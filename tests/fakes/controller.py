@@ -145,6 +145,17 @@ class FakeController:
     def read_dropped(self) -> int:
         return self.dropped_by_cupti
 
+    graph_guarded = False
+
+    def graph_guard(self) -> None:
+        """As CuptiActivity's, called on the target's thread at its first graph replay."""
+        self.calls.append("graph_guard")
+        self.graph_guarded = self.graphs_seen = True
+        if self.enabled:
+            self._switch(self.enabled, -1)
+            self.paused, self.enabled = [*self.enabled, *self.paused], []
+            self.disabled_at_ns = self._ns()
+
     def detach_cupti(self, wait_s: float) -> str:
         self.calls.append("detach")
         if self.released and not self.kinds_on():
