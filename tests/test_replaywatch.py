@@ -13,10 +13,19 @@ from __future__ import annotations
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 from kdash.collectors.agent import replaywatch
-from test_agent import PATIENCE_S, finish, log_lines, start_target, wait_for, wait_socket
+from test_agent import (
+    PATIENCE_S,
+    finish,
+    kinds_left_on,
+    log_lines,
+    start_target,
+    wait_for,
+    wait_socket,
+)
 
 
 class Graph:
@@ -188,3 +197,54 @@ def test_an_attach_to_a_torch_graph_process_never_starts_cupti(fake_libcupti):
     finally:
         rc, out, err = finish(p)
     assert rc == 0 and out.split()[-2:] == ["done", "same"], err  # the class as it was
+
+
+# The same, but idle at first (a server waiting for requests while the agent listens for
+# graphs) and replaying only once the test says so (its stop file's name + ".go" exists).
+TORCH_LATE_TARGET = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch
+    cls = torch.cuda.CUDAGraph
+    orig = cls.__dict__["replay"]
+    g = object.__new__(cls)
+    end = time.monotonic() + float(sys.argv[1])
+    print("ready", flush=True)
+    while time.monotonic() < end and not os.path.exists(sys.argv[2]):
+        if os.path.exists(sys.argv[2] + ".go"):
+            try:
+                g.replay()
+            except (AttributeError, RuntimeError):
+                pass
+        time.sleep(0.002)
+    print("done", "same" if cls.__dict__["replay"] is orig else "changed", flush=True)
+    """
+)
+
+
+def test_a_process_that_replays_only_after_start_is_guarded(fake_libcupti):
+    """Kernel activity went on (no replay while START listened); the first replay then
+    switches every kind off before it runs, CUPTI is finalized, and the line says the
+    process replays graphs. The stand-in libcupti logs the switches; the replays fail inside
+    torch after the wrapper has run (no CUDA graph can exist here)."""
+    pytest.importorskip("torch")
+    from kdash.collectors.agent.client import AgentSource
+
+    p = start_target(fake_libcupti, script=TORCH_LATE_TARGET)
+    go = Path(str(p.stop_file) + ".go")  # type: ignore[attr-defined]
+    try:
+        wait_socket(p.pid)
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        src = AgentSource(p.pid, continuous=True)
+        src.start()
+        assert wait_for(lambda: src.health.ok), str(src.health)
+        assert [w for _, w in log_lines(fake_libcupti) if w.startswith("enable")]
+        go.touch()
+        assert wait_for(lambda: "replays CUDA graphs" in str(src.health)), str(src.health)
+        assert "CUPTI was detached" in str(src.health)
+        assert wait_for(lambda: "cupti finalize" in [w for _, w in log_lines(fake_libcupti)])
+        src.stop()
+        assert kinds_left_on([w for _, w in log_lines(fake_libcupti)]) == {}
+    finally:
+        rc, out, err = finish(p)
+    assert rc == 0 and out.split()[-2:] == ["done", "same"], err
