@@ -52,6 +52,7 @@ from kdash.analyses.cost import (
     DEFAULT_BUDGET,
     PC_BUDGET,
     PC_GPU_SHARE,
+    PC_HOLD_FACTOR,
     duty_for_budget,
     duty_fraction,
     estimated_cost,
@@ -206,7 +207,8 @@ def pc_sampling_cost(stats: dict[str, Any]) -> float:
         return 0.0
     if period <= 0:
         return 0.0
-    return max(0.0, cpu_ms) / period + PC_GPU_SHARE * min(1.0, max(0.0, on / period))
+    held = PC_HOLD_FACTOR * max(0.0, cpu_ms)
+    return held / period + PC_GPU_SHARE * min(1.0, max(0.0, on / period))
 
 
 @dataclass(frozen=True)
