@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from kdash import gpu_reasons, schema
+from kdash.analyses.cost import cost_text
 from kdash.analyses.cpu_ops import cpu_op_threads, top_cpu_ops
 from kdash.analyses.finding import findings_of
 from kdash.analyses.gpu_time import account, gpu_time_text
@@ -128,6 +129,7 @@ def summarize(cap: Capture, top: int = DEFAULT_TOP) -> dict:
         "gpus": meta.get("gpus") or [],
         "driver": meta.get("driver"),
         "sources": meta.get("sources") or {},
+        "watch_cost": watch_cost(meta),
         "tables": {name: int(len(df)) for name, df in t.items()},
         "gpu_summary": gpu_summary(t["gpu_samples"]),
         "gpu_time": [g.to_json() for g in acc.gpus],
@@ -139,6 +141,20 @@ def summarize(cap: Capture, top: int = DEFAULT_TOP) -> dict:
         "top_cpu_ops": _rows(top_cpu_ops(t.get("markers"), limit=top), CPU_OP_DIGITS),
         "cpu_op_threads": _rows(cpu_op_threads(t.get("markers")).head(top), CPU_OP_DIGITS),
         "hot_lines": hot_lines_by_kernel(t["pc_samples"], t.get("source_lines"))[:top],
+    }
+
+
+def watch_cost(meta: dict) -> dict | None:
+    """The estimate of what watching cost the target, and the agents' counters behind it, as
+    the capture kept them (`agent_cost`); None for a capture without one."""
+    cost = meta.get("agent_cost")
+    if not isinstance(cost, dict) or "estimate" not in cost:
+        return None
+    est = cost.get("estimate")
+    agents = cost.get("agents")
+    return {
+        "estimate": float(est) if isinstance(est, (int, float)) else None,
+        "agents": agents if isinstance(agents, dict) else {},
     }
 
 
@@ -250,6 +266,9 @@ def _render_head(summary: dict, console) -> None:
             f"(local CPUs {g.get('local_cpus') or 'n/a'})"
         )
     console.print("  sources: " + ", ".join(f"{k} {v}" for k, v in summary["sources"].items()))
+    cost = summary.get("watch_cost") or {}
+    if cost.get("estimate") is not None:
+        console.print(f"  {cost_text(cost['estimate'])} while recording (kdash's estimate)")
 
 
 def _render_table_rows(summary: dict, console) -> None:

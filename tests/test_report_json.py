@@ -180,3 +180,31 @@ def test_top_kernels_say_which_have_source_and_hot_lines_start_with_one_that_has
     assert per.index[0] != "_decode_stage2"  # hotter kernels without a table exist
     hot = cubin.hot_lines_by_kernel(samples, sl)
     assert hot[0]["kernel"] == "_decode_stage2" and hot[0]["file"]
+
+
+def test_watch_cost_is_what_the_capture_kept(report_schema):
+    """A capture written with the agent's estimate (`agent_cost` in its metadata, as
+    Session.build_meta writes it) reports it as `watch_cost` and prints it in the text
+    report; an older capture (none of the shipped ones has it) reports null."""
+    import dataclasses
+    import io
+
+    from rich.console import Console
+
+    from kdash.report import render
+
+    old = load_capture(ROOT / "kdash" / "data" / "demo-h200.kdash")
+    assert _doc(old)["watch_cost"] is None
+    agents = {"4242": {"windows_sent": 7, "switch_us_per_window": 812.5}}
+    meta = {**old.meta, "agent_cost": {"estimate": 0.034, "agents": agents}}
+    doc = _doc(dataclasses.replace(old, meta=meta))
+    assert errors(doc, report_schema) == []
+    assert doc["watch_cost"] == {"estimate": 0.034, "agents": agents}
+    out = io.StringIO()
+    render(doc, Console(file=out, width=120, color_system=None))
+    assert "kdash cost ≈ 3% while recording" in out.getvalue()
+    junk = {**old.meta, "agent_cost": {"estimate": "high", "agents": []}}
+    assert _doc(dataclasses.replace(old, meta=junk))["watch_cost"] == {
+        "estimate": None,
+        "agents": {},
+    }
