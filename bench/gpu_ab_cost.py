@@ -289,13 +289,14 @@ def capture_cost(cap: Path) -> dict | None:
         return {"error": f"{type(e).__name__}: {e}"}
 
 
-def edge_us(events: list[dict]) -> list[float]:
-    """switch_us_per_window of every agent in every attach of a run."""
+def edge_us(events: list[dict], key: str = "switch_us_per_window") -> list[float]:
+    """`key` (switch_us_per_window, narrow_us_per_window) of every agent in every attach of a
+    run."""
     out = []
     for e in events:
         for a in ((e.get("agent_cost") or {}).get("agents") or {}).values():
-            if a.get("switch_us_per_window") is not None:
-                out.append(a["switch_us_per_window"])
+            if a.get(key) is not None:
+                out.append(a[key])
     return out
 
 
@@ -442,6 +443,7 @@ def interleaved(
                 brief["estimate_pct"] = estimate_from(run["events"])
                 brief["cpu_s"] = [e["cpu_s"] for e in run["events"]]
                 brief["switch_us_per_window"] = edge_us(run["events"])
+                brief["narrow_us_per_window"] = edge_us(run["events"], "narrow_us_per_window")
                 brief["attached_slots"] = [x for _k, x, q in run["slots_pct"] if q == "attached"]
                 it_c, it_t = run["iters"]
                 brief["whole_run_vs_twin_pct"] = (
