@@ -1145,6 +1145,9 @@ def test_duty_cycle_windows_bound_every_enable(fake_cupti):
         assert got.get("kernels"), "records of the windows arrive too"
         assert stats_until(src, lambda st: st.get("agent_windows_sent", 0) >= len(wins))
         assert src.stats["agent_sampling"] == {"continuous": False, "period_ms": 300, "on_ms": 60}
+        # each window's edges are timed, and counted in what the estimate reads
+        assert src.stats["agent_cupti_switch_ns"] > 0
+        assert src.stats["agent_switch_us_per_window"] >= src.stats["agent_narrow_us_per_window"]
         src.stop()
         assert wait_for(lambda: any(w == "flush 1" for _, w in log_lines(fake_cupti)[-3:]))
         events = [w for _, w in log_lines(fake_cupti)]
