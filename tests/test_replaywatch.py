@@ -167,11 +167,13 @@ TORCH_TARGET = textwrap.dedent(
     g = object.__new__(cls)
     end = time.monotonic() + float(sys.argv[1])
     print("ready", flush=True)
+    late = os.environ.get("REPLAY_AFTER_GO")  # idle until the stop file's name + ".go" exists
     while time.monotonic() < end and not os.path.exists(sys.argv[2]):
-        try:
-            g.replay()
-        except (AttributeError, RuntimeError):
-            pass
+        if not late or os.path.exists(sys.argv[2] + ".go"):
+            try:
+                g.replay()
+            except (AttributeError, RuntimeError):
+                pass
         time.sleep(0.002)
     print("done", "same" if cls.__dict__["replay"] is orig else "changed", flush=True)
     """
@@ -199,29 +201,6 @@ def test_an_attach_to_a_torch_graph_process_never_starts_cupti(fake_libcupti):
     assert rc == 0 and out.split()[-2:] == ["done", "same"], err  # the class as it was
 
 
-# The same, but idle at first (a server waiting for requests while the agent listens for
-# graphs) and replaying only once the test says so (its stop file's name + ".go" exists).
-TORCH_LATE_TARGET = textwrap.dedent(
-    """
-    import os, sys, time
-    import torch
-    cls = torch.cuda.CUDAGraph
-    orig = cls.__dict__["replay"]
-    g = object.__new__(cls)
-    end = time.monotonic() + float(sys.argv[1])
-    print("ready", flush=True)
-    while time.monotonic() < end and not os.path.exists(sys.argv[2]):
-        if os.path.exists(sys.argv[2] + ".go"):
-            try:
-                g.replay()
-            except (AttributeError, RuntimeError):
-                pass
-        time.sleep(0.002)
-    print("done", "same" if cls.__dict__["replay"] is orig else "changed", flush=True)
-    """
-)
-
-
 def test_a_process_that_replays_only_after_start_is_guarded(fake_libcupti):
     """Kernel activity went on (no replay while START listened); the first replay then
     switches every kind off before it runs, CUPTI is finalized, and the line says the
@@ -230,7 +209,7 @@ def test_a_process_that_replays_only_after_start_is_guarded(fake_libcupti):
     pytest.importorskip("torch")
     from kdash.collectors.agent.client import AgentSource
 
-    p = start_target(fake_libcupti, script=TORCH_LATE_TARGET)
+    p = start_target({**fake_libcupti, "REPLAY_AFTER_GO": "1"}, script=TORCH_TARGET)
     go = Path(str(p.stop_file) + ".go")  # type: ignore[attr-defined]
     try:
         wait_socket(p.pid)

@@ -378,16 +378,9 @@ class CuptiActivity:
         per-function choices anyway (so `resume` narrows again), and with the kind off they
         record nothing (both seen on a card with CUDA 13.0's CUPTI).
         """
-        errors = []
         with self._switch_lock:
             kinds = list(self.enabled)
-            t_off = time.perf_counter_ns()
-            for act, kind in kinds:
-                try:
-                    self._kind_off(kind)
-                except Exception as e:  # noqa: BLE001
-                    errors.append(f"disable {act}: {self._describe_error(e)}")
-            self.switch_ns += time.perf_counter_ns() - t_off
+            errors = self._switch_off(kinds)
             if kinds or not self.graph_guarded:
                 self.paused, self.enabled = kinds, []
                 self.disabled_at_ns = time.monotonic_ns()  # the window's end, before the flush
@@ -398,6 +391,18 @@ class CuptiActivity:
         if errors:
             self.last_error = "; ".join(errors)
         return "; ".join(errors)
+
+    def _switch_off(self, kinds: list[tuple[str, int]]) -> list[str]:
+        """Switch `kinds` off (timed into switch_ns); what failed, one line each."""
+        errors = []
+        t0 = time.perf_counter_ns()
+        for act, kind in kinds:
+            try:
+                self._kind_off(kind)
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"disable {act}: {self._describe_error(e)}")
+        self.switch_ns += time.perf_counter_ns() - t0
+        return errors
 
     def resume(self) -> str:
         """Start a duty-cycle window: the kinds `pause` switched off go on again, narrowed."""
@@ -413,7 +418,7 @@ class CuptiActivity:
             self.reregister_ns += time.perf_counter_ns() - t0
         with self._switch_lock:
             if self.graph_guarded:  # the target began replaying graphs: nothing goes on again
-                return ""
+                return "; ".join(errors)
             kinds, self.paused = self.paused, []
             self.enabled_at_ns = time.monotonic_ns()
             t_on = time.perf_counter_ns()
@@ -444,11 +449,9 @@ class CuptiActivity:
             self.graph_guarded = True
             self.graphs_seen = True
             kinds = list(self.enabled)
-            for act, kind in kinds:
-                try:
-                    self._kind_off(kind)
-                except Exception as e:  # noqa: BLE001 - the session's disable tries again
-                    self.last_error = f"graph guard: disable {act}: {self._describe_error(e)}"
+            errors = self._switch_off(kinds)
+            if errors:  # the session's disable tries again
+                self.last_error = "graph guard: " + "; ".join(errors)
             if kinds:
                 self.paused, self.enabled = [*kinds, *self.paused], []
                 self.disabled_at_ns = time.monotonic_ns()
