@@ -202,3 +202,38 @@ def test_the_graph_guard_switches_every_kind_off_and_none_on_again():
     assert c.pause() == "" and c.resume() == ""  # the window's edges: nothing goes on
     assert c.kinds_on() == [] and switched[-1] == ("off", 1)
     assert not c.graph_kernels_recorded  # what lets detach_cupti finalize
+
+
+def test_the_narrowing_finds_its_ids_once_and_drops_those_that_refuse():
+    """Every window's start narrows the API records again, holding the target's GIL: the ids
+    are taken from the enum once, and an id CUPTI refuses is not asked again (a stand-in
+    cupti below; CUPTI itself is not here)."""
+    from kdash.collectors.agent.controller import CuptiActivity
+
+    class Cbid(enum.IntEnum):
+        INVALID = 0
+        cudaGetDevice = 17
+        cudaLaunchKernel = 211
+        cudaFuncGetName = 300
+        SIZE = 400
+
+    calls = []
+
+    def rtapi(cbid, on):
+        calls.append((cbid, on))
+        if cbid == 300:
+            raise RuntimeError("not switchable")
+
+    c = CuptiActivity(1)
+    c.cupti = types.SimpleNamespace(runtime_api_trace_cbid=Cbid, activity_enable_runtime_api=rtapi)
+    c.enabled = [("runtime", 5)]
+    c._narrow_api_records(enable=True)
+    assert calls == [(17, 0), (300, 0)]  # launches kept, markers skipped
+    assert any("partly narrowed" in n for n in c.notes)
+    calls.clear()
+    c._narrow_api_records(enable=True)
+    assert calls == [(17, 0)]
+    c.last_enabled, c.enabled = c.enabled, []
+    calls.clear()
+    c._narrow_api_records(enable=False)
+    assert calls == [(17, 1)]

@@ -106,6 +106,9 @@ class CuptiActivity:
         self.enabled_at_ns = 0  # monotonic ns just before the kinds were (re-)enabled
         self.disabled_at_ns = 0  # monotonic ns just after they were all disabled
         self.narrow_ns = 0  # agent-thread time re-narrowing API records at window starts
+        # per API kind, the callback ids switched off by the narrowing, found once: every
+        # window's start narrows again, holding the target's GIL
+        self._narrow_ids: dict[str, list[int]] = {}
         # wall time of the windows' edges: the kinds switched on and narrowed (resume), off
         # again (pause). CUPTI instruments the live context there, under the driver locks the
         # target's launches take, and the narrowing is a Python loop holding the GIL: the
@@ -341,34 +344,33 @@ class CuptiActivity:
         target time and say nothing kdash shows. The per-API switch is process-global CUPTI
         state, so it is restored on detach: a torch.profiler run afterwards sees every call.
         """
-        import re
-
         cu = self.cupti
         acts = {a for a, _ in (self.enabled if enable else self.last_enabled)}
         plan = (
             ("runtime", "runtime_api_trace_cbid", "activity_enable_runtime_api"),
             ("driver", "driver_api_trace_cbid", "activity_enable_driver_api"),
         )
-        keep = re.compile(API_KEEP)
         for act, enum_name, fn_name in plan:
             if act not in acts:
                 continue
-            members = getattr(getattr(cu, enum_name, None), "__members__", None)
             fn = getattr(cu, fn_name, None)
-            if not members or fn is None:
+            ids = self._narrow_ids.get(act)
+            if ids is None:
+                ids = self._narrow_ids[act] = narrowed_ids(getattr(cu, enum_name, None))
+            if not ids or fn is None:
                 if enable:
                     self.note(f"{act} API records not narrowed: no {fn_name}")
                 continue
-            skipped = 0
-            for name, cbid in members.items():
-                if name in ("INVALID", "SIZE", "FORCE_INT") or keep.search(name):
-                    continue
+            refused = []
+            for cbid in ids:
                 try:
-                    fn(int(cbid), 0 if enable else 1)
+                    fn(cbid, 0 if enable else 1)
                 except Exception as e:  # noqa: BLE001 - some cbids are not switchable
-                    skipped += 1
-                    if skipped == 1 and enable:
+                    if not refused and enable:
                         self.note(f"{act} API records partly narrowed: {self._describe_error(e)}")
+                    refused.append(cbid)
+            if refused:  # they refuse every time: not asked again, each window
+                self._narrow_ids[act] = [i for i in ids if i not in set(refused)]
 
     def pause(self) -> str:
         """End a duty-cycle window: switch every enabled kind off and force-flush, keeping the
@@ -767,6 +769,22 @@ class CuptiActivity:
 
 
 # ---- the agent ----------------------------------------------------------------------------------
+
+
+def narrowed_ids(enum: Any) -> list[int]:
+    """The callback ids of a cupti-python cbid enum whose API records the narrowing switches
+    off: all but the launches, waits, copies and sets (API_KEEP) and the enum's markers."""
+    import re
+
+    members = getattr(enum, "__members__", None)
+    if not members:
+        return []
+    keep = re.compile(API_KEEP)
+    return [
+        int(cbid)
+        for name, cbid in members.items()
+        if name not in ("INVALID", "SIZE", "FORCE_INT") and not keep.search(name)
+    ]
 
 
 def reader_name(c: CuptiActivity | None) -> str:
