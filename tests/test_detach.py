@@ -237,3 +237,34 @@ def test_the_narrowing_finds_its_ids_once_and_drops_those_that_refuse():
     calls.clear()
     c._narrow_api_records(enable=False)
     assert calls == [(17, 1)]
+
+
+def test_a_stop_between_released_windows_makes_no_cupti_call():
+    """A STOP (or a guard's stop) that comes while CUPTI is released between windows: the
+    disable switches nothing, flushes nothing and reads no counter, since any CUPTI call would
+    initialise it again and the detach would then leave it in the process (a stand-in cupti
+    below records every call; CUPTI itself is not here)."""
+    from kdash.collectors.agent.controller import CuptiActivity
+
+    calls = []
+
+    def log(name):
+        return lambda *a: calls.append(name)
+
+    c = CuptiActivity(1)
+    c.cupti = types.SimpleNamespace(
+        activity_enable=log("enable"),
+        activity_disable=log("disable"),
+        activity_flush_all=log("flush"),
+        activity_get_num_dropped_records=log("dropped"),
+    )
+    c.paused = [("kernels", 10)]
+    c.released = True  # release_between_windows finalized CUPTI after the last window
+    assert c.disable() == "" and calls == []
+    assert c.last_enabled == [("kernels", 10)]
+    assert c.detach_cupti(0.01) == "" and c.detach_state == "detached" and calls == []
+    # not released (KDASH_AGENT_RELEASE=0, or PC sampling on): the flush still happens
+    c2 = CuptiActivity(1)
+    c2.cupti = c.cupti
+    c2.paused = [("kernels", 10)]
+    assert c2.disable() == "" and calls == ["flush", "dropped"]

@@ -463,7 +463,10 @@ class CuptiActivity:
 
         Between duty-cycle windows nothing is enabled (`pause` did it); the flush and the
         sink's release still happen, and `last_enabled` remembers what a resume after another
-        CUPTI client should switch on again.
+        CUPTI client should switch on again. After a release (CUPTI finalized between windows)
+        no CUPTI call is made at all: any call would initialise CUPTI again, and the detach
+        that follows would leave it in the process for good; the window's records went out
+        with its end's forced flush already.
         """
         errors = []
         cu = self.cupti
@@ -484,12 +487,14 @@ class CuptiActivity:
         self.enabled = []
         if was_on:
             self.disabled_at_ns = time.monotonic_ns()
-        if flush and cu is not None:
+        released = self.released and not was_on
+        if flush and cu is not None and not released:
             try:
                 cu.activity_flush_all(1)  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
             except Exception as e:  # noqa: BLE001
                 errors.append(f"flush: {self._describe_error(e)}")
-        self.read_dropped()
+        if not released:
+            self.read_dropped()
         with self._lock:
             self._sink = None
         if errors:
