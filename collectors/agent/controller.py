@@ -394,17 +394,26 @@ class CuptiActivity:
             self.last_error = "; ".join(errors)
         return "; ".join(errors)
 
-    def _switch_off(self, kinds: list[tuple[str, int]]) -> list[str]:
-        """Switch `kinds` off (timed into switch_ns); what failed, one line each."""
-        errors = []
+    def _switch(
+        self, kinds: list[tuple[str, int]], on: bool
+    ) -> tuple[list[tuple[str, int]], list[str]]:
+        """Switch `kinds` on or off (timed into switch_ns): those switched, and what failed,
+        one line each."""
+        done, errors = [], []
+        flip, verb = (self._kind_on, "enable") if on else (self._kind_off, "disable")
         t0 = time.perf_counter_ns()
         for act, kind in kinds:
             try:
-                self._kind_off(kind)
+                flip(kind)
             except Exception as e:  # noqa: BLE001
-                errors.append(f"disable {act}: {self._describe_error(e)}")
+                errors.append(f"{verb} {act}: {self._describe_error(e)}")
+                continue
+            done.append((act, kind))
         self.switch_ns += time.perf_counter_ns() - t0
-        return errors
+        return done, errors
+
+    def _switch_off(self, kinds: list[tuple[str, int]]) -> list[str]:
+        return self._switch(kinds, on=False)[1]
 
     def resume(self) -> str:
         """Start a duty-cycle window: the kinds `pause` switched off go on again, narrowed."""
@@ -423,19 +432,14 @@ class CuptiActivity:
                 return "; ".join(errors)
             kinds, self.paused = self.paused, []
             self.enabled_at_ns = time.monotonic_ns()
-            t_on = time.perf_counter_ns()
-            for act, kind in kinds:
-                try:
-                    self._kind_on(kind)
-                except Exception as e:  # noqa: BLE001
-                    errors.append(f"enable {act}: {self._describe_error(e)}")
-                    continue
-                self.enabled.append((act, kind))
+            done, failed = self._switch(kinds, on=True)
+            self.enabled.extend(done)
+            errors.extend(failed)
             t0 = time.perf_counter_ns()
             self._narrow_api_records(enable=True)  # one call per API id: timed, as it repeats
             t1 = time.perf_counter_ns()
             self.narrow_ns += t1 - t0
-            self.switch_ns += t1 - t_on
+            self.switch_ns += t1 - t0
             self.resumes += 1
         if errors:
             self.last_error = "; ".join(errors)
