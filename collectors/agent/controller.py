@@ -20,12 +20,12 @@ import time
 from .buffers import LayoutMismatch, RawBuffers
 from .constants import (
     ACTIVITY_KINDS,
-    API_KEEP,
     BUFFER_BYTES,
     MAX_NOTE_CHARS,
     MAX_NOTES,
     REQUIRED_ACTIVITY,
 )
+from .duty import narrowed_ids
 from .probes import (
     cuda_loaded,
     dist_version,
@@ -778,22 +778,6 @@ class CuptiActivity:
 
 
 # ---- the agent ----------------------------------------------------------------------------------
-
-
-def narrowed_ids(enum: Any) -> list[int]:
-    """The callback ids of a cupti-python cbid enum whose API records the narrowing switches
-    off: all but the launches, waits, copies and sets (API_KEEP) and the enum's markers."""
-    import re
-
-    members = getattr(enum, "__members__", None)
-    if not members:
-        return []
-    keep = re.compile(API_KEEP)
-    return [
-        int(cbid)
-        for name, cbid in members.items()
-        if name not in ("INVALID", "SIZE", "FORCE_INT") and not keep.search(name)
-    ]
 
 
 def reader_name(c: CuptiActivity | None) -> str:

@@ -18,6 +18,7 @@ import time
 
 from .constants import (
     ACTIVITY_KINDS,
+    API_KEEP,
     DEFAULT_ACTIVITIES,
     DUTY_ON_MS,
     DUTY_PERIOD_MS,
@@ -58,6 +59,22 @@ def parse_activities(value: Any) -> tuple[list[str] | None, str]:
         more = f" and {len(unknown) - 4} more" if len(unknown) > 4 else ""
         why = f"unknown activities ignored: {shown}{more}"
     return list(dict.fromkeys(known)), why
+
+
+def narrowed_ids(enum: Any) -> list[int]:
+    """The callback ids of a cupti-python cbid enum whose API records the narrowing switches
+    off: all but the launches, waits, copies and sets (API_KEEP) and the enum's markers."""
+    import re
+
+    members = getattr(enum, "__members__", None)
+    if not members:
+        return []
+    keep = re.compile(API_KEEP)
+    return [
+        int(cbid)
+        for name, cbid in members.items()
+        if name not in ("INVALID", "SIZE", "FORCE_INT") and not keep.search(name)
+    ]
 
 
 def sampling_text(sampling: dict | None) -> str:
