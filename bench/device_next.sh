@@ -71,7 +71,7 @@ tiny)
         --name agent-ab-h200-tiny-watch.json 2>&1 | grep -E "^graph_tiny|failed|Error" | cut -c1-700
     grep -o "kdash never started CUPTI in it" "$OUT/agent-ab-h200-tiny-watch.json" | sort | uniq -c ;;
 eager)
-    cd bench && timeout 560 python3 -u gpu_ab_cost.py --targets eager --interleaved 3 \
+    cd bench && timeout 480 python3 -u gpu_ab_cost.py --targets eager --interleaved 3 --pin 5 \
         --variants null,default --name agent-ab-h200-eager-il3.json \
         2>&1 | grep -E "^eager|failed|Error" | cut -c1-700 ;;
 prefill)
