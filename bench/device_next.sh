@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The device runs left for the next session, one device-tool call each, from the repository
 # root, carry `.whl` (rebuilt from HEAD first: see bench/device_setup.sh).
-# Session 10 ran `first` (deager + pc). Sequential twins cannot judge the eager targets on this
-# machine (vCPU speeds drift apart by 15-50%); twins interleaved on one CPU can. Next, in order:
+# Session 11 ran ilpin, dfactors, kernels and eager (bench/NOTES-agent.md); merge repeats with
+# bench/ab_merge.py. Sequential twins cannot judge the eager targets on this machine (vCPU speeds
+# drift apart by 15-50%); twins interleaved on one CPU can. What each does:
 #   bash bench/device_next.sh ilpin        # the summary: eager, decode_graph, graph_tiny
 #                                          # interleaved on CPU 5, null + default (~7 min)
 #   bash bench/device_next.sh dfactors     # the eager decode step's per-window cost, interleaved
