@@ -3,8 +3,7 @@
 Each device call fits a few repeats; the issue's figures are medians over all of them. The
 runs of every file are kept under keys made unique (`eager/default/0` of the second file
 becomes `eager/default/1` when the first had one), the summary is recomputed with
-gpu_ab_cost.target_summary, and each run's `after` phase is also split at its second attach:
-the rate after the first detach and after the second, as the issue asks.
+gpu_ab_cost.target_summary (which also gives the rate after each of a run's two detaches).
 
     python3 bench/ab_merge.py OUT.json IN.json [IN.json ...]
 
@@ -14,32 +13,11 @@ Pure: reads JSON, writes JSON; runs on any machine.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_ab_cost import estimate_from, target_summary
-
-
-def after_each_detach(run: dict) -> list[float | None]:
-    """The median `after` slot between the first detach and the second attach, and after the
-    second detach (slots_pct rows are (slot, pct, phase), in slot order)."""
-    events = run.get("events") or []
-    if len(events) < 2:
-        return []
-    first_part, second_part = [], []
-    seen_second = False
-    for _k, pct, phase in run["slots_pct"]:
-        if phase == "attached" and seen_second is False and first_part:
-            seen_second = True  # the first attached slot after an `after` one: attach two
-        if phase == "after":
-            (second_part if seen_second else first_part).append(pct)
-
-    def med(v: list[float]) -> float | None:
-        return round(statistics.median(v), 2) if v else None
-
-    return [med(first_part), med(second_part)]
 
 
 def brief_of(run: dict) -> dict:
@@ -58,21 +36,11 @@ def merge(files: list[dict]) -> dict:
             n = sum(1 for k in runs if k.rsplit("/", 1)[0] == f"{mode}/{variant}")
             new = f"{mode}/{variant}/{n}"
             runs[new] = run
-            brief = (d.get("per_run") or {}).get(key) or brief_of(run)
-            per_run[new] = dict(brief, after_each_detach_pct=after_each_detach(run))
+            per_run[new] = (d.get("per_run") or {}).get(key) or brief_of(run)
     modes = sorted({k.split("/")[0] for k in runs})
     summary: dict = {}
     for m in modes:
         summary.update(target_summary(m, runs, per_run))
-    for name, s in summary.items():
-        mode = max((m for m in modes if name == m or name.startswith(m + "_")), key=len)
-        variant = name[len(mode) + 1 :]
-        keys = [
-            k
-            for k in per_run
-            if k.split("/")[0] == mode and k.split("/")[1].split("#")[0] == (variant or "default")
-        ]
-        s["after_each_detach_pct"] = [per_run[k]["after_each_detach_pct"] for k in keys]
     return {
         "command": [d.get("command") for d in files],
         "method": files[0].get("method"),

@@ -490,8 +490,22 @@ def target_summary(mode: str, runs: dict, per_run: dict) -> dict:
             "attached_each_pct": [per_run[k]["attached_pct"] for k in keys],
             "after_each_pct": [per_run[k]["after_pct"] for k in keys],
             "before_spread_each_pct": [per_run[k]["before_spread_pct"] for k in keys],
+            "after_each_detach_pct": [after_each_detach(runs[k]) for k in keys],
         }
     return out
+
+
+def after_each_detach(run: dict) -> list[float | None]:
+    """The median `after` slot before the second attach and after the second detach (an
+    attach twice in a row on one process, the rate after each); [] for one attach."""
+    events = run.get("events") or []
+    if len(events) < 2:
+        return []
+    parts: tuple[list[float], list[float]] = ([], [])
+    for k, pct, phase in run.get("slots_pct") or []:
+        if phase == "after":
+            parts[k * SLOT_S >= events[1]["end_s"]].append(pct)
+    return [round(statistics.median(v), 2) if v else None for v in parts]
 
 
 def bin_rates(run: dict, seconds: float) -> list[float | None]:
