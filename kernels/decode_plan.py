@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from . import driver_launch, residency
+from . import residency
 from ._common import cdiv, interpreting, next_pow2, sm_count
 from .decode_attention import (
     DEFAULT_CONFIG,
@@ -148,10 +148,6 @@ _NO_SCALE = object()
 # bandwidth figures, eager and graph-replayed alike (bench/NOTES-kernels.md), and GPU time is
 # what a graph-replayed server step pays.
 FUSED_DEFAULT = False
-# Whether an armed plan launches its kernels through the CUDA driver with parameters packed once
-# (kernels/driver_launch.py) rather than through Triton's C launcher, where the kernels allow it;
-# :attr:`DecodePlan.launch_path` says which a plan took.
-DRIVER_LAUNCH = True
 
 
 def _aligned(*ts: torch.Tensor) -> bool:
@@ -342,9 +338,6 @@ class DecodePlan:
         # The launches with every argument fixed but q, the caches and the scales, pointers as
         # ints (see kdash.kernels.launch); made once the kernels are armed, None until then.
         self._fire: Callable[..., None] | None = None
-        # "driver", "triton" (the C launchers with packed arguments) or None (not armed yet)
-        self.launch_path: str | None = None
-        self._driver_ok = True
         self._pt_ptr, self._sl_ptr = page_table.data_ptr(), seq_lens.data_ptr()
         self._outs: tuple = (out, lse, out.stride(0), out.stride(1))
         if self.fused:
@@ -566,7 +559,7 @@ class DecodePlan:
         # The same arguments with the buffers as pointers, for the launchers of _arm_fire.
         self._rest1_ptrs = (*(t.data_ptr() for t in bufs), *self._rest1[len(bufs) :])
         self._s1 = BoundKernel(self._kern1, self._grid1, self._meta1)
-        self._fire, self.launch_path = None, None
+        self._fire = None
         self._q_stride, self._q_shape = q.stride(), q.shape
         self._cache_layout = (k_cache.stride(), v_cache.stride())
         self._known.clear()
@@ -578,16 +571,10 @@ class DecodePlan:
         s1, s2 = self._s1, self._s2
         if s1 is None or not s1.fast or (s2 is not None and not s2.fast):
             return
-        pt, sl = self._pt_ptr, self._sl_ptr
-        driver = None
-        if DRIVER_LAUNCH and self._driver_ok:
-            driver = self._driver_fire(s1, s2, pt, sl)
-        if driver is not None:
-            self._stream, self._fire, self.launch_path = s1.stream, driver, "driver"
-            return
         f1 = s1.launcher(self._rest1_ptrs)
         if f1 is None:
             return
+        pt, sl = self._pt_ptr, self._sl_ptr
         if s2 is None:
 
             def fire(stream: int, qp: int, kp: int, vp: int, ksp: int, vsp: int) -> None:
@@ -603,38 +590,8 @@ class DecodePlan:
                 f1(stream, qp, kp, vp, pt, sl, ksp, vsp)
                 f2(stream)
 
-        self._stream, self._fire, self.launch_path = s1.stream, fire, "triton"
-
-    def _driver_fire(self, s1: BoundKernel, s2: BoundKernel | None, pt: int, sl: int):
-        """The run's launches made by the driver directly (kernels/driver_launch.py), or None
-        where a kernel's parameters cannot be packed that way (then Triton's launcher runs)."""
-        c1 = s1.compiled
-        if c1 is None:
-            return None
-        # stage 1's runtime arguments: q, k, v, page table, lengths, k/v scales, then the rest;
-        # q, the caches and the scales change between runs.
-        f1 = driver_launch.launcher_for(
-            c1, s1.grid3, (0, 0, 0, pt, sl, 0, 0, *self._rest1_ptrs), (0, 1, 2, 5, 6)
-        )
-        if f1 is None:
-            return None
-        if s2 is None:
-            return f1
-        a2 = self._args2
-        c2 = s2.compiled
-        f2 = None
-        if c2 is not None:
-            f2 = driver_launch.launcher_for(
-                c2, s2.grid3, (*(t.data_ptr() for t in a2[:4]), *a2[4:]), ()
-            )
-        if f2 is None:
-            return None
-
-        def fire(stream: int, qp: int, kp: int, vp: int, ksp: int, vsp: int) -> None:
-            f1(stream, qp, kp, vp, ksp, vsp)
-            f2(stream)
-
-        return fire
+        self._stream = s1.stream
+        self._fire = fire
 
     def _admit(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
         """Check caches not seen before against the bound layout (rebinding if it differs) and
@@ -708,14 +665,7 @@ class DecodePlan:
         qp = q.data_ptr()
         fire = self._fire
         if fire is not None and fast and not qp & 15 and not hooks_installed():
-            try:
-                fire(self._stream(), qp, kr[1], vr[1], self._ksp, self._vsp)
-            except driver_launch.DriverLaunchError:
-                # e.g. no current context on this thread: Triton's launcher sets one up. A failed
-                # launch ran nothing, and stage 1 run twice writes the same partials.
-                self._driver_ok = False
-                self._fire = None
-                self._launch_checked(q, k_cache, v_cache, True)
+            fire(self._stream(), qp, kr[1], vr[1], self._ksp, self._vsp)
         else:
             self._launch_checked(q, k_cache, v_cache, fast and not qp & 15)
         return (self.out, self.lse) if return_lse else self.out

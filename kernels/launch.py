@@ -167,16 +167,6 @@ class BoundKernel:
             return None
         return _direct_entry(self._compiled, self._g, (*fixed, *self._tail))
 
-    @property
-    def compiled(self):
-        """The compiled kernel this one was armed with, or None before that."""
-        return self._compiled
-
-    @property
-    def grid3(self) -> tuple[int, int, int]:
-        """The grid as three dimensions."""
-        return self._g
-
     def stream(self) -> int:
         """The current stream of the device this kernel was armed on (call after arming)."""
         return self._stream(self._device)

@@ -299,61 +299,6 @@ def test_gpu_fast_launch_matches_the_jit_launch_bit_for_bit(fp8: bool, path) -> 
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-def test_gpu_driver_launches_match_tritons_launcher_bit_for_bit(
-    fp8: bool, path, monkeypatch
-) -> None:
-    """An armed plan launches through the driver (kernels/driver_launch.py) with the same result
-    as Triton's C launcher, run after run, q and caches swapped between runs."""
-    from kdash.kernels import decode_plan
-
-    q, kc, vc, pt, sl, sc = make_case([16384, 3000, 77], 32, 8, 128, 16, fp8, seed=21)
-    driver = plan_for(pt, sl, q, kc, max_seq_len=16384, total_tokens=19461, config=None, **sc)
-    monkeypatch.setattr(decode_plan, "DRIVER_LAUNCH", False)
-    triton_ = plan_for(pt, sl, q, kc, max_seq_len=16384, total_tokens=19461, config=None, **sc)
-    monkeypatch.undo()
-    for p in (driver, triton_):
-        p.run(q, kc, vc)  # arms
-    assert (driver.launch_path, triton_.launch_path) == ("driver", "triton")
-    kc2, vc2 = kc.clone(), vc.clone()
-    for i, (k, v) in enumerate(((kc, vc), (kc2, vc2), (kc, vc))):
-        qi = torch.randn_like(q.float()).bfloat16() if i else q
-        a = driver.run(qi, k, v).clone()
-        b = triton_.run(qi, k, v).clone()
-        assert torch.equal(a, b)
-        check(a, qi, k, v, pt, sl, sc)
-
-
-@gpu
-@needs_cuda
-def test_gpu_a_run_from_a_thread_new_to_cuda_is_right(path) -> None:
-    """A thread that never touched CUDA may have no current context; a driver launch refused
-    for that falls back to Triton's launcher, which sets one up: the result is right either way."""
-    import threading
-
-    q, kc, vc, pt, sl, sc = make_case([4096, 999], 32, 8, 128, 16, False, seed=22)
-    plan = plan_for(pt, sl, q, kc, max_seq_len=4096, total_tokens=5095, config=None)
-    plan.run(q, kc, vc)
-    plan.out.fill_(float("nan"))
-    torch.cuda.synchronize()
-    errors: list = []
-
-    def worker() -> None:
-        try:
-            plan.run(q, kc, vc)  # the thread's first CUDA call
-            torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001 - reported to the test's thread below
-            errors.append(e)
-
-    t = threading.Thread(target=worker)
-    t.start()
-    t.join(60)
-    assert not t.is_alive() and not errors, errors
-    check(plan.out, q, kc, vc, pt, sl, sc)
-
-
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_gpu_graph_replay_follows_lengths_rewritten_in_place(fp8: bool, path) -> None:
     """Capture once for any lengths up to 32k; replay after rewriting lengths and pages."""
     lens = [32768, 1000, 5, 4000]
