@@ -10,7 +10,8 @@ import os
 import pytest
 from fakes.controller import FakeController
 from kdash.collectors.agent import server, wire
-from kdash.collectors.agent.pcrun import PCState
+from kdash.collectors.agent.constants import ENV_PC_FIRST_REFRESH
+from kdash.collectors.agent.pcrun import REFRESH_MIN_S, PCState
 from kdash.collectors.agent.session import Phase, Session
 
 DEFAULTS = ",".join(server.DEFAULT_ACTIVITIES)
@@ -392,28 +393,67 @@ def test_a_new_pc_spacing_counts_from_the_last_range_start():
     assert h.session.next_pc == pytest.approx(n0 + 1.0)
 
 
+def _record_ranges(h: Harness) -> list[float]:
+    """start_range recorded instead of run (no GPU here): the times ranges were started."""
+    started: list[float] = []
+    h.agent.pc.start_range = lambda on_s: started.append(h.clock.t)  # type: ignore[method-assign]
+    return started
+
+
 def test_a_first_range_lost_to_the_bucket_is_followed_by_one_right_after_the_refresh():
-    """The first range whose samples CUPTI put in its non-user bucket asks for a refresh; the
-    next range then comes at the next step the refresh may be done in, not a whole PC period
-    later. Only once a session: a target that keeps loading modules waits its period. The
-    ranges themselves are not run here (no GPU): start_range is recorded instead."""
+    """The first range comes after a refresh of CUPTI (the first range on a CUPTI that kernel
+    activity started lost every sample on the H200). A range whose samples CUPTI put in its
+    non-user bucket asks for a refresh; the next range then comes at the next step the refresh
+    may be done in, not a whole PC period later. Only once a session: a target that keeps
+    loading modules waits its period."""
     h = Harness()
     pc = h.agent.pc
-    started: list[float] = []
-    pc.start_range = lambda on_s: started.append(h.clock.t)  # type: ignore[method-assign]
+    started = _record_ranges(h)
     h.send(wire.MsgType.START, pc_sampling=True)
     h.send(wire.MsgType.SET, pc_sampling=True, pc_period_ms=7000)
-    h.at(100.1)  # the first window's end: the first range
-    assert started == [100.1] and "refresh_pc" not in h.ctl.calls
+    h.at(100.1)  # the first window's end: the first range, CUPTI refreshed before it
+    assert started == [100.1] and h.ctl.calls.count("refresh_pc") == 1
+    assert h.ctl.calls.index("refresh_pc") > h.ctl.calls.index("pause")  # kinds off first
     h.at(100.2)
     assert started == [100.1]  # a clean range: the next one waits for its period
     pc.refresh_wanted = True  # that range landed in the bucket
     h.at(100.3)
-    assert started == [100.1, 100.3] and h.ctl.calls.count("refresh_pc") == 1
+    assert started == [100.1]  # refreshes stay REFRESH_MIN_S apart, the first one's included
+    t = 100.3
+    while len(started) < 2 and t < 105:
+        t = round(t + 0.05, 2)
+        h.at(t)
+    t2 = h.clock.t
+    # the retry at the first step with the refresh allowed and activity off (within a period)
+    assert 100.1 + REFRESH_MIN_S <= t2 < 100.1 + REFRESH_MIN_S + 2.0
+    assert started == [100.1, t2] and h.ctl.calls.count("refresh_pc") == 2
     pc.refresh_wanted = True  # lost again: this time it waits for its period
     pc.last_refresh = -10.0  # (and a refresh would be allowed)
-    for t in (100.5, 101.5, 102.5, 104.5, 106.5, 107.2):
+    for t in (t2 + 0.2, t2 + 1, t2 + 3, t2 + 5, t2 + 6.9):
         h.at(t)
-    assert started == [100.1, 100.3]
-    h.at(107.35)
-    assert started == [100.1, 100.3, 107.35] and h.ctl.calls.count("refresh_pc") == 2
+    assert started == [100.1, t2]
+    h.at(t2 + 7.05)
+    assert started == [100.1, t2, t2 + 7.05] and h.ctl.calls.count("refresh_pc") == 3
+
+
+def test_pc_switched_on_mid_session_refreshes_before_its_first_range_and_the_env_says_not():
+    h = Harness()
+    started = _record_ranges(h)
+    h.send(wire.MsgType.START)
+    h.at(100.1)
+    assert started == [] and "refresh_pc" not in h.ctl.calls
+    h.send(wire.MsgType.SET, pc_sampling=True)
+    h.at(100.2)
+    assert started == [100.2] and h.ctl.calls.count("refresh_pc") == 1
+    h.at(100.3)
+    assert started == [100.2]  # the first-range refresh is not the quick retry of a lost one
+
+    os.environ[ENV_PC_FIRST_REFRESH] = "0"
+    try:
+        h2 = Harness()
+    finally:
+        del os.environ[ENV_PC_FIRST_REFRESH]
+    started2 = _record_ranges(h2)
+    h2.send(wire.MsgType.START, pc_sampling=True)
+    h2.at(100.1)
+    assert started2 == [100.1] and "refresh_pc" not in h2.ctl.calls

@@ -10,6 +10,9 @@ ENV_FAKE_CUDA = "KDASH_AGENT_FAKE_CUDA"
 # "0" in the target's environment: CUPTI stays initialised between duty-cycle windows (the
 # A/B bench's factor for what the releases themselves cost; bench/gpu_ab_cost.py no_release)
 ENV_RELEASE = "KDASH_AGENT_RELEASE"
+# "0" in the target's environment: no CUPTI refresh before a session's first PC range (what
+# the refresh changes, bench/gpu_pcs_agent.py)
+ENV_PC_FIRST_REFRESH = "KDASH_AGENT_PC_FIRST_REFRESH"
 # a comma-separated activity list in the target's environment: what a START that names none
 # switches on instead of DEFAULT_ACTIVITIES (the A/B bench's factors, e.g. `kernels` alone)
 ENV_ACTIVITIES = "KDASH_AGENT_ACTIVITIES"

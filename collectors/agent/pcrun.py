@@ -31,9 +31,10 @@ class PCState(enum.Enum):
 # CUPTI before the next range (controller.CuptiActivity.refresh_for_pc says why). A refresh
 # costs the target little (finalize at a call's exit; the next enable took 8 ms on the H200),
 # so it may come before every range; REFRESH_MIN_S only keeps a target that loads modules all
-# the time from paying it more than once a period. Not done before a session's first range:
-# in one H200 run that made a torch.compile target's first range never finish (not understood
-# yet, bench/NOTES-agent.md), so a first range that lands in the bucket is lost instead.
+# the time from paying it more than once a period. The first range after PC sampling is
+# switched on asks for one too (want_fresh_start): on the H200 the first range on a CUPTI that
+# kernel activity had started put every sample in the bucket, every time, and the ranges after
+# a refresh none (bench/NOTES-agent.md).
 REFRESH_SHARE = 0.02
 REFRESH_MIN_S = 1.5  # under the 2-s range period, so a lossy range is always followed by one
 
@@ -89,6 +90,10 @@ class PCRunner:
         """A new START: OFF or STARTING, whatever happened before."""
         self.state, self.why = state, ""
         self.no_context_ranges = 0
+
+    def want_fresh_start(self) -> None:
+        """PC sampling was switched on: refresh CUPTI before the first range."""
+        self.refresh_wanted, self.last_refresh = True, -REFRESH_MIN_S
 
     def refresh_due(self, now: float) -> bool:
         return self.refresh_wanted and now - self.last_refresh >= REFRESH_MIN_S

@@ -32,6 +32,7 @@ import time
 from .constants import (
     DETACH_WAIT_S,
     ENV_ACTIVITIES,
+    ENV_PC_FIRST_REFRESH,
     ENV_RELEASE,
     FLUSH_EVERY_S,
     GRAPH_PROBE_S,
@@ -110,8 +111,12 @@ class Session:
         # the first range CUPTI put in its non-user bucket is followed by one right after the
         # refresh, not a (budget-spaced) period later: the user pressed L to see a hot line
         self.pc_retried = False
+        self.pc_started = 0  # PC ranges started in this session
         # CUPTI finalized after each window unless the target's environment says not
         self.release = os.environ.get(ENV_RELEASE, "1") != "0"
+        # CUPTI refreshed before the first PC range, unless the target's environment says not
+        # (to measure what the refresh changes)
+        self.pc_first_refresh = os.environ.get(ENV_PC_FIRST_REFRESH, "1") != "0"
         self.pc_paused_activity = False  # a range paused continuous activity: resume after it
         # armed on torch's CUDAGraph.replay while activity is on (replaywatch.py): the target's
         # first replay switches every kind off before it runs
@@ -200,6 +205,8 @@ class Session:
             return False
         self.pc_cfg = pcc
         self.agent.pc.reset(PCState.STARTING if pcc.on else PCState.OFF)
+        if pcc.on and self.pc_first_refresh:
+            self.agent.pc.want_fresh_start()
         self.duty.cycle = duty
         self.agent.graph_kernels = body.get("graph_kernels") is True
         self.phase, self.acts = Phase.WAITING, acts
@@ -222,6 +229,8 @@ class Session:
         if pcc.on and not self.pc_cfg.on:
             self.next_pc = 0.0
             pc.set_state(PCState.STARTING)
+            if self.pc_first_refresh:
+                pc.want_fresh_start()
         elif not pcc.on and self.pc_cfg.on:
             pc.stop()
             pc.set_state(PCState.OFF)
@@ -443,7 +452,8 @@ class Session:
         """Start a PC-sampling range when one is due (activity off meanwhile), and switch
         continuous activity back on once a range it was cut for has ended."""
         pc = self.agent.pc
-        retry = not self.pc_retried and pc.refresh_due(now)
+        # the one quick retry after a lossy range; not the refresh before the first range
+        retry = not self.pc_retried and self.pc_started > 0 and pc.refresh_due(now)
         due = self.pc_cfg.on and (now >= self.next_pc or retry)
         due = due and not pc.busy and not pc.unavailable
         if due and (not self.duty.on or self.duty.cycle.continuous):
@@ -451,8 +461,9 @@ class Session:
             if self.duty.cut(self.ctl):  # continuous: activity must be off during the range
                 self.pc_paused_activity = True
             if pc.refresh_due(now):  # modules CUPTI cannot attribute: start it afresh
-                pc.refreshed(self.ctl.refresh_for_pc(PC_REFRESH_WAIT_S), time.monotonic())
+                pc.refreshed(self.ctl.refresh_for_pc(PC_REFRESH_WAIT_S), self.now())
             pc.start_range(self.pc_cfg.on_ms / 1000)
+            self.pc_started += 1
             self.next_pc = now + self.pc_cfg.period_ms / 1000
         if self.pc_paused_activity and not pc.busy:
             self.pc_paused_activity = False
