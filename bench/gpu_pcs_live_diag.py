@@ -90,7 +90,8 @@ def variant(first_refresh: bool) -> dict:
 
 def main() -> int:
     out = {"command": "python bench/gpu_pcs_live_diag.py", "variants": []}
-    for first in (True, False):
+    # DIAG_VARIANTS: which runs, in order ("on": the defaults; "off": no first-range refresh)
+    for first in (v == "on" for v in os.environ.get("DIAG_VARIANTS", "on,off").split(",")):
         try:
             out["variants"].append(variant(first))
         except Exception as e:  # noqa: BLE001 - keep what the other variant gave

@@ -268,3 +268,60 @@ def test_a_stop_between_released_windows_makes_no_cupti_call():
     c2.cupti = c.cupti
     c2.paused = [("kernels", 10)]
     assert c2.disable() == "" and calls == ["flush", "dropped"]
+
+
+def test_an_action_runs_on_the_targets_thread_at_its_calls_exit_and_cupti_stays():
+    """The PC range's edges (run_at_next_call): run by the thread that made the CUDA call,
+    after the hook let go (so the action's own CUDA calls reach no callback), no finalize."""
+    lib = FakeLib()
+    ran_on: list[str] = []
+    t = call_once_armed(lib, (RT, MALLOC), (RT, LAUNCH))
+    t.name = "target"
+    hook = detach.run_at_next_call(
+        lib, CUPTI, lambda: ran_on.append(threading.current_thread().name), PATIENCE_S
+    )
+    t.join()
+    assert hook.state == "ran" and ran_on == ["target"] and hook.raised is None
+    assert lib.events == ["subscribe", "unsubscribe"]  # no finalize
+
+
+def test_an_actions_exception_goes_to_the_thread_that_armed_the_hook():
+    lib = FakeLib()
+
+    def fails() -> None:
+        raise RuntimeError("cuptiPCSamplingStart: CUPTI_ERROR_NOT_COMPATIBLE")
+
+    t = call_once_armed(lib, (RT, SYNC))
+    hook = detach.run_at_next_call(lib, CUPTI, fails, PATIENCE_S)
+    t.join()
+    assert isinstance(hook.raised, RuntimeError) and hook.state.startswith("failed: RuntimeError")
+
+
+def test_no_call_within_the_wait_runs_nothing_and_takes_the_hook_back():
+    lib = FakeLib()
+    ran: list[int] = []
+    hook = detach.run_at_next_call(lib, CUPTI, lambda: ran.append(1), wait_s=0.01)
+    assert hook.state == "cancelled" and lib.events == ["subscribe", "unsubscribe"]
+    lib.call(RT, LAUNCH)
+    assert ran == []
+
+
+def test_the_controller_runs_an_edge_in_the_target_or_says_why_here():
+    """controller.run_in_target on the stand-in library: in the target when it calls, here
+    (with the reason) when it is idle or another subscriber holds CUPTI."""
+    from kdash.collectors.agent.controller import CuptiActivity
+
+    ctl = CuptiActivity.__new__(CuptiActivity)  # only the attributes run_in_target reads
+    lib = FakeLib()
+    ctl._lib, ctl.raw, ctl.cupti = lib, None, CUPTI
+    where: list[str] = []
+    t = call_once_armed(lib, (RT, LAUNCH))
+    t.name = "target"
+    how = ctl.run_in_target(lambda: where.append(threading.current_thread().name), PATIENCE_S)
+    t.join()
+    assert how == "target" and where == ["target"]
+    how = ctl.run_in_target(lambda: where.append(threading.current_thread().name), 0.01)
+    assert how == "here: cancelled" and where[-1] == threading.current_thread().name
+    ctl._lib = FakeLib(subscribe_rc=39)
+    how = ctl.run_in_target(lambda: where.append("x"), 0.01)
+    assert how.startswith("here: failed") and where[-1] == "x"

@@ -28,7 +28,7 @@ class StubRanges:
         self.ranges = 0
         self.cpu_ms_total = 0.0
 
-    def run(self, on_s, cut_short=None):
+    def run(self, on_s, cut_short=None, at_call=None):
         total, non_user = self.totals.pop(0)
         self.ranges += 1
         cols = {

@@ -335,3 +335,39 @@ def test_sampling_range_on_the_active_primary_context_only(standin, tmp_path):
     assert r.ranges == 2
     r.close()
     assert standin.standin_cuda(b"retained1") == 0
+
+
+def test_a_ranges_edges_go_through_the_runner_it_is_given(standin):
+    """With `at_call` (the session's way of running a call on the target's own thread at its
+    next CUDA call, controller.run_in_target), the range's beginning and its end are each one
+    call of it, in order, with the sampling wait between them on the range's thread; the
+    range is the same, and where each edge ran is in its stats."""
+    import threading
+
+    path = standin._name
+    standin.standin_cuda.argtypes = [ctypes.c_char_p]
+    r = pcs.SamplingRanges(path, libcuda=path)
+    log: list[str] = []
+
+    def at_call(fn) -> str:
+        # a thread of its own stands in for the target's (test only: no target here)
+        before = standin.standin_cuda(b"enabled")
+        t = threading.Thread(target=fn, name="target")
+        t.start()
+        t.join()
+        log.append(f"{before}->{standin.standin_cuda(b'enabled')}")
+        return "target"
+
+    cols, stats = r.run(0.01, None, at_call)
+    assert log == ["0->1", "1->0"]  # enabled by the first edge, disabled by the second
+    assert sorted(cols["pc_offset"].tolist()) == [0x40, 0x50, 0x60, 0x70]
+    assert (stats["began_on"], stats["ended_on"]) == ("target", "target")
+    assert standin.standin_cuda(b"pushes") == 0 and r.where == ["target", "target"]
+
+    def refuses(fn) -> str:
+        raise pcs.CuptiError("cuptiPCSamplingEnable", 1)
+
+    with pytest.raises(pcs.CuptiError):
+        r.run(0.01, None, refuses)
+    assert standin.standin_cuda(b"enabled") == 0
+    r.close()

@@ -33,6 +33,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 DRIVER_DOMAIN, RUNTIME_DOMAIN = 1, 2  # CUpti_CallbackDomain
@@ -65,13 +66,24 @@ def callback_ids(cupti_mod: Any, pattern: re.Pattern[str] = CALLS) -> list[tuple
 class ExitHook:
     """One subscription that finalizes CUPTI at the exit of the next matching call.
 
-    States: "new", "armed" (subscribed, waiting for a call), "finalized", "cancelled" (the
-    subscription was taken back before any call came), "failed: <why>". `graph_seen` is set
-    when the call that fired was a graph launch (`probe_graphs`).
+    States: "new", "armed" (subscribed, waiting for a call), "finalized" (or "ran": an `action`
+    instead of the finalize), "cancelled" (the subscription was taken back before any call
+    came), "failed: <why>". `graph_seen` is set when the call that fired was a graph launch
+    (`probe_graphs`).
     """
 
-    def __init__(self, lib: Any, ids: list[tuple[int, int]], graph_ids: set[int] | None = None):
+    def __init__(
+        self,
+        lib: Any,
+        ids: list[tuple[int, int]],
+        graph_ids: set[int] | None = None,
+        action: Callable[[], None] | None = None,
+    ):
         self.lib = lib
+        # what runs at the call's exit instead of cuptiFinalize (run_at_next_call); its
+        # exception, if any, is kept in `raised` for the thread that armed the hook
+        self.action = action
+        self.raised: BaseException | None = None
         self.ids = ids
         self.graph_ids = graph_ids or set()
         self.state = "new"
@@ -136,6 +148,15 @@ class ExitHook:
                 self.graph_seen = int(cbid) in self.graph_ids
                 self.lib.cuptiUnsubscribe(self._sub)
                 t0 = time.perf_counter_ns()
+                if self.action is not None:
+                    try:
+                        self.action()
+                        self.state = "ran"
+                    except BaseException as e:  # noqa: BLE001 - handed to the arming thread
+                        self.raised, self.state = e, f"failed: {type(e).__name__}: {e}"
+                    self.finalize_ns = time.perf_counter_ns() - t0
+                    self._fired.set()
+                    return
                 self.rc = int(self.lib.cuptiFinalize())
                 self.finalize_ns = time.perf_counter_ns() - t0
                 self.state = "finalized" if self.rc == 0 else f"failed: cuptiFinalize {self.rc}"
@@ -166,6 +187,24 @@ def finalize_at_next_call(lib: Any, cupti_mod: Any, wait_s: float) -> ExitHook:
     hook = ExitHook(lib, callback_ids(cupti_mod))
     if not hook.arm():
         hook.wait(wait_s)
+    return hook
+
+
+def run_at_next_call(
+    lib: Any, cupti_mod: Any, action: Callable[[], None], wait_s: float
+) -> ExitHook:
+    """Run `action` on the target's own thread at the exit of its next launch or synchronize
+    call, and wait up to `wait_s` for that. State "ran" (or "failed: ..." with `raised`), or
+    "cancelled" when no call came (nothing ran), or "failed: ..." when the hook could not be
+    armed (another CUPTI subscriber): the caller then decides what to do itself.
+
+    Why: CUPTI's PC-sampling calls made from another thread while the target is inside a
+    launch hung the target on the H200 (bench/NOTES-agent.md). Holding the GIL keeps torch's
+    launches out, but not launches made with the GIL released (Triton's launcher releases it).
+    At the exit of the target's own call, no launch of that thread is in flight."""
+    hook = ExitHook(lib, callback_ids(cupti_mod), action=action)
+    if not hook.arm() and not hook.wait(wait_s):
+        hook.cancel()  # False when it fired meanwhile: the lock waits for the action to end
     return hook
 
 

@@ -64,6 +64,9 @@ class PCRunner:
         self.last_refresh = -REFRESH_MIN_S  # monotonic s
         self.refresh_note = ""  # why the last refresh could not be done ("" when it was)
         self.no_context_ranges = 0  # ranges skipped: this process had no CUDA context yet
+        # `at_call(fn) -> str`: fn run on the target's thread at its next CUDA call (the
+        # session's controller.run_in_target), for the calls that begin and end a range
+        self.at_call: Any = None
 
     @property
     def busy(self) -> bool:
@@ -146,7 +149,7 @@ class PCRunner:
         try:
             pc = self._sampler()
             t0 = time.monotonic_ns()
-            cols, stats = pc.run(on_s, self._cut)
+            cols, stats = pc.run(on_s, self._cut, self.at_call)
             t1 = time.monotonic_ns()
             import numpy as np
 

@@ -705,51 +705,79 @@ class SamplingRanges:
         # Stop's decoding (~135 ns a sample there), hence the coarser default period.
         self.sampler = PCSampler(ctypes.PyDLL(libcupti), self.cuda.ctx, period=period)
         self.ranges = 0
+        self.where: list[str] = []  # where the last range began and ended (see `run`)
         self.last: dict[str, float] = {}
         self.cpu_ms_total = 0.0
         self.held_ms_total = 0.0
 
-    def run(self, on_s: float, cut_short: Any = None) -> tuple[dict[str, np.ndarray], dict]:
-        """One range of `on_s` seconds (`cut_short`, a threading.Event, ends it early)."""
+    def run(
+        self, on_s: float, cut_short: Any = None, at_call: Any = None
+    ) -> tuple[dict[str, np.ndarray], dict]:
+        """One range of `on_s` seconds (`cut_short`, a threading.Event, ends it early).
+
+        `at_call(fn) -> str` runs `fn` on the target's own thread at its next CUDA call
+        (detach.run_at_next_call; "ran", or why it ran here instead); the range's beginning
+        (enable, start) and end (stop, reads, disable) go through it when given, so that no
+        launch of the target's thread is in flight during those calls."""
         import time
 
-        t = {}
-        self.cuda.push()
-        try:
-            t0 = time.perf_counter()
-            self.cuda.synchronize()
-            t["sync_ms"] = (time.perf_counter() - t0) * 1e3
-            t0 = time.perf_counter()
-            self.sampler.enable()
-            t["enable_ms"] = (time.perf_counter() - t0) * 1e3
+        t: dict[str, float] = {}
+        got: dict[str, Any] = {}
+
+        def begin() -> None:
+            self.cuda.push()
             try:
                 t0 = time.perf_counter()
-                self.sampler.start()
-                t["start_ms"] = (time.perf_counter() - t0) * 1e3
-                if cut_short is not None:
-                    cut_short.wait(on_s)
-                else:
-                    time.sleep(on_s)
+                self.cuda.synchronize()
+                t["sync_ms"] = (time.perf_counter() - t0) * 1e3
+                t0 = time.perf_counter()
+                self.sampler.enable()
+                t["enable_ms"] = (time.perf_counter() - t0) * 1e3
+                try:
+                    t0 = time.perf_counter()
+                    self.sampler.start()
+                    t["start_ms"] = (time.perf_counter() - t0) * 1e3
+                except BaseException:
+                    self.sampler.disable()
+                    raise
+            finally:
+                self.cuda.pop()
+
+        def end() -> None:
+            self.cuda.push()
+            try:
                 t0 = time.perf_counter()
                 self.cuda.synchronize()
-                t["sync_ms"] += (time.perf_counter() - t0) * 1e3
+                t["sync_ms"] = t.get("sync_ms", 0.0) + (time.perf_counter() - t0) * 1e3
                 t0, c0 = time.perf_counter(), time.thread_time()
-                cols, stats = self.sampler.stop_columns()
-                t["stop_ms"] = (time.perf_counter() - t0) * 1e3
-                t["stop_cpu_ms"] = (time.thread_time() - c0) * 1e3
+                try:
+                    got["cols"], got["stats"] = self.sampler.stop_columns()
+                    t["stop_ms"] = (time.perf_counter() - t0) * 1e3
+                    t["stop_cpu_ms"] = (time.thread_time() - c0) * 1e3
+                finally:
+                    t0 = time.perf_counter()
+                    self.sampler.disable()
+                    t["disable_ms"] = (time.perf_counter() - t0) * 1e3
             finally:
-                t0 = time.perf_counter()
-                self.sampler.disable()
-                t["disable_ms"] = (time.perf_counter() - t0) * 1e3
+                self.cuda.pop()
+
+        where = [at_call(begin) if at_call is not None else begin() or "here"]
+        try:
+            if cut_short is not None:
+                cut_short.wait(on_s)
+            else:
+                time.sleep(on_s)
         finally:
-            self.cuda.pop()
+            where.append(at_call(end) if at_call is not None else end() or "here")
+        self.where = where
+        cols, stats = got["cols"], got["stats"]
         self.ranges += 1
         self.cpu_ms_total += t.get("stop_cpu_ms", 0.0)
         # every call above goes through PyDLL, so the target's Python threads wait for the GIL
         # for as long as they take, waiting on the driver included (CPU time misses that)
         self.held_ms_total += sum(t.get(k, 0.0) for k in HELD_PARTS)
         self.last = {k: round(v, 2) for k, v in t.items()}
-        return cols, {**stats, **self.last}
+        return cols, {**stats, **self.last, "began_on": where[0], "ended_on": where[1]}
 
     def close(self) -> None:
         self.cuda.release()

@@ -55,6 +55,9 @@ if TYPE_CHECKING:
 
 HELD_CHECK_S = 1.0  # how often an active session looks for another CUPTI client
 RELEASE_WAIT_S = 0.2  # how long a window's end waits for the target's next CUDA call
+# how long a PC range's beginning or end waits for the target's next CUDA call to run in; an
+# idle target (no call meanwhile, so no launch in flight) has them run on the range's thread
+PC_EDGE_WAIT_S = 1.0
 PC_REFRESH_WAIT_S = 0.5  # how long a PC refresh waits for the target's next CUDA call
 RETRY_S = 1.0  # how long a START waits before asking for CUPTI again (another client holds it)
 MAPS_RETRY_S = 0.5  # ... before looking again whether CUDA is loaded (/proc/self/maps is ~1 MB)
@@ -448,6 +451,16 @@ class Session:
         self.status("active", active_line(", ".join(acts_now), self.duty.cycle))
         return True
 
+    def range_edge_runner(self) -> Any:
+        """How a PC range's beginning and end are run: on the target's own thread at its next
+        CUDA call (controller.run_in_target), or None (on the range's thread) where there is no
+        controller to arm the hook with."""
+        c = self.ctl
+        run = getattr(c, "run_in_target", None)
+        if run is None:
+            return None
+        return lambda fn: run(fn, PC_EDGE_WAIT_S)
+
     def pc_tick(self, now: float) -> None:
         """Start a PC-sampling range when one is due (activity off meanwhile), and switch
         continuous activity back on once a range it was cut for has ended."""
@@ -462,6 +475,7 @@ class Session:
                 self.pc_paused_activity = True
             if pc.refresh_due(now):  # modules CUPTI cannot attribute: start it afresh
                 pc.refreshed(self.ctl.refresh_for_pc(PC_REFRESH_WAIT_S), self.now())
+            pc.at_call = self.range_edge_runner()
             pc.start_range(self.pc_cfg.on_ms / 1000)
             self.pc_started += 1
             self.next_pc = now + self.pc_cfg.period_ms / 1000
