@@ -409,16 +409,23 @@ def run_pair(
 
 
 def interleaved(
-    targets: list[str], variants: list[str], name: str, repeat: int, pin: int | None = None
+    targets: list[str],
+    variants: list[str],
+    name: str,
+    repeat: int,
+    pin: int | None = None,
+    attach_s: float = 6.0,
 ) -> int:
-    seconds = 44.0
-    attaches = [(8.0, 6.0), (24.0, 6.0)]
+    # two attaches of attach_s, at 8 s and 10 s after the first detach (6 s: at 8 and 24 s of
+    # a 44-s run, as before the option)
+    attaches = [(8.0, attach_s), (18.0 + attach_s, attach_s)]
+    seconds = 32.0 + 2 * attach_s
     res: dict = {
         "command": "python bench/gpu_ab_cost.py " + " ".join(sys.argv[1:]),
         "method": "interleaved twins: control and treated alive together, alternate 1-s "
         "turns (control first); each treated slot over the mean of the control slots either "
-        "side, normalised by the median before the first treatment; kdash attached at 8 s "
-        "and 24 s for 6 s",
+        "side, normalised by the median before the first treatment; kdash attached at "
+        f"{attaches[0][0]:g} s and {attaches[1][0]:g} s for {attach_s:g} s",
         "machine": machine(),
         "runs": {},
         "per_run": {},
@@ -861,8 +868,8 @@ def main(argv: list[str]) -> int:
         "--attach-s",
         type=float,
         default=6.0,
-        help="length of each of the two attaches (sequential twins; the run is 26 s longer "
-        "than both together)",
+        help="length of each of the two attaches (sequential twins: the run is 26 s longer "
+        "than both together; interleaved: 32 s longer)",
     )
     p.add_argument("extra", nargs="*", help="more `kdash attach` options")
     a = p.parse_args(argv)
@@ -872,7 +879,7 @@ def main(argv: list[str]) -> int:
     variants = a.variants.split(",") if a.variants else None
     if a.interleaved:
         return interleaved(
-            a.targets.split(","), variants or ["default"], a.name, a.interleaved, a.pin
+            a.targets.split(","), variants or ["default"], a.name, a.interleaved, a.pin, a.attach_s
         )
     return ab(a.targets.split(","), a.pc, a.extra, variants, a.pin, a.name, a.attach_s)
 
