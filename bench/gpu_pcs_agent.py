@@ -38,6 +38,11 @@ HERE = Path(__file__).resolve().parent
 # (bench/ab_target.py decode_eager), so the kernel mix in the activity windows is the one the
 # PC ranges between them sampled; the demo workload's mix moves with its batch.
 STEADY = os.environ.get("PCS_STEADY") == "1"
+# PCS_TARGET=compile: the target is bench/compile_target.py (a torch.compile'd block: inductor's
+# Triton kernels beside a cuBLAS GEMM, every one of them filling the GPU), the second
+# case; its `steps/s` lines give the rate.
+COMPILE = os.environ.get("PCS_TARGET") == "compile"
+STEPS = re.compile(r"^steps/s ([\d.]+)")
 REPORT = re.compile(
     r"\[\s*([\d.]+)s\] decode\s+(\d+) tok/s\s+prefill\s+(\d+) tok/s\s+steps/s\s+([\d.]+)\s+"
     r"running\s+(\d+) waiting\s+(\d+)"
@@ -52,6 +57,8 @@ class Workload:
         cmd += ["--report-every", "1"]
         if STEADY:
             cmd = [sys.executable, "-u", str(HERE / "ab_target.py"), "decode_eager", "400"]
+        if COMPILE:
+            cmd = [sys.executable, "-u", str(HERE / "compile_target.py"), "400"]
         self._last_tick: tuple[int, int] | None = None
         self.proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -73,6 +80,11 @@ class Workload:
                         rate = (n - self._last_tick[1]) / ((t - self._last_tick[0]) / 1e9)
                         self.reports.append((time.monotonic_ns(), rate, rate, 0))
                     self._last_tick = (t, n)
+                continue
+            m2 = STEPS.match(line)
+            if m2:
+                rate = float(m2.group(1))
+                self.reports.append((time.monotonic_ns(), rate, rate, 0))
                 continue
             m = REPORT.search(line)
             if m:
@@ -190,7 +202,7 @@ def main() -> int:
 
         wl = Workload(bootstrap.run_env(dict(os.environ)))
         end = time.monotonic() + 180
-        while time.monotonic() < end and len(wl.reports) < 8:
+        while time.monotonic() < end and len(wl.reports) < (3 if COMPILE else 8):
             if wl.proc.poll() is not None:
                 raise RuntimeError("workload exited: " + "\n".join(wl.err[-20:]))
             time.sleep(0.5)
@@ -273,6 +285,9 @@ def main() -> int:
             if STEADY
             else "(demo workload, --eager-decode)"
         )
+        if COMPILE:
+            name = "pcs-attribution-h200-compile.json"
+            what = "PCS_TARGET=compile (compile_target.py)"
         (OUT / name).write_text(
             json.dumps(
                 {
