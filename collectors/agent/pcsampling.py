@@ -706,6 +706,11 @@ class SamplingRanges:
         self.sampler = PCSampler(ctypes.PyDLL(libcupti), self.cuda.ctx, period=period)
         self.ranges = 0
         self.where: list[str] = []  # where the last range began and ended (see `run`)
+        # the GPU drained before a range's start and before its stop; "0" in the target's
+        # environment (KDASH_AGENT_PC_SYNC) skips both, to measure what the drains cost
+        import os
+
+        self.sync = os.environ.get("KDASH_AGENT_PC_SYNC", "1") != "0"
         self.last: dict[str, float] = {}
         self.cpu_ms_total = 0.0
         self.held_ms_total = 0.0
@@ -728,7 +733,8 @@ class SamplingRanges:
             self.cuda.push()
             try:
                 t0 = time.perf_counter()
-                self.cuda.synchronize()
+                if self.sync:
+                    self.cuda.synchronize()
                 t["sync_ms"] = (time.perf_counter() - t0) * 1e3
                 t0 = time.perf_counter()
                 self.sampler.enable()
@@ -747,7 +753,8 @@ class SamplingRanges:
             self.cuda.push()
             try:
                 t0 = time.perf_counter()
-                self.cuda.synchronize()
+                if self.sync:
+                    self.cuda.synchronize()
                 t["sync_ms"] = t.get("sync_ms", 0.0) + (time.perf_counter() - t0) * 1e3
                 t0, c0 = time.perf_counter(), time.thread_time()
                 try:
