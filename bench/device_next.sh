@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The device runs left for the next session, one device-tool call each, from the repository
 # root, carry `.whl` (rebuilt from HEAD first: see bench/device_setup.sh).
-# Session 11 ran ilpin, dfactors, kernels and eager (bench/NOTES-agent.md); merge repeats with
+# Session 12 ran attribution and the live diagnostics (bench/NOTES-agent.md, session 12);
+# session 11 ran ilpin, dfactors, kernels and eager; merge repeats with
 # bench/ab_merge.py. Sequential twins cannot judge the eager targets on this machine (vCPU speeds
 # drift apart by 15-50%); twins interleaved on one CPU can. What each does:
 #   bash bench/device_next.sh ilpin        # the issue's summary: eager, decode_graph, graph_tiny
@@ -23,6 +24,11 @@
 #   bash bench/device_next.sh prefill      # prefill variants against SDPA flash/cuDNN (~2 min)
 #   bash bench/device_next.sh eager        # eager target, interleaved twins: null/default x3 (~6 min)
 #   bash bench/device_next.sh attribution  # PC samples vs GPU time on a steady decode step (~2 min)
+#   bash bench/device_next.sh pcsync       # the torch.compile block's PC ranges without the
+#                                          # drains (KDASH_AGENT_PC_SYNC=0) then with, same-process
+#                                          # cost and attribution each (~4 min; not yet run)
+#   bash bench/device_next.sh livediag     # live attach + PC sampling on torch.compile in tmux,
+#                                          # twice, stacks at 20 s (~2 min; session 12: no hang)
 set -uo pipefail
 bash bench/device_setup.sh >/dev/null || exit 1
 export PYTHONPATH=/tmp/site PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
@@ -41,7 +47,25 @@ pc)
 ilpin)
     cd bench && timeout 570 python3 -u gpu_ab_cost.py --targets eager,decode_graph,graph_tiny \
         --interleaved 1 --pin 5 --variants null,default --name agent-ab-h200.json \
-        2>&1 | grep -E "^(eager|decode_graph|graph_tiny)/|failed|Error" | cut -c1-600 ;;
+        2>&1 | grep -E "^(eager|decode_graph|graph_pcsync)
+    cd bench
+    for sync in 0 1; do
+        KDASH_AGENT_PC_SYNC=$sync PCS_TARGET=compile timeout 150 python3 -u gpu_pcs_agent.py \
+            >/dev/null 2>&1
+        cp "$OUT/pcs-attribution-h200-compile.json" "$OUT/pcs-attribution-h200-compile-sync$sync.json"
+        cp "$OUT/pcs-agent-h200.json" "$OUT/pcs-agent-h200-compile-sync$sync.json"
+        SYNC=$sync python3 - <<'PY'
+import json, os
+out = os.environ["OUT"]
+a = json.load(open(out + "/pcs-agent-h200.json"))
+d = json.load(open(out + "/pcs-attribution-h200-compile.json"))
+edges = [(r.get("sync_ms"), r.get("start_ms"), r.get("began_on")) for r in d["ranges"]][:4]
+print("sync=" + os.environ["SYNC"], a.get("pc_on_vs_off_pct"), d["summary"], edges)
+PY
+    done ;;
+livediag)
+    DIAG_VARIANTS=on,on timeout 260 python3 -u bench/gpu_pcs_live_diag.py 2>&1 | tail -24 ;;
+tiny)/|failed|Error" | cut -c1-600 ;;
 dfactors)
     cd bench && timeout 570 python3 -u gpu_ab_cost.py --targets decode_eager --interleaved 1 \
         --pin 5 --variants default,no_release,kernels_only,no_api,null \
