@@ -733,24 +733,10 @@ class CuptiActivity:
         return hook.state
 
     def run_in_target(self, fn: Any, wait_s: float) -> str:
-        """`fn()` on the target's own thread at the exit of its next launch or synchronize
-        call (detach.run_at_next_call), so that no launch of that thread is in flight while
-        it runs; "target", or "here: <why>" when it ran on this thread instead (no call came
-        within `wait_s`, an idle target; or the hook could not be armed, e.g. another CUPTI
-        subscriber). `fn`'s exception is raised here either way."""
+        """`fn()` on the target's own thread at its next CUDA call (detach.run_in_target)."""
         from . import detach
 
-        lib = self.libcupti()
-        if lib is None or self.cupti is None:
-            fn()
-            return "here: no libcupti handle"
-        hook = detach.run_at_next_call(lib, self.cupti, fn, wait_s)
-        if hook.state == "ran":
-            return "target"
-        if hook.raised is not None:
-            raise hook.raised
-        fn()
-        return f"here: {hook.state}"
+        return detach.run_in_target(self.libcupti(), self.cupti, fn, wait_s)
 
     def refresh_for_pc(self, wait_s: float) -> str:
         """Finalize CUPTI between windows so that the next PC-sampling enable starts CUPTI

@@ -208,6 +208,23 @@ def run_at_next_call(
     return hook
 
 
+def run_in_target(lib: Any, cupti_mod: Any, fn: Callable[[], None], wait_s: float) -> str:
+    """`fn()` on the target's own thread at the exit of its next launch or synchronize call
+    (run_at_next_call): "target"; or on this thread: "here: <why>" (no call came within
+    `wait_s`, an idle target with no launch in flight; the hook could not be armed, e.g.
+    another CUPTI subscriber; no libcupti handle). `fn`'s exception is raised here either way."""
+    if lib is None or cupti_mod is None:
+        fn()
+        return "here: no libcupti handle"
+    hook = run_at_next_call(lib, cupti_mod, fn, wait_s)
+    if hook.state == "ran":
+        return "target"
+    if hook.raised is not None:
+        raise hook.raised
+    fn()
+    return f"here: {hook.state}"
+
+
 def probe_graphs(lib: Any, cupti_mod: Any, seconds: float) -> ExitHook:
     """Does the target replay CUDA graphs? The hook listens to graph launches only; the first
     one's exit finalizes CUPTI at once (`graph_seen`), so the process is left as it was. None
