@@ -12,7 +12,8 @@ untouched):
 - ``base``: ``plan.run`` (the library's two launches);
 - ``merge_pdl``: stage 1 as is, the merge launched with PDL and waiting on the grid dependency
   (stage 1's implicit trigger: its programs' exit);
-- ``early_pdl``: stage 1 wrapped to trigger its dependents at its start, the merge as above.
+- ``early_pdl`` (measured at commit f7eecc8, dropped since: stage 1 wrapped, its whole signature
+  repeated, to trigger its dependents at its start; the merge as above).
 
 Each is checked bit for bit against ``base`` and timed by graph replay and by ``do_bench``
 (L2 flushed), at 1 x 64k and 8 x 16k with bf16 KV and 1 x 64k with fp8 KV (merge only).
@@ -31,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 from kdash.kernels import bench
-from kdash.kernels.decode_attention import _decode_stage1, _decode_stage2, default_config
+from kdash.kernels.decode_attention import _decode_stage2, default_config
 from kdash.kernels.launch import BoundKernel
 
 
@@ -54,57 +55,6 @@ def _merge_pdl(
     )
 
 
-@triton.jit(do_not_specialize=["capacity"])
-def _stage1_early(
-    Q,
-    K,
-    V,
-    PT,
-    LENS,
-    KS,
-    VS,
-    OP,
-    LSEP,
-    qk_scale,
-    num_splits,
-    split_len_hint,
-    capacity,
-    stride_qb,
-    stride_qh,
-    stride_kp,
-    stride_ks,
-    stride_kh,
-    stride_vp,
-    stride_vs,
-    stride_vh,
-    stride_ptb,
-    GROUP: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PAGE: tl.constexpr,
-    IS_FP8: tl.constexpr,
-    FP8_FP16: tl.constexpr,
-    EVICT: tl.constexpr,
-    UPCAST: tl.constexpr,
-    PREFETCH: tl.constexpr = False,
-    DEVICE_PLAN: tl.constexpr = False,
-    TARGET_VARLEN: tl.constexpr = 1,
-    MIN_SPLIT: tl.constexpr = 256,
-    BLOCK_B: tl.constexpr = 16,
-    MAX_SPLITS: tl.constexpr = 256,
-    MERGE: tl.constexpr = 0,
-    SEARCH: tl.constexpr = 1,
-):
-    tl.extra.cuda.gdc_launch_dependents()
-    _decode_stage1(
-        Q, K, V, PT, LENS, KS, VS, OP, LSEP, qk_scale, num_splits, split_len_hint, capacity,
-        stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-        stride_ptb, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, IS_FP8, FP8_FP16, EVICT, UPCAST,
-        PREFETCH, DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT, BLOCK_B, MAX_SPLITS, MERGE, SEARCH,
-    )  # fmt: skip
-
-
 def variants(case: bench.DecodeCase) -> dict:
     fn, splits = case.fn(default_config(case.k.dtype))
     fn()
@@ -116,15 +66,10 @@ def variants(case: bench.DecodeCase) -> dict:
     a1 = (*a1, *plan._rest1)
     s2 = plan._s2
     merge = BoundKernel(_merge_pdl, s2.grid, {**s2.meta, "launch_pdl": True})
-    early = BoundKernel(_stage1_early, plan._s1.grid, plan._meta1)
     s1 = plan._s1
 
     def merge_pdl() -> None:
         s1(*a1)
-        merge(*plan._args2)
-
-    def early_pdl() -> None:
-        early(*a1)
         merge(*plan._args2)
 
     out: dict = {"splits": splits, "bytes": case.bytes_needed()}
@@ -132,8 +77,6 @@ def variants(case: bench.DecodeCase) -> dict:
     fn()
     want = plan.out.clone()
     runs = [("base", fn), ("merge_pdl", merge_pdl)]
-    if plan._kern1 is _decode_stage1:  # the early trigger is wrapped for bf16's stage 1 only
-        runs.append(("early_pdl", early_pdl))
     for name, f in runs:
         try:
             plan.out.fill_(float("nan"))
