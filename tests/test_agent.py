@@ -1425,6 +1425,10 @@ def test_pc_sampling_ranges_alternate_with_activity_windows(fake_cupti, pcs_stan
             "one every 0.3 s"
         )
         assert src.stats["agent_pc_last"]["total_samples"] == 100
+        # where the range's edges ran: here no CUDA call reaches a CUPTI callback (stand-ins),
+        # so on the range's own thread, with the reason
+        last = src.stats["agent_pc_last"]
+        assert last["began_on"].startswith("here: ") and last["ended_on"].startswith("here: ")
         pcs_rows = columns(got, "pc_samples")
         assert set(pcs_rows["pc_offset"].tolist()) == {0x40, 0x50, 0x60, 0x70}
         assert set(pcs_rows["kernel"]) == {"_decode_stage1"}
