@@ -754,8 +754,6 @@ class CuptiActivity:
         if self.released:
             self.pc_refreshes += 1
             return "finalized"
-        if self.cupti is None:  # CUPTI was never started here: the first enable starts it afresh
-            return "finalized"
         why = self._finalize_for_restart(wait_s)
         if why == "finalized":
             self.pc_refreshes += 1

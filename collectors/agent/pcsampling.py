@@ -23,6 +23,7 @@ the real header; what it did on the H200 is noted above PCSampler.
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Any
 
 import numpy as np
@@ -708,8 +709,6 @@ class SamplingRanges:
         self.where: list[str] = []  # where the last range began and ended (see `run`)
         # the GPU drained before a range's start and before its stop; "0" in the target's
         # environment (KDASH_AGENT_PC_SYNC) skips both, to measure what the drains cost
-        import os
-
         self.sync = os.environ.get("KDASH_AGENT_PC_SYNC", "1") != "0"
         self.last: dict[str, float] = {}
         self.cpu_ms_total = 0.0
@@ -721,9 +720,9 @@ class SamplingRanges:
         """One range of `on_s` seconds (`cut_short`, a threading.Event, ends it early).
 
         `at_call(fn) -> str` runs `fn` on the target's own thread at its next CUDA call
-        (detach.run_at_next_call; "ran", or why it ran here instead); the range's beginning
-        (enable, start) and end (stop, reads, disable) go through it when given, so that no
-        launch of the target's thread is in flight during those calls."""
+        (detach.run_in_target: "target", or "here: <why>" when it ran on this thread); the
+        range's beginning (enable, start) and end (stop, reads, disable) go through it when
+        given, so that no launch of the target's thread is in flight during those calls."""
         import time
 
         t: dict[str, float] = {}
@@ -780,8 +779,9 @@ class SamplingRanges:
         cols, stats = got["cols"], got["stats"]
         self.ranges += 1
         self.cpu_ms_total += t.get("stop_cpu_ms", 0.0)
-        # every call above goes through PyDLL, so the target's Python threads wait for the GIL
-        # for as long as they take, waiting on the driver included (CPU time misses that)
+        # every call above holds the target for as long as it takes, waiting on the driver
+        # included (CPU time misses that): run on its own thread, or through PyDLL holding its
+        # GIL
         self.held_ms_total += sum(t.get(k, 0.0) for k in HELD_PARTS)
         self.last = {k: round(v, 2) for k, v in t.items()}
         return cols, {**stats, **self.last, "began_on": where[0], "ended_on": where[1]}
