@@ -5,8 +5,7 @@ BoundKernel took the direct launcher path, the host us per run (CPU timer over 1
 row, as the bench's decode_host_us), the same for each stage's launch alone, one empty kernel
 launched through Triton's JIT path and through its packed C launcher (what a launch costs the
 host on this machine), each part of a 1 x 64k run replayed from a CUDA graph, and cProfile's
-top entries over 2,000 runs. Prints one JSON
-document (also to $OUT/decode-host-h200.json).
+top entries over 2,000 runs. Prints one JSON document (also to $OUT/decode-host-h200.json).
 Run: python bench/gpu_decode_host.py   (kdash importable, a CUDA GPU)
 """
 

@@ -447,6 +447,10 @@ def test_pc_switched_on_mid_session_refreshes_before_its_first_range_and_the_env
     assert started == [100.2] and h.ctl.calls.count("refresh_pc") == 1
     h.at(100.3)
     assert started == [100.2]  # the first-range refresh is not the quick retry of a lost one
+    # the range's edges go through the controller (on the target's thread where CUPTI can)
+    ran: list[int] = []
+    assert h.agent.pc.at_call(lambda: ran.append(1)) == "here: no target"
+    assert ran == [1] and "edge" in h.ctl.calls
 
     os.environ[ENV_PC_FIRST_REFRESH] = "0"
     try:

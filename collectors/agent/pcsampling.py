@@ -767,14 +767,15 @@ class SamplingRanges:
             finally:
                 self.cuda.pop()
 
-        where = [at_call(begin) if at_call is not None else begin() or "here"]
+        run = at_call if at_call is not None else lambda fn: fn() or "here"
+        where = [run(begin)]
         try:
             if cut_short is not None:
                 cut_short.wait(on_s)
             else:
                 time.sleep(on_s)
         finally:
-            where.append(at_call(end) if at_call is not None else end() or "here")
+            where.append(run(end))
         self.where = where
         cols, stats = got["cols"], got["stats"]
         self.ranges += 1

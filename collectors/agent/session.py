@@ -451,16 +451,6 @@ class Session:
         self.status("active", active_line(", ".join(acts_now), self.duty.cycle))
         return True
 
-    def range_edge_runner(self) -> Any:
-        """How a PC range's beginning and end are run: on the target's own thread at its next
-        CUDA call (controller.run_in_target), or None (on the range's thread) where there is no
-        controller to arm the hook with."""
-        c = self.ctl
-        run = getattr(c, "run_in_target", None)
-        if run is None:
-            return None
-        return lambda fn: run(fn, PC_EDGE_WAIT_S)
-
     def pc_tick(self, now: float) -> None:
         """Start a PC-sampling range when one is due (activity off meanwhile), and switch
         continuous activity back on once a range it was cut for has ended."""
@@ -475,7 +465,9 @@ class Session:
                 self.pc_paused_activity = True
             if pc.refresh_due(now):  # modules CUPTI cannot attribute: start it afresh
                 pc.refreshed(self.ctl.refresh_for_pc(PC_REFRESH_WAIT_S), self.now())
-            pc.at_call = self.range_edge_runner()
+            # the range's beginning and end on the target's own thread (controller.run_in_target)
+            ctl = self.ctl
+            pc.at_call = lambda fn: ctl.run_in_target(fn, PC_EDGE_WAIT_S)
             pc.start_range(self.pc_cfg.on_ms / 1000)
             self.pc_started += 1
             self.next_pc = now + self.pc_cfg.period_ms / 1000

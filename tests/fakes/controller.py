@@ -173,6 +173,13 @@ class FakeController:
         self.calls.append("refresh_pc")
         return "finalized"
 
+    def run_in_target(self, fn, wait_s: float) -> str:
+        """As CuptiActivity's where no CUPTI callback can fire (no target here): fn runs on
+        the calling thread."""
+        self.calls.append("edge")
+        fn()
+        return "here: no target"
+
     def release_between_windows(self, wait_s: float) -> str:
         """As CuptiActivity's: finalized unless graphs were seen, a kind is on, or the target
         made no CUDA call (`target_calls`)."""
