@@ -19,10 +19,10 @@ from dataclasses import replace
 
 os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="tc-")
 
-import torch  # noqa: E402 - after the cache directory is chosen
-from kdash.kernels import bench  # noqa: E402
-from kdash.kernels.bench_timing import bench_graph_ms, bench_ms, bench_readflush_ms  # noqa: E402
-from kdash.kernels.decode_attention import default_config  # noqa: E402
+import torch
+from kdash.kernels import bench
+from kdash.kernels.bench_timing import bench_graph_ms, bench_ms, bench_readflush_ms
+from kdash.kernels.decode_attention import default_config
 
 
 def main() -> int:
