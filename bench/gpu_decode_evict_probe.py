@@ -2,9 +2,10 @@
 
 One decode config per entry of ``CFGS`` (a JSON list of ``DecodeConfig`` overrides, an optional
 ``"kv"`` key limiting an entry to ``bf16`` or ``fp8``), on 1 x 64k and 8 x 16k (32/8/128) with
-both KV dtypes: do_bench, read-flush and graph-replay us, registers, programs per SM and how many
-``cp.async`` carry an L2 hint (kernels/l2_hint.py while it existed, session 13). A fresh Triton
-cache per process: compile hooks are not part of Triton's cache key. One JSON line per row; the
+both KV dtypes: do_bench, read-flush and graph-replay us, registers and programs per SM.
+Session 13 ran it with kernels/l2_hint.py (commit 659a742, removed since: it rewrote the K/V
+``cp.async`` to carry an evict-first L2 policy, and the H200 faulted on it). A fresh Triton cache
+per process: compile hooks are not part of Triton's cache key. One JSON line per row; the
 first failure stops the process with exit 3 (a GPU fault leaves the context unusable).
 Run: CFGS='[{}, {"evict_first": true, "num_stages": 1}]' python bench/gpu_decode_evict_probe.py
 """

@@ -65,6 +65,8 @@ FP8 = {
     # Not reached by the earlier run's time budget.
     "cvt_3stages": replace(CVT, num_stages=3),
     "cvt_8warps": replace(CVT, num_warps=8),
+    "cvt_8warps_3stages": replace(CVT, num_warps=8, num_stages=3),
+    "cvt_256_8warps": replace(CVT, block_n=256, num_warps=8),
 }
 FP8_FUSED = {"cvt_fused"}
 

@@ -14,7 +14,9 @@ the order decode reads it and in others:
 - ``flat``: the same bytes as one contiguous array, BLOCK_N x D elements a tile.
 Grids of one wave; do_bench (L2 flushed) and CUDA-graph medians, GB/s of the bytes read.
 Writes $OUT/kv-stream-h200.json.
-Run: python bench/gpu_kv_stream.py   (a CUDA GPU; kdash importable)
+- ``words`` (fp8): G adjacent KV heads a program read as int16 words as decode's fp8 kernels
+  read them (no conversion: the fp8 rows above convert to fp32 and are compute-bound).
+Run: python bench/gpu_kv_stream.py [--fp8-only]   (a CUDA GPU; kdash importable)
 """
 
 from __future__ import annotations
@@ -70,6 +72,31 @@ def _all_heads(K, V, PT, OUT, n_tokens, split_len, s_kp, s_ks, PAGE: tl.constexp
         v = tl.load(V + off, mask=m[:, None], other=0.0)
         acc += tl.sum(k.to(tl.float32) + v.to(tl.float32), 0)
     tl.store(OUT + s, tl.sum(acc, 0))
+
+
+@triton.jit
+def _heads_words(K, V, PT, OUT, n_tokens, split_len, s_kp, s_ks, s_kh, PAGE: tl.constexpr,
+                 BLOCK_N: tl.constexpr, W: tl.constexpr, G: tl.constexpr):  # fmt: skip
+    """G adjacent KV heads a program, read as int16 words (fp8 pairs, as decode's kernels read
+    them): W words a head, G x W contiguous words a token."""
+    hg = tl.program_id(0)
+    s = tl.program_id(1)
+    start = s * split_len
+    end = tl.minimum(start + split_len, n_tokens)
+    K = K.to(tl.pointer_type(tl.int16), bitcast=True)
+    V = V.to(tl.pointer_type(tl.int16), bitcast=True)
+    offs_t = tl.arange(0, BLOCK_N)
+    offs_w = tl.arange(0, G * W)
+    acc = tl.zeros([G * W], dtype=tl.int32)
+    for n0 in range(start, end, BLOCK_N):
+        t = n0 + offs_t
+        m = t < end
+        page = tl.load(PT + t // PAGE, mask=m, other=0).to(tl.int64)
+        off = page[:, None] * s_kp + (t % PAGE)[:, None] * s_ks + hg * G * s_kh + offs_w[None, :]
+        k = tl.load(K + off, mask=m[:, None], other=0)
+        v = tl.load(V + off, mask=m[:, None], other=0)
+        acc += tl.sum((k ^ v).to(tl.int32), 0)
+    tl.store(OUT + hg * tl.num_programs(1) + s, tl.sum(acc, 0).to(tl.float32))
 
 
 @triton.jit
@@ -131,6 +158,17 @@ def one_dtype(fp8: bool) -> list[dict]:
         fn = lambda g=(splits,), a=args, m=meta: _all_heads[g](*a, HD=hkv * d, **m)  # noqa: E731
         row = {"kv": tag, "tile": [bn, warps, stages], "splits": splits}
         record({**row, "all_heads": measure(fn, nbytes)})
+    if fp8:
+        sw = (sk[0] // 2, sk[1] // 2, sk[2] // 2)  # int16 words
+        for g, bn, splits in ((1, 128, 47), (1, 128, 64), (2, 64, 24), (2, 64, 33), (2, 128, 33),
+                              (4, 32, 12), (4, 64, 16), (8, 16, 6), (8, 32, 8)):  # fmt: skip
+            split_len = triton.cdiv(triton.cdiv(tokens, splits), bn) * bn
+            meta = dict(PAGE=page, BLOCK_N=bn, W=d // 2, G=g, num_warps=4, num_stages=2)
+            args = (k, v, pt, out, tokens, split_len, sw[0], sw[1], sw[2])
+            grid = (hkv // g, splits)
+            fn = lambda g_=grid, a=args, m=meta: _heads_words[g_](*a, **m)  # noqa: E731
+            row = {"kv": tag, "tile": [bn, 4, 2], "heads_per_program": g, "splits": splits}
+            record({**row, "programs": grid[0] * grid[1], "words": measure(fn, nbytes)})
     kf, vf = k.reshape(-1, d), v.reshape(-1, d)
     n_rows = kf.shape[0]
     for bn, warps, stages, progs in ((128, 4, 2, 376), (128, 4, 2, 512), (64, 4, 3, 528)):
@@ -146,7 +184,7 @@ def one_dtype(fp8: bool) -> list[dict]:
 def main() -> int:
     res: dict = {"command": "python bench/gpu_kv_stream.py", "gpu": torch.cuda.get_device_name(0)}
     res["triton"] = triton.__version__
-    res["cases"] = one_dtype(False)
+    res["cases"] = [] if "--fp8-only" in sys.argv else one_dtype(False)
     torch.cuda.empty_cache()
     res["cases"] += one_dtype(True)
     dest = Path(os.environ.get("OUT") or ".") / "kv-stream-h200.json"

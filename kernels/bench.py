@@ -40,7 +40,6 @@ from typing import Any
 
 import torch
 
-from . import l2_hint
 from .bench_summary import (
     AT_MOST,
     FLOORS,
@@ -453,7 +452,6 @@ def stage1_occupancy(plan: DecodePlan) -> dict[str, Any]:
         "registers": regs,
         "spills": int(getattr(ck, "n_spills", 0)),
         "shared_bytes": smem,
-        "l2_hinted_copies": l2_hint.hinted(ck),
         "resident_per_sm_by": by,
         "resident_per_sm": resident,
         "programs": programs,

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from . import l2_hint, residency
+from . import residency
 from ._common import cdiv, interpreting, next_pow2, sm_count
 from .decode_attention import (
     DEFAULT_CONFIG,
@@ -38,9 +38,6 @@ from .decode_fp8 import CVT_MODES, _decode_stage1_fp8_cvt
 from .decode_fused import _decode_fused, merge_chunk
 from .launch import BoundKernel, hooks_installed
 from .residency import MAX_BLOCKS_PER_SM, Residency
-
-# Before any decode kernel compiles: a config's evict_first then reaches the PTX (l2_hint.py).
-l2_hint.install()
 
 # cvt.rn.f16x2.e4m3x2 (the default fp8 stage 1's conversion) is PTX for sm_89 and later.
 CVT_MIN_CAPABILITY = (8, 9)

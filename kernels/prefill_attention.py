@@ -163,7 +163,7 @@ def _extend_kernel(
     kn_base = KN + q_start.to(tl.int64) * stride_knt + kvh * stride_knh
     vn_base = VN + q_start.to(tl.int64) * stride_vnt + kvh * stride_vnh
     if CAUSAL:
-        full_end = m_blk * BLOCK_M
+        full_end = (m_blk * BLOCK_M) // BLOCK_N * BLOCK_N  # key tiles may outsize BLOCK_M
         tail_end = tl.minimum((m_blk + 1) * BLOCK_M, q_len)
     else:
         full_end = (q_len // BLOCK_N) * BLOCK_N

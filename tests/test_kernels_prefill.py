@@ -161,6 +161,32 @@ def test_plain_prefill_matches_reference(causal: bool, kernel: str, record_prope
 
 
 @needs_device
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        HopperConfig(16, 32, 4, 2),
+        HopperConfig(16, 32, 4, 2, descriptors="none"),
+        HopperConfig(32, 64, 4, 2),
+        PrefillConfig(16, 32, 4, 2),
+    ],
+    ids=["hopper-16x32", "hopper-16x32-loads", "hopper-32x64", "pointer-16x32"],
+)
+def test_causal_key_tiles_wider_than_query_tiles(cfg) -> None:
+    """A key tile wider than the query tile must not let a query row see later keys: the whole
+    tiles before the diagonal end at a key-tile boundary at or before the query tile's first row
+    (the H200 found 64 x 128 tiles off by 0.9 against the default before that; session 13)."""
+    news = [100, 1, 37, 64]
+    q, kn, vn, kc, vc, pt, pl, cu = make_case([0] * 4, news, 4, 2, 64, 1, seed=5)
+    out = torch.full_like(q, float("nan"))
+    args = (q, kn, vn, None, None, None, None, cu, max(news))
+    if isinstance(cfg, HopperConfig):
+        extend_attention_hopper(*args, causal=True, config=cfg, out=out)
+    else:
+        extend_attention(*args, causal=True, config=cfg, out=out)
+    check(out, q, kn, vn, kc, vc, pt, pl, cu, True, paged=False)
+
+
+@needs_device
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_long_request_lengths_1_5_100_500(kernel: str, record_property) -> None:
     news = [1, 5, 100, 500]
