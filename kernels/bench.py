@@ -648,9 +648,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--only",
-        choices=["all", "decode"],
+        choices=["all", "decode", "prefill"],
         default="all",
-        help="decode: the decode table only (no prefill sweep or table; prefill keys are n/a)",
+        help="decode: the decode table only (no prefill sweep or table; prefill keys are n/a); "
+        "prefill: the prefill table only (decode keys are n/a)",
     )
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -680,12 +681,12 @@ def main(argv: list[str] | None = None) -> int:
         for c in (True, False)
     }
     result["sweep"] = {}
-    if args.sweep in ("all", "decode"):
+    if args.sweep in ("all", "decode") and args.only != "prefill":
         log("sweep: decode configs")
         sd = sweep_decode(copy)
         best_dec = {k: DecodeConfig(**v["best"]) for k, v in sd.items()}
         result["sweep"]["decode"] = sd
-    if args.sweep in ("all", "prefill") and args.only == "all":
+    if args.sweep in ("all", "prefill") and args.only != "decode":
         log("sweep: prefill configs")
         sp, best_pre = sweep_prefill()
         result["sweep"]["prefill"] = sp
@@ -705,9 +706,10 @@ def main(argv: list[str] | None = None) -> int:
 
     save()
     result["decode"] = []
-    decode_table(copy, best_dec, result["decode"], save)
-    save()
-    result["prefill"] = prefill_table(best_pre) if args.only == "all" else []
+    if args.only != "prefill":
+        decode_table(copy, best_dec, result["decode"], save)
+        save()
+    result["prefill"] = prefill_table(best_pre) if args.only != "decode" else []
     result["summary"] = summarize(result["decode"], result["prefill"])
     result["seconds"] = time.time() - t0
     save()
