@@ -29,6 +29,9 @@
 #                                          # cost and attribution each (~4 min; not yet run)
 #   bash bench/device_next.sh livediag     # live attach + PC sampling on torch.compile in tmux,
 #                                          # twice, stacks at 20 s (~2 min; session 12: no hang)
+#   bash bench/device_next.sh timeline     # every decode program stamped, split scans (~1 min)
+#   bash bench/device_next.sh kvstream     # the KV cache read with loads only (~2 min)
+#   bash bench/device_next.sh prefillncu   # Nsight Compute on prefill and cuDNN at D=128 (~1 min)
 set -uo pipefail
 bash bench/device_setup.sh >/dev/null || exit 1
 export PYTHONPATH=/tmp/site PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
@@ -103,5 +106,11 @@ prefill)
     timeout 580 bash bench/device_prefill.sh 2>&1 | tail -40 | cut -c1-400 ;;
 fp8)
     timeout 580 bash bench/device_fp8.sh 2>&1 | tail -40 | cut -c1-400 ;;
-*) echo "usage: bash bench/device_next.sh ilpin|dfactors|first|tiny|deager|pc|probe|kernels|fp8|prefill|eager|attribution"; exit 2 ;;
+timeline)
+    cd bench && timeout 300 python3 -u gpu_decode_timeline.py 2>&1 | grep -v Warn | cut -c1-700 ;;
+kvstream)
+    cd bench && timeout 300 python3 -u gpu_kv_stream.py 2>&1 | grep -v Warn | tail -60 | cut -c1-300 ;;
+prefillncu)
+    timeout 500 bash bench/device_prefill_ncu.sh 2>&1 | tail -60 | cut -c1-200 ;;
+*) echo "usage: bash bench/device_next.sh ilpin|dfactors|first|tiny|deager|pc|probe|kernels|fp8|prefill|eager|attribution|pcsync|livediag|timeline|kvstream|prefillncu"; exit 2 ;;
 esac
