@@ -50,7 +50,8 @@ pc)
 ilpin)
     cd bench && timeout 570 python3 -u gpu_ab_cost.py --targets eager,decode_graph,graph_tiny \
         --interleaved 1 --pin 5 --variants null,default --name agent-ab-h200.json \
-        2>&1 | grep -E "^(eager|decode_graph|graph_pcsync)
+        2>&1 | grep -E "^(eager|decode_graph|graph_tiny)/|failed|Error" | cut -c1-600 ;;
+pcsync)
     cd bench
     for sync in 0 1; do
         KDASH_AGENT_PC_SYNC=$sync PCS_TARGET=compile timeout 150 python3 -u gpu_pcs_agent.py \
@@ -68,7 +69,6 @@ PY
     done ;;
 livediag)
     DIAG_VARIANTS=on,on timeout 260 python3 -u bench/gpu_pcs_live_diag.py 2>&1 | tail -24 ;;
-tiny)/|failed|Error" | cut -c1-600 ;;
 dfactors)
     cd bench && timeout 570 python3 -u gpu_ab_cost.py --targets decode_eager --interleaved 1 \
         --pin 5 --variants default,no_release,kernels_only,no_api,null \
