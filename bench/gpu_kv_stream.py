@@ -34,60 +34,22 @@ from kdash.kernels.bench_timing import bench_graph_ms, bench_ms
 
 
 @triton.jit
-def _per_head(K, V, PT, OUT, n_tokens, split_len, s_kp, s_ks, s_kh, PAGE: tl.constexpr,
-              BLOCK_N: tl.constexpr, D: tl.constexpr):  # fmt: skip
-    h = tl.program_id(0)
-    s = tl.program_id(1)
-    start = s * split_len
-    end = tl.minimum(start + split_len, n_tokens)
-    offs_t = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
-    acc = tl.zeros([D], dtype=tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        t = n0 + offs_t
-        m = t < end
-        page = tl.load(PT + t // PAGE, mask=m, other=0).to(tl.int64)
-        off = page[:, None] * s_kp + (t % PAGE)[:, None] * s_ks + h * s_kh + offs_d[None, :]
-        k = tl.load(K + off, mask=m[:, None], other=0.0)
-        v = tl.load(V + off, mask=m[:, None], other=0.0)
-        acc += tl.sum(k.to(tl.float32) + v.to(tl.float32), 0)
-    tl.store(OUT + h * tl.num_programs(1) + s, tl.sum(acc, 0))
-
-
-@triton.jit
-def _all_heads(K, V, PT, OUT, n_tokens, split_len, s_kp, s_ks, PAGE: tl.constexpr,
-               BLOCK_N: tl.constexpr, HD: tl.constexpr):  # fmt: skip
-    s = tl.program_id(0)
-    start = s * split_len
-    end = tl.minimum(start + split_len, n_tokens)
-    offs_t = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HD)
-    acc = tl.zeros([HD], dtype=tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        t = n0 + offs_t
-        m = t < end
-        page = tl.load(PT + t // PAGE, mask=m, other=0).to(tl.int64)
-        off = page[:, None] * s_kp + (t % PAGE)[:, None] * s_ks + offs_d[None, :]
-        k = tl.load(K + off, mask=m[:, None], other=0.0)
-        v = tl.load(V + off, mask=m[:, None], other=0.0)
-        acc += tl.sum(k.to(tl.float32) + v.to(tl.float32), 0)
-    tl.store(OUT + s, tl.sum(acc, 0))
-
-
-@triton.jit
-def _heads_words(K, V, PT, OUT, n_tokens, split_len, s_kp, s_ks, s_kh, PAGE: tl.constexpr,
-                 BLOCK_N: tl.constexpr, W: tl.constexpr, G: tl.constexpr):  # fmt: skip
-    """G adjacent KV heads a program, read as int16 words (fp8 pairs, as decode's kernels read
-    them): W words a head, G x W contiguous words a token."""
+def _paged(K, V, PT, OUT, n_tokens, split_len, s_kp, s_ks, s_kh, PAGE: tl.constexpr,
+           BLOCK_N: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
+           WORDS: tl.constexpr):  # fmt: skip
+    """A program per (group of G adjacent KV heads, split): tiles of BLOCK_N tokens x G x W
+    elements (contiguous in a token), summed. ``WORDS``: the cache read as int16 words, as the
+    fp8 kernels read it (no conversion); else the elements converted to fp32."""
     hg = tl.program_id(0)
     s = tl.program_id(1)
     start = s * split_len
     end = tl.minimum(start + split_len, n_tokens)
-    K = K.to(tl.pointer_type(tl.int16), bitcast=True)
-    V = V.to(tl.pointer_type(tl.int16), bitcast=True)
+    if WORDS:
+        K = K.to(tl.pointer_type(tl.int16), bitcast=True)
+        V = V.to(tl.pointer_type(tl.int16), bitcast=True)
     offs_t = tl.arange(0, BLOCK_N)
     offs_w = tl.arange(0, G * W)
-    acc = tl.zeros([G * W], dtype=tl.int32)
+    acc = tl.zeros([G * W], dtype=tl.float32)
     for n0 in range(start, end, BLOCK_N):
         t = n0 + offs_t
         m = t < end
@@ -95,8 +57,11 @@ def _heads_words(K, V, PT, OUT, n_tokens, split_len, s_kp, s_ks, s_kh, PAGE: tl.
         off = page[:, None] * s_kp + (t % PAGE)[:, None] * s_ks + hg * G * s_kh + offs_w[None, :]
         k = tl.load(K + off, mask=m[:, None], other=0)
         v = tl.load(V + off, mask=m[:, None], other=0)
-        acc += tl.sum((k ^ v).to(tl.int32), 0)
-    tl.store(OUT + hg * tl.num_programs(1) + s, tl.sum(acc, 0).to(tl.float32))
+        if WORDS:
+            acc += tl.sum((k ^ v).to(tl.int32), 0).to(tl.float32)
+        else:
+            acc += tl.sum(k.to(tl.float32) + v.to(tl.float32), 0)
+    tl.store(OUT + hg * tl.num_programs(1) + s, tl.sum(acc, 0))
 
 
 @triton.jit
@@ -146,7 +111,7 @@ def one_dtype(fp8: bool) -> list[dict]:
             split_len = triton.cdiv(triton.cdiv(tokens, splits), bn) * bn
             grid = (hkv, splits)
             args = (k, v, pt, out, tokens, split_len, sk[0], sk[1], sk[2])
-            fn = lambda g=grid, a=args, m=meta: _per_head[g](*a, D=d, **m)  # noqa: E731
+            fn = lambda g=grid, a=args, m=meta: _paged[g](*a, W=d, G=1, WORDS=False, **m)  # noqa: E731
             row = {"kv": tag, "tile": [bn, warps, stages], "splits": splits}
             record({**row, "per_head": measure(fn, nbytes)})
     heads_cfgs = [(16, 4, 2, 132), (16, 8, 3, 132), (32, 8, 2, 132)]
@@ -154,8 +119,8 @@ def one_dtype(fp8: bool) -> list[dict]:
     for bn, warps, stages, splits in heads_cfgs:
         meta = dict(PAGE=page, BLOCK_N=bn, num_warps=warps, num_stages=stages)
         split_len = triton.cdiv(triton.cdiv(tokens, splits), bn) * bn
-        args = (k, v, pt, out, tokens, split_len, sk[0], sk[1])
-        fn = lambda g=(splits,), a=args, m=meta: _all_heads[g](*a, HD=hkv * d, **m)  # noqa: E731
+        args = (k, v, pt, out, tokens, split_len, sk[0], sk[1], sk[2])
+        fn = lambda g=(1, splits), a=args, m=meta: _paged[g](*a, W=d, G=hkv, WORDS=False, **m)  # noqa: E731
         row = {"kv": tag, "tile": [bn, warps, stages], "splits": splits}
         record({**row, "all_heads": measure(fn, nbytes)})
     if fp8:
@@ -163,10 +128,10 @@ def one_dtype(fp8: bool) -> list[dict]:
         for g, bn, splits in ((1, 128, 47), (1, 128, 64), (2, 64, 24), (2, 64, 33), (2, 128, 33),
                               (4, 32, 12), (4, 64, 16), (8, 16, 6), (8, 32, 8)):  # fmt: skip
             split_len = triton.cdiv(triton.cdiv(tokens, splits), bn) * bn
-            meta = dict(PAGE=page, BLOCK_N=bn, W=d // 2, G=g, num_warps=4, num_stages=2)
+            meta = dict(PAGE=page, BLOCK_N=bn, W=d // 2, G=g, WORDS=True, num_warps=4, num_stages=2)
             args = (k, v, pt, out, tokens, split_len, sw[0], sw[1], sw[2])
             grid = (hkv // g, splits)
-            fn = lambda g_=grid, a=args, m=meta: _heads_words[g_](*a, **m)  # noqa: E731
+            fn = lambda g_=grid, a=args, m=meta: _paged[g_](*a, **m)  # noqa: E731
             row = {"kv": tag, "tile": [bn, 4, 2], "heads_per_program": g, "splits": splits}
             record({**row, "programs": grid[0] * grid[1], "words": measure(fn, nbytes)})
     kf, vf = k.reshape(-1, d), v.reshape(-1, d)
