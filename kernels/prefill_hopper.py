@@ -273,7 +273,7 @@ def _hopper_kernel(
     kn_base = KN + q_start.to(tl.int64) * stride_knt + kvh * stride_knh
     vn_base = VN + q_start.to(tl.int64) * stride_vnt + kvh * stride_vnh
     if CAUSAL:
-        # Whole key tiles below the query tile's first row: with keys tiles wider than query
+        # Whole key tiles below the query tile's first row: with key tiles wider than query
         # tiles (BLOCK_N > BLOCK_M) the tile holding that row would reach past the diagonal.
         full_end = (m_blk * BLOCK_M) // BLOCK_N * BLOCK_N
         tail_end = tl.minimum((m_blk + 1) * BLOCK_M, q_len)
