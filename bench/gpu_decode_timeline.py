@@ -11,7 +11,9 @@ CUDA graph as the bench times them. What the stamps separate:
   last end against the median end);
 - the gap between stage 1's last end and the merge's first start, and the merge's span.
 It also scans the split count at 1 x 64k for both KV dtypes (graph and do_bench), since the
-wave model picks it without a measurement. Writes $OUT/decode-timeline-h200.json.
+wave model picks it without a measurement (``TIMELINE_ONLY=1`` skips the scan), and with
+``PT_REVERSE=1`` lays each request's pages out in reverse order (does a split's pace follow its
+place in the request or the pages it reads?). Writes $OUT/decode-timeline-h200.json.
 Run: python bench/gpu_decode_timeline.py   (kdash importable, a CUDA GPU with sm_90)
 """
 
@@ -200,6 +202,12 @@ def main() -> int:
         ("1x128k bf16", [131072], False),
     ):
         case = bench.DecodeCase(lens, 32, 8, 128, fp8)
+        if os.environ.get("PT_REVERSE") == "1":
+            # Each request's pages in reverse order: whether a split's pace follows its place in
+            # the request or the pages it reads.
+            for b, n in enumerate(lens):
+                used = -(-n // case.k.shape[1])
+                case.page_table[b, :used] = case.page_table[b, :used].flip(0)
         plan = case.plan(default_config(case.k.dtype), False)
         try:
             res["timelines"][name] = timeline(case, plan)
