@@ -92,7 +92,6 @@ def tapered_stage1():
 
 
 def main() -> int:
-    sys.modules.setdefault(__name__, sys.modules["__main__"])
     kern = tapered_stage1()
     res: dict = {"command": "python bench/gpu_decode_taper.py", "tapers_per_mille": TAPERS}
     res["gpu"] = torch.cuda.get_device_name(0)

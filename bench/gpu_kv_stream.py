@@ -11,11 +11,13 @@ the order decode reads it and in others:
 - ``per_head``: a program per (KV head, split), tiles of BLOCK_N tokens x D, as stage 1;
 - ``all_heads``: a program per split reads every KV head of its tokens, [BLOCK_N, Hkv x D],
   contiguous Hkv x D x elt bytes per token;
-- ``flat``: the same bytes as one contiguous array, BLOCK_N x D elements a tile.
+- ``flat``: the same bytes as one contiguous array, BLOCK_N x D elements a tile;
+- ``words`` (fp8 only): G adjacent KV heads a program, read as int16 words as decode's fp8
+  kernels read them, at about as many programs as decode runs (the three reads above would
+  convert fp8 to fp32 element by element, which makes them compute-bound, so fp8 runs only
+  these).
 Grids of one wave; do_bench (L2 flushed) and CUDA-graph medians, GB/s of the bytes read.
 Writes $OUT/kv-stream-h200.json.
-- ``words`` (fp8): G adjacent KV heads a program read as int16 words as decode's fp8 kernels
-  read them (no conversion: the fp8 rows above convert to fp32 and are compute-bound).
 Run: python bench/gpu_kv_stream.py [--fp8-only]   (a CUDA GPU; kdash importable)
 """
 
@@ -105,6 +107,9 @@ def one_dtype(fp8: bool) -> list[dict]:
         print(row, flush=True)
         rows.append(row)
 
+    if fp8:
+        words_rows(k, v, pt, out, tokens, nbytes, record)
+        return rows
     for bn, warps, stages in ((64, 4, 2), (128, 4, 2), (64, 4, 3), (128, 8, 3)):
         meta = dict(PAGE=page, BLOCK_N=bn, num_warps=warps, num_stages=stages)
         for splits in (33, 47, 49, 64, 66):
@@ -123,17 +128,6 @@ def one_dtype(fp8: bool) -> list[dict]:
         fn = lambda g=(1, splits), a=args, m=meta: _paged[g](*a, W=d, G=hkv, WORDS=False, **m)  # noqa: E731
         row = {"kv": tag, "tile": [bn, warps, stages], "splits": splits}
         record({**row, "all_heads": measure(fn, nbytes)})
-    if fp8:
-        sw = (sk[0] // 2, sk[1] // 2, sk[2] // 2)  # int16 words
-        for g, bn, splits in ((1, 128, 47), (1, 128, 64), (2, 64, 24), (2, 64, 33), (2, 128, 33),
-                              (4, 32, 12), (4, 64, 16), (8, 16, 6), (8, 32, 8)):  # fmt: skip
-            split_len = triton.cdiv(triton.cdiv(tokens, splits), bn) * bn
-            meta = dict(PAGE=page, BLOCK_N=bn, W=d // 2, G=g, WORDS=True, num_warps=4, num_stages=2)
-            args = (k, v, pt, out, tokens, split_len, sw[0], sw[1], sw[2])
-            grid = (hkv // g, splits)
-            fn = lambda g_=grid, a=args, m=meta: _paged[g_](*a, **m)  # noqa: E731
-            row = {"kv": tag, "tile": [bn, 4, 2], "heads_per_program": g, "splits": splits}
-            record({**row, "programs": grid[0] * grid[1], "words": measure(fn, nbytes)})
     kf, vf = k.reshape(-1, d), v.reshape(-1, d)
     n_rows = kf.shape[0]
     for bn, warps, stages, progs in ((128, 4, 2, 376), (128, 4, 2, 512), (64, 4, 3, 528)):
@@ -144,6 +138,23 @@ def one_dtype(fp8: bool) -> list[dict]:
         row = {"kv": tag, "tile": [bn, warps, stages], "programs": progs}
         record({**row, "flat": measure(fn, 2 * n_rows * d * elt)})
     return rows
+
+
+def words_rows(k, v, pt, out, tokens: int, nbytes: int, record) -> None:
+    """fp8 read as int16 words, G heads a program, splits scaled with G so that the programs
+    stay near decode's count (376-512); each row goes to ``record``."""
+    hkv, d = k.shape[2], k.shape[3]
+    page, sw = k.shape[1], tuple(x // 2 for x in k.stride()[:3])  # strides in int16 words
+    for g, bn in ((1, 128), (2, 64), (4, 32), (8, 16)):
+        for base in (47, 64):
+            splits = base * g
+            split_len = triton.cdiv(triton.cdiv(tokens, splits), bn) * bn
+            meta = dict(PAGE=page, BLOCK_N=bn, W=d // 2, G=g, WORDS=True, num_warps=4, num_stages=2)
+            args = (k, v, pt, out, tokens, split_len, *sw)
+            grid = (hkv // g, splits)
+            fn = lambda g_=grid, a=args, m=meta: _paged[g_](*a, **m)  # noqa: E731
+            row = {"kv": "fp8", "tile": [bn, 4, 2], "heads_per_program": g, "splits": splits}
+            record({**row, "programs": grid[0] * grid[1], "words": measure(fn, nbytes)})
 
 
 def main() -> int:
