@@ -136,6 +136,7 @@ def timeline(case: bench.DecodeCase, plan: DecodePlan) -> dict:
     durs = [e - s for s, e in zip(starts, ends, strict=True)]
     m_starts = [(r[0] - t_first) / 1e3 for r in b]
     m_ends = [(r[1] - t_first) / 1e3 for r in b]
+    m_durs = [e - s for s, e in zip(m_starts, m_ends, strict=True)]
     sms = len({r[2] for r in a})
     return {
         "programs": n1,
@@ -152,8 +153,7 @@ def timeline(case: bench.DecodeCase, plan: DecodePlan) -> dict:
             "start_min_max": [min(m_starts), max(m_starts)],
             "end_max": max(m_ends),
             "gap_after_stage1_us": min(m_starts) - max(ends),
-            "dur_p50_max": [pct([e - s for s, e in zip(m_starts, m_ends, strict=True)], 50),
-                            max(e - s for s, e in zip(m_starts, m_ends, strict=True))],
+            "dur_p50_max": [pct(m_durs, 50), max(m_durs)],
         },
         "span_us": max(m_ends),
         "raw_sm_start_end": [
