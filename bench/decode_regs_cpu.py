@@ -79,7 +79,7 @@ def compile_one(fused: bool, kind: str, head_dim: int, group: int, page: int, bl
     sig = {"Q": "*bf16", "K": kv, "V": kv, "PT": "*i32", "LENS": "*i32", "KS": "*fp32"}
     sig.update(VS="*fp32", OP="*fp32", LSEP="*fp32")
     if fused:
-        sig.update(Out="*bf16", LSE="*fp32", TICKETS="*i32")
+        sig.update(Out="*bf16", LSE="*fp32", FLAGS="*i32")
     sig.update(qk_scale="fp32", num_splits="i32", split_len_hint="i32", capacity="i32")
     strides = STRIDES + (("stride_outb", "stride_outh") if fused else ())
     sig.update({s: "i32" for s in strides})
@@ -89,8 +89,8 @@ def compile_one(fused: bool, kind: str, head_dim: int, group: int, page: int, bl
     const.update(MAX_SPLITS=256, MERGE=4, SEARCH=256)
     if fused:
         fn = df._decode_fused
-        const.update(PAIRS=pairs, IS_FP8=fp8, FP8_FP16=True, ASM=pairs, BLOCK_S=256)
-        const["CHUNK"] = df.merge_chunk(256, head_dim)
+        const.update(PAIRS=pairs, IS_FP8=fp8, FP8_FP16=True, ASM=pairs)
+        const.update(CHUNK=df.merge_chunk(256, head_dim), POLL_NS=64)
     elif pairs:
         fn, const["ASM"] = da._decode_stage1_fp8_pairs, True
     else:

@@ -77,7 +77,7 @@ def compile_one(
     sig = {"Q": "*bf16", "K": "*fp8e4nv", "V": "*fp8e4nv", "PT": "*i32", "LENS": "*i32"}
     sig.update(KS="*fp32", VS="*fp32", OP="*fp32", LSEP="*fp32")
     if fused:
-        sig.update(Out="*bf16", LSE="*fp32", TICKETS="*i32")
+        sig.update(Out="*bf16", LSE="*fp32", FLAGS="*i32")
     sig.update(qk_scale="fp32", num_splits="i32", split_len_hint="i32", capacity="i32")
     sig.update({s: "i32" for s in STRIDES + (("stride_outb", "stride_outh") if fused else ())})
     const = dict(GROUP=group, BLOCK_H=max(16, 1 << (group - 1).bit_length()), HEAD_DIM=128)
@@ -87,8 +87,8 @@ def compile_one(
     fn = da._decode_stage1_fp8_pairs if mode == "pairs_asm" else d8._decode_stage1_fp8_cvt
     if fused:
         fn = df._decode_fused
-        const.update(PAIRS=True, IS_FP8=True, FP8_FP16=True, BLOCK_S=256)
-        const.update(CHUNK=df.merge_chunk(256, 128), CVT=mode == "cvt")
+        const.update(PAIRS=True, IS_FP8=True, FP8_FP16=True)
+        const.update(CHUNK=df.merge_chunk(256, 128), CVT=mode == "cvt", POLL_NS=64)
     sig.update({k: "constexpr" for k in const})
     div = [i for i, n in enumerate(sig) if sig[n].startswith("*") or n.startswith("stride")]
     src = ASTSource(fn, sig, const, attrs={(i,): [["tt.divisibility", 16]] for i in div})

@@ -1,21 +1,28 @@
-"""Flash-decoding in one launch: stage 1's split-KV partials, merged by the last split to finish.
+"""Flash-decoding in one launch: stage 1's split-KV partials, merged while stage 1 still runs.
 
 The two-launch form (:mod:`kdash.kernels.decode_attention`) writes every split's unnormalised
-output and log-sum-exp, then a second kernel merges them. Here the stage-1 program body is run
-unchanged (the very ``@triton.jit`` functions of that module, inlined, so their source lines are
-the ones a profile of either form points at) and each program then takes a ticket from a counter
-of its (request, KV head); the program that draws the last ticket has every partial of that
-pair in memory and merges them for the pair's query heads. It resets the counter to zero, so the
-next run, or the next replay of a CUDA graph holding this launch, starts from zero again: the
-counters are zeroed once, when the plan makes them.
+output and log-sum-exp, then a second kernel merges them after a launch gap. Here the grid has
+``GROUP`` more slices along its split axis, one merge program per (request, query head); the
+stage-1 program body is run unchanged (the very ``@triton.jit`` functions of that module,
+inlined, so their source lines are the ones a profile of either form points at). The hardware
+hands out a grid's programs in order of their linear index, the split axis slowest, so every
+stage-1 program has started before any merge program takes a slot: a merge program waits only
+on programs that are running, never on one that needs its slot.
 
-Memory ordering: each program's partial stores come before its ticket (every thread fences at
-GPU scope, then a CTA barrier, then the one atomic, itself acquire-release at GPU scope), and
-the merging program's loads of the others' partials come after its ticket and bypass L1
-(``.cg``), so no line cached on its SM by an earlier run is read.
-One launch saves the host a second launch per decode call and the GPU the gap between the two
-kernels; the merge itself is the same arithmetic as stage 2's, run by one program per
-(request, KV head) over the group's heads instead of one program per query head.
+Each stage-1 program publishes its partial by raising one flag per query head
+(``FLAGS[b, head, split]``) after its stores: every thread fences at GPU scope, then a CTA
+barrier, then a release exchange. A merge program walks its head's splits ``CHUNK`` at a time
+in split order (later splits finish last), waits until a chunk's flags are all up (a volatile
+poll, a short sleep between reads), fences, and folds the chunk into a running maximum,
+denominator and output (the online softmax over partial LSEs). When the last split finishes
+only its own chunk is left to merge. The merge program lowers its flags when done, so the next
+launch, or the next replay of a CUDA graph holding this one, starts from zero: the plan zeroes
+them once, when it makes them.
+
+The earlier one-launch form merged a (request, KV head) in the last of its programs to finish
+(a ticket counter): the whole merge ran after the slowest split, a serial chain of L2 round
+trips by one program, ~7 us slower than two launches at every long shape on the H200
+(bench/NOTES-kernels.md, session 14).
 """
 
 from __future__ import annotations
@@ -29,10 +36,9 @@ from .decode_fp8 import _decode_stage1_fp8_cvt
 
 
 def merge_chunk(block_s: int, head_dim: int) -> int:
-    """Splits merged per step (never more than the tile holds). Picked from sm_90 compiles on
-    the CPU (bench/decode_regs_cpu.py): at 32 for head_dim 128 the fused kernel keeps stage 1's
-    programs per SM at 32/8/128 (Triton 3.6, the H200's: bf16 127 registers against 120, 4 an
-    SM; fp8 pairs 156 against 146, 3), where 16 and 64 took bf16 to 136-150 (3 an SM)."""
+    """Splits a merge program folds per step (never more than the tile holds). On the H200 at
+    1 x 64k (64 splits) 32 left no tail past two launches, 16 cost 2.5 us and 8 cost 9 (each
+    step waits on its own flags, then reads from L2; bench/results/decode-overlap-h200.json)."""
     return max(1, min(block_s, 32 if head_dim >= 128 else 16))
 
 
@@ -55,84 +61,106 @@ def _fenced(x, GPU: tl.constexpr):
 
 
 @triton.jit
-def _merge_group(
+def _fenced(x, GPU: tl.constexpr):
+    """``x``, after every thread of the program has run a GPU-scope acquire-release fence (on the
+    GPU; the interpreter runs one program at a time and has nothing to order). Scalars are
+    computed by every thread, so each one fences; the result carries the dependence on it."""
+    if GPU:
+        return tl.inline_asm_elementwise(
+            asm="fence.acq_rel.gpu;\n\tmov.b32 $0, $1;",
+            constraints="=r,r",
+            args=[x],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+    else:
+        return x
+
+
+@triton.jit
+def _pause(x, NS: tl.constexpr, GPU: tl.constexpr):
+    """``x`` after a sleep of about ``NS`` ns on the GPU (nothing in the interpreter)."""
+    if GPU:
+        return tl.inline_asm_elementwise(
+            asm="nanosleep.u32 $2;\n\tmov.b32 $0, $1;",
+            constraints="=r,r,r",
+            args=[x, tl.full([], NS, tl.int32)],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+    else:
+        return x
+
+
+@triton.jit
+def _merge_online(
     OP,
     LSEP,
     Out,
     LSE,
+    FLAGS,
     b,
-    kvh,
+    head,
     q_heads,
     num_splits,
     stride_outb,
     stride_outh,
-    GROUP: tl.constexpr,
-    BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    BLOCK_S: tl.constexpr,
     CHUNK: tl.constexpr,
+    POLL_NS: tl.constexpr,
+    GPU: tl.constexpr,
     EMULATE_RTNE: tl.constexpr,
 ):
-    """Stage 2's merge for the ``GROUP`` query heads of KV head ``kvh`` of request ``b``.
-
-    All partial LSEs of the group in one load ([BLOCK_H, BLOCK_S]) give each head's maximum and
-    denominator (and the final LSEs), and which splits did work: a request's working splits are
-    the first ones (split ``s`` starts at ``s`` split lengths), each with a finite LSE, the rest
-    wrote -inf. Then per head, ``CHUNK`` splits a step, the weights and the partial outputs are
-    loaded side by side (the mask is known), from L2. The weights are reloaded per step rather
-    than picked out of the group's tile in registers: picking them out took the bf16 kernel
-    from 112 to 156-159 registers on sm_90 (3 programs an SM instead of 4); recomputing the
-    request's cut here instead took it to 160 with Triton 3.6 (its loads and search were
-    merged with stage 1's, kept alive across the KV loop).
-    """
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_s = tl.arange(0, BLOCK_S)
+    """Merge head ``head`` of request ``b`` over its splits as their flags come up."""
     offs_c = tl.arange(0, CHUNK)
     offs_d = tl.arange(0, HEAD_DIM)
-    hmask = offs_h < GROUP
-    smask = offs_s < num_splits
-    rows0 = (b * q_heads + kvh * GROUP + offs_h).to(tl.int64) * num_splits
-    lse = tl.load(
-        LSEP + rows0[:, None] + offs_s[None, :],
-        mask=hmask[:, None] & smask[None, :],
-        other=float("-inf"),
-        cache_modifier=".cg",
-    )
-    n_live = tl.max(tl.max(tl.where(lse > float("-inf"), offs_s[None, :] + 1, 0), 1), 0)
-    m = tl.max(lse, 1)
+    row0 = (b * q_heads + head).to(tl.int64) * num_splits
+    m = tl.full([], float("-inf"), tl.float32)
+    den = tl.zeros([], tl.float32)
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for s0 in range(0, num_splits, CHUNK):
+        s = s0 + offs_c
+        have = s < num_splits
+        up = tl.load(FLAGS + row0 + s, mask=have, other=1, volatile=True)
+        while tl.min(up, 0) == 0:
+            wait = _pause(tl.min(up, 0), POLL_NS, GPU)
+            up = tl.load(FLAGS + row0 + s + wait, mask=have, other=1, volatile=True)
+        # The flags seen up, then a GPU-scope fence, then the partials (from L2, past L1): the
+        # loads' addresses come from the fence's result, so none is issued before it.
+        base = _fenced(tl.min(up, 0), GPU) - 1 + row0
+        # Both loads at once (one round trip): an empty split wrote no partial output, so what
+        # its row holds is dropped by the select below, never weighted.
+        lse_c = tl.load(LSEP + base + s, mask=have, other=float("-inf"), cache_modifier=".cg")
+        part = tl.load(
+            OP + (base + s)[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=have[:, None],
+            other=0.0,
+            cache_modifier=".cg",
+        )
+        live = have & (lse_c > float("-inf"))
+        part = tl.where(live[:, None], part, 0.0)
+        m_new = tl.maximum(m, tl.max(lse_c, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        w = tl.where(live, tl.exp2(lse_c - m_safe), 0.0)
+        den = den * alpha + tl.sum(w, 0)
+        acc = acc * alpha + tl.sum(part * w[:, None], 0)
+        m = m_new
+    # This program is the flags' only reader: lowering them readies the next launch.
+    for s0 in range(0, num_splits, CHUNK):
+        tl.store(FLAGS + row0 + s0 + offs_c, 0, mask=s0 + offs_c < num_splits)
+    den_safe = tl.where(den > 0, den, 1.0)
+    out = acc / den_safe
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    denom = tl.sum(tl.where(smask[None, :], tl.exp2(lse - m_safe[:, None]), 0.0), 1)
-    denom_safe = tl.where(denom > 0, denom, 1.0)
-    lse_out = tl.where(
-        denom > 0, (m_safe + tl.log2(denom_safe)) * 0.6931471805599453, -float("inf")
-    )
-    tl.store(LSE + b * q_heads + kvh * GROUP + offs_h, lse_out, mask=hmask)
-    for g in range(GROUP):
-        m_g = tl.sum(tl.where(offs_h == g, m_safe, 0.0), 0)
-        d_g = tl.sum(tl.where(offs_h == g, denom_safe, 0.0), 0)
-        row0 = (b * q_heads + kvh * GROUP + g).to(tl.int64) * num_splits
-        acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
-        for s0 in range(0, num_splits, CHUNK):
-            s = s0 + offs_c
-            # An empty split wrote no partial output (only its -inf LSE): never read it.
-            live = s < n_live
-            lse_c = tl.load(LSEP + row0 + s, mask=live, other=float("-inf"), cache_modifier=".cg")
-            part = tl.load(
-                OP + (row0 + s)[:, None] * HEAD_DIM + offs_d[None, :],
-                mask=live[:, None],
-                other=0.0,
-                cache_modifier=".cg",
-            )
-            w_c = tl.where(live, tl.exp2(lse_c - m_g), 0.0)
-            acc += tl.sum(part * w_c[:, None], 0)
-        out = acc / d_g
-        o_ptr = Out + b * stride_outb + (kvh * GROUP + g) * stride_outh + offs_d
-        tl.store(o_ptr, to_bf16(out, EMULATE_RTNE))
+    lse_out = tl.where(den > 0, (m_safe + tl.log2(den_safe)) * 0.6931471805599453, -float("inf"))
+    tl.store(LSE + b * q_heads + head, lse_out)
+    tl.store(Out + b * stride_outb + head * stride_outh + offs_d, to_bf16(out, EMULATE_RTNE))
 
 
-# num_splits is not specialised either: folded in as the constant 1, it let LLVM move the merge
-# into stage 1's registers (158 with Triton 3.6 at 32/8/128 bf16, 3 programs an SM; 127 as a
-# runtime value, 4).
+# num_splits is not specialised: folded in as the constant 1, it let LLVM move the merge's
+# address math into stage 1's registers (more registers, fewer programs an SM).
 @triton.jit(do_not_specialize=["capacity", "num_splits"])
 def _decode_fused(
     Q,
@@ -146,7 +174,7 @@ def _decode_fused(
     LSEP,
     Out,
     LSE,
-    TICKETS,
+    FLAGS,
     qk_scale,
     num_splits,
     split_len_hint,
@@ -181,63 +209,67 @@ def _decode_fused(
     MAX_SPLITS: tl.constexpr,
     MERGE: tl.constexpr,
     SEARCH: tl.constexpr,
-    BLOCK_S: tl.constexpr,
     CHUNK: tl.constexpr,
     CVT: tl.constexpr = False,
+    POLL_NS: tl.constexpr = 64,
 ):
-    """Stage 1 for one (request, KV head, split), then, for the last split of the pair to
-    finish, the merge. ``TICKETS``: ``[B, Hkv]`` int32, zero before the launch and after it."""
-    if PAIRS and CVT:  # decode_fp8's candidate: the same pairs, the hardware conversion
-        _decode_stage1_fp8_cvt(
-            Q, K, V, PT, LENS, KS, VS, OP, LSEP, qk_scale, num_splits, split_len_hint, capacity,
-            stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
-            stride_vh, stride_ptb, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, EVICT, ASM, UPCAST,
-            PREFETCH, DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT, BLOCK_B, MAX_SPLITS, MERGE, SEARCH,
-        )  # fmt: skip
-    elif PAIRS:
-        _decode_stage1_fp8_pairs(
-            Q, K, V, PT, LENS, KS, VS, OP, LSEP, qk_scale, num_splits, split_len_hint, capacity,
-            stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
-            stride_vh, stride_ptb, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, EVICT, ASM, UPCAST,
-            PREFETCH, DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT, BLOCK_B, MAX_SPLITS, MERGE, SEARCH,
-        )  # fmt: skip
-    else:
-        _decode_stage1(
-            Q, K, V, PT, LENS, KS, VS, OP, LSEP, qk_scale, num_splits, split_len_hint, capacity,
-            stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
-            stride_vh, stride_ptb, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, IS_FP8, FP8_FP16,
-            EVICT, UPCAST, PREFETCH, DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT, BLOCK_B, MAX_SPLITS,
-            MERGE, SEARCH,
-        )  # fmt: skip
+    """Grid ``(B, Hkv, num_splits + GROUP)``: stage 1 for split ``z < num_splits``, else the
+    merge of query head ``kvh * GROUP + z - num_splits``. ``FLAGS``: ``[B, Hq, num_splits]``
+    int32, zero before the launch and after it."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
+    z = tl.program_id(2)
     kv_heads = tl.num_programs(1)
-    # Every thread's partial stores are ordered before the ticket at GPU scope: its own fence,
-    # then the CTA barrier, then the one atomic (itself a release) taken for the program.
-    pair = _fenced(b * kv_heads + kvh, not UPCAST)
-    ticket = TICKETS + pair
-    tl.debug_barrier()
-    done = tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
-    if done == num_splits - 1:
-        tl.store(ticket, 0)
-        _merge_group(
+    q_heads = kv_heads * GROUP
+    if z < num_splits:
+        if PAIRS and CVT:
+            _decode_stage1_fp8_cvt(
+                Q, K, V, PT, LENS, KS, VS, OP, LSEP, qk_scale, num_splits, split_len_hint,
+                capacity, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp,
+                stride_vs, stride_vh, stride_ptb, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, EVICT,
+                ASM, UPCAST, PREFETCH, DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT, BLOCK_B,
+                MAX_SPLITS, MERGE, SEARCH,
+            )  # fmt: skip
+        elif PAIRS:
+            _decode_stage1_fp8_pairs(
+                Q, K, V, PT, LENS, KS, VS, OP, LSEP, qk_scale, num_splits, split_len_hint,
+                capacity, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp,
+                stride_vs, stride_vh, stride_ptb, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, EVICT,
+                ASM, UPCAST, PREFETCH, DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT, BLOCK_B,
+                MAX_SPLITS, MERGE, SEARCH,
+            )  # fmt: skip
+        else:
+            _decode_stage1(
+                Q, K, V, PT, LENS, KS, VS, OP, LSEP, qk_scale, num_splits, split_len_hint,
+                capacity, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp,
+                stride_vs, stride_vh, stride_ptb, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE,
+                IS_FP8, FP8_FP16, EVICT, UPCAST, PREFETCH, DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT,
+                BLOCK_B, MAX_SPLITS, MERGE, SEARCH,
+            )  # fmt: skip
+        # Every thread's partial stores, then its GPU-scope fence, then the CTA barrier, then
+        # the flags (release): a merge program that sees a flag up sees the partial.
+        offs_h = tl.arange(0, BLOCK_H)
+        base = _fenced(b * q_heads + kvh * GROUP, not UPCAST)
+        tl.debug_barrier()
+        rows = (base + offs_h).to(tl.int64) * num_splits + z
+        ones = tl.full([BLOCK_H], 1, tl.int32)
+        tl.atomic_xchg(FLAGS + rows, ones, mask=offs_h < GROUP, sem="release", scope="gpu")
+    else:
+        _merge_online(
             OP,
             LSEP,
             Out,
             LSE,
-            # From the fence's result, which the compiler cannot see through: the merge's
-            # address math then stays after the KV loop instead of being hoisted ahead of it
-            # and kept in registers across it.
-            pair // kv_heads,
-            pair % kv_heads,
-            kv_heads * GROUP,
+            FLAGS,
+            b,
+            kvh * GROUP + z - num_splits,
+            q_heads,
             num_splits,
             stride_outb,
             stride_outh,
-            GROUP,
-            BLOCK_H,
             HEAD_DIM,
-            BLOCK_S,
             CHUNK,
+            POLL_NS,
+            not UPCAST,
             UPCAST,
         )

@@ -170,9 +170,10 @@ class DecodePlan:
     argument but the pointers of q, the caches and the scales is packed once, and a run hands
     the pointers to Triton's C launcher (see :meth:`kdash.kernels.launch.BoundKernel.launcher`).
 
-    ``fused`` (default :data:`FUSED_DEFAULT`): one launch, the split merge done by the last
-    stage-1 program of each (request, KV head) (:mod:`kdash.kernels.decode_fused`), instead of
-    stage 1 then a merge kernel. Same results up to the order of the merge's additions.
+    ``fused`` (default :data:`FUSED_DEFAULT`): one launch, the split merge done by merge programs
+    of the same grid that fold each split's partial once it is written
+    (:mod:`kdash.kernels.decode_fused`), instead of stage 1 then a merge kernel. Same results up
+    to the order of the merge's additions.
 
     ``page_table`` (``[B, max_pages]`` int32) and ``seq_lens`` (``[B]`` int32) are kept by
     reference and read on the GPU at every run: a caller (or a CUDA graph replay) may rewrite them
@@ -294,7 +295,7 @@ class DecodePlan:
             # The merge's tile covers every split count the plan may choose (fixed before the
             # count is, since the count depends on the compiled kernel's residency).
             block_s = next_pow2(max(config.max_splits, num_splits or 1))
-            meta.update(BLOCK_S=block_s, CHUNK=merge_chunk(block_s, head_dim))
+            meta.update(CHUNK=merge_chunk(block_s, head_dim))
         self._meta1 = meta
         self._sms = sms
         if out is None:
@@ -327,7 +328,8 @@ class DecodePlan:
         self._ksp = self._vsp = seq_lens.data_ptr()
         if self.is_fp8 and self._ks_src is not _NO_SCALE:
             self._ksp, self._vsp = self._ks.data_ptr(), self._vs.data_ptr()
-        self._grid1 = (batch, num_kv_heads, splits)
+        # The fused grid's last GROUP slices of the split axis are its merge programs.
+        self._grid1 = (batch, num_kv_heads, splits + (group if self.fused else 0))
         self._q_stride: tuple | None = None
         self._q_shape: tuple | None = None
         self._cache_layout: tuple | None = None
@@ -341,8 +343,9 @@ class DecodePlan:
         self._pt_ptr, self._sl_ptr = page_table.data_ptr(), seq_lens.data_ptr()
         self._outs: tuple = (out, lse, out.stride(0), out.stride(1))
         if self.fused:
-            # Ticket counters of the merge, one per (request, KV head): zero between launches.
-            self._tickets = torch.zeros(max(1, batch * num_kv_heads), device=dev, dtype=torch.int32)
+            # The merge's flags, one per partial (request, query head, split): zero between
+            # launches.
+            self._flags = torch.zeros(max(1, n_l), device=dev, dtype=torch.int32)
             self._s2 = None
             self._args2: tuple = ()
         else:
@@ -551,7 +554,7 @@ class DecodePlan:
         )
         out, lse, so_b, so_h = self._outs
         if self.fused:
-            bufs: tuple = (self.o_part, self.lse_part, out, lse, self._tickets)
+            bufs: tuple = (self.o_part, self.lse_part, out, lse, self._flags)
             self._rest1 = (*bufs, *scalars, so_b, so_h)
         else:
             bufs = (self.o_part, self.lse_part)

@@ -259,7 +259,7 @@ def test_run_allocates_nothing_and_never_waits_for_the_gpu(
         bk.jit(*args)
     check(plan.out, q, kc, vc, pt, sl, sc)
     if path:
-        assert not plan._tickets.any()  # the merging programs reset their counters
+        assert not plan._flags.any()  # the merge programs lower the flags they waited on
 
 
 # --------------------------------------------------------------------------- GPU gates
@@ -293,7 +293,7 @@ def test_gpu_fast_launch_matches_the_jit_launch_bit_for_bit(fp8: bool, path) -> 
     check(fast, q, kc, vc, pt, sl, sc)
     if path:
         torch.cuda.synchronize()
-        assert not plan._tickets.any()
+        assert not plan._flags.any()
 
 
 @gpu
@@ -323,7 +323,7 @@ def test_gpu_graph_replay_follows_lengths_rewritten_in_place(fp8: bool, path) ->
         torch.cuda.synchronize()
         check(plan.out, q_in, kc, vc, pt, sl, sc)
         if path:
-            assert not plan._tickets.any()  # every replay leaves them as it found them
+            assert not plan._flags.any()  # every replay leaves them as it found them
 
 
 @gpu
@@ -376,20 +376,21 @@ def test_functional_entry_point_is_a_plan_and_a_run(path) -> None:
 
 
 @needs_device
-def test_fused_runs_leave_their_tickets_at_zero_and_agree_with_two_launches() -> None:
+def test_fused_runs_leave_their_flags_at_zero_and_agree_with_two_launches() -> None:
     """The fused launch over several splits (SMALL: 3 splits of 256 for 700 tokens), run
-    twice on new queries: the gate holds, every counter is back at zero for the next run (a
+    twice on new queries: the gate holds, every flag is lowered again for the next run (a
     graph replay relies on it), and output and LSE agree with the two-launch plan's."""
     q, kc, vc, pt, sl, sc = make_case([700, 3, 260], 8, 2, 64, 16, seed=12)
     fused = plan_for(pt, sl, q, kc, max_seq_len=700, total_tokens=963, fused=True)
     two = plan_for(pt, sl, q, kc, max_seq_len=700, total_tokens=963, fused=False)
     assert fused.num_splits == two.num_splits == 3 and fused._s2 is None
+    assert fused._grid1 == (3, 2, 3 + 4)  # the merge programs: the last GROUP split slices
     for seed in (0, 1):
         q = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).bfloat16()
         fused.out.fill_(float("nan"))
         out, lse = fused.run(q, kc, vc, return_lse=True)
         check(out, q, kc, vc, pt, sl, sc)
-        assert not fused._tickets.any()
+        assert not fused._flags.any()
         out2, lse2 = two.run(q, kc, vc, return_lse=True)
         torch.testing.assert_close(lse, lse2, rtol=0, atol=1e-5)
         torch.testing.assert_close(out.float(), out2.float(), rtol=0, atol=1e-2)
@@ -407,7 +408,7 @@ def test_the_fused_merge_covers_splits_past_one_chunk() -> None:
     out, lse = fused.run(q, kc, vc, return_lse=True)
     check(out, q, kc, vc, pt, sl, sc)
     assert used_splits(fused) == [38, 1] and fused._meta1["CHUNK"] == 16
-    assert not fused._tickets.any()
+    assert not fused._flags.any()
     _, lse2 = two.run(q, kc, vc, return_lse=True)
     torch.testing.assert_close(lse, lse2, rtol=0, atol=1e-5)
 
