@@ -144,9 +144,11 @@ def _stage2_meta(splits: int, head_dim: int) -> tuple[int, int]:
 _NO_SCALE = object()
 # Whether a plan launches one fused kernel (stage 1 and the merge) rather than two; a plan's
 # ``fused`` argument chooses per plan. Two: on the H200 the fused kernel passes the same gates
-# and costs less host time per run, but takes more GPU time at the long contexts that decide the
-# bandwidth figures, eager and graph-replayed alike (bench/NOTES-kernels.md), and GPU time is
-# what a graph-replayed server step pays.
+# and costs ~6 us of host time a run against ~10, and at a few long requests (one wave of stage
+# 1) its GPU time is within 2.5 us of two launches either way; but every stage-1 program then
+# waits for its stores before it raises its flags, once a wave, and its merge programs carry
+# stage 1's warps and registers: with many waves or one split it is 9-40% slower
+# (bench/NOTES-kernels.md, session 14). GPU time is what a graph-replayed server step pays.
 FUSED_DEFAULT = False
 
 
