@@ -66,12 +66,8 @@ def candidates(name: str, d: int, causal: bool) -> list[HopperConfig]:
     """The variant's own config first, then a few neighbours (tiles, stages)."""
     base = variant_config(name, d, causal)
     alts: list[HopperConfig] = []
-    if name in ("tma", "tma_pipe"):
-        pipe = name == "tma_pipe"
-        alts = [
-            HopperConfig(128, 64, 8, 4, pipeline=pipe),
-            HopperConfig(128, 128, 8, 2, pipeline=pipe),
-        ]
+    if name == "tma":
+        alts = [HopperConfig(128, 64, 8, 4), HopperConfig(128, 128, 8, 2)]
     else:
         alts = [HopperConfig(128, 64, 8, 3, descriptors="none")]
     out = [base]
@@ -82,8 +78,7 @@ def candidates(name: str, d: int, causal: bool) -> list[HopperConfig]:
 
 
 def cfg_id(cfg: HopperConfig) -> str:
-    pipe = "/pipe" if cfg.pipeline else ""
-    return f"{cfg.block_m}x{cfg.block_n}/{cfg.num_warps}w/{cfg.num_stages}s/{cfg.descriptors}{pipe}"
+    return f"{cfg.block_m}x{cfg.block_n}/{cfg.num_warps}w/{cfg.num_stages}s/{cfg.descriptors}"
 
 
 def class_key(d: int, causal: bool) -> str:

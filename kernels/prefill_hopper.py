@@ -63,8 +63,6 @@ class HopperConfig:
     num_warps: int = 8
     num_stages: int = 2
     descriptors: str = "host"  # "none" (pointer loads) or "host" (see the module)
-    # The next tile's Q@K^T issued before this tile's softmax (see the module; ``tma_pipe``).
-    pipeline: bool = False
 
 
 # The default per (head dim, causal): each class's fastest config on the H200 (Triton 3.6,
@@ -76,7 +74,7 @@ HOPPER_DEFAULTS = {
     (128, True): HopperConfig(128, 64, 8, 3),
     (128, False): HopperConfig(128, 64, 8, 3),
 }
-VARIANTS = ("ffma", "tma", "tma_pipe")
+VARIANTS = ("ffma", "tma")
 
 
 def variant_config(name: str, head_dim: int, causal: bool) -> HopperConfig:
@@ -93,8 +91,6 @@ def variant_config(name: str, head_dim: int, causal: bool) -> HopperConfig:
         if head_dim > 64 and not causal:
             return HopperConfig(128, 128, 8, 3, descriptors="none")
         return HopperConfig(128, 64, 8, 3, descriptors="none")
-    if name == "tma_pipe":
-        return HopperConfig(128, 64, 8, 3, pipeline=True)
     return HopperConfig(128, 64, 8, 3)
 
 
@@ -138,18 +134,12 @@ def _dot_acc(a, b, acc, UPCAST: tl.constexpr):
 
 @triton.jit
 def _step(q, k, v, m_i, l_i, acc, qk_scale, mask, MASKED: tl.constexpr, UPCAST: tl.constexpr):
-    """One K/V tile of the online softmax with the scale folded into the exponent's FFMA."""
-    s = mma(q, tl.trans(k), UPCAST)
-    return _softmax_pv(s, v, m_i, l_i, acc, qk_scale, mask, MASKED, UPCAST)
-
-
-@triton.jit
-def _softmax_pv(s, v, m_i, l_i, acc, qk_scale, mask, MASKED: tl.constexpr, UPCAST: tl.constexpr):
-    """The online softmax of a tile's raw scores ``s`` and its P@V product.
+    """One K/V tile of the online softmax with the scale folded into the exponent's FFMA.
 
     ``m_i`` is kept in scaled log2 units; the max of raw scores times ``qk_scale`` (> 0) is the
     max of the scaled scores, so only one multiply per row is needed for it.
     """
+    s = mma(q, tl.trans(k), UPCAST)
     if MASKED:
         s = tl.where(mask, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
@@ -197,41 +187,6 @@ def _prefix_loop(
 
 
 @triton.jit
-def _pipelined_loop(
-    q, m_i, l_i, acc, qk_scale, KD, VD, kn_base, vn_base, kv_row, kv_col, full_end, offs_nb,
-    offs_d, stride_knt, stride_vnt, BLOCK_N: tl.constexpr, DESC: tl.constexpr,
-    UPCAST: tl.constexpr,
-):  # fmt: skip
-    """The unmasked new-token tiles with the next tile's scores issued before this tile's
-    softmax, so the tensor cores have Q@K^T to do while the softmax runs (FA3's overlap within
-    one warp group; the ``tma_pipe`` variant)."""
-    if full_end > 0:
-        if DESC:
-            k = KD.load([kv_row, kv_col])
-        else:
-            k = tl.load(kn_base + offs_nb[:, None] * stride_knt + offs_d[None, :])
-        s = mma(q, tl.trans(k), UPCAST)
-        for n0 in range(BLOCK_N, full_end, BLOCK_N):
-            if DESC:
-                k = KD.load([kv_row + n0, kv_col])
-                v = VD.load([kv_row + n0 - BLOCK_N, kv_col])
-            else:
-                offs_n = n0 + offs_nb
-                k = tl.load(kn_base + offs_n[:, None] * stride_knt + offs_d[None, :])
-                v = tl.load(vn_base + (offs_n - BLOCK_N)[:, None] * stride_vnt + offs_d[None, :])
-            s_next = mma(q, tl.trans(k), UPCAST)
-            m_i, l_i, acc = _softmax_pv(s, v, m_i, l_i, acc, qk_scale, None, False, UPCAST)
-            s = s_next
-        if DESC:
-            v = VD.load([kv_row + full_end - BLOCK_N, kv_col])
-        else:
-            offs_n = full_end - BLOCK_N + offs_nb
-            v = tl.load(vn_base + offs_n[:, None] * stride_vnt + offs_d[None, :])
-        m_i, l_i, acc = _softmax_pv(s, v, m_i, l_i, acc, qk_scale, None, False, UPCAST)
-    return m_i, l_i, acc
-
-
-@triton.jit
 def _hopper_kernel(
     Q,
     KN,
@@ -270,7 +225,6 @@ def _hopper_kernel(
     UPCAST: tl.constexpr,
     DESC: tl.constexpr,
     HAS_PREFIX: tl.constexpr,
-    PIPE: tl.constexpr = False,
 ):
     # Heaviest query tiles first (under causality the last tiles see the most keys).
     m_blk = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -326,21 +280,15 @@ def _hopper_kernel(
     else:
         full_end = (q_len // BLOCK_N) * BLOCK_N
         tail_end = q_len
-    if PIPE:
-        m_i, l_i, acc = _pipelined_loop(
-            q, m_i, l_i, acc, qk_scale, KD, VD, kn_base, vn_base, kv_row, kv_col, full_end,
-            offs_nb, offs_d, stride_knt, stride_vnt, BLOCK_N, DESC, UPCAST,
-        )  # fmt: skip
-    else:
-        for n0 in range(0, full_end, BLOCK_N):
-            if DESC:
-                k = KD.load([kv_row + n0, kv_col])
-                v = VD.load([kv_row + n0, kv_col])
-            else:
-                offs_n = n0 + offs_nb
-                k = tl.load(kn_base + offs_n[:, None] * stride_knt + offs_d[None, :])
-                v = tl.load(vn_base + offs_n[:, None] * stride_vnt + offs_d[None, :])
-            m_i, l_i, acc = _step(q, k, v, m_i, l_i, acc, qk_scale, None, False, UPCAST)
+    for n0 in range(0, full_end, BLOCK_N):
+        if DESC:
+            k = KD.load([kv_row + n0, kv_col])
+            v = VD.load([kv_row + n0, kv_col])
+        else:
+            offs_n = n0 + offs_nb
+            k = tl.load(kn_base + offs_n[:, None] * stride_knt + offs_d[None, :])
+            v = tl.load(vn_base + offs_n[:, None] * stride_vnt + offs_d[None, :])
+        m_i, l_i, acc = _step(q, k, v, m_i, l_i, acc, qk_scale, None, False, UPCAST)
     for n0 in range(full_end, tail_end, BLOCK_N):
         offs_n = n0 + offs_nb
         nmask = offs_n < q_len
@@ -500,7 +448,6 @@ def extend_attention_hopper(
         UPCAST=interpreting(q),
         DESC=path == "host",
         HAS_PREFIX=has_prefix,
-        PIPE=cfg.pipeline,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
