@@ -55,7 +55,7 @@ from .bench_timing import (
     log,
 )
 from .decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
-from .decode_plan import FUSED_DEFAULT, DecodePlan, decode_attention
+from .decode_plan import DecodePlan, decode_attention
 from .kv_cache import fp8_scales, quantize_fp8
 from .prefill_attention import PrefillConfig, chosen_config, extend_attention
 from .prefill_hopper import HopperConfig
@@ -362,8 +362,9 @@ def occ(side: dict) -> str:
 def decode_row(row: dict, lens, hq, hkv, d, copy_gbs: float, best: dict[str, DecodeConfig]):
     """Time one decode shape with bf16 and fp8 KV; fills ``row`` in place.
 
-    ``row[kv]`` holds the figures of the default launch path (``DecodePlan``'s
-    ``FUSED_DEFAULT``); ``row["paths"][path][kv]`` those of both paths, ``two_launch`` (stage 1
+    ``row[kv]`` holds the figures of the launch path a default plan takes (``DecodePlan``'s
+    ``FUSED_DEFAULT``, per batch where that is ``"auto"``; ``row[kv]["fused"]`` says which);
+    ``row["paths"][path][kv]`` those of both paths, ``two_launch`` (stage 1
     then the merge kernel) and ``fused`` (one launch), timed alike on the same case. The other
     path's output is compared with the default's (``max_abs_diff_vs_default``), and its failure
     is recorded there without losing the default's figures.
@@ -373,13 +374,14 @@ def decode_row(row: dict, lens, hq, hkv, d, copy_gbs: float, best: dict[str, Dec
         tag = "fp8" if fp8 else "bf16"
         case = DecodeCase(lens, hq, hkv, d, fp8)
         cfg = best[tag]
-        fig, fn = time_path(case, cfg, FUSED_DEFAULT, copy_gbs)
-        paths["fused" if FUSED_DEFAULT else "two_launch"][tag] = fig
+        fig, fn = time_path(case, cfg, None, copy_gbs)
+        chosen = case.last_plan.fused
+        paths["fused" if chosen else "two_launch"][tag] = fig
         ms_r = bench_readflush_ms(fn)
         nbytes = fig["bytes"]
         row[tag] = {
             **fig,
-            "fused": FUSED_DEFAULT,
+            "fused": chosen,
             "host_us": bench_host_us(fn),
             "us_readflush": ms_r * 1e3,
             "bw_ratio_readflush": nbytes / (ms_r * 1e-3) / 1e9 / copy_gbs,
@@ -387,9 +389,9 @@ def decode_row(row: dict, lens, hq, hkv, d, copy_gbs: float, best: dict[str, Dec
         fn()
         torch.cuda.synchronize()
         want = case.out.float().clone()
-        other = "two_launch" if FUSED_DEFAULT else "fused"
+        other = "two_launch" if chosen else "fused"
         try:
-            fig, fn = time_path(case, cfg, not FUSED_DEFAULT, copy_gbs)
+            fig, fn = time_path(case, cfg, not chosen, copy_gbs)
             fn()
             torch.cuda.synchronize()
             fig["max_abs_diff_vs_default"] = float((case.out.float() - want).abs().max())
@@ -407,8 +409,9 @@ def decode_row(row: dict, lens, hq, hkv, d, copy_gbs: float, best: dict[str, Dec
     row["fp8_speedup_graph"] = row["bf16"]["us_graph"] / row["fp8"]["us_graph"]
 
 
-def time_path(case: DecodeCase, cfg: DecodeConfig, fused: bool, copy_gbs: float):
-    """One launch path's figures on ``case`` (do_bench, graph replay, host time), and its call."""
+def time_path(case: DecodeCase, cfg: DecodeConfig, fused: bool | None, copy_gbs: float):
+    """One launch path's figures on ``case`` (do_bench, graph replay, host time), and its call
+    (``fused`` None: the path a default plan takes)."""
     fn, splits = case.fn(cfg, fused)
     ms = bench_ms(fn)
     ms_g = bench_graph_ms(fn)

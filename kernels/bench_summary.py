@@ -70,7 +70,11 @@ def summarize(decode: list[dict], prefill: list[dict]) -> dict[str, Any]:
             f"{LONG_CONTEXT}, do_bench (fp8_speedup_graph: the same from CUDA-graph replays)",
         },
     }
-    s["default_path"] = "fused" if FUSED_DEFAULT else "two_launch"
+    s["default_path"] = (
+        "per batch (decode_plan.fused_pays)"
+        if FUSED_DEFAULT == "auto"
+        else ("fused" if FUSED_DEFAULT else "two_launch")
+    )
     s["by_path"] = {name: path_summary(decode, name, lowest) for name in ("two_launch", "fused")}
     s["status"] = {k: floor_status(k, s[k]) for k in FLOORS}
     s["met"] = {k: v == "pass" for k, v in s["status"].items()}

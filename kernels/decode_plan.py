@@ -142,14 +142,22 @@ def _stage2_meta(splits: int, head_dim: int) -> tuple[int, int]:
 
 
 _NO_SCALE = object()
-# Whether a plan launches one fused kernel (stage 1 and the merge) rather than two; a plan's
-# ``fused`` argument chooses per plan. Two: on the H200 the fused kernel passes the same gates
-# and costs ~6 us of host time a run against ~10, and at a few long requests (one wave of stage
-# 1) its GPU time is within 2.5 us of two launches either way; but every stage-1 program then
-# waits for its stores before it raises its flags, once a wave, and its merge programs carry
-# stage 1's warps and registers: with many waves or one split it is 9-40% slower
-# (bench/NOTES-kernels.md, session 14). GPU time is what a graph-replayed server step pays.
-FUSED_DEFAULT = False
+# Whether a plan launches one fused kernel (stage 1 and the merge) rather than two: True, False,
+# or "auto", where each plan decides by :func:`fused_pays`; a plan's ``fused`` argument
+# overrides it. On the H200 the fused kernel passes the same gates and costs ~6 us of host time a
+# run against ~10; at a few long requests (one wave of stage 1, few merge programs) it is 1-2.6
+# us faster by do_bench and within 1.6 us either way replayed from a graph; but every stage-1
+# program waits for its stores before it raises its flags, once a wave, and its merge programs
+# carry stage 1's warps and registers, so with many waves or many merge programs it is 9-40%
+# slower (bench/NOTES-kernels.md, session 14).
+FUSED_DEFAULT: bool | str = "auto"
+
+
+def fused_pays(batch: int, q_heads: int, programs: int, capacity: int, sms: int) -> bool:
+    """The auto rule: one launch when stage 1's ``programs`` fit one wave of ``capacity`` and
+    its merge programs (one per request and query head) are at most half the SMs: where the
+    merge overlaps stage 1 and the flags' fences are paid once."""
+    return programs <= capacity and batch * q_heads <= sms // 2
 
 
 def _aligned(*ts: torch.Tensor) -> bool:
@@ -172,7 +180,8 @@ class DecodePlan:
     argument but the pointers of q, the caches and the scales is packed once, and a run hands
     the pointers to Triton's C launcher (see :meth:`kdash.kernels.launch.BoundKernel.launcher`).
 
-    ``fused`` (default :data:`FUSED_DEFAULT`): one launch, the split merge done by merge programs
+    ``fused`` (default :data:`FUSED_DEFAULT`, ``"auto"``: :func:`fused_pays` decides for the
+    batch): one launch, the split merge done by merge programs
     of the same grid that fold each split's partial once it is written
     (:mod:`kdash.kernels.decode_fused`), instead of stage 1 then a merge kernel. Same results up
     to the order of the merge's additions.
@@ -227,7 +236,7 @@ class DecodePlan:
         num_splits: int | None = None,
         config: DecodeConfig | None = None,
         out: torch.Tensor | None = None,
-        fused: bool | None = None,
+        fused: bool | str | None = None,
     ) -> None:
         if seq_lens.dim() != 1 or page_table.dim() != 2:
             raise ValueError("seq_lens must be [B] and page_table [B, max_pages]")
@@ -267,9 +276,10 @@ class DecodePlan:
             BLOCK_N=config.block_n,
             PAGE=page_size,
         )
-        self.fused = FUSED_DEFAULT if fused is None else bool(fused)
-        self._kern1 = self._choose_kernel(meta)
         self._merge = merge_tokens(group, 1 if self.is_fp8 else 2)
+        self._sms = sms
+        self.fused = self._launch_path(fused, total_tokens, num_splits)
+        self._kern1 = self._choose_kernel(meta)
         programs = max(1, batch * num_kv_heads)
         meta.update(
             PREFETCH=config.prefetch_pages,
@@ -299,7 +309,6 @@ class DecodePlan:
             block_s = next_pow2(max(config.max_splits, num_splits or 1))
             meta.update(CHUNK=merge_chunk(block_s, head_dim))
         self._meta1 = meta
-        self._sms = sms
         if out is None:
             out = torch.empty(batch, num_q_heads, head_dim, device=dev, dtype=q_dtype)
         elif out.shape != (batch, num_q_heads, head_dim) or out.stride(2) != 1:
@@ -360,6 +369,20 @@ class DecodePlan:
                 ),
             )
             self._args2 = (self.o_part, self.lse_part, out, lse, splits, *self._outs[2:])
+
+    def _launch_path(
+        self, fused: bool | str | None, total_tokens: int | None, num_splits: int | None
+    ) -> bool:
+        """Whether this plan launches the fused kernel: ``fused``, else :data:`FUSED_DEFAULT`,
+        where ``"auto"`` asks :func:`fused_pays`, judged at the config's residency before any
+        kernel is compiled (the chosen kernel's own residency is found after, as always)."""
+        choice = FUSED_DEFAULT if fused is None else fused
+        if choice != "auto":
+            return bool(choice)
+        per_sm, sms = max(1, self.config.programs_per_sm), self._sms
+        est = (self.batch, self.kv_heads, self.max_seq_len, total_tokens, num_splits, per_sm)
+        programs = self.batch * self.kv_heads * self._splits(*est)[0]
+        return fused_pays(self.batch, self.q_heads, programs, per_sm * sms, sms)
 
     def _choose_kernel(self, meta: dict):
         """The stage-1 kernel (or the fused one) for this plan, its KV-dtype constexprs added to

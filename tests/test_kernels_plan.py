@@ -397,6 +397,32 @@ def test_fused_runs_leave_their_flags_at_zero_and_agree_with_two_launches() -> N
 
 
 @needs_device
+def test_auto_takes_one_launch_for_a_few_long_requests_only(monkeypatch) -> None:
+    """``FUSED_DEFAULT = "auto"``: a plan takes the fused launch when stage 1 fits one wave and
+    its merge programs (request x query head) are at most half the SMs (8 "SMs" here, so 4),
+    two launches otherwise; an explicit ``fused`` wins either way."""
+    from kdash.kernels.decode_plan import fused_pays
+
+    monkeypatch.setattr(decode_plan, "FUSED_DEFAULT", "auto")
+    q, kc, vc, pt, sl, sc = make_case([700], 4, 1, 64, 16, seed=14)
+    few = plan_for(pt, sl, q, kc, max_seq_len=700, total_tokens=700)
+    assert few.fused and few._grid1 == (1, 1, few.num_splits + 4)
+    check(few.run(q, kc, vc), q, kc, vc, pt, sl, sc)
+    assert not few._flags.any()
+    assert not plan_for(pt, sl, q, kc, max_seq_len=700, fused=False).fused
+    assert plan_for(pt, sl, q, kc, max_seq_len=700, fused="auto").fused
+    q2, kc2, vc2, pt2, sl2, sc2 = make_case([700, 9], 4, 1, 64, 16, seed=15)
+    many = plan_for(pt2, sl2, q2, kc2, max_seq_len=700, total_tokens=709)  # 8 merge programs
+    assert not many.fused and many._s2 is not None
+    check(many.run(q2, kc2, vc2), q2, kc2, vc2, pt2, sl2, sc2)
+    assert plan_for(pt2, sl2, q2, kc2, max_seq_len=700, fused=True).fused
+    # The rule at the H200's 132 SMs and 4 programs an SM (528 at once).
+    assert fused_pays(1, 32, 512, 528, 132) and fused_pays(1, 64, 512, 528, 132)
+    assert not fused_pays(8, 32, 512, 528, 132)  # 256 merge programs
+    assert not fused_pays(1, 32, 529, 528, 132)  # stage 1 past one wave
+
+
+@needs_device
 def test_the_fused_merge_covers_splits_past_one_chunk() -> None:
     """38 working splits of 40 (16-token tiles and splits): the fused merge takes them 16 at a
     time at head_dim 64, so three steps per head, the last one partly past the grid."""
@@ -528,7 +554,7 @@ def test_bench_decode_row_times_both_launch_paths(monkeypatch) -> None:
     monkeypatch.setattr(bench, "bench_host_nosync_us", lambda fn: 8.0 if plans[-1].fused else 10.0)
     row = {"long_context": True}
     bench.decode_row(row, [300, 40], 8, 2, 64, 3000.0, {"bf16": SMALL, "fp8": SMALL})
-    d = decode_plan.FUSED_DEFAULT
+    d = plans[0].fused  # the path a default plan takes for this batch
     assert [p.fused for p in plans] == [d, not d, d, not d]  # the default path first
     assert row["bf16"]["fused"] is d and row["bf16"]["host_us_nosync"] == (8.0 if d else 10.0)
     two, fused = row["paths"]["two_launch"], row["paths"]["fused"]
@@ -538,10 +564,13 @@ def test_bench_decode_row_times_both_launch_paths(monkeypatch) -> None:
         other = two if d else fused
         assert other[tag]["max_abs_diff_vs_default"] < 0.05  # bf16 outputs of |x| < ~3
     s = bench.summarize([row], [])
-    assert s["default_path"] == ("fused" if d else "two_launch")
+    assert decode_plan.FUSED_DEFAULT == "auto"  # the module's default: chosen per batch
+    assert s["default_path"] == "per batch (decode_plan.fused_pays)"
     assert s["by_path"]["fused"]["decode_host_us"] == 8.0
     assert s["by_path"]["two_launch"]["decode_host_us"] == 10.0
-    assert s["decode_host_us"] == s["by_path"][s["default_path"]]["decode_host_us"]
+    # One row: the top-level keys are those of the path its default plan took.
+    chosen = "fused" if d else "two_launch"
+    assert s["decode_host_us"] == s["by_path"][chosen]["decode_host_us"]
     assert s["by_path"]["fused"]["decode_bw_ratio"] > s["by_path"]["two_launch"]["decode_bw_ratio"]
     assert s["by_path"]["fused"]["status"]["decode_host_us"] == "pass"
     line = bench.paths_line(row)
