@@ -13,7 +13,10 @@ CUDA graph as the bench times them. What the stamps separate:
 It also scans the split count at 1 x 64k for both KV dtypes (graph and do_bench), since the
 wave model picks it without a measurement (``TIMELINE_ONLY=1`` skips the scan), and with
 ``PT_REVERSE=1`` lays each request's pages out in reverse order (does a split's pace follow its
-place in the request or the pages it reads?). Writes $OUT/decode-timeline-h200.json.
+place in the request or the pages it reads?). Writes $OUT/decode-timeline-h200.json. With
+``FUSED=1`` it stamps the one-launch path instead (kdash.kernels.decode_fused, wrapped
+unchanged): when stage 1's programs raise their flags, when the merge programs start and end,
+and the tail after the last stage-1 program (-> $OUT/decode-timeline-fused-h200.json).
 Run: python bench/gpu_decode_timeline.py   (kdash importable, a CUDA GPU with sm_90)
 """
 
@@ -32,6 +35,7 @@ from kdash.kernels import bench
 from kdash.kernels.bench_timing import bench_graph_ms, bench_ms
 from kdash.kernels.decode_attention import _decode_stage1, _decode_stage2, default_config
 from kdash.kernels.decode_fp8 import _decode_stage1_fp8_cvt
+from kdash.kernels.decode_fused import _decode_fused
 from kdash.kernels.decode_plan import DecodePlan
 
 
@@ -87,6 +91,26 @@ def _merge_stamped(OP, LSEP, Out, LSE, num_splits, stride_outb, stride_outh, TS,
     t0 = tl.extra.cuda.globaltimer()
     _decode_stage2(OP, LSEP, Out, LSE, num_splits, stride_outb, stride_outh, HEAD_DIM, BLOCK_S,
                    EMULATE_RTNE)  # fmt: skip
+    _stamp(TS, t0)
+
+
+@triton.jit
+def _fused_stamped(Q, K, V, PT, LENS, KS, VS, OP, LSEP, Out, LSE, FLAGS, qk_scale, num_splits,
+                   split_len_hint, capacity, s0, s1, s2, s3, s4, s5, s6, s7, s8, so_b, so_h, TS,
+                   GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   BLOCK_N: tl.constexpr, PAGE: tl.constexpr, PAIRS: tl.constexpr,
+                   IS_FP8: tl.constexpr, FP8_FP16: tl.constexpr, ASM: tl.constexpr,
+                   EVICT: tl.constexpr, UPCAST: tl.constexpr, PREFETCH: tl.constexpr,
+                   DEVICE_PLAN: tl.constexpr, TARGET_VARLEN: tl.constexpr,
+                   MIN_SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, MAX_SPLITS: tl.constexpr,
+                   MERGE: tl.constexpr, SEARCH: tl.constexpr, CHUNK: tl.constexpr,
+                   CVT: tl.constexpr = False, POLL_NS: tl.constexpr = 64):  # fmt: skip
+    t0 = tl.extra.cuda.globaltimer()
+    _decode_fused(Q, K, V, PT, LENS, KS, VS, OP, LSEP, Out, LSE, FLAGS, qk_scale, num_splits,
+                  split_len_hint, capacity, s0, s1, s2, s3, s4, s5, s6, s7, s8, so_b, so_h,
+                  GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, PAIRS, IS_FP8, FP8_FP16, ASM, EVICT,
+                  UPCAST, PREFETCH, DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT, BLOCK_B, MAX_SPLITS,
+                  MERGE, SEARCH, CHUNK, CVT, POLL_NS)  # fmt: skip
     _stamp(TS, t0)
 
 
@@ -162,6 +186,56 @@ def timeline(case: bench.DecodeCase, plan: DecodePlan) -> dict:
     }  # fmt: skip
 
 
+def timeline_fused(case: bench.DecodeCase, plan: DecodePlan) -> dict:
+    """The one-launch path's programs: when stage 1's raise their flags, when the merge
+    programs (the grid's last GROUP split slices) start and finish, and the tail after the last
+    stage-1 program."""
+    q, k, v = case.q, case.k, case.v
+    plan.run(q, k, v)
+    torch.cuda.synchronize()
+    b, h, z = plan._grid1
+    splits = plan.num_splits
+    ts = torch.zeros(b * h * z * 3, device="cuda", dtype=torch.int64)
+    args = (q, k, v, plan.page_table, plan.seq_lens, plan._ks, plan._vs, *plan._rest1)
+
+    meta = dict(plan._meta1)
+    # The stamps must not cost the kernel a program an SM: the plan's residency's register budget.
+    meta["maxnreg"] = (65536 // (plan.resident_per_sm * 32 * meta["num_warps"])) // 8 * 8
+
+    def step():
+        _fused_stamped[plan._grid1](*args, ts, **meta)
+
+    step()
+    torch.cuda.synchronize()
+    want = case.out.clone()
+    plan.run(q, k, v)
+    torch.cuda.synchronize()
+    same = bool(torch.equal(want, case.out))
+    us_graph = bench_graph_ms(step) * 1e3
+    us_plain = bench_graph_ms(lambda: plan.run(q, k, v)) * 1e3
+    torch.cuda.synchronize()
+    rows = ts.view(b, h, z, 3)
+    s1 = rows[:, :, :splits].reshape(-1, 3).tolist()
+    mg = rows[:, :, splits:].reshape(-1, 3).tolist()
+    t_first = min(r[0] for r in s1)
+    ends = [(r[1] - t_first) / 1e3 for r in s1]
+    m_starts = [(r[0] - t_first) / 1e3 for r in mg]
+    m_ends = [(r[1] - t_first) / 1e3 for r in mg]
+    return {
+        "programs_stage1": len(s1),
+        "programs_merge": len(mg),
+        "splits": splits,
+        "flags_zero_after": bool((plan._flags == 0).all().item()),
+        "same_output_as_plan_run": same,
+        "us_graph_stamped_step": us_graph,
+        "us_graph_plan_run": us_plain,
+        "stage1_end_min_p10_p50_p90_max": spread(ends),
+        "merge_start_min_p50_max": [min(m_starts), pct(m_starts, 50), max(m_starts)],
+        "merge_end_min_p50_max": [min(m_ends), pct(m_ends, 50), max(m_ends)],
+        "tail_after_last_stage1_us": max(m_ends) - max(ends),
+    }
+
+
 def split_scan(fp8: bool, counts: list[int]) -> list[dict]:
     case = bench.DecodeCase([65536], 32, 8, 128, fp8)
     cfg = default_config(case.k.dtype)
@@ -208,9 +282,10 @@ def main() -> int:
             for b, n in enumerate(lens):
                 used = -(-n // case.k.shape[1])
                 case.page_table[b, :used] = case.page_table[b, :used].flip(0)
-        plan = case.plan(default_config(case.k.dtype), False)
+        fused = os.environ.get("FUSED") == "1"
+        plan = case.plan(default_config(case.k.dtype), fused)
         try:
-            res["timelines"][name] = timeline(case, plan)
+            res["timelines"][name] = (timeline_fused if fused else timeline)(case, plan)
         except Exception as e:  # noqa: BLE001 - one shape's failure is reported, the rest run
             res["timelines"][name] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
         brief = {k: v for k, v in res["timelines"][name].items() if k != "raw_sm_start_end"}
@@ -225,7 +300,8 @@ def main() -> int:
             "bf16": split_scan(False, [33, 41, 49, 57, 80, 98]),
         }
     res["elapsed_s"] = time.time() - t0
-    dest = Path(os.environ.get("OUT") or ".") / "decode-timeline-h200.json"
+    name = "decode-timeline-fused-h200.json" if os.environ.get("FUSED") == "1" else None
+    dest = Path(os.environ.get("OUT") or ".") / (name or "decode-timeline-h200.json")
     dest.write_text(json.dumps(res, indent=1))
     print("wrote", dest, f"{res['elapsed_s']:.0f} s", flush=True)
     return 0
