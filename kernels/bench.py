@@ -17,8 +17,9 @@ once per shape, then ``plan.run`` per call. Besides the GPU time, the host time 
 (``host_us_nosync``: a CPU timer over many calls in a row, no synchronisation between them, so
 the figure is what the host spends, not what it waits for). Both launch paths of a plan are
 timed on every decode shape, two launches (stage 1, then the merge kernel) and one fused
-launch: ``row["paths"]`` and ``summary["by_path"]``; the top-level figures are the default
-path's. ``--only decode`` skips prefill (its summary keys are then n/a).
+launch: ``row["paths"]`` and ``summary["by_path"]``; the top-level figures are those of the
+path a default plan takes for each shape (``decode_plan.fused_pays``). ``--only decode``
+skips prefill (its summary keys are then n/a).
 
 It writes ``bench/results/kernels-h200.json`` (``--out``) holding the command, the machine, every
 figure, and ``summary`` with the floors and, per key, ``pass`` or ``miss`` (``status``):
