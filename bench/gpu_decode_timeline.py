@@ -123,6 +123,16 @@ def spread(xs: list[float]) -> list[float]:
     return [min(xs), pct(xs, 10), pct(xs, 50), pct(xs, 90), max(xs)]
 
 
+def same_as_plan_run(step, case: bench.DecodeCase, plan: DecodePlan) -> bool:
+    """Run the stamped ``step`` once, then the plan's own run: the same output, bit for bit?"""
+    step()
+    torch.cuda.synchronize()
+    want = case.out.clone()
+    plan.run(case.q, case.k, case.v)
+    torch.cuda.synchronize()
+    return bool(torch.equal(want, case.out))
+
+
 def timeline(case: bench.DecodeCase, plan: DecodePlan) -> dict:
     q, k, v = case.q, case.k, case.v
     plan.run(q, k, v)  # binds the arguments (plan._rest1) and compiles the library's kernels
@@ -144,12 +154,7 @@ def timeline(case: bench.DecodeCase, plan: DecodePlan) -> dict:
         kern[g1](*args, ts1, **meta1)
         _merge_stamped[(s2.grid[0], s2.grid[1])](*plan._args2, ts2, **s2.meta)
 
-    step()
-    torch.cuda.synchronize()
-    want = case.out.clone()
-    plan.run(q, k, v)
-    torch.cuda.synchronize()
-    same = bool(torch.equal(want, case.out))
+    same = same_as_plan_run(step, case, plan)
     us_graph = bench_graph_ms(step) * 1e3  # the last replay's stamps stay in ts1/ts2
     torch.cuda.synchronize()
     a = ts1.view(n1, 3).tolist()
@@ -205,12 +210,7 @@ def timeline_fused(case: bench.DecodeCase, plan: DecodePlan) -> dict:
     def step():
         _fused_stamped[plan._grid1](*args, ts, **meta)
 
-    step()
-    torch.cuda.synchronize()
-    want = case.out.clone()
-    plan.run(q, k, v)
-    torch.cuda.synchronize()
-    same = bool(torch.equal(want, case.out))
+    same = same_as_plan_run(step, case, plan)
     us_graph = bench_graph_ms(step) * 1e3
     us_plain = bench_graph_ms(lambda: plan.run(q, k, v)) * 1e3
     torch.cuda.synchronize()

@@ -43,18 +43,13 @@ def merge_chunk(block_s: int, head_dim: int) -> int:
 
 
 @triton.jit
-def _fenced(x, GPU: tl.constexpr):
-    """``x``, after every thread of the program has run a GPU-scope acquire-release fence (on the
-    GPU; the interpreter runs one program at a time and has nothing to order). Scalars are
-    computed by every thread, so each one fences; the result carries the dependence on it."""
+def _after(x, y, ASM: tl.constexpr, GPU: tl.constexpr):
+    """``x``, once every thread of the program has run the PTX ``ASM`` (``$2`` is ``y``) on the
+    GPU; the interpreter runs one program at a time and has nothing to order or wait for. The
+    result carries the dependence, so what is computed from it comes after."""
     if GPU:
         return tl.inline_asm_elementwise(
-            asm="fence.acq_rel.gpu;\n\tmov.b32 $0, $1;",
-            constraints="=r,r",
-            args=[x],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
+            asm=ASM, constraints="=r,r,r", args=[x, y], dtype=tl.int32, is_pure=False, pack=1
         )
     else:
         return x
@@ -62,36 +57,15 @@ def _fenced(x, GPU: tl.constexpr):
 
 @triton.jit
 def _fenced(x, GPU: tl.constexpr):
-    """``x``, after every thread of the program has run a GPU-scope acquire-release fence (on the
-    GPU; the interpreter runs one program at a time and has nothing to order). Scalars are
-    computed by every thread, so each one fences; the result carries the dependence on it."""
-    if GPU:
-        return tl.inline_asm_elementwise(
-            asm="fence.acq_rel.gpu;\n\tmov.b32 $0, $1;",
-            constraints="=r,r",
-            args=[x],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-    else:
-        return x
+    """``x`` after a GPU-scope acquire-release fence (scalars are computed by every thread, so
+    each one fences)."""
+    return _after(x, x, "fence.acq_rel.gpu;\n\tmov.b32 $0, $1;", GPU)
 
 
 @triton.jit
 def _pause(x, NS: tl.constexpr, GPU: tl.constexpr):
-    """``x`` after a sleep of about ``NS`` ns on the GPU (nothing in the interpreter)."""
-    if GPU:
-        return tl.inline_asm_elementwise(
-            asm="nanosleep.u32 $2;\n\tmov.b32 $0, $1;",
-            constraints="=r,r,r",
-            args=[x, tl.full([], NS, tl.int32)],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-    else:
-        return x
+    """``x`` after a sleep of about ``NS`` ns."""
+    return _after(x, tl.full([], NS, tl.int32), "nanosleep.u32 $2;\n\tmov.b32 $0, $1;", GPU)
 
 
 @triton.jit
