@@ -90,7 +90,7 @@ def compile_one(fused: bool, kind: str, head_dim: int, group: int, page: int, bl
     if fused:
         fn = df._decode_fused
         const.update(PAIRS=pairs, IS_FP8=fp8, FP8_FP16=True, ASM=pairs)
-        const.update(CHUNK=df.merge_chunk(256, head_dim), POLL_NS=64)
+        const.update(CHUNK=df.merge_chunk(head_dim), POLL_NS=64)
     elif pairs:
         fn, const["ASM"] = da._decode_stage1_fp8_pairs, True
     else:

@@ -88,7 +88,7 @@ def compile_one(
     if fused:
         fn = df._decode_fused
         const.update(PAIRS=True, IS_FP8=True, FP8_FP16=True)
-        const.update(CHUNK=df.merge_chunk(256, 128), CVT=mode == "cvt", POLL_NS=64)
+        const.update(CHUNK=df.merge_chunk(128), CVT=mode == "cvt", POLL_NS=64)
     sig.update({k: "constexpr" for k in const})
     div = [i for i, n in enumerate(sig) if sig[n].startswith("*") or n.startswith("stride")]
     src = ASTSource(fn, sig, const, attrs={(i,): [["tt.divisibility", 16]] for i in div})

@@ -181,10 +181,9 @@ class DecodePlan:
     the pointers to Triton's C launcher (see :meth:`kdash.kernels.launch.BoundKernel.launcher`).
 
     ``fused`` (default :data:`FUSED_DEFAULT`, ``"auto"``: :func:`fused_pays` decides for the
-    batch): one launch, the split merge done by merge programs
-    of the same grid that fold each split's partial once it is written
-    (:mod:`kdash.kernels.decode_fused`), instead of stage 1 then a merge kernel. Same results up
-    to the order of the merge's additions.
+    batch): one launch, the split merge done by merge programs of the same grid that fold each
+    split's partial once it is written (:mod:`kdash.kernels.decode_fused`), instead of stage 1
+    then a merge kernel. Same results up to the order of the merge's additions.
 
     ``page_table`` (``[B, max_pages]`` int32) and ``seq_lens`` (``[B]`` int32) are kept by
     reference and read on the GPU at every run: a caller (or a CUDA graph replay) may rewrite them
@@ -304,10 +303,7 @@ class DecodePlan:
         if maxnreg and not self.upcast:
             meta["maxnreg"] = int(maxnreg)
         if self.fused:
-            # The merge's tile covers every split count the plan may choose (fixed before the
-            # count is, since the count depends on the compiled kernel's residency).
-            block_s = next_pow2(max(config.max_splits, num_splits or 1))
-            meta.update(CHUNK=merge_chunk(block_s, head_dim))
+            meta["CHUNK"] = merge_chunk(head_dim)
         self._meta1 = meta
         if out is None:
             out = torch.empty(batch, num_q_heads, head_dim, device=dev, dtype=q_dtype)
