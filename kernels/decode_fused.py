@@ -15,9 +15,10 @@ barrier, then a release exchange. A merge program walks its head's splits ``CHUN
 in split order (later splits finish last), waits until a chunk's flags are all up (a volatile
 poll, a short sleep between reads), fences, and folds the chunk into a running maximum,
 denominator and output (the online softmax over partial LSEs). When the last split finishes
-only its own chunk is left to merge. The merge program lowers each chunk's flags once it has
-seen them up, so the next launch, or the next replay of a CUDA graph holding this one, starts
-from zero: the plan zeroes them once, when it makes them.
+only its own chunk is left to merge. The merge program lowers its flags when done (lowering
+each chunk's flags inside the merge loop hung on the H200: not understood, not kept), so the
+next launch, or the next replay of a CUDA graph holding this one, starts from zero: the plan
+zeroes them once, when it makes them.
 
 The earlier one-launch form merged a (request, KV head) in the last of its programs to finish
 (a ticket counter): the whole merge ran after the slowest split, a serial chain of L2 round
@@ -101,8 +102,6 @@ def _merge_online(
         while tl.min(up, 0) == 0:
             wait = _pause(tl.min(up, 0), POLL_NS, GPU)
             up = tl.load(FLAGS + row0 + s + wait, mask=have, other=1, volatile=True)
-        # This program is the flags' only reader: lowering them readies the next launch.
-        tl.store(FLAGS + row0 + s, 0, mask=have)
         # The flags seen up, then a GPU-scope fence, then the partials (from L2, past L1): the
         # loads' addresses come from the fence's result, so none is issued before it.
         base = _fenced(tl.min(up, 0), GPU) - 1 + row0
@@ -124,6 +123,9 @@ def _merge_online(
         den = den * alpha + tl.sum(w, 0)
         acc = acc * alpha + tl.sum(part * w[:, None], 0)
         m = m_new
+    # This program is the flags' only reader: lowering them readies the next launch.
+    for s0 in range(0, num_splits, CHUNK):
+        tl.store(FLAGS + row0 + s0 + offs_c, 0, mask=s0 + offs_c < num_splits)
     den_safe = tl.where(den > 0, den, 1.0)
     out = acc / den_safe
     m_safe = tl.where(m == float("-inf"), 0.0, m)
