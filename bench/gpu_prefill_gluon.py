@@ -1,0 +1,188 @@
+"""The Gluon prefill kernel (kernels/prefill_gluon.py) on the H200: gates, then timing against
+the default prefill kernel and torch SDPA's cuDNN and FLASH backends.
+
+Gates (each against an fp32 reference per request; the default kernel's error beside it): ragged
+4096 + 4089 at D=128 and D=64, causal and full; GQA 32/8/128 at lengths 1000, 37, 1, 129;
+lengths 1, 5, 100, 500; and spare NaN rows after the last request, which must not reach any
+output. A gate passes when the error is at most twice the default kernel's plus 1e-2.
+
+Timing: do_bench (L2 flushed) at the kernel bench's prefill shapes with S >= 4096 (16k tokens a
+launch), default config, plus a few configs at S = 4096 and 16384. ``--smoke`` runs the gates on
+small shapes only. Writes ``--out`` (JSON) after every step, so a hang or a kill keeps what ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from kdash.kernels import prefill_gluon as pg
+from kdash.kernels.bench import PrefillCase
+from kdash.kernels.bench_timing import bench_ms
+from kdash.kernels.prefill_attention import extend_attention
+
+
+def reference(q, k, v, cu, causal: bool) -> torch.Tensor:
+    """fp32 attention per request (SDPA math on the CPU-free GPU path)."""
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    g = q.shape[1] // k.shape[1]
+    bounds = cu.tolist()
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        if b == a:
+            continue
+        qq = q[a:b].float().transpose(0, 1)
+        kk = k[a:b].float().repeat_interleave(g, dim=1).transpose(0, 1)
+        vv = v[a:b].float().repeat_interleave(g, dim=1).transpose(0, 1)
+        o = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
+        out[a:b] = o.transpose(0, 1)
+    return out
+
+
+def gate(name, lens, hq, hkv, d, causal, spare_nan=0, cfg=None) -> dict[str, Any]:
+    dev = "cuda"
+    total = sum(lens)
+    rows = total + spare_nan
+    q = torch.randn(rows, hq, d, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(rows, hkv, d, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(rows, hkv, d, device=dev, dtype=torch.bfloat16)
+    if spare_nan:
+        for t in (q, k, v):
+            t[total:] = float("nan")
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=dev, dtype=torch.int32)
+    assert pg.gluon_path_ok(q, k, v, False), "the Gluon path refuses this layout"
+    out = pg.prefill_gluon(q, k, v, cu, max(lens), causal=causal, config=cfg)
+    base = extend_attention(q, k, v, None, None, None, None, cu, max(lens), causal=causal)
+    torch.cuda.synchronize()
+    ref = reference(q[:total], k[:total], v[:total], cu, causal)
+    err = (out[:total].float() - ref).abs().max().item()
+    err_base = (base[:total].float() - ref).abs().max().item()
+    finite = bool(torch.isfinite(out[:total]).all().item())
+    ok = finite and err <= 2 * err_base + 1e-2
+    row = {
+        "gate": name,
+        "lens": lens if len(lens) <= 8 else f"{len(lens)} requests",
+        "heads": f"{hq}/{hkv}/{d}",
+        "causal": causal,
+        "config": repr(cfg or pg.DEFAULT_CONFIG),
+        "max_abs_err": err,
+        "max_abs_err_default": err_base,
+        "finite": finite,
+        "passed": ok,
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def gates(smoke: bool, cfg=None) -> list[dict[str, Any]]:
+    rows = []
+    big = [512, 509] if smoke else [4096, 4089]
+    for d, h in ((128, 16), (64, 32)):
+        for causal in (True, False):
+            rows.append(gate(f"ragged d{d}", big, h, h, d, causal, cfg=cfg))
+    for causal in (True, False):
+        rows.append(gate("gqa", [1000, 37, 1, 129], 32, 8, 128, causal, cfg=cfg))
+        rows.append(gate("short", [1, 5, 100, 500], 16, 16, 128, causal, cfg=cfg))
+        rows.append(gate("spare nan", [300, 77], 16, 4, 128, causal, spare_nan=50, cfg=cfg))
+    return rows
+
+
+def time_shape(hq, hkv, d, causal, s, configs) -> dict[str, Any]:
+    from torch.nn.attention import SDPBackend
+
+    case = PrefillCase(s, hq, hkv, d, causal)
+    row: dict[str, Any] = {"heads": f"{hq}/{hkv}/{d}", "causal": causal, "seq": s}
+    row["default_us"] = bench_ms(case.ours(None)) * 1e3
+    for cfg in configs:
+
+        def run(cfg=cfg, case=case):
+            pg.prefill_gluon(
+                case.q, case.k, case.v, case.cu, s, causal=causal, config=cfg, out=case.out
+            )
+
+        try:
+            row[f"gluon {cfg!r}_us"] = bench_ms(run) * 1e3
+        except Exception as e:  # noqa: BLE001 - a config that fails is noted, the rest run
+            row[f"gluon {cfg!r}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    for key, backend in (
+        ("cudnn", SDPBackend.CUDNN_ATTENTION),
+        ("flash", SDPBackend.FLASH_ATTENTION),
+    ):
+        try:
+            row[f"{key}_us"] = bench_ms(case.sdpa(backend)) * 1e3
+        except Exception as e:  # noqa: BLE001
+            row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    gl_us = [v for k, v in row.items() if k.startswith("gluon") and k.endswith("_us")]
+    if gl_us and "cudnn_us" in row:
+        row["best_gluon_us"] = min(gl_us)
+        row["gluon_vs_cudnn"] = row["cudnn_us"] / min(gl_us)
+        row["default_vs_cudnn"] = row["cudnn_us"] / row["default_us"]
+    print(json.dumps(row), flush=True)
+    del case
+    torch.cuda.empty_cache()
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("prefill-gluon-h200.json"))
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=400)
+    args = ap.parse_args()
+    t0 = time.time()
+    result: dict[str, Any] = {
+        "command": "python " + " ".join(sys.argv),
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+    }
+    import triton
+
+    result["triton"] = triton.__version__
+
+    def save():
+        result["seconds"] = round(time.time() - t0, 1)
+        args.out.write_text(json.dumps(result, indent=1))
+
+    result["gates"] = gates(args.smoke)
+    save()
+    if not all(r["passed"] for r in result["gates"]):
+        print("gates failed: no timing", flush=True)
+        return 1
+    if args.smoke:
+        return 0
+    C = pg.GluonConfig
+    result["timing"] = []
+    plan = []
+    for d, h in ((128, 16), (64, 32)):
+        for causal in (False, True):
+            for s in (4096, 16384, 8192):
+                many = s in (4096, 16384)
+                extra = [C(64, 64, 3), C(64, 128, 3)] if many else []
+                plan.append((h, h, d, causal, s, [pg.DEFAULT_CONFIG, *extra]))
+    for causal in (False, True):
+        plan.append((32, 8, 128, causal, 8192, [pg.DEFAULT_CONFIG]))
+    for hq, hkv, d, causal, s, cfgs in plan:
+        if time.time() - t0 > args.budget_s:
+            result["cut_by_budget"] = True
+            break
+        result["timing"].append(time_shape(hq, hkv, d, causal, s, cfgs))
+        save()
+    ratios = [r["gluon_vs_cudnn"] for r in result["timing"] if "gluon_vs_cudnn" in r]
+    base = [r["default_vs_cudnn"] for r in result["timing"] if "default_vs_cudnn" in r]
+    result["summary"] = {
+        "gluon_vs_cudnn_min": min(ratios) if ratios else None,
+        "default_vs_cudnn_min": min(base) if base else None,
+        "shapes": len(ratios),
+    }
+    print(json.dumps(result["summary"]), flush=True)
+    save()
+    return 0 if not math.isnan(float(len(ratios))) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

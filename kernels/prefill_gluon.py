@@ -1,0 +1,414 @@
+"""Prefill attention for Hopper written in Gluon: a loader warp and two consumer warpgroups.
+
+Nsight Compute put the Triton prefill kernel's tensor pipe at 54% busy against cuDNN's 73% at
+D=128 (bench/NOTES-kernels.md, session 13): cuDNN runs a producer warpgroup and two consumer
+warpgroups (FA3's split), so one consumer's softmax runs while the other's matrix products do,
+and Triton's two warpgroups of one program meet at a barrier every tile. Gluon (Triton's
+explicit-layout dialect) lets the schedule be written out:
+
+- **Loader** (one warp): makes the program's Q, K and V tensor descriptors in the kernel, each
+  bounded by the request (rows past its end read as zeros, so a tail tile never sees the next
+  request's rows), copies the two Q tiles once and then K and V tiles into a ring of
+  ``STAGES`` shared-memory slots, each slot's copies completing on its ``ready`` barrier. It
+  waits on a slot's ``empty`` barrier, which both consumers arrive on, before reusing it.
+- **Two consumers** (a warpgroup each; the default partition and a worker): consumer ``c``
+  owns query rows ``c * BLOCK_M`` to ``(c + 1) * BLOCK_M`` of the program's ``2 * BLOCK_M``.
+  Per key tile ``j`` it issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` as asynchronous
+  wgmma, waits for ``S_j`` only, runs the online softmax of ``S_j`` while the tensor cores work
+  on ``P_{j-1} V_{j-1}``, then waits for that, frees slot ``j - 1`` and rescales ``O``
+  (FA3's overlap inside a warpgroup; the two warpgroups overlap each other through the warp
+  schedulers).
+
+Masks (causal diagonal, the request's last partial tile) are applied only on the tiles that
+need them. The output is stored with a row mask. What it does not do: a cached prefix (the
+page-table gather stays with the Triton kernels), head dims other than 64 and 128, GPUs other
+than sm_90, and the CPU interpreter (Gluon has none): :func:`gluon_path_ok` says when a call
+runs here, and :func:`kdash.kernels.prefill_attention.extend_attention` falls back otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+except ImportError:  # a Triton without Gluon's Hopper ops: the Triton kernels run
+    gluon = None
+
+LOG2E = math.log2(math.e)
+HEAD_DIMS = (64, 128)
+
+
+class GluonConfig:
+    """Rows per consumer, keys per tile and ring depth (the program takes ``2 * block_m`` query
+    rows). At D=128: Q 2 x 16 KiB + 2 stages x (K + V) 2 x 32 KiB = 160 KiB of shared memory."""
+
+    def __init__(self, block_m: int = 64, block_n: int = 128, stages: int = 2) -> None:
+        self.block_m, self.block_n, self.stages = block_m, block_n, stages
+
+    def __repr__(self) -> str:
+        return f"GluonConfig({self.block_m}, {self.block_n}, {self.stages})"
+
+
+DEFAULT_CONFIG = GluonConfig()
+
+if gluon is not None:
+
+    @gluon.jit
+    def _loader(
+        Q,
+        K,
+        V,
+        q_smem,
+        k_smem,
+        v_smem,
+        q_bar,
+        ready,
+        empty,
+        q_start,
+        q_len,
+        h,
+        kvh,
+        m0,
+        n_tiles,
+        stride_qt,
+        stride_kt,
+        stride_vt,
+        HEAD_DIM: gl.constexpr,
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        STAGES: gl.constexpr,
+    ):
+        Q_LAYOUT: gl.constexpr = q_smem.type.layout
+        KV_LAYOUT: gl.constexpr = k_smem.type.layout
+        # Bounded by the request: TMA fills rows at or past q_len with zeros.
+        q_desc = tma.make_tensor_descriptor(
+            Q + q_start.to(gl.int64) * stride_qt + h * HEAD_DIM,
+            [q_len, HEAD_DIM],
+            [stride_qt, 1],
+            [BLOCK_M, HEAD_DIM],
+            Q_LAYOUT,
+        )
+        k_desc = tma.make_tensor_descriptor(
+            K + q_start.to(gl.int64) * stride_kt + kvh * HEAD_DIM,
+            [q_len, HEAD_DIM],
+            [stride_kt, 1],
+            [BLOCK_N, HEAD_DIM],
+            KV_LAYOUT,
+        )
+        v_desc = tma.make_tensor_descriptor(
+            V + q_start.to(gl.int64) * stride_vt + kvh * HEAD_DIM,
+            [q_len, HEAD_DIM],
+            [stride_vt, 1],
+            [BLOCK_N, HEAD_DIM],
+            KV_LAYOUT,
+        )
+        mbarrier.expect(q_bar, 2 * BLOCK_M * HEAD_DIM * 2)
+        tma.async_copy_global_to_shared(q_desc, [m0, 0], q_bar, q_smem.index(0))
+        tma.async_copy_global_to_shared(q_desc, [m0 + BLOCK_M, 0], q_bar, q_smem.index(1))
+        for j in range(n_tiles):
+            slot = j % STAGES
+            # A fresh barrier counts as having completed the phase before its first, so the
+            # first pass over the ring does not wait.
+            mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)
+            bar = ready.index(slot)
+            mbarrier.expect(bar, 2 * BLOCK_N * HEAD_DIM * 2)
+            tma.async_copy_global_to_shared(k_desc, [j * BLOCK_N, 0], bar, k_smem.index(slot))
+            tma.async_copy_global_to_shared(v_desc, [j * BLOCK_N, 0], bar, v_smem.index(slot))
+
+    @gluon.jit
+    def _masked(s, j, row0, q_len, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr):  # fmt: skip
+        offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+        keep = gl.expand_dims(offs_n < q_len, 0)
+        if CAUSAL:
+            offs_m = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_LAYOUT))
+            keep = keep & (gl.expand_dims(offs_m, 1) >= gl.expand_dims(offs_n, 0))
+        return gl.where(keep, s, float("-inf"))
+
+    @gluon.jit
+    def _consumer(
+        Out,
+        q_smem,
+        k_smem,
+        v_smem,
+        q_bar,
+        ready,
+        empty,
+        q_start,
+        q_len,
+        h,
+        row0,
+        n_tiles,
+        qk_scale,
+        stride_ot,
+        HEAD_DIM: gl.constexpr,
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        STAGES: gl.constexpr,
+        CAUSAL: gl.constexpr,
+    ):
+        S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+        )
+        O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+        )
+        P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+        ROW_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
+        # A tile needs a mask from the first key past this consumer's first row (causal) or
+        # past the request's end.
+        mask_from = gl.minimum(row0, q_len) if CAUSAL else q_len
+        zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT)
+
+        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(ready.index(0), 0)
+        s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False,
+                          is_async=True)  # fmt: skip
+        s = warpgroup_mma_wait(0, deps=(s,))
+        if mask_from < BLOCK_N:
+            s = _masked(s, 0, row0, q_len, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT)
+        m = gl.max(s, 1)
+        p = gl.exp2((s - gl.expand_dims(m, 1)) * qk_scale)
+        l_i = gl.sum(p, 1)
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, O_LAYOUT)
+        for j in range(1, n_tiles):
+            slot = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+            # The last tile's score registers take the new scores (use_acc=False ignores them):
+            # no zero tile kept alive across the loop.
+            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s, use_acc=False,
+                              is_async=True)  # fmt: skip
+            p16 = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
+            acc = warpgroup_mma(p16, v_smem.index(prev), acc, is_async=True)
+            # S_j was issued first, so it completes first: P_{j-1} V_{j-1} stays in flight
+            # while this tile's softmax runs.
+            s = warpgroup_mma_wait(1, deps=(s,))
+            if (j + 1) * BLOCK_N > mask_from:
+                s = _masked(s, j, row0, q_len, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT)
+            m_new = gl.maximum(m, gl.max(s, 1))
+            alpha = gl.exp2((m - m_new) * qk_scale)
+            p = gl.exp2((s - gl.expand_dims(m_new, 1)) * qk_scale)
+            l_i = l_i * alpha + gl.sum(p, 1)
+            m = m_new
+            acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
+            mbarrier.arrive(empty.index(prev), count=1)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
+        last = (n_tiles - 1) % STAGES
+        p16 = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
+        acc = warpgroup_mma(p16, v_smem.index(last), acc, is_async=True)
+        acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
+        mbarrier.arrive(empty.index(last), count=1)
+
+        out = acc / gl.expand_dims(gl.convert_layout(l_i, ROW_O), 1)
+        offs_m = row0 + gl.arange(0, BLOCK_M, layout=ROW_O)
+        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))
+        ptrs = (
+            Out
+            + gl.expand_dims((q_start + offs_m).to(gl.int64) * stride_ot, 1)
+            + h * HEAD_DIM
+            + gl.expand_dims(offs_d, 0)
+        )
+        gl.store(ptrs, out.to(gl.bfloat16), mask=gl.expand_dims(offs_m < q_len, 1))
+
+    @gluon.jit
+    def _default_consumer(
+        Out, q_smem, k_smem, v_smem, q_bar, ready, empty, q_start, q_len, h, row0, n_tiles,
+        qk_scale, stride_ot, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+    ):  # fmt: skip
+        _consumer(
+            Out, q_smem.index(0), k_smem, v_smem, q_bar, ready, empty, q_start, q_len, h, row0,
+            n_tiles, qk_scale, stride_ot, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+        )  # fmt: skip
+
+    @gluon.jit
+    def _second_consumer(
+        Out, q_smem, k_smem, v_smem, q_bar, ready, empty, q_start, q_len, h, row0, n_tiles,
+        qk_scale, stride_ot, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+    ):  # fmt: skip
+        _consumer(
+            Out, q_smem.index(1), k_smem, v_smem, q_bar, ready, empty, q_start, q_len, h,
+            row0 + BLOCK_M, n_tiles, qk_scale, stride_ot, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+            CAUSAL,
+        )  # fmt: skip
+
+    @gluon.jit
+    def _prefill_ws_kernel(
+        Q,
+        K,
+        V,
+        Out,
+        CU,
+        qk_scale,
+        stride_qt,
+        stride_kt,
+        stride_vt,
+        stride_ot,
+        GROUP: gl.constexpr,
+        HEAD_DIM: gl.constexpr,
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        STAGES: gl.constexpr,
+        CAUSAL: gl.constexpr,
+        Q_LAYOUT: gl.constexpr,
+        KV_LAYOUT: gl.constexpr,
+    ):
+        # Heaviest query blocks first (under causality the last blocks see the most keys).
+        m_blk = gl.num_programs(0) - 1 - gl.program_id(0)
+        h = gl.program_id(1)
+        b = gl.program_id(2)
+        kvh = h // GROUP
+        q_start = gl.load(CU + b)
+        q_len = gl.load(CU + b + 1) - q_start
+        m0 = m_blk * (2 * BLOCK_M)
+        if m0 < q_len:
+            kv_end = gl.minimum(m0 + 2 * BLOCK_M, q_len) if CAUSAL else q_len
+            n_tiles = gl.cdiv(kv_end, BLOCK_N)
+
+            q_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, HEAD_DIM], Q_LAYOUT)
+            k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, HEAD_DIM], KV_LAYOUT)
+            v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, HEAD_DIM], KV_LAYOUT)
+            q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            mbarrier.init(q_bar, count=1)
+            for i in gl.static_range(STAGES):
+                mbarrier.init(ready.index(i), count=1)
+                mbarrier.init(empty.index(i), count=2)  # both consumers free a slot
+
+            gl.warp_specialize(
+                [
+                    (
+                        _default_consumer,
+                        (Out, q_smem, k_smem, v_smem, q_bar, ready, empty, q_start, q_len, h, m0,
+                         n_tiles, qk_scale, stride_ot, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL),
+                    ),
+                    (
+                        _second_consumer,
+                        (Out, q_smem, k_smem, v_smem, q_bar, ready, empty, q_start, q_len, h, m0,
+                         n_tiles, qk_scale, stride_ot, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL),
+                    ),
+                    (
+                        _loader,
+                        (Q, K, V, q_smem, k_smem, v_smem, q_bar, ready, empty, q_start, q_len, h,
+                         kvh, m0, n_tiles, stride_qt, stride_kt, stride_vt, HEAD_DIM, BLOCK_M,
+                         BLOCK_N, STAGES),
+                    ),
+                ],
+                [4, 1],
+                [240, 24],
+            )  # fmt: skip
+            mbarrier.invalidate(q_bar)
+            for i in gl.static_range(STAGES):
+                mbarrier.invalidate(ready.index(i))
+                mbarrier.invalidate(empty.index(i))
+
+
+@functools.lru_cache(maxsize=16)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _rows_ok(t: torch.Tensor) -> bool:
+    """``t [T, H, D]`` as the kernel's descriptors read it: heads side by side, 16-byte aligned
+    base and row stride."""
+    _, heads, d = t.shape
+    size = t.element_size()
+    aligned = t.data_ptr() % 16 == 0 and (t.stride(0) * size) % 16 == 0
+    return t.stride(2) == 1 and aligned and (heads == 1 or t.stride(1) == d)
+
+
+def gluon_path_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, has_prefix: bool) -> bool:
+    """Whether :func:`prefill_gluon` runs this call: Gluon present, an sm_90 GPU, bf16, no cached
+    prefix, D of 64 or 128, layouts the descriptors take."""
+    if gluon is None or has_prefix or q.device.type != "cuda":
+        return False
+    if q.shape[-1] not in HEAD_DIMS or any(t.dtype != torch.bfloat16 for t in (q, k, v)):
+        return False
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    if _capability(index) != (9, 0):
+        return False
+    return all(_rows_ok(t) for t in (q, k, v))
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Global scratch for the descriptors the kernel makes (128 bytes a descriptor)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_allocator() -> None:
+    """Give Triton an allocator for in-kernel descriptors unless the caller set one."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
+
+
+def prefill_gluon(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_len: int,
+    *,
+    causal: bool = True,
+    sm_scale: float | None = None,
+    config: GluonConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Packed varlen prefill (``q [T, Hq, D]``, ``k``/``v [T, Hkv, D]``, bf16, no cached prefix)
+    on sm_90; the caller checks :func:`gluon_path_ok` first."""
+    if gluon is None:
+        raise RuntimeError("this Triton has no Gluon Hopper ops")
+    total, q_heads, head_dim = q.shape
+    kv_heads = k.shape[1]
+    if q_heads % kv_heads:
+        raise ValueError(f"query heads {q_heads} not a multiple of KV heads {kv_heads}")
+    cfg = config or DEFAULT_CONFIG
+    if out is None:
+        out = torch.empty_like(q)
+    batch = cu_seqlens.numel() - 1
+    if batch == 0 or total == 0 or max_len == 0:
+        return out
+    _ensure_allocator()
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
+    q_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, head_dim], gl.bfloat16)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_n, head_dim], gl.bfloat16)
+    grid = (triton.cdiv(max_len, 2 * cfg.block_m), q_heads, batch)
+    _prefill_ws_kernel[grid](
+        q,
+        k,
+        v,
+        out,
+        cu_seqlens,
+        scale * LOG2E,
+        q.stride(0),
+        k.stride(0),
+        v.stride(0),
+        out.stride(0),
+        GROUP=q_heads // kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        STAGES=cfg.stages,
+        CAUSAL=causal,
+        Q_LAYOUT=q_layout,
+        KV_LAYOUT=kv_layout,
+        num_warps=4,
+        maxnreg=168,
+    )
+    return out
