@@ -59,7 +59,10 @@ from .decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
 from .decode_plan import DecodePlan, decode_attention
 from .kv_cache import fp8_scales, quantize_fp8
 from .prefill_attention import PrefillConfig, chosen_config, extend_attention
+from .prefill_gluon import GluonConfig
 from .prefill_hopper import HopperConfig
+
+AnyPrefillConfig = PrefillConfig | HopperConfig | GluonConfig
 
 GiB = 1024**3
 DEVICE = "cuda"  # the cases' device; a CPU smoke test of the wiring sets "cpu"
@@ -102,7 +105,7 @@ DECODE_SWEEP = {
 # Prefill: the Hopper kernel's configs (kernels/prefill_hopper.py; the defaults are the H200's
 # fastest per class: 128 x 64, 8 warps, 3 stages, host descriptors, or pointer loads at D=64
 # causal) and the pointer kernel's best earlier picks, for comparison.
-PREFILL_SWEEP: dict[int, list[PrefillConfig | HopperConfig]] = {
+PREFILL_SWEEP: dict[int, list[AnyPrefillConfig]] = {
     64: [
         HopperConfig(128, 64, 8, 3, descriptors="none"),
         HopperConfig(128, 64, 8, 3),
@@ -111,6 +114,8 @@ PREFILL_SWEEP: dict[int, list[PrefillConfig | HopperConfig]] = {
         PrefillConfig(64, 64, 4, 4),
     ],
     128: [
+        GluonConfig(64, 128, 3),
+        GluonConfig(64, 128, 2),
         HopperConfig(128, 64, 8, 3),
         HopperConfig(128, 64, 8, 3, descriptors="none"),
         HopperConfig(128, 128, 8, 2),
@@ -120,9 +125,14 @@ PREFILL_SWEEP: dict[int, list[PrefillConfig | HopperConfig]] = {
 }
 
 
-def prefill_config_json(cfg: PrefillConfig | HopperConfig) -> dict[str, Any]:
-    """A prefill config as JSON, with the kernel it runs (``hopper`` or ``pointer``)."""
-    return {**asdict(cfg), "kernel": "hopper" if isinstance(cfg, HopperConfig) else "pointer"}
+def prefill_config_json(cfg: AnyPrefillConfig) -> dict[str, Any]:
+    """A prefill config as JSON, with the kernel it runs (``gluon``, ``hopper`` or
+    ``pointer``)."""
+    if isinstance(cfg, GluonConfig):
+        kernel = "gluon"
+    else:
+        kernel = "hopper" if isinstance(cfg, HopperConfig) else "pointer"
+    return {**asdict(cfg), "kernel": kernel}
 
 
 # ----------------------------------------------------------------------------------- ceilings
@@ -482,7 +492,7 @@ class PrefillCase:
         f = 4.0 * self.batch * self.seq * self.seq * self.hq * self.d
         return f / 2 if self.causal else f
 
-    def ours(self, cfg: PrefillConfig | HopperConfig):
+    def ours(self, cfg: AnyPrefillConfig | None):
         def run():
             extend_attention(
                 self.q,
@@ -531,14 +541,14 @@ class PrefillCase:
         return run
 
 
-def sweep_prefill() -> tuple[dict[str, Any], dict[str, PrefillConfig | HopperConfig]]:
+def sweep_prefill() -> tuple[dict[str, Any], dict[str, AnyPrefillConfig]]:
     """Each class's configs timed at S=4096: the figures, and the fastest config per class."""
     out: dict[str, Any] = {}
-    picked: dict[str, PrefillConfig | HopperConfig] = {}
+    picked: dict[str, AnyPrefillConfig] = {}
     for d, hq in ((64, 32), (128, 16)):
         for causal in (True, False):
             case = PrefillCase(4096, hq, hq, d, causal)
-            timed: list[tuple[PrefillConfig | HopperConfig, dict[str, Any]]] = []
+            timed: list[tuple[AnyPrefillConfig, dict[str, Any]]] = []
             for cfg in PREFILL_SWEEP[d]:
                 try:
                     ms = bench_ms(case.ours(cfg), rep=50)
@@ -559,7 +569,7 @@ def sweep_prefill() -> tuple[dict[str, Any], dict[str, PrefillConfig | HopperCon
     return out, picked
 
 
-def prefill_table(best: dict[str, PrefillConfig | HopperConfig]) -> list[dict[str, Any]]:
+def prefill_table(best: dict[str, AnyPrefillConfig]) -> list[dict[str, Any]]:
     """The issue's prefill shapes: hidden 2048 at D=64 and 128, causal and not, S 512..16k, GQA."""
     shapes = []
     for d, hq in ((64, 32), (128, 16)):
@@ -581,9 +591,7 @@ def prefill_table(best: dict[str, PrefillConfig | HopperConfig]) -> list[dict[st
     return rows
 
 
-def prefill_row(
-    name, hq, hkv, d, causal, s, best: dict[str, PrefillConfig | HopperConfig]
-) -> dict[str, Any]:
+def prefill_row(name, hq, hkv, d, causal, s, best: dict[str, AnyPrefillConfig]) -> dict[str, Any]:
     """Time one prefill shape against SDPA's FLASH_ATTENTION and CUDNN_ATTENTION backends."""
     from torch.nn.attention import SDPBackend
 

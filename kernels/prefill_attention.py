@@ -200,17 +200,28 @@ def _extend_kernel(
 
 # The default path on Hopper is prefill_hopper's kernel; imported here, below the lines above,
 # which stay as they are since recorded GPU profiles point at this module's kernel by line.
+from .prefill_gluon import (  # noqa: E402
+    GluonConfig,
+    default_gluon_config,
+    prefill_gluon,
+    unsupported_reason,
+)
 from .prefill_hopper import HopperConfig, default_hopper_config, extend_attention_hopper  # noqa: E402
 
 
 def chosen_config(
     head_dim: int, causal: bool, device: torch.device
-) -> PrefillConfig | HopperConfig:
-    """The config :func:`extend_attention` runs when given none: prefill_hopper's for the head
-    dim and causality where it runs (:func:`~kdash.kernels.prefill_hopper.default_hopper_config`:
-    the H200's fastest per class), else this module's kernel at :func:`default_config`."""
-    return default_hopper_config(head_dim, causal, device) or default_config(
-        head_dim, causal, device
+) -> PrefillConfig | HopperConfig | GluonConfig:
+    """The config :func:`extend_attention` runs when given none: the Gluon kernel's on an sm_90
+    GPU at the head dims where it is the fastest (:func:`~kdash.kernels.prefill_gluon.
+    default_gluon_config`; a call it cannot run, such as one with a cached prefix, takes the
+    next one), then prefill_hopper's for the head dim and causality where it runs
+    (:func:`~kdash.kernels.prefill_hopper.default_hopper_config`: the H200's fastest per class),
+    else this module's kernel at :func:`default_config`."""
+    return (
+        default_gluon_config(head_dim, device)
+        or default_hopper_config(head_dim, causal, device)
+        or default_config(head_dim, causal, device)
     )
 
 
@@ -227,7 +238,7 @@ def extend_attention(
     *,
     causal: bool = True,
     sm_scale: float | None = None,
-    config: PrefillConfig | HopperConfig | None = None,
+    config: PrefillConfig | HopperConfig | GluonConfig | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention for packed new tokens ``q [T, Hq, D]`` over cached prefixes plus themselves.
@@ -236,8 +247,9 @@ def extend_attention(
     ``v_new`` (``[T, Hkv, D]``); ``max_new_len`` (a host int, so no sync) sizes the grid. Pass
     ``k_cache=v_cache=page_table=prefix_lens=None`` for a plain varlen prefill. bf16 only.
     ``config``: a :class:`PrefillConfig` runs this module's kernel, a
-    :class:`~kdash.kernels.prefill_hopper.HopperConfig` prefill_hopper's; None takes
-    :func:`chosen_config`'s.
+    :class:`~kdash.kernels.prefill_hopper.HopperConfig` prefill_hopper's, a
+    :class:`~kdash.kernels.prefill_gluon.GluonConfig` the Gluon kernel's (a call it cannot run
+    raises ValueError); None takes :func:`chosen_config`'s.
     """
     total, q_heads, head_dim = q.shape
     kv_heads = k_new.shape[1]
@@ -253,6 +265,16 @@ def extend_attention(
     batch = cu_seqlens.numel() - 1
     dev = q.device
     cfg = config or chosen_config(head_dim, causal, dev)
+    if isinstance(cfg, GluonConfig):
+        why = unsupported_reason(q, k_new, v_new, out, has_prefix=k_cache is not None)
+        if why is not None and config is not None:
+            raise ValueError(f"the Gluon prefill kernel cannot run this call: {why}")
+        if why is None:
+            return prefill_gluon(
+                q, k_new, v_new, cu_seqlens, max_new_len, causal=causal, sm_scale=sm_scale,
+                config=cfg, out=out,
+            )  # fmt: skip
+        cfg = default_hopper_config(head_dim, causal, dev) or default_config(head_dim, causal, dev)
     if isinstance(cfg, HopperConfig):
         cache = (k_cache, v_cache, page_table, prefix_lens)
         return extend_attention_hopper(

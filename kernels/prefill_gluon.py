@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -43,6 +44,10 @@ try:
         warpgroup_mma,
         warpgroup_mma_wait,
     )
+
+    # Triton 3.6 (the H200's) names the TMA tile load async_copy_global_to_shared; later ones
+    # async_load, and refuse the old name.
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 except ImportError:  # a Triton without Gluon's Hopper ops: the Triton kernels run
     gluon = None
 
@@ -50,18 +55,22 @@ LOG2E = math.log2(math.e)
 HEAD_DIMS = (64, 128)
 
 
+@dataclass(frozen=True)
 class GluonConfig:
     """Rows per consumer, keys per tile and ring depth (the program takes ``2 * block_m`` query
-    rows). At D=128: Q 2 x 16 KiB + 2 stages x (K + V) 2 x 32 KiB = 160 KiB of shared memory."""
+    rows). At D=128 and 3 stages: Q 2 x 16 KiB + 3 x (K + V) 2 x 32 KiB = 224 KiB of the 227
+    KiB of shared memory."""
 
-    def __init__(self, block_m: int = 64, block_n: int = 128, stages: int = 2) -> None:
-        self.block_m, self.block_n, self.stages = block_m, block_n, stages
-
-    def __repr__(self) -> str:
-        return f"GluonConfig({self.block_m}, {self.block_n}, {self.stages})"
+    block_m: int = 64
+    block_n: int = 128
+    stages: int = 3
 
 
-DEFAULT_CONFIG = GluonConfig()
+# Where this kernel is the default, per head dim: the H200's pick (bench/NOTES-kernels.md,
+# session 15). At D=64 the Triton kernels were as fast or faster (causal 0.93-0.96 of cuDNN
+# against 0.84-0.95 here), so they stay.
+GLUON_DEFAULTS = {128: GluonConfig(64, 128, 3)}
+DEFAULT_CONFIG = GLUON_DEFAULTS[128]
 
 if gluon is not None:
 
@@ -115,8 +124,8 @@ if gluon is not None:
             KV_LAYOUT,
         )
         mbarrier.expect(q_bar, 2 * BLOCK_M * HEAD_DIM * 2)
-        tma.async_copy_global_to_shared(q_desc, [m0, 0], q_bar, q_smem.index(0))
-        tma.async_copy_global_to_shared(q_desc, [m0 + BLOCK_M, 0], q_bar, q_smem.index(1))
+        _tma_load(q_desc, [m0, 0], q_bar, q_smem.index(0))
+        _tma_load(q_desc, [m0 + BLOCK_M, 0], q_bar, q_smem.index(1))
         for j in range(n_tiles):
             slot = j % STAGES
             # A fresh barrier counts as having completed the phase before its first, so the
@@ -124,8 +133,8 @@ if gluon is not None:
             mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)
             bar = ready.index(slot)
             mbarrier.expect(bar, 2 * BLOCK_N * HEAD_DIM * 2)
-            tma.async_copy_global_to_shared(k_desc, [j * BLOCK_N, 0], bar, k_smem.index(slot))
-            tma.async_copy_global_to_shared(v_desc, [j * BLOCK_N, 0], bar, v_smem.index(slot))
+            _tma_load(k_desc, [j * BLOCK_N, 0], bar, k_smem.index(slot))
+            _tma_load(v_desc, [j * BLOCK_N, 0], bar, v_smem.index(slot))
 
     @gluon.jit
     def _masked(s, j, row0, q_len, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -332,17 +341,48 @@ def _rows_ok(t: torch.Tensor) -> bool:
     return t.stride(2) == 1 and aligned and (heads == 1 or t.stride(1) == d)
 
 
-def gluon_path_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, has_prefix: bool) -> bool:
-    """Whether :func:`prefill_gluon` runs this call: Gluon present, an sm_90 GPU, bf16, no cached
-    prefix, D of 64 or 128, layouts the descriptors take."""
-    if gluon is None or has_prefix or q.device.type != "cuda":
-        return False
-    if q.shape[-1] not in HEAD_DIMS or any(t.dtype != torch.bfloat16 for t in (q, k, v)):
-        return False
+def unsupported_reason(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor | None = None,
+    has_prefix: bool = False,
+) -> str | None:
+    """Why :func:`prefill_gluon` cannot run this call, or None when it can: it needs Gluon's
+    Hopper ops, an sm_90 GPU, bf16, no cached prefix, D of 64 or 128, and layouts its
+    descriptors take (heads side by side, 16-byte aligned rows)."""
+    if gluon is None:
+        return "this Triton has no Gluon Hopper ops"
+    if has_prefix:
+        return "a cached prefix (the Gluon kernel reads only new tokens)"
+    if q.device.type != "cuda":
+        return "not a CUDA device (Gluon has no interpreter)"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"head dim {q.shape[-1]} (the Gluon kernel takes {HEAD_DIMS})"
+    if any(t.dtype != torch.bfloat16 for t in (q, k, v)):
+        return "not bf16"
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if _capability(index) != (9, 0):
-        return False
-    return all(_rows_ok(t) for t in (q, k, v))
+        return f"compute capability {_capability(index)} (wgmma and setmaxnreg are sm_90's)"
+    if not all(_rows_ok(t) for t in (q, k, v)):
+        return "a q/k/v layout the descriptors cannot take"
+    if out is not None and (out.shape != q.shape or out.stride() != q.stride()):
+        return "an output laid out unlike q"
+    return None
+
+
+def gluon_path_ok(q, k, v, has_prefix: bool, out: torch.Tensor | None = None) -> bool:
+    """Whether :func:`prefill_gluon` runs this call (see :func:`unsupported_reason`)."""
+    return unsupported_reason(q, k, v, out, has_prefix) is None
+
+
+def default_gluon_config(head_dim: int, device: torch.device) -> GluonConfig | None:
+    """The Gluon kernel's config where it is the default prefill (an sm_90 GPU, a head dim in
+    :data:`GLUON_DEFAULTS`, Gluon present), else None."""
+    if gluon is None or device.type != "cuda" or head_dim not in GLUON_DEFAULTS:
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return GLUON_DEFAULTS[head_dim] if _capability(index) == (9, 0) else None
 
 
 def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
@@ -371,14 +411,15 @@ def prefill_gluon(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Packed varlen prefill (``q [T, Hq, D]``, ``k``/``v [T, Hkv, D]``, bf16, no cached prefix)
-    on sm_90; the caller checks :func:`gluon_path_ok` first."""
-    if gluon is None:
-        raise RuntimeError("this Triton has no Gluon Hopper ops")
+    on sm_90. A call it cannot run (:func:`unsupported_reason`) raises ValueError."""
+    why = unsupported_reason(q, k, v, out)
+    if why is not None:
+        raise ValueError(f"the Gluon prefill kernel cannot run this call: {why}")
     total, q_heads, head_dim = q.shape
     kv_heads = k.shape[1]
     if q_heads % kv_heads:
         raise ValueError(f"query heads {q_heads} not a multiple of KV heads {kv_heads}")
-    cfg = config or DEFAULT_CONFIG
+    cfg = config or GLUON_DEFAULTS.get(head_dim, DEFAULT_CONFIG)
     if out is None:
         out = torch.empty_like(q)
     batch = cu_seqlens.numel() - 1

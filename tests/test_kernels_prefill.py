@@ -28,6 +28,11 @@ from kdash.kernels.prefill_attention import (  # noqa: E402
     default_config,
     extend_attention,
 )
+from kdash.kernels.prefill_gluon import (  # noqa: E402
+    GLUON_DEFAULTS,
+    GluonConfig,
+    unsupported_reason,
+)
 from kdash.kernels.prefill_hopper import (  # noqa: E402
     HOPPER_DEFAULTS,
     VARIANTS,
@@ -48,10 +53,20 @@ needs_device = pytest.mark.skipif(
 
 
 KERNELS = ("default", "pointer", *VARIANTS)
+# The Gluon kernel has no interpreter: its gates run on a GPU only (an sm_90 one; elsewhere the
+# explicit config is refused, which test_gluon_refuses_what_it_cannot_run checks on the CPU).
+GPU_KERNELS = (*KERNELS, "gluon")
 
 
-def path_of(cfg, q, k_new, v_new) -> str:
+def path_of(cfg, q, k_new, v_new, has_prefix: bool = False) -> str:
     """Which kernel and load path a config runs, in words."""
+    if isinstance(cfg, GluonConfig):
+        why = unsupported_reason(q, k_new, v_new, has_prefix=has_prefix)
+        if why is None:
+            return "gluon kernel"
+        # The default falls back (an explicit Gluon config is refused instead).
+        fallback = prefill_hopper.default_hopper_config(q.shape[-1], True, q.device)
+        return f"{path_of(fallback, q, k_new, v_new)} (not gluon: {why})"
     if isinstance(cfg, PrefillConfig):
         return "pointer kernel"
     path = plan_path(q, k_new, v_new, cfg)
@@ -68,11 +83,14 @@ def prefill(kernel: str, *args, record=None, **kwargs):
         cfg = chosen_config(d, causal, q.device)
     elif kernel == "pointer":
         cfg = kwargs["config"] = default_config(d, causal, q.device)
+    elif kernel == "gluon":
+        cfg = kwargs["config"] = GLUON_DEFAULTS.get(d, GluonConfig())
     else:
         cfg = variant_config(kernel, d, causal)
     if record:
-        record("path", f"{kernel}: {path_of(cfg, q, k_new, v_new)}")
-    if kernel in ("default", "pointer"):
+        has_prefix = len(args) > 3 and args[3] is not None
+        record("path", f"{kernel}: {path_of(cfg, q, k_new, v_new, has_prefix)}")
+    if kernel in ("default", "pointer", "gluon"):
         return extend_attention(*args, **kwargs)
     return extend_attention_hopper(*args, variant=kernel, **kwargs)
 
@@ -388,7 +406,7 @@ needs_cuda = pytest.mark.skipif(
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernel", GPU_KERNELS)
 @pytest.mark.parametrize(
     ("q_heads", "kv_heads", "head_dim", "seq", "causal", "prefix"),
     [
@@ -410,14 +428,44 @@ def test_gpu_prefill_gates(
     out = torch.full_like(q, float("nan"))
     # No prefix: the bench's case, no cache passed.
     cache = (kc, vc, pt, pl) if prefix else (None, None, None, None)
-    prefill(kernel, q, kn, vn, *cache, cu, seq, causal=causal, out=out, record=record_property)
+    args = (q, kn, vn, *cache, cu, seq)
+    if kernel == "gluon" and prefix:  # the Gluon kernel reads no cache: refused, not wrong
+        with pytest.raises(ValueError, match="cached prefix"):
+            prefill(kernel, *args, causal=causal, out=out)
+        return
+    prefill(kernel, *args, causal=causal, out=out, record=record_property)
     check(out, q, kn, vn, kc, vc, pt, pl, cu, causal, paged=prefix > 0)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_gluon_short_ragged_and_spare_nan_rows(causal: bool, head_dim: int) -> None:
+    """The Gluon kernel on what its tiles make hard: lengths 1, 5, 100 and 500 (one partial tile
+    each, a second consumer with no rows), GQA, and NaN rows after the last request (its
+    descriptors are bounded by each request, so a tail tile reads zeros, never those rows)."""
+    news = [1, 5, 100, 500, 129]
+    q, kn, vn, kc, vc, pt, pl, cu = make_case(
+        [0] * len(news), news, 8, 2, head_dim, 1, device="cuda", seed=9
+    )
+    spare = 70
+    q, kn, vn = (torch.cat([t, torch.full_like(t[:spare], float("nan"))]) for t in (q, kn, vn))
+    out = torch.full_like(q, float("nan"))
+    prefill("gluon", q, kn, vn, None, None, None, None, cu, max(news), causal=causal, out=out)
+    n = sum(news)
+    assert torch.isfinite(out[:n]).all()
+    check(out[:n], q[:n], kn[:n], vn[:n], kc, vc, pt, pl, cu, causal, paged=False)
 
 
 @pytest.mark.gpu
 @needs_cuda
 def test_gpu_default_path_is_the_h200_pick_on_hopper() -> None:
     dev = torch.device("cuda")
-    hopper = torch.cuda.get_device_capability() >= (9, 0)
+    cap = torch.cuda.get_device_capability()
+    hopper = cap >= (9, 0)
     for (d, causal), cfg in HOPPER_DEFAULTS.items():
-        assert chosen_config(d, causal, dev) == (cfg if hopper else default_config(d, causal, dev))
+        want = cfg if hopper else default_config(d, causal, dev)
+        if cap == (9, 0) and d in GLUON_DEFAULTS:
+            want = GLUON_DEFAULTS[d]
+        assert chosen_config(d, causal, dev) == want
