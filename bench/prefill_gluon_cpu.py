@@ -43,6 +43,10 @@ def compile_case(head_dim: int, causal: bool, cfg: pg.GluonConfig, group: int = 
         "stride_kt": "i32",
         "stride_vt": "i32",
         "stride_ot": "i32",
+        "total": "i32",
+        "nblk": "i32",
+        "pairs": "i32",
+        "q_heads": "i32",
     }
     const = {
         "GROUP": group,

@@ -64,6 +64,9 @@ class GluonConfig:
     block_m: int = 64
     block_n: int = 128
     stages: int = 3
+    # One program an SM looping over the tiles (its next tile's Q and first keys load while
+    # the last one's final P V and store run), or one program a tile.
+    persistent: bool = True
 
 
 # Where this kernel is the default, per head dim: the H200's pick (bench/NOTES-kernels.md,
@@ -75,66 +78,67 @@ DEFAULT_CONFIG = GLUON_DEFAULTS[128]
 if gluon is not None:
 
     @gluon.jit
+    def _tile(t, CU, nblk, pairs, q_heads, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr):  # fmt: skip
+        """Tile ``t``'s query head, request start and length, first row and key-tile count.
+        Tiles go by query block from the last block to the first, every (request, head) pair
+        in each: under causality the heaviest first, so light ones fill in at the end."""
+        r = t // pairs
+        b = (t % pairs) // q_heads
+        h = t % q_heads
+        q_start = gl.load(CU + b)
+        q_len = gl.load(CU + b + 1) - q_start
+        m0 = (nblk - 1 - r) * (2 * BLOCK_M)
+        kv_end = gl.minimum(m0 + 2 * BLOCK_M, q_len) if CAUSAL else q_len
+        return h, q_start, q_len, m0, gl.cdiv(kv_end, BLOCK_N)
+
+    @gluon.jit
     def _loader(
-        Q,
-        K,
-        V,
-        q_smem,
-        k_smem,
-        v_smem,
-        q_bar,
-        ready,
-        empty,
-        q_start,
-        q_len,
-        h,
-        kvh,
-        m0,
-        n_tiles,
-        stride_qt,
-        stride_kt,
-        stride_vt,
-        HEAD_DIM: gl.constexpr,
-        BLOCK_M: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        STAGES: gl.constexpr,
-    ):
+        Q, K, V, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, total, nblk,
+        pairs, q_heads, stride_qt, stride_kt, stride_vt, GROUP: gl.constexpr,
+        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+    ):  # fmt: skip
         Q_LAYOUT: gl.constexpr = q_smem.type.layout
         KV_LAYOUT: gl.constexpr = k_smem.type.layout
-        # Bounded by the request: TMA fills rows at or past q_len with zeros.
-        q_desc = tma.make_tensor_descriptor(
-            Q + q_start.to(gl.int64) * stride_qt + h * HEAD_DIM,
-            [q_len, HEAD_DIM],
-            [stride_qt, 1],
-            [BLOCK_M, HEAD_DIM],
-            Q_LAYOUT,
-        )
-        k_desc = tma.make_tensor_descriptor(
-            K + q_start.to(gl.int64) * stride_kt + kvh * HEAD_DIM,
-            [q_len, HEAD_DIM],
-            [stride_kt, 1],
-            [BLOCK_N, HEAD_DIM],
-            KV_LAYOUT,
-        )
-        v_desc = tma.make_tensor_descriptor(
-            V + q_start.to(gl.int64) * stride_vt + kvh * HEAD_DIM,
-            [q_len, HEAD_DIM],
-            [stride_vt, 1],
-            [BLOCK_N, HEAD_DIM],
-            KV_LAYOUT,
-        )
-        mbarrier.expect(q_bar, 2 * BLOCK_M * HEAD_DIM * 2)
-        _tma_load(q_desc, [m0, 0], q_bar, q_smem.index(0))
-        _tma_load(q_desc, [m0 + BLOCK_M, 0], q_bar, q_smem.index(1))
-        for j in range(n_tiles):
-            slot = j % STAGES
-            # A fresh barrier counts as having completed the phase before its first, so the
-            # first pass over the ring does not wait.
-            mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)
-            bar = ready.index(slot)
-            mbarrier.expect(bar, 2 * BLOCK_N * HEAD_DIM * 2)
-            _tma_load(k_desc, [j * BLOCK_N, 0], bar, k_smem.index(slot))
-            _tma_load(v_desc, [j * BLOCK_N, 0], bar, v_smem.index(slot))
+        it = 0  # tiles this program has run (the Q barriers' phase)
+        c = 0  # key tiles it has loaded (the ring's slot and phase)
+        for t in range(gl.program_id(0), total, gl.num_programs(0)):
+            h, q_start, q_len, m0, n_tiles = _tile(
+                t, CU, nblk, pairs, q_heads, CAUSAL, BLOCK_M, BLOCK_N
+            )
+            if m0 < q_len:
+                # Both consumers are past the last tile's final Q K^T: its Q is free, and every
+                # copy through the descriptors made for it has landed, so they can be remade.
+                mbarrier.wait(q_empty, (it & 1) ^ 1)
+                kvh = h // GROUP
+                # Bounded by the request: TMA fills rows at or past q_len with zeros.
+                q_desc = tma.make_tensor_descriptor(
+                    Q + q_start.to(gl.int64) * stride_qt + h * HEAD_DIM,
+                    [q_len, HEAD_DIM], [stride_qt, 1], [BLOCK_M, HEAD_DIM], Q_LAYOUT,
+                )  # fmt: skip
+                k_desc = tma.make_tensor_descriptor(
+                    K + q_start.to(gl.int64) * stride_kt + kvh * HEAD_DIM,
+                    [q_len, HEAD_DIM], [stride_kt, 1], [BLOCK_N, HEAD_DIM], KV_LAYOUT,
+                )  # fmt: skip
+                v_desc = tma.make_tensor_descriptor(
+                    V + q_start.to(gl.int64) * stride_vt + kvh * HEAD_DIM,
+                    [q_len, HEAD_DIM], [stride_vt, 1], [BLOCK_N, HEAD_DIM], KV_LAYOUT,
+                )  # fmt: skip
+                mbarrier.expect(q_ready, 2 * BLOCK_M * HEAD_DIM * 2)
+                _tma_load(q_desc, [m0, 0], q_ready, q_smem.index(0))
+                _tma_load(q_desc, [m0 + BLOCK_M, 0], q_ready, q_smem.index(1))
+                for j in range(n_tiles):
+                    slot = (c + j) % STAGES
+                    # A fresh barrier counts as having completed the phase before its first,
+                    # so the first pass over the ring does not wait.
+                    mbarrier.wait(empty.index(slot), (((c + j) // STAGES) & 1) ^ 1)
+                    bar = ready.index(slot)
+                    mbarrier.expect(bar, 2 * BLOCK_N * HEAD_DIM * 2)
+                    _tma_load(k_desc, [j * BLOCK_N, 0], bar, k_smem.index(slot))
+                    _tma_load(v_desc, [j * BLOCK_N, 0], bar, v_smem.index(slot))
+                c += n_tiles
+                it += 1
 
     @gluon.jit
     def _masked(s, j, row0, q_len, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -148,26 +152,11 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer(
-        Out,
-        q_smem,
-        k_smem,
-        v_smem,
-        q_bar,
-        ready,
-        empty,
-        q_start,
-        q_len,
-        h,
-        row0,
-        n_tiles,
-        qk_scale,
-        stride_ot,
-        HEAD_DIM: gl.constexpr,
-        BLOCK_M: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        STAGES: gl.constexpr,
+        Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, total, nblk, pairs,
+        q_heads, qk_scale, stride_ot, HALF: gl.constexpr, HEAD_DIM: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr,
-    ):
+    ):  # fmt: skip
         S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
         )
@@ -176,83 +165,98 @@ if gluon is not None:
         )
         P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
         ROW_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
-        # A tile needs a mask from the first key past this consumer's first row (causal) or
-        # past the request's end.
-        mask_from = gl.minimum(row0, q_len) if CAUSAL else q_len
-        zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT)
+        q_tile = q_smem.index(HALF)
+        it = 0
+        c = 0
+        for t in range(gl.program_id(0), total, gl.num_programs(0)):
+            h, q_start, q_len, m0, n_tiles = _tile(
+                t, CU, nblk, pairs, q_heads, CAUSAL, BLOCK_M, BLOCK_N
+            )
+            if m0 < q_len:
+                row0 = m0 + HALF * BLOCK_M
+                # A key tile needs a mask from the first key past this consumer's first row
+                # (causal) or past the request's end.
+                mask_from = gl.minimum(row0, q_len) if CAUSAL else q_len
+                mbarrier.wait(q_ready, it & 1)
+                slot = c % STAGES
+                mbarrier.wait(ready.index(slot), (c // STAGES) & 1)
+                s = warpgroup_mma(
+                    q_tile, k_smem.index(slot).permute((1, 0)),
+                    gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT),
+                    use_acc=False, is_async=True,
+                )  # fmt: skip
+                s = warpgroup_mma_wait(0, deps=(s,))
+                if mask_from < BLOCK_N:
+                    s = _masked(s, 0, row0, q_len, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT)
+                m = gl.max(s, 1)
+                p = gl.exp2((s - gl.expand_dims(m, 1)) * qk_scale)
+                l_i = gl.sum(p, 1)
+                acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, O_LAYOUT)
+                for j in range(1, n_tiles):
+                    slot = (c + j) % STAGES
+                    prev = (c + j - 1) % STAGES
+                    mbarrier.wait(ready.index(slot), ((c + j) // STAGES) & 1)
+                    # The last tile's score registers take the new scores (use_acc=False
+                    # ignores them): no zero tile kept alive across the loop.
+                    s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s,
+                                      use_acc=False, is_async=True)  # fmt: skip
+                    p16 = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
+                    acc = warpgroup_mma(p16, v_smem.index(prev), acc, is_async=True)
+                    # S_j was issued first, so it completes first: P_{j-1} V_{j-1} stays in
+                    # flight while this tile's softmax runs.
+                    s = warpgroup_mma_wait(1, deps=(s,))
+                    if (j + 1) * BLOCK_N > mask_from:
+                        s = _masked(s, j, row0, q_len, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT)
+                    m_new = gl.maximum(m, gl.max(s, 1))
+                    alpha = gl.exp2((m - m_new) * qk_scale)
+                    p = gl.exp2((s - gl.expand_dims(m_new, 1)) * qk_scale)
+                    l_i = l_i * alpha + gl.sum(p, 1)
+                    m = m_new
+                    acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
+                    mbarrier.arrive(empty.index(prev), count=1)
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
+                # Every Q K^T of the tile is done: the loader may bring the next tile's Q
+                # while this one's last P V and store run.
+                mbarrier.arrive(q_empty, count=1)
+                last = (c + n_tiles - 1) % STAGES
+                p16 = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
+                acc = warpgroup_mma(p16, v_smem.index(last), acc, is_async=True)
+                acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
+                mbarrier.arrive(empty.index(last), count=1)
 
-        mbarrier.wait(q_bar, 0)
-        mbarrier.wait(ready.index(0), 0)
-        s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False,
-                          is_async=True)  # fmt: skip
-        s = warpgroup_mma_wait(0, deps=(s,))
-        if mask_from < BLOCK_N:
-            s = _masked(s, 0, row0, q_len, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT)
-        m = gl.max(s, 1)
-        p = gl.exp2((s - gl.expand_dims(m, 1)) * qk_scale)
-        l_i = gl.sum(p, 1)
-        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, O_LAYOUT)
-        for j in range(1, n_tiles):
-            slot = j % STAGES
-            prev = (j - 1) % STAGES
-            mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
-            # The last tile's score registers take the new scores (use_acc=False ignores them):
-            # no zero tile kept alive across the loop.
-            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s, use_acc=False,
-                              is_async=True)  # fmt: skip
-            p16 = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
-            acc = warpgroup_mma(p16, v_smem.index(prev), acc, is_async=True)
-            # S_j was issued first, so it completes first: P_{j-1} V_{j-1} stays in flight
-            # while this tile's softmax runs.
-            s = warpgroup_mma_wait(1, deps=(s,))
-            if (j + 1) * BLOCK_N > mask_from:
-                s = _masked(s, j, row0, q_len, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT)
-            m_new = gl.maximum(m, gl.max(s, 1))
-            alpha = gl.exp2((m - m_new) * qk_scale)
-            p = gl.exp2((s - gl.expand_dims(m_new, 1)) * qk_scale)
-            l_i = l_i * alpha + gl.sum(p, 1)
-            m = m_new
-            acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
-            mbarrier.arrive(empty.index(prev), count=1)
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
-        last = (n_tiles - 1) % STAGES
-        p16 = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
-        acc = warpgroup_mma(p16, v_smem.index(last), acc, is_async=True)
-        acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
-        mbarrier.arrive(empty.index(last), count=1)
-
-        out = acc / gl.expand_dims(gl.convert_layout(l_i, ROW_O), 1)
-        offs_m = row0 + gl.arange(0, BLOCK_M, layout=ROW_O)
-        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))
-        ptrs = (
-            Out
-            + gl.expand_dims((q_start + offs_m).to(gl.int64) * stride_ot, 1)
-            + h * HEAD_DIM
-            + gl.expand_dims(offs_d, 0)
-        )
-        gl.store(ptrs, out.to(gl.bfloat16), mask=gl.expand_dims(offs_m < q_len, 1))
+                out = acc / gl.expand_dims(gl.convert_layout(l_i, ROW_O), 1)
+                offs_m = row0 + gl.arange(0, BLOCK_M, layout=ROW_O)
+                offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))
+                ptrs = (
+                    Out
+                    + gl.expand_dims((q_start + offs_m).to(gl.int64) * stride_ot, 1)
+                    + h * HEAD_DIM
+                    + gl.expand_dims(offs_d, 0)
+                )
+                gl.store(ptrs, out.to(gl.bfloat16), mask=gl.expand_dims(offs_m < q_len, 1))
+                c += n_tiles
+                it += 1
 
     @gluon.jit
-    def _default_consumer(
-        Out, q_smem, k_smem, v_smem, q_bar, ready, empty, q_start, q_len, h, row0, n_tiles,
-        qk_scale, stride_ot, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+    def _first_consumer(
+        Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, total, nblk, pairs,
+        q_heads, qk_scale, stride_ot, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     ):  # fmt: skip
         _consumer(
-            Out, q_smem.index(0), k_smem, v_smem, q_bar, ready, empty, q_start, q_len, h, row0,
-            n_tiles, qk_scale, stride_ot, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+            Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, total, nblk, pairs,
+            q_heads, qk_scale, stride_ot, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
         )  # fmt: skip
 
     @gluon.jit
     def _second_consumer(
-        Out, q_smem, k_smem, v_smem, q_bar, ready, empty, q_start, q_len, h, row0, n_tiles,
-        qk_scale, stride_ot, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+        Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, total, nblk, pairs,
+        q_heads, qk_scale, stride_ot, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     ):  # fmt: skip
         _consumer(
-            Out, q_smem.index(1), k_smem, v_smem, q_bar, ready, empty, q_start, q_len, h,
-            row0 + BLOCK_M, n_tiles, qk_scale, stride_ot, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-            CAUSAL,
+            Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, total, nblk, pairs,
+            q_heads, qk_scale, stride_ot, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
         )  # fmt: skip
 
     @gluon.jit
@@ -267,6 +271,10 @@ if gluon is not None:
         stride_kt,
         stride_vt,
         stride_ot,
+        total,
+        nblk,
+        pairs,
+        q_heads,
         GROUP: gl.constexpr,
         HEAD_DIM: gl.constexpr,
         BLOCK_M: gl.constexpr,
@@ -276,60 +284,63 @@ if gluon is not None:
         Q_LAYOUT: gl.constexpr,
         KV_LAYOUT: gl.constexpr,
     ):
-        # Heaviest query blocks first (under causality the last blocks see the most keys).
-        m_blk = gl.num_programs(0) - 1 - gl.program_id(0)
-        h = gl.program_id(1)
-        b = gl.program_id(2)
-        kvh = h // GROUP
-        q_start = gl.load(CU + b)
-        q_len = gl.load(CU + b + 1) - q_start
-        m0 = m_blk * (2 * BLOCK_M)
-        if m0 < q_len:
-            kv_end = gl.minimum(m0 + 2 * BLOCK_M, q_len) if CAUSAL else q_len
-            n_tiles = gl.cdiv(kv_end, BLOCK_N)
-
-            q_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, HEAD_DIM], Q_LAYOUT)
-            k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, HEAD_DIM], KV_LAYOUT)
-            v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, HEAD_DIM], KV_LAYOUT)
-            q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-            ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            mbarrier.init(q_bar, count=1)
-            for i in gl.static_range(STAGES):
-                mbarrier.init(ready.index(i), count=1)
-                mbarrier.init(empty.index(i), count=2)  # both consumers free a slot
-
-            gl.warp_specialize(
-                [
-                    (
-                        _default_consumer,
-                        (Out, q_smem, k_smem, v_smem, q_bar, ready, empty, q_start, q_len, h, m0,
-                         n_tiles, qk_scale, stride_ot, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL),
-                    ),
-                    (
-                        _second_consumer,
-                        (Out, q_smem, k_smem, v_smem, q_bar, ready, empty, q_start, q_len, h, m0,
-                         n_tiles, qk_scale, stride_ot, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL),
-                    ),
-                    (
-                        _loader,
-                        (Q, K, V, q_smem, k_smem, v_smem, q_bar, ready, empty, q_start, q_len, h,
-                         kvh, m0, n_tiles, stride_qt, stride_kt, stride_vt, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, STAGES),
-                    ),
-                ],
-                [4, 1],
-                [240, 24],
-            )  # fmt: skip
-            mbarrier.invalidate(q_bar)
-            for i in gl.static_range(STAGES):
-                mbarrier.invalidate(ready.index(i))
-                mbarrier.invalidate(empty.index(i))
+        """Tiles ``program_id, program_id + programs, ...`` of ``total``; a grid of ``total``
+        programs runs one tile each, a smaller one runs persistent programs."""
+        q_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, HEAD_DIM], Q_LAYOUT)
+        k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, HEAD_DIM], KV_LAYOUT)
+        v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, HEAD_DIM], KV_LAYOUT)
+        q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_ready, count=1)
+        mbarrier.init(q_empty, count=2)  # both consumers free Q
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)  # both consumers free a slot
+        gl.warp_specialize(
+            [
+                (
+                    _first_consumer,
+                    (Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, total,
+                     nblk, pairs, q_heads, qk_scale, stride_ot, HEAD_DIM, BLOCK_M, BLOCK_N,
+                     STAGES, CAUSAL),
+                ),
+                (
+                    _second_consumer,
+                    (Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, total,
+                     nblk, pairs, q_heads, qk_scale, stride_ot, HEAD_DIM, BLOCK_M, BLOCK_N,
+                     STAGES, CAUSAL),
+                ),
+                (
+                    _loader,
+                    (Q, K, V, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, total,
+                     nblk, pairs, q_heads, stride_qt, stride_kt, stride_vt, GROUP, HEAD_DIM,
+                     BLOCK_M, BLOCK_N, STAGES, CAUSAL),
+                ),
+            ],
+            [4, 1],
+            [240, 24],
+        )  # fmt: skip
+        mbarrier.invalidate(q_ready)
+        mbarrier.invalidate(q_empty)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i))
+            mbarrier.invalidate(empty.index(i))
 
 
 @functools.lru_cache(maxsize=16)
 def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sms(device: torch.device) -> int:
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _rows_ok(t: torch.Tensor) -> bool:
@@ -429,8 +440,10 @@ def prefill_gluon(
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
     q_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, head_dim], gl.bfloat16)
     kv_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_n, head_dim], gl.bfloat16)
-    grid = (triton.cdiv(max_len, 2 * cfg.block_m), q_heads, batch)
-    _prefill_ws_kernel[grid](
+    nblk = triton.cdiv(max_len, 2 * cfg.block_m)
+    total_tiles = nblk * q_heads * batch
+    programs = min(total_tiles, _sms(q.device)) if cfg.persistent else total_tiles
+    _prefill_ws_kernel[(programs,)](
         q,
         k,
         v,
@@ -441,6 +454,10 @@ def prefill_gluon(
         k.stride(0),
         v.stride(0),
         out.stride(0),
+        total_tiles,
+        nblk,
+        q_heads * batch,
+        q_heads,
         GROUP=q_heads // kv_heads,
         HEAD_DIM=head_dim,
         BLOCK_M=cfg.block_m,
