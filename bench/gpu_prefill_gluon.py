@@ -8,7 +8,8 @@ output. A gate passes when the error is at most twice the default kernel's plus 
 
 Timing: do_bench (L2 flushed) at the kernel bench's prefill shapes with S >= 4096 (16k tokens a
 launch): the default prefill path, a few Gluon configs (persistent or one program a tile), SDPA.
-``--smoke`` runs the gates on small shapes only. Writes ``--out`` (JSON) after every step, so a hang or a kill keeps what ran.
+``--smoke`` runs the gates on small shapes only. Writes ``--out`` (JSON) after every step, so a
+hang or a kill keeps what ran.
 """
 
 from __future__ import annotations
