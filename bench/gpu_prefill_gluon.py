@@ -134,6 +134,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("prefill-gluon-h200.json"))
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--budget-s", type=float, default=400)
+    ap.add_argument("--dims", default="128,64", help="head dims to time (comma-separated)")
     ap.add_argument("--no-timing", action="store_true", help="the gates only, at full size")
     args = ap.parse_args()
     t0 = time.time()
@@ -164,12 +165,16 @@ def main() -> int:
         128: [C(64, 128, 3, persistent=True), C(64, 128, 3, persistent=False)],
         64: [C(64, 128, 3, persistent=True), C(64, 128, 4, persistent=True)],
     }
+    dims = {int(x) for x in args.dims.split(",")}
     for d, h in ((128, 16), (64, 32)):
+        if d not in dims:
+            continue
         for causal in (False, True):
             for s in (4096, 8192, 16384):
                 plan.append((h, h, d, causal, s, by_dim[d]))
     for causal in (False, True):
-        plan.append((32, 8, 128, causal, 8192, by_dim[128]))
+        if 128 in dims:
+            plan.append((32, 8, 128, causal, 8192, by_dim[128]))
     for hq, hkv, d, causal, s, cfgs in plan:
         if time.time() - t0 > args.budget_s:
             result["cut_by_budget"] = True

@@ -45,7 +45,6 @@ def compile_case(head_dim: int, causal: bool, cfg: pg.GluonConfig, group: int = 
         "stride_ot": "i32",
         "total": "i32",
         "nblk": "i32",
-        "pairs": "i32",
         "q_heads": "i32",
     }
     const = {
