@@ -38,6 +38,7 @@ def compile_case(head_dim: int, causal: bool, cfg: pg.GluonConfig, group: int = 
         "V": "*bf16",
         "Out": "*bf16",
         "CU": "*i32",
+        "COUNTER": "*i32",
         "qk_scale": "fp32",
         "stride_qt": "i32",
         "stride_kt": "i32",
@@ -60,7 +61,7 @@ def compile_case(head_dim: int, causal: bool, cfg: pg.GluonConfig, group: int = 
     for k in const:
         sig[k] = "constexpr"
     const = {(list(sig).index(k),): v for k, v in const.items()}
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 6, 7, 8, 9)}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 7, 8, 9, 10)}
     src = GluonASTSource(pg._prefill_ws_kernel, sig, const, attrs=attrs)
     return triton.compile(
         src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 168}

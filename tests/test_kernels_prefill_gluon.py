@@ -95,7 +95,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from kdash.kernels import prefill_gluon
 
 cfg = prefill_gluon.GLUON_DEFAULTS[128]
-sig = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "CU": "*i32",
+sig = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "CU": "*i32", "COUNTER": "*i32",
        "qk_scale": "fp32", "stride_qt": "i32", "stride_kt": "i32", "stride_vt": "i32",
        "stride_ot": "i32", "total": "i32", "nblk": "i32", "q_heads": "i32"}
 const = {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
@@ -106,7 +106,8 @@ names = list(sig) + list(const)
 sig.update(dict.fromkeys(const, "constexpr"))
 src = GluonASTSource(prefill_gluon._prefill_ws_kernel, sig,
                      {(names.index(k),): v for k, v in const.items()},
-                     attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 6, 7, 8, 9)})
+                     attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 7, 8, 9,
+                                                                       10)})
 k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 168})
 print(json.dumps({"num_warps": k.metadata.num_warps, "shared": k.metadata.shared,
                   "ptx": k.asm["ptx"]}))
