@@ -129,6 +129,61 @@ if gluon is not None:
         return t
 
     @gluon.jit
+    def _descriptors(t, Q, K, V, CU, total, nblk, q_heads, stride_qt, stride_kt, stride_vt,
+                     GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, Q_LAYOUT: gl.constexpr,
+                     KV_LAYOUT: gl.constexpr):  # fmt: skip
+        """Tile ``t``'s Q, K and V descriptors, bounded by its request: TMA fills rows at or
+        past the request's end with zeros, so a tail tile never reads the next request's
+        rows (or spare rows after the last)."""
+        h, q_start, q_len, _, _ = _tile(t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
+        rows = gl.maximum(q_len, 1)  # past the last tile: a valid, unused descriptor
+        kvh = h // GROUP
+        q_desc = tma.make_tensor_descriptor(
+            Q + q_start.to(gl.int64) * stride_qt + h * HEAD_DIM,
+            [rows, HEAD_DIM], [stride_qt, 1], [BLOCK_M, HEAD_DIM], Q_LAYOUT,
+        )  # fmt: skip
+        k_desc = tma.make_tensor_descriptor(
+            K + q_start.to(gl.int64) * stride_kt + kvh * HEAD_DIM,
+            [rows, HEAD_DIM], [stride_kt, 1], [BLOCK_N, HEAD_DIM], KV_LAYOUT,
+        )  # fmt: skip
+        v_desc = tma.make_tensor_descriptor(
+            V + q_start.to(gl.int64) * stride_vt + kvh * HEAD_DIM,
+            [rows, HEAD_DIM], [stride_vt, 1], [BLOCK_N, HEAD_DIM], KV_LAYOUT,
+        )  # fmt: skip
+        return q_desc, k_desc, v_desc
+
+    @gluon.jit
+    def _load_tile(
+        t, q_desc, k_desc, v_desc, it, c, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready,
+        empty, tile_ids, tile_bar, total, nblk, q_heads, HEAD_DIM: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        CAUSAL: gl.constexpr,
+    ):  # fmt: skip
+        """Hand tile ``t`` (the program's ``it``-th) to the consumers and load its Q and key
+        tiles into the ring from key tile ``c`` on; the ring's position after it."""
+        TILE_IDS: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+        _, _, _, m0, n_tiles = _tile(t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
+        # Both consumers are past the last tile's final Q K^T: its Q is free, they have read
+        # its id, and every copy through its descriptors has landed.
+        mbarrier.wait(q_empty, (it & 1) ^ 1)
+        tile_ids.index(it % 2).store(gl.full([1], t, gl.int32, TILE_IDS))
+        mbarrier.arrive(tile_bar.index(it % 2), count=1)
+        mbarrier.expect(q_ready, 2 * BLOCK_M * HEAD_DIM * 2)
+        _tma_load(q_desc, [m0, 0], q_ready, q_smem.index(0))
+        _tma_load(q_desc, [m0 + BLOCK_M, 0], q_ready, q_smem.index(1))
+        for j in range(n_tiles):
+            slot = (c + j) % STAGES
+            # A fresh barrier counts as having completed the phase before its first, so the
+            # first pass over the ring does not wait.
+            mbarrier.wait(empty.index(slot), (((c + j) // STAGES) & 1) ^ 1)
+            bar = ready.index(slot)
+            mbarrier.expect(bar, 2 * BLOCK_N * HEAD_DIM * 2)
+            _tma_load(k_desc, [j * BLOCK_N, 0], bar, k_smem.index(slot))
+            _tma_load(v_desc, [j * BLOCK_N, 0], bar, v_smem.index(slot))
+        return c + n_tiles
+
+    @gluon.jit
     def _loader(
         Q, K, V, CU, COUNTER, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids,
         tile_bar, total, nblk, q_heads, stride_qt, stride_kt, stride_vt, GROUP: gl.constexpr,
@@ -140,50 +195,43 @@ if gluon is not None:
         TILE_IDS: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
         it = 0  # tiles this program has run (the Q and tile-id barriers' phase)
         c = 0  # key tiles it has loaded (the ring's slot and phase)
+        # Two sets of descriptors, taken in turn: the next tile's are made while the consumers
+        # work on this one (making three took the loader ~2 us a tile, between the consumers'
+        # tiles), and a set is remade only after its tile's copies have all landed.
         t = _claim(gl.program_id(0), COUNTER, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
+        qa, ka, va = _descriptors(
+            t, Q, K, V, CU, total, nblk, q_heads, stride_qt, stride_kt, stride_vt, GROUP,
+            HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, Q_LAYOUT, KV_LAYOUT,
+        )  # fmt: skip
         while t < total:
-            h, q_start, q_len, m0, n_tiles = _tile(
-                t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N
-            )
-            # Both consumers are past the last tile's final Q K^T: its Q is free, they have
-            # read its id, and every copy through the descriptors made for it has landed, so
-            # the descriptors can be remade.
-            mbarrier.wait(q_empty, (it & 1) ^ 1)
-            tile_ids.index(it % 2).store(gl.full([1], t, gl.int32, TILE_IDS))
-            mbarrier.arrive(tile_bar.index(it % 2), count=1)
-            kvh = h // GROUP
-            # Bounded by the request: TMA fills rows at or past q_len with zeros.
-            q_desc = tma.make_tensor_descriptor(
-                Q + q_start.to(gl.int64) * stride_qt + h * HEAD_DIM,
-                [q_len, HEAD_DIM], [stride_qt, 1], [BLOCK_M, HEAD_DIM], Q_LAYOUT,
+            c = _load_tile(
+                t, qa, ka, va, it, c, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready,
+                empty, tile_ids, tile_bar, total, nblk, q_heads, HEAD_DIM, BLOCK_M, BLOCK_N,
+                STAGES, CAUSAL,
             )  # fmt: skip
-            k_desc = tma.make_tensor_descriptor(
-                K + q_start.to(gl.int64) * stride_kt + kvh * HEAD_DIM,
-                [q_len, HEAD_DIM], [stride_kt, 1], [BLOCK_N, HEAD_DIM], KV_LAYOUT,
-            )  # fmt: skip
-            v_desc = tma.make_tensor_descriptor(
-                V + q_start.to(gl.int64) * stride_vt + kvh * HEAD_DIM,
-                [q_len, HEAD_DIM], [stride_vt, 1], [BLOCK_N, HEAD_DIM], KV_LAYOUT,
-            )  # fmt: skip
-            mbarrier.expect(q_ready, 2 * BLOCK_M * HEAD_DIM * 2)
-            _tma_load(q_desc, [m0, 0], q_ready, q_smem.index(0))
-            _tma_load(q_desc, [m0 + BLOCK_M, 0], q_ready, q_smem.index(1))
-            for j in range(n_tiles):
-                slot = (c + j) % STAGES
-                # A fresh barrier counts as having completed the phase before its first, so
-                # the first pass over the ring does not wait.
-                mbarrier.wait(empty.index(slot), (((c + j) // STAGES) & 1) ^ 1)
-                bar = ready.index(slot)
-                mbarrier.expect(bar, 2 * BLOCK_N * HEAD_DIM * 2)
-                _tma_load(k_desc, [j * BLOCK_N, 0], bar, k_smem.index(slot))
-                _tma_load(v_desc, [j * BLOCK_N, 0], bar, v_smem.index(slot))
-            c += n_tiles
             it += 1
-            # Tiles are handed out as programs free up: under causality they differ up to
-            # the sequence's length in work, and a fixed share per program left some SMs
-            # with twice the others' (the H200: 2.6 ms against 2.0 at 16k causal).
+            # Tiles are handed out as programs free up: under causality they differ up to the
+            # sequence's length in work, and a fixed share per program left some SMs with
+            # twice the others' (the H200: 2.6 ms against 2.0 at 16k causal).
             t = _claim(_ticket(COUNTER) + gl.num_programs(0), COUNTER, total, CU, nblk,
                        q_heads, CAUSAL, BLOCK_M, BLOCK_N)  # fmt: skip
+            qb, kb, vb = _descriptors(
+                t, Q, K, V, CU, total, nblk, q_heads, stride_qt, stride_kt, stride_vt, GROUP,
+                HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, Q_LAYOUT, KV_LAYOUT,
+            )  # fmt: skip
+            if t < total:
+                c = _load_tile(
+                    t, qb, kb, vb, it, c, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready,
+                    empty, tile_ids, tile_bar, total, nblk, q_heads, HEAD_DIM, BLOCK_M,
+                    BLOCK_N, STAGES, CAUSAL,
+                )  # fmt: skip
+                it += 1
+                t = _claim(_ticket(COUNTER) + gl.num_programs(0), COUNTER, total, CU, nblk,
+                           q_heads, CAUSAL, BLOCK_M, BLOCK_N)  # fmt: skip
+                qa, ka, va = _descriptors(
+                    t, Q, K, V, CU, total, nblk, q_heads, stride_qt, stride_kt, stride_vt,
+                    GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, Q_LAYOUT, KV_LAYOUT,
+                )  # fmt: skip
         # No tile left: the consumers read an id past the end and stop.
         mbarrier.wait(q_empty, (it & 1) ^ 1)
         tile_ids.index(it % 2).store(gl.full([1], total, gl.int32, TILE_IDS))
