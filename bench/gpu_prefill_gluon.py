@@ -163,7 +163,7 @@ def main() -> int:
     plan = []
     by_dim = {
         128: [C(64, 128, 3, persistent=True), C(64, 128, 3, persistent=False)],
-        64: [C(64, 128, 3, persistent=True), C(64, 128, 4, persistent=True)],
+        64: [C(64, 128, 3), C(64, 128, 5), C(64, 64, 6)],
     }
     dims = {int(x) for x in args.dims.split(",")}
     for d, h in ((128, 16), (64, 32)):
