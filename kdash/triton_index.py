@@ -11,7 +11,9 @@ Why it is built this way:
 - **What counts as a Triton kernel**: a function decorated with `triton.jit`, `triton.jit(...)`
   or any alias bound in that file (`import triton as tr` -> `@tr.jit`; `from triton import jit
   as tjit` -> `@tjit`; `triton.runtime.jit`), alone or under `@triton.autotune(...)` /
-  `@triton.heuristics(...)`.
+  `@triton.heuristics(...)`; and Gluon's (`from triton.experimental import gluon` ->
+  `@gluon.jit`), Triton's explicit-layout dialect. Kernels defined under an `if` (a library
+  that guards them on what its Triton has), `try` or `with` block count too.
 - **Names collide.** The GPU kernel's name is the Python function's name, and SGLang has
   `_fwd_kernel` in both extend_attention.py and prefill_attention.py. `lookup` returns every
   candidate; `resolve` ranks them with what a trace knows about the launch: a module hint (a file
@@ -231,6 +233,7 @@ class _Aliases:
 
     def __init__(self, tree: ast.Module) -> None:
         self.triton = {"triton"}
+        self.gluon: set[str] = set()  # names bound to triton.experimental.gluon
         self.jit: set[str] = set()
         self.wrappers: set[str] = set()  # autotune, heuristics
         self.imported: dict[str, str] = {}  # local name -> "module.name" for `from m import x`
@@ -239,6 +242,8 @@ class _Aliases:
                 for a in node.names:
                     if a.name == "triton":
                         self.triton.add(a.asname or "triton")
+                    elif a.name == "triton.experimental.gluon" and a.asname:
+                        self.gluon.add(a.asname)
             elif isinstance(node, ast.ImportFrom) and node.module:
                 # `from triton import jit`, `from triton.runtime.jit import jit`, and inside
                 # triton itself `from ..runtime.jit import jit`
@@ -248,7 +253,9 @@ class _Aliases:
                 for a in node.names:
                     local = a.asname or a.name
                     if from_triton:
-                        if a.name == "jit":
+                        if a.name == "gluon":
+                            self.gluon.add(local)
+                        elif a.name == "jit":
                             self.jit.add(local)
                         elif a.name in ("autotune", "heuristics"):
                             self.wrappers.add(local)
@@ -267,6 +274,8 @@ class _Aliases:
             root = target
             while isinstance(root, ast.Attribute):
                 root = root.value
+            if isinstance(root, ast.Name) and root.id in self.gluon and target.attr == "jit":
+                return "jit"
             if isinstance(root, ast.Name) and root.id in self.triton:
                 if target.attr == "jit":
                     return "jit"
@@ -409,6 +418,14 @@ def _collect(tree: ast.Module, aliases: _Aliases, module: str, file: str, out: l
                     )
             elif isinstance(node, ast.ClassDef):
                 visit(node.body, f"{prefix}{node.name}.")
+            elif isinstance(node, ast.If | ast.With):
+                visit(node.body, prefix)
+                visit(getattr(node, "orelse", []), prefix)
+            elif isinstance(node, ast.Try):
+                for part in (node.body, node.orelse, node.finalbody):
+                    visit(part, prefix)
+                for handler in node.handlers:
+                    visit(handler.body, prefix)
 
     visit(tree.body, "")
 

@@ -90,6 +90,26 @@ def run(q, k, o):
     ext_kernel[(1, 1, 1)](q, k, o, BLOCK_M=64, BLOCK_N=64, num_warps=2)
 """
 
+GLUON = """
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+try:
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+except ImportError:
+    mbarrier = None
+
+if mbarrier is not None:
+
+    @gluon.jit
+    def _ws_attention(Q, Out, BLOCK: gl.constexpr):
+        pid = gl.program_id(0)
+
+    def attention(q, o):
+        _ws_attention[(132,)](q, o, BLOCK=64, num_warps=4)
+"""
+
 NOT_KERNELS = """
 import functools
 import triton
@@ -117,6 +137,7 @@ def tree(tmp_path: Path) -> Path:
         "prefill_attention.py": PREFILL,
         "launcher.py": LAUNCHER,
         "helpers.py": NOT_KERNELS,
+        "gluon_attention.py": GLUON,
         "broken.py": "import triton\n@triton.jit\ndef oops(:\n",
         "plain.py": "def f():\n    return 1\n",
     }.items():
@@ -133,6 +154,7 @@ def test_scan_finds_kernels_with_lines_and_aliases(tree):
         "_fwd_kernel_stage1",
         "_fwd_kernel_stage2",
         "_inner_kernel",
+        "_ws_attention",
     ]
     s1 = idx.lookup("_fwd_kernel_stage1")[0]
     assert s1.module == "pkg.srt.layers.attention.triton_ops.decode_attention"
@@ -148,7 +170,7 @@ def test_scan_finds_kernels_with_lines_and_aliases(tree):
     inner = idx.lookup("_inner_kernel")[0]
     assert inner.qualname.endswith("prefill_attention.Wrapper._inner_kernel")
     assert any(p.endswith("broken.py") for p in idx.files_failed)
-    assert idx.files_parsed >= 5 and idx.files_scanned == 7
+    assert idx.files_parsed >= 6 and idx.files_scanned == 8
     assert not idx.lookup("not_a_kernel") and not idx.lookup("cached")
 
 
@@ -190,6 +212,21 @@ def test_projects_own_kernels():
     assert len(stage1) == 1 and stage1[0].file.endswith("decode_attention.py")
     lines = Path(stage1[0].file).read_text().splitlines()
     assert lines[stage1[0].line - 1].startswith("def _decode_stage1(")
+    # The Gluon prefill kernel: `@gluon.jit`, defined under `if gluon is not None:`.
+    ws = idx.lookup("_prefill_ws_kernel")
+    assert len(ws) == 1 and ws[0].file.endswith("prefill_gluon.py")
+    lines = Path(ws[0].file).read_text().splitlines()
+    assert lines[ws[0].line - 1].strip().startswith("def _prefill_ws_kernel(")
+
+
+def test_gluon_kernels_under_a_guard(tree):
+    """`@gluon.jit` (Triton's explicit-layout dialect) counts as a kernel, inside an `if` block
+    as libraries guard them on what their Triton has; its launch site is found."""
+    idx = ti.scan(tree)
+    (fn,) = idx.lookup("_ws_attention")
+    assert fn.file.endswith("gluon_attention.py")
+    assert fn.constexprs == ("BLOCK",) and fn.program_axes == (0,)
+    assert [s.num_warps for s in fn.launches] == [4]
 
 
 def test_installed_triton_package():
