@@ -198,8 +198,9 @@ def _extend_kernel(
     )
 
 
-# The default path on Hopper is prefill_hopper's kernel; imported here, below the lines above,
-# which stay as they are since recorded GPU profiles point at this module's kernel by line.
+# The default path on Hopper is prefill_gluon's kernel (sm_90, D=128, no cached prefix), else
+# prefill_hopper's; imported here, below the lines above, which stay as they are since recorded
+# GPU profiles point at this module's kernel by line.
 from .prefill_gluon import (  # noqa: E402
     GluonConfig,
     default_gluon_config,

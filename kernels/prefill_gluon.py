@@ -4,26 +4,37 @@ Nsight Compute put the Triton prefill kernel's tensor pipe at 54% busy against c
 D=128 (bench/NOTES-kernels.md, session 13): cuDNN runs a producer warpgroup and two consumer
 warpgroups (FA3's split), so one consumer's softmax runs while the other's matrix products do,
 and Triton's two warpgroups of one program meet at a barrier every tile. Gluon (Triton's
-explicit-layout dialect) lets the schedule be written out:
+explicit-layout dialect) lets the schedule be written out. A tile is ``2 * BLOCK_M`` query rows
+of one (request, query head):
 
-- **Loader** (one warp): makes the program's Q, K and V tensor descriptors in the kernel, each
+- **Loader** (one warp): for each tile, makes its Q, K and V tensor descriptors in the kernel,
   bounded by the request (rows past its end read as zeros, so a tail tile never sees the next
-  request's rows), copies the two Q tiles once and then K and V tiles into a ring of
-  ``STAGES`` shared-memory slots, each slot's copies completing on its ``ready`` barrier. It
-  waits on a slot's ``empty`` barrier, which both consumers arrive on, before reusing it.
+  request's rows), copies the two Q halves and then K and V tiles into a ring of ``STAGES``
+  shared-memory slots, each slot's copies completing on its ``ready`` barrier. It waits on a
+  slot's ``empty`` barrier (both consumers arrive on it) before reusing it, and on ``q_empty``
+  before the next tile's Q. Two sets of descriptors are used in turn, so the next tile's are
+  made while the consumers work on this one.
 - **Two consumers** (a warpgroup each; the default partition and a worker): consumer ``c``
-  owns query rows ``c * BLOCK_M`` to ``(c + 1) * BLOCK_M`` of the program's ``2 * BLOCK_M``.
-  Per key tile ``j`` it issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` as asynchronous
-  wgmma, waits for ``S_j`` only, runs the online softmax of ``S_j`` while the tensor cores work
-  on ``P_{j-1} V_{j-1}``, then waits for that, frees slot ``j - 1`` and rescales ``O``
-  (FA3's overlap inside a warpgroup; the two warpgroups overlap each other through the warp
+  owns query rows ``c * BLOCK_M`` to ``(c + 1) * BLOCK_M`` of the tile. Per key tile ``j`` it
+  issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` as asynchronous wgmma, waits for
+  ``S_j`` only, runs the online softmax of ``S_j`` while the tensor cores work on
+  ``P_{j-1} V_{j-1}``, then waits for that, frees slot ``j - 1`` and rescales ``O`` (FA3's
+  overlap inside a warpgroup; the two warpgroups overlap each other through the warp
   schedulers).
+- **Persistent, tiles handed out as programs free up**: one program an SM; the loader takes
+  each next tile off a counter (zeroed per launch) and passes its id to the consumers through
+  shared memory, so the next tile's Q and first keys load while the last one's final P V and
+  store run, and causal tiles (whose work differs up to the sequence length) balance. Tiles go
+  (request, head) pair by pair, so the programs running at once share keys and values in L2.
 
 Masks (causal diagonal, the request's last partial tile) are applied only on the tiles that
-need them. The output is stored with a row mask. What it does not do: a cached prefix (the
-page-table gather stays with the Triton kernels), head dims other than 64 and 128, GPUs other
-than sm_90, and the CPU interpreter (Gluon has none): :func:`gluon_path_ok` says when a call
-runs here, and :func:`kdash.kernels.prefill_attention.extend_attention` falls back otherwise.
+need them. The output is stored with a row mask. It is the default prefill at D=128 on sm_90
+(:data:`GLUON_DEFAULTS`); at D=64 the Triton kernel was as fast on the H200 and stays. What it
+does not do: a cached prefix (the page-table gather stays with the Triton kernels), head dims
+other than 64 and 128, GPUs other than sm_90, and the CPU interpreter (Gluon has none):
+:func:`unsupported_reason` says why a call cannot run here, and
+:func:`kdash.kernels.prefill_attention.extend_attention` falls back for the default (an explicit
+:class:`GluonConfig` it cannot run is refused).
 """
 
 from __future__ import annotations
@@ -64,14 +75,15 @@ class GluonConfig:
     block_m: int = 64
     block_n: int = 128
     stages: int = 3
-    # One program an SM looping over the tiles (its next tile's Q and first keys load while
-    # the last one's final P V and store run), or one program a tile.
+    # One program an SM taking tiles as it frees up (the next tile's Q and first keys load
+    # while the last one's final P V and store run), or a grid of one program a tile.
     persistent: bool = True
 
 
 # Where this kernel is the default, per head dim: the H200's pick (bench/NOTES-kernels.md,
-# session 15). At D=64 the Triton kernels were as fast or faster (causal 0.93-0.96 of cuDNN
-# against 0.84-0.95 here), so they stay.
+# session 15). At D=64 it and the Triton kernel were within 2% of each other either way
+# (bench/results/prefill-gluon-h200-d64.json), so the Triton kernel, gated in the CPU
+# interpreter too, stays.
 GLUON_DEFAULTS = {128: GluonConfig(64, 128, 3)}
 DEFAULT_CONFIG = GLUON_DEFAULTS[128]
 

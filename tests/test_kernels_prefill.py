@@ -2,9 +2,10 @@
 
 CPU CI runs the Triton kernels in its interpreter on small shapes; the ``gpu`` tests run the same
 gates on benchmark-sized shapes (``TRITON_INTERPRET=0 pytest -m gpu`` on a CUDA machine). Every
-gate runs the default path (``extend_attention`` without a config: kernels/prefill_hopper.py's
-kernel at the H200's pick per class where it runs), the pointer kernel of
-kernels/prefill_attention.py (the fallback) and each Hopper variant. In the interpreter the
+gate runs the default path (``extend_attention`` without a config: on an sm_90 GPU at D=128
+kernels/prefill_gluon.py's kernel, elsewhere kernels/prefill_hopper.py's at the H200's pick per
+class where it runs), the pointer kernel of kernels/prefill_attention.py (the fallback) and each
+Hopper variant; the GPU gates also run the Gluon kernel explicitly (it has no interpreter). In the interpreter the
 Hopper paths run as on the GPU, host descriptors interpreted as tile loads; every gate records
 which path ran (``path`` in the junit properties) and ``test_variant_paths`` pins them.
 """
