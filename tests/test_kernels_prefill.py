@@ -5,9 +5,9 @@ gates on benchmark-sized shapes (``TRITON_INTERPRET=0 pytest -m gpu`` on a CUDA 
 gate runs the default path (``extend_attention`` without a config: on an sm_90 GPU at D=128
 kernels/prefill_gluon.py's kernel, elsewhere kernels/prefill_hopper.py's at the H200's pick per
 class where it runs), the pointer kernel of kernels/prefill_attention.py (the fallback) and each
-Hopper variant; the GPU gates also run the Gluon kernel explicitly (it has no interpreter). In the interpreter the
-Hopper paths run as on the GPU, host descriptors interpreted as tile loads; every gate records
-which path ran (``path`` in the junit properties) and ``test_variant_paths`` pins them.
+Hopper variant; the GPU gates also run the Gluon kernel explicitly (it has no interpreter). In the
+interpreter the Hopper paths run as on the GPU, host descriptors interpreted as tile loads; every
+gate records which path ran (``path`` in the junit properties) and ``test_variant_paths`` pins them.
 """
 
 from __future__ import annotations
