@@ -135,6 +135,8 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--budget-s", type=float, default=400)
     ap.add_argument("--dims", default="128,64", help="head dims to time (comma-separated)")
+    ap.add_argument("--pingpong", action="store_true", help="gate and time ping-pong too")
+    ap.add_argument("--seqs", default="4096,8192,16384", help="sequence lengths to time")
     ap.add_argument("--no-timing", action="store_true", help="the gates only, at full size")
     args = ap.parse_args()
     t0 = time.time()
@@ -152,6 +154,9 @@ def main() -> int:
         args.out.write_text(json.dumps(result, indent=1))
 
     result["gates"] = gates(args.smoke)
+    if args.pingpong:
+        pp = pg.GluonConfig(pingpong=True)
+        result["gates"] += gates(args.smoke, cfg=pp)
     save()
     if not all(r["passed"] for r in result["gates"]):
         print("gates failed: no timing", flush=True)
@@ -162,7 +167,7 @@ def main() -> int:
     result["timing"] = []
     plan = []
     by_dim = {
-        128: [C(64, 128, 3, persistent=True), C(64, 128, 3, persistent=False)],
+        128: [C(), C(pingpong=True)] if args.pingpong else [C(), C(persistent=False)],
         64: [C(64, 128, 3), C(64, 128, 5), C(64, 64, 6)],
     }
     dims = {int(x) for x in args.dims.split(",")}
@@ -170,7 +175,7 @@ def main() -> int:
         if d not in dims:
             continue
         for causal in (False, True):
-            for s in (4096, 8192, 16384):
+            for s in [int(x) for x in args.seqs.split(",")]:
                 plan.append((h, h, d, causal, s, by_dim[d]))
     for causal in (False, True):
         if 128 in dims:

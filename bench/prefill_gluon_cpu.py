@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
@@ -55,6 +56,7 @@ def compile_case(head_dim: int, causal: bool, cfg: pg.GluonConfig, group: int = 
         "BLOCK_N": cfg.block_n,
         "STAGES": cfg.stages,
         "CAUSAL": causal,
+        "PINGPONG": cfg.pingpong,
         "Q_LAYOUT": q_layout,
         "KV_LAYOUT": kv_layout,
     }
@@ -72,11 +74,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path)
     ap.add_argument("--ptx", type=Path, help="write each case's PTX here")
+    ap.add_argument("--pingpong", action="store_true", help="the consumers take turns")
     args = ap.parse_args()
     rows = []
     for head_dim in (128, 64):
         for causal in (False, True):
-            cfg = pg.DEFAULT_CONFIG
+            cfg = replace(pg.DEFAULT_CONFIG, pingpong=args.pingpong)
             k = compile_case(head_dim, causal, cfg)
             ptx = k.asm["ptx"]
             if args.ptx:

@@ -78,6 +78,8 @@ class GluonConfig:
     # One program an SM taking tiles as it frees up (the next tile's Q and first keys load
     # while the last one's final P V and store run), or a grid of one program a tile.
     persistent: bool = True
+    # The two consumers issue their matrix products in turns (FA3's ping-pong).
+    pingpong: bool = False
 
 
 # Where this kernel is the default, per head dim: the H200's pick (bench/NOTES-kernels.md,
@@ -260,11 +262,25 @@ if gluon is not None:
         return gl.where(keep, s, float("-inf"))
 
     @gluon.jit
+    def _my_turn(turn, g, HALF: gl.constexpr, PINGPONG: gl.constexpr):
+        """Ping-pong (FA3): the consumers issue their wgmma in turns, issue point ``g`` of one
+        after point ``g`` of the first and ``g - 1`` of the second, so one warpgroup's matrix
+        products run while the other's softmax does instead of the two drifting into step."""
+        if PINGPONG:
+            # The first consumer's first wait passes on the fresh barrier's previous phase.
+            mbarrier.wait(turn.index(HALF), (g & 1) ^ (1 - HALF))
+
+    @gluon.jit
+    def _their_turn(turn, HALF: gl.constexpr, PINGPONG: gl.constexpr):
+        if PINGPONG:
+            mbarrier.arrive(turn.index(1 - HALF), count=1)
+
+    @gluon.jit
     def _consumer(
         Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids, tile_bar,
-        total, nblk, q_heads, qk_scale, stride_ot, HALF: gl.constexpr, HEAD_DIM: gl.constexpr,
-        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-        CAUSAL: gl.constexpr,
+        turn, total, nblk, q_heads, qk_scale, stride_ot, HALF: gl.constexpr,
+        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
     ):  # fmt: skip
         S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
@@ -289,13 +305,16 @@ if gluon is not None:
             # (causal) or past the request's end.
             mask_from = gl.minimum(row0, q_len) if CAUSAL else q_len
             mbarrier.wait(q_ready, it & 1)
+            g = c + it  # issue points before this tile: n_tiles + 1 a tile
             slot = c % STAGES
             mbarrier.wait(ready.index(slot), (c // STAGES) & 1)
+            _my_turn(turn, g, HALF, PINGPONG)
             s = warpgroup_mma(
                 q_tile, k_smem.index(slot).permute((1, 0)),
                 gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT),
                 use_acc=False, is_async=True,
             )  # fmt: skip
+            _their_turn(turn, HALF, PINGPONG)
             s = warpgroup_mma_wait(0, deps=(s,))
             if mask_from < BLOCK_N:
                 s = _masked(s, 0, row0, q_len, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT)
@@ -307,12 +326,14 @@ if gluon is not None:
                 slot = (c + j) % STAGES
                 prev = (c + j - 1) % STAGES
                 mbarrier.wait(ready.index(slot), ((c + j) // STAGES) & 1)
+                p16 = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
+                _my_turn(turn, g + j, HALF, PINGPONG)
                 # The last tile's score registers take the new scores (use_acc=False
                 # ignores them): no zero tile kept alive across the loop.
                 s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s,
                                   use_acc=False, is_async=True)  # fmt: skip
-                p16 = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
                 acc = warpgroup_mma(p16, v_smem.index(prev), acc, is_async=True)
+                _their_turn(turn, HALF, PINGPONG)
                 # S_j was issued first, so it completes first: P_{j-1} V_{j-1} stays in
                 # flight while this tile's softmax runs.
                 s = warpgroup_mma_wait(1, deps=(s,))
@@ -331,7 +352,9 @@ if gluon is not None:
             mbarrier.arrive(q_empty, count=1)
             last = (c + n_tiles - 1) % STAGES
             p16 = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
+            _my_turn(turn, g + n_tiles, HALF, PINGPONG)
             acc = warpgroup_mma(p16, v_smem.index(last), acc, is_async=True)
+            _their_turn(turn, HALF, PINGPONG)
             acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
             mbarrier.arrive(empty.index(last), count=1)
 
@@ -353,25 +376,27 @@ if gluon is not None:
     @gluon.jit
     def _first_consumer(
         Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids, tile_bar,
-        total, nblk, q_heads, qk_scale, stride_ot, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+        turn, total, nblk, q_heads, qk_scale, stride_ot, HEAD_DIM: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
     ):  # fmt: skip
         _consumer(
             Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids, tile_bar,
-            total, nblk, q_heads, qk_scale, stride_ot, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-            CAUSAL,
+            turn, total, nblk, q_heads, qk_scale, stride_ot, 0, HEAD_DIM, BLOCK_M, BLOCK_N,
+            STAGES, CAUSAL, PINGPONG,
         )  # fmt: skip
 
     @gluon.jit
     def _second_consumer(
         Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids, tile_bar,
-        total, nblk, q_heads, qk_scale, stride_ot, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+        turn, total, nblk, q_heads, qk_scale, stride_ot, HEAD_DIM: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
     ):  # fmt: skip
         _consumer(
             Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids, tile_bar,
-            total, nblk, q_heads, qk_scale, stride_ot, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-            CAUSAL,
+            turn, total, nblk, q_heads, qk_scale, stride_ot, 1, HEAD_DIM, BLOCK_M, BLOCK_N,
+            STAGES, CAUSAL, PINGPONG,
         )  # fmt: skip
 
     @gluon.jit
@@ -396,6 +421,7 @@ if gluon is not None:
         BLOCK_N: gl.constexpr,
         STAGES: gl.constexpr,
         CAUSAL: gl.constexpr,
+        PINGPONG: gl.constexpr,
         Q_LAYOUT: gl.constexpr,
         KV_LAYOUT: gl.constexpr,
     ):
@@ -414,8 +440,10 @@ if gluon is not None:
             gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, order=[0])
         )
         tile_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(tile_bar.index(i), count=1)
+            mbarrier.init(turn.index(i), count=1)
         mbarrier.init(q_ready, count=1)
         mbarrier.init(q_empty, count=2)  # both consumers free Q
         for i in gl.static_range(STAGES):
@@ -426,14 +454,14 @@ if gluon is not None:
                 (
                     _first_consumer,
                     (Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids,
-                     tile_bar, total, nblk, q_heads, qk_scale, stride_ot, HEAD_DIM, BLOCK_M,
-                     BLOCK_N, STAGES, CAUSAL),
+                     tile_bar, turn, total, nblk, q_heads, qk_scale, stride_ot, HEAD_DIM,
+                     BLOCK_M, BLOCK_N, STAGES, CAUSAL, PINGPONG),
                 ),
                 (
                     _second_consumer,
                     (Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids,
-                     tile_bar, total, nblk, q_heads, qk_scale, stride_ot, HEAD_DIM, BLOCK_M,
-                     BLOCK_N, STAGES, CAUSAL),
+                     tile_bar, turn, total, nblk, q_heads, qk_scale, stride_ot, HEAD_DIM,
+                     BLOCK_M, BLOCK_N, STAGES, CAUSAL, PINGPONG),
                 ),
                 (
                     _loader,
@@ -452,6 +480,7 @@ if gluon is not None:
             mbarrier.invalidate(empty.index(i))
         for i in gl.static_range(2):
             mbarrier.invalidate(tile_bar.index(i))
+            mbarrier.invalidate(turn.index(i))
 
 
 @functools.lru_cache(maxsize=16)
@@ -590,6 +619,7 @@ def prefill_gluon(
         BLOCK_N=cfg.block_n,
         STAGES=cfg.stages,
         CAUSAL=causal,
+        PINGPONG=cfg.pingpong,
         Q_LAYOUT=q_layout,
         KV_LAYOUT=kv_layout,
         num_warps=4,
