@@ -374,32 +374,6 @@ if gluon is not None:
             t = gl.max(tile_ids.index(it % 2).load(TILE_IDS), 0)
 
     @gluon.jit
-    def _first_consumer(
-        Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids, tile_bar,
-        turn, total, nblk, q_heads, qk_scale, stride_ot, HEAD_DIM: gl.constexpr,
-        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-        CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
-    ):  # fmt: skip
-        _consumer(
-            Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids, tile_bar,
-            turn, total, nblk, q_heads, qk_scale, stride_ot, 0, HEAD_DIM, BLOCK_M, BLOCK_N,
-            STAGES, CAUSAL, PINGPONG,
-        )  # fmt: skip
-
-    @gluon.jit
-    def _second_consumer(
-        Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids, tile_bar,
-        turn, total, nblk, q_heads, qk_scale, stride_ot, HEAD_DIM: gl.constexpr,
-        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-        CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
-    ):  # fmt: skip
-        _consumer(
-            Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids, tile_bar,
-            turn, total, nblk, q_heads, qk_scale, stride_ot, 1, HEAD_DIM, BLOCK_M, BLOCK_N,
-            STAGES, CAUSAL, PINGPONG,
-        )  # fmt: skip
-
-    @gluon.jit
     def _prefill_ws_kernel(
         Q,
         K,
@@ -451,16 +425,17 @@ if gluon is not None:
             mbarrier.init(empty.index(i), count=2)  # both consumers free a slot
         gl.warp_specialize(
             [
+                # The default partition takes query rows 0..BLOCK_M of each tile, a worker the rest.
                 (
-                    _first_consumer,
+                    _consumer,
                     (Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids,
-                     tile_bar, turn, total, nblk, q_heads, qk_scale, stride_ot, HEAD_DIM,
+                     tile_bar, turn, total, nblk, q_heads, qk_scale, stride_ot, 0, HEAD_DIM,
                      BLOCK_M, BLOCK_N, STAGES, CAUSAL, PINGPONG),
                 ),
                 (
-                    _second_consumer,
+                    _consumer,
                     (Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids,
-                     tile_bar, turn, total, nblk, q_heads, qk_scale, stride_ot, HEAD_DIM,
+                     tile_bar, turn, total, nblk, q_heads, qk_scale, stride_ot, 1, HEAD_DIM,
                      BLOCK_M, BLOCK_N, STAGES, CAUSAL, PINGPONG),
                 ),
                 (
