@@ -482,6 +482,14 @@ def _sms(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def _out_ok(out: torch.Tensor, q: torch.Tensor) -> bool:
+    """The output is stored by pointer, a row stride apart, each head ``D`` elements on."""
+    if out.shape != q.shape or out.dtype != torch.bfloat16 or out.device != q.device:
+        return False
+    heads, d = out.shape[1], out.shape[2]
+    return out.stride(2) == 1 and (heads == 1 or out.stride(1) == d)
+
+
 def _rows_ok(t: torch.Tensor) -> bool:
     """``t [T, H, D]`` as the kernel's descriptors read it: heads side by side, 16-byte aligned
     base and row stride."""
@@ -516,8 +524,8 @@ def unsupported_reason(
         return f"compute capability {_capability(index)} (wgmma and setmaxnreg are sm_90's)"
     if not all(_rows_ok(t) for t in (q, k, v)):
         return "a q/k/v layout the descriptors cannot take"
-    if out is not None and (out.shape != q.shape or out.stride() != q.stride()):
-        return "an output laid out unlike q"
+    if out is not None and not _out_ok(out, q):
+        return "an output whose heads are not side by side (or not shaped like q)"
     return None
 
 
@@ -541,7 +549,8 @@ def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
 
 
 def _ensure_allocator() -> None:
-    """Give Triton an allocator for in-kernel descriptors unless the caller set one."""
+    """Give Triton an allocator for in-kernel descriptors unless the caller set one (Triton
+    keeps it per context, so this runs on every call; a caller's own allocator is kept)."""
     from triton.runtime import _allocation
 
     if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):

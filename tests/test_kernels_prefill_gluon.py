@@ -61,6 +61,13 @@ def test_gluon_refuses_what_it_cannot_run(monkeypatch) -> None:
     if prefill_gluon.gluon is not None:
         assert "cached prefix" in unsupported_reason(t, t, t, has_prefix=True)
         assert "CUDA" in unsupported_reason(t, t, t)
+    # The output is stored by pointer: any row stride, heads side by side.
+    wide = torch.zeros(64, 6, 128, dtype=torch.bfloat16)[:, :4]
+    assert prefill_gluon._out_ok(wide, t)
+    assert not prefill_gluon._out_ok(
+        torch.zeros(64, 128, 4, dtype=torch.bfloat16).transpose(1, 2), t
+    )
+    assert not prefill_gluon._out_ok(torch.zeros(64, 4, 128), t)
     with pytest.raises(ValueError, match="Gluon prefill kernel cannot run"):
         extend_attention(t, t, t, None, None, None, None, cu, 64, config=GluonConfig())
     monkeypatch.setattr(prefill_gluon, "gluon", None)
