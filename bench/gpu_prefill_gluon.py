@@ -56,7 +56,7 @@ def gate(name, lens, hq, hkv, d, causal, spare_nan=0, cfg=None) -> dict[str, Any
         for t in (q, k, v):
             t[total:] = float("nan")
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=dev, dtype=torch.int32)
-    assert pg.gluon_path_ok(q, k, v, False), "the Gluon path refuses this layout"
+    assert pg.unsupported_reason(q, k, v) is None, pg.unsupported_reason(q, k, v)
     out = pg.prefill_gluon(q, k, v, cu, max(lens), causal=causal, config=cfg)
     base = extend_attention(q, k, v, None, None, None, None, cu, max(lens), causal=causal)
     torch.cuda.synchronize()

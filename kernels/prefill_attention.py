@@ -201,12 +201,8 @@ def _extend_kernel(
 # The default path on Hopper is prefill_gluon's kernel (sm_90, D=128, no cached prefix), else
 # prefill_hopper's; imported here, below the lines above, which stay as they are since recorded
 # GPU profiles point at this module's kernel by line.
-from .prefill_gluon import (  # noqa: E402
-    GluonConfig,
-    default_gluon_config,
-    prefill_gluon,
-    unsupported_reason,
-)
+from .prefill_gluon import GluonConfig, default_gluon_config, unsupported_reason  # noqa: E402
+from .prefill_gluon import launch as launch_gluon  # noqa: E402
 from .prefill_hopper import HopperConfig, default_hopper_config, extend_attention_hopper  # noqa: E402
 
 
@@ -270,11 +266,10 @@ def extend_attention(
         why = unsupported_reason(q, k_new, v_new, out, has_prefix=k_cache is not None)
         if why is not None and config is not None:
             raise ValueError(f"the Gluon prefill kernel cannot run this call: {why}")
-        if why is None:
-            return prefill_gluon(
-                q, k_new, v_new, cu_seqlens, max_new_len, causal=causal, sm_scale=sm_scale,
-                config=cfg, out=out,
-            )  # fmt: skip
+        if why is None:  # checked here, so the launch alone
+            return launch_gluon(
+                q, k_new, v_new, cu_seqlens, max_new_len, causal, sm_scale, cfg, out
+            )
         cfg = default_hopper_config(head_dim, causal, dev) or default_config(head_dim, causal, dev)
     if isinstance(cfg, HopperConfig):
         cache = (k_cache, v_cache, page_table, prefix_lens)

@@ -39,12 +39,14 @@ other than 64 and 128, GPUs other than sm_90, and the CPU interpreter (Gluon has
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
 import torch
 import triton
+
+from ._common import sm_count
+from .prefill_hopper import _capability, _descriptor_ok
 
 try:
     from triton.experimental import gluon
@@ -59,6 +61,7 @@ try:
     # Triton 3.6 (the H200's) names the TMA tile load async_copy_global_to_shared; later ones
     # async_load, and refuse the old name.
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    from triton.runtime import _allocation
 except ImportError:  # a Triton without Gluon's Hopper ops: the Triton kernels run
     gluon = None
 
@@ -468,35 +471,12 @@ if gluon is not None:
             mbarrier.invalidate(turn.index(i))
 
 
-@functools.lru_cache(maxsize=16)
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
-@functools.lru_cache(maxsize=16)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _sms(device: torch.device) -> int:
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def _out_ok(out: torch.Tensor, q: torch.Tensor) -> bool:
     """The output is stored by pointer, a row stride apart, each head ``D`` elements on."""
     if out.shape != q.shape or out.dtype != torch.bfloat16 or out.device != q.device:
         return False
     heads, d = out.shape[1], out.shape[2]
     return out.stride(2) == 1 and (heads == 1 or out.stride(1) == d)
-
-
-def _rows_ok(t: torch.Tensor) -> bool:
-    """``t [T, H, D]`` as the kernel's descriptors read it: heads side by side, 16-byte aligned
-    base and row stride."""
-    _, heads, d = t.shape
-    size = t.element_size()
-    aligned = t.data_ptr() % 16 == 0 and (t.stride(0) * size) % 16 == 0
-    return t.stride(2) == 1 and aligned and (heads == 1 or t.stride(1) == d)
 
 
 def unsupported_reason(
@@ -522,16 +502,11 @@ def unsupported_reason(
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if _capability(index) != (9, 0):
         return f"compute capability {_capability(index)} (wgmma and setmaxnreg are sm_90's)"
-    if not all(_rows_ok(t) for t in (q, k, v)):
+    if not all(_descriptor_ok(t) for t in (q, k, v)):
         return "a q/k/v layout the descriptors cannot take"
     if out is not None and not _out_ok(out, q):
         return "an output whose heads are not side by side (or not shaped like q)"
     return None
-
-
-def gluon_path_ok(q, k, v, has_prefix: bool, out: torch.Tensor | None = None) -> bool:
-    """Whether :func:`prefill_gluon` runs this call (see :func:`unsupported_reason`)."""
-    return unsupported_reason(q, k, v, out, has_prefix) is None
 
 
 def default_gluon_config(head_dim: int, device: torch.device) -> GluonConfig | None:
@@ -551,8 +526,6 @@ def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
 def _ensure_allocator() -> None:
     """Give Triton an allocator for in-kernel descriptors unless the caller set one (Triton
     keeps it per context, so this runs on every call; a caller's own allocator is kept)."""
-    from triton.runtime import _allocation
-
     if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
         triton.set_allocator(_scratch)
 
@@ -574,10 +547,26 @@ def prefill_gluon(
     why = unsupported_reason(q, k, v, out)
     if why is not None:
         raise ValueError(f"the Gluon prefill kernel cannot run this call: {why}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"query heads {q.shape[1]} not a multiple of KV heads {k.shape[1]}")
+    return launch(q, k, v, cu_seqlens, max_len, causal, sm_scale, config, out)
+
+
+def launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_len: int,
+    causal: bool,
+    sm_scale: float | None,
+    config: GluonConfig | None,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """:func:`prefill_gluon` for a caller that has already checked the call (heads, dtypes and
+    :func:`unsupported_reason`): the launch alone, no second pass over the checks."""
     total, q_heads, head_dim = q.shape
     kv_heads = k.shape[1]
-    if q_heads % kv_heads:
-        raise ValueError(f"query heads {q_heads} not a multiple of KV heads {kv_heads}")
     cfg = config or GLUON_DEFAULTS.get(head_dim, DEFAULT_CONFIG)
     if out is None:
         out = torch.empty_like(q)
@@ -590,7 +579,8 @@ def prefill_gluon(
     kv_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_n, head_dim], gl.bfloat16)
     nblk = triton.cdiv(max_len, 2 * cfg.block_m)
     total_tiles = nblk * q_heads * batch
-    programs = min(total_tiles, _sms(q.device)) if cfg.persistent else total_tiles
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    programs = min(total_tiles, sm_count(index)) if cfg.persistent else total_tiles
     _prefill_ws_kernel[(programs,)](
         q,
         k,
