@@ -67,3 +67,18 @@ def to_bf16(x, EMULATE: tl.constexpr):
         return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
     else:
         return x.to(tl.bfloat16)
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Global scratch for the TMA descriptors the Gluon kernels make (128 bytes a descriptor)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def ensure_allocator() -> None:
+    """Give Triton an allocator for in-kernel descriptors unless the caller set one (Triton
+    keeps it per context, so this runs on every launch that may need it; a caller's own
+    allocator is kept)."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)

@@ -56,6 +56,7 @@ from .bench_timing import (
     log,
 )
 from .decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
+from .decode_gluon import TmaConfig
 from .decode_plan import DecodePlan, decode_attention
 from .kv_cache import fp8_scales, quantize_fp8
 from .prefill_attention import PrefillConfig, chosen_config, extend_attention
@@ -430,6 +431,7 @@ def time_path(case: DecodeCase, cfg: DecodeConfig, fused: bool | None, copy_gbs:
     fig = {
         "splits": splits,
         "stage1": occupancy_or_error(case.last_plan),
+        "stage1_kernel": case.last_plan._kern1.__name__,
         "host_us_nosync": bench_host_nosync_us(fn),
         "us": ms * 1e3,
         "us_graph": ms_g * 1e3,
@@ -665,6 +667,12 @@ def main(argv: list[str] | None = None) -> int:
         help="decode: the decode table only (no prefill sweep or table; prefill keys are n/a); "
         "prefill: the prefill table only (decode keys are n/a)",
     )
+    ap.add_argument(
+        "--decode-tma",
+        action="store_true",
+        help="bf16 decode's stage 1 is the TMA kernel (decode_gluon.TmaConfig on the decode "
+        "config the run uses; a plan that cannot take it says why and keeps the Triton kernel)",
+    )
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("kdash.kernels.bench needs a CUDA GPU", file=sys.stderr)
@@ -698,6 +706,8 @@ def main(argv: list[str] | None = None) -> int:
         sd = sweep_decode(copy)
         best_dec = {k: DecodeConfig(**v["best"]) for k, v in sd.items()}
         result["sweep"]["decode"] = sd
+    if args.decode_tma:
+        best_dec["bf16"] = TmaConfig(**asdict(best_dec["bf16"]))
     if args.sweep in ("all", "prefill") and args.only != "decode":
         log("sweep: prefill configs")
         sp, best_pre = sweep_prefill()

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from . import residency
+from . import decode_gluon, residency
 from ._common import cdiv, interpreting, next_pow2, sm_count
 from .decode_attention import (
     DEFAULT_CONFIG,
@@ -277,7 +277,10 @@ class DecodePlan:
         )
         self._merge = merge_tokens(group, 1 if self.is_fp8 else 2)
         self._sms = sms
-        self.fused = self._launch_path(fused, total_tokens, num_splits)
+        self.tma, self.tma_refused = decode_gluon.plan_choice(
+            config, kv_dtype, head_dim, page_size, group, None if self.upcast else cap, fused
+        )
+        self.fused = False if self.tma else self._launch_path(fused, total_tokens, num_splits)
         self._kern1 = self._choose_kernel(meta)
         programs = max(1, batch * num_kv_heads)
         meta.update(
@@ -298,10 +301,7 @@ class DecodePlan:
             num_warps=config.num_warps,
             num_stages=config.num_stages,
         )
-        # decode_fp8.Fp8Config's register cap: a compile option, so not for the interpreter.
-        maxnreg = getattr(config, "maxnreg", None)
-        if maxnreg and not self.upcast:
-            meta["maxnreg"] = int(maxnreg)
+        self._finish_meta(meta)
         if self.fused:
             meta["CHUNK"] = merge_chunk(head_dim)
         self._meta1 = meta
@@ -337,6 +337,8 @@ class DecodePlan:
             self._ksp, self._vsp = self._ks.data_ptr(), self._vs.data_ptr()
         # The fused grid's last GROUP slices of the split axis are its merge programs.
         self._grid1 = (batch, num_kv_heads, splits + (group if self.fused else 0))
+        # The TMA kernel's descriptors live in global scratch: one buffer for every run.
+        self._scratch = decode_gluon.scratch(self._grid1, dev) if self.tma else None
         self._q_stride: tuple | None = None
         self._q_shape: tuple | None = None
         self._cache_layout: tuple | None = None
@@ -380,10 +382,24 @@ class DecodePlan:
         programs = self.batch * self.kv_heads * self._splits(*est)[0]
         return fused_pays(self.batch, self.q_heads, programs, per_sm * sms, sms)
 
+    def _finish_meta(self, meta: dict) -> None:
+        """The launch options that depend on the kernel chosen: the TMA kernel runs one warp
+        and its ring's depth is the config's (no software pipeline, no prefetch switch);
+        decode_fp8.Fp8Config's register cap is a compile option, so not for the interpreter."""
+        if self.tma:
+            del meta["PREFETCH"], meta["num_stages"]
+            meta["num_warps"] = 1
+        maxnreg = getattr(self.config, "maxnreg", None)
+        if maxnreg and not self.upcast:
+            meta["maxnreg"] = int(maxnreg)
+
     def _choose_kernel(self, meta: dict):
         """The stage-1 kernel (or the fused one) for this plan, its KV-dtype constexprs added to
         ``meta``."""
         config = self.config
+        if self.tma:
+            meta.update(STAGES=config.stages, KV_LAYOUT=decode_gluon.kv_layout())
+            return decode_gluon._decode_stage1_gluon
         cvt = self.pairs and config.fp8_compute in CVT_MODES
         asm = self.pairs and config.fp8_compute in ("pairs_asm", *CVT_MODES) and not self.upcast
         fp16 = config.fp8_compute != "bf16"
@@ -530,7 +546,7 @@ class DecodePlan:
             with torch.cuda.device(self.device):
                 compiled = self._kern1.warmup(*args, grid=grid, **self._meta1)
                 found = residency.of_compiled(
-                    compiled, self.config.num_warps, self.device.index or 0
+                    compiled, self._meta1["num_warps"], self.device.index or 0
                 )
         except Exception as e:  # noqa: BLE001 - any failure leaves the config's figure, said why
             self.residency_source = f"config ({type(e).__name__}: {str(e)[:160]})"
@@ -582,7 +598,9 @@ class DecodePlan:
             self._rest1 = (*bufs, *scalars)
         # The same arguments with the buffers as pointers, for the launchers of _arm_fire.
         self._rest1_ptrs = (*(t.data_ptr() for t in bufs), *self._rest1[len(bufs) :])
-        self._s1 = BoundKernel(self._kern1, self._grid1, self._meta1)
+        self._s1 = BoundKernel(
+            self._kern1, self._grid1, self._meta1, self._scratch, decode_gluon.SCRATCH_PER_PROGRAM
+        )
         self._fire = None
         self._q_stride, self._q_shape = q.stride(), q.shape
         self._cache_layout = (k_cache.stride(), v_cache.stride())

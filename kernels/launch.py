@@ -71,10 +71,20 @@ class BoundKernel:
     runtime parameter must come before every constexpr one (true of the kernels here; checked).
     """
 
-    __slots__ = ("fn", "grid", "meta", "_compiled", "_tail", "_stream", "_device", "_g", "_direct")
+    __slots__ = (
+        "fn", "grid", "meta", "_compiled", "_tail", "_stream", "_device", "_g", "_direct",
+        "scratch", "scratch_per_program",
+    )  # fmt: skip
 
-    def __init__(self, fn, grid: tuple[int, ...], meta: dict[str, Any]) -> None:
+    def __init__(
+        self, fn, grid: tuple[int, ...], meta: dict[str, Any], scratch=None, per_program: int = 0
+    ) -> None:
+        """``scratch``: a device buffer of ``per_program`` bytes for each program of the grid,
+        for a kernel that needs global scratch memory (in-kernel TMA descriptors): the direct
+        launches pass it instead of Triton allocating one per launch. A kernel needing more
+        than ``per_program`` keeps Triton's path."""
         self.fn, self.grid, self.meta = fn, tuple(grid), dict(meta)
+        self.scratch, self.scratch_per_program = scratch, per_program
         g = (*self.grid, 1, 1)
         self._g = (int(g[0]), int(g[1]), int(g[2]))
         self._compiled = None
@@ -147,7 +157,13 @@ class BoundKernel:
             return
         self._tail = tail
         self._compiled = compiled
-        self._direct = _direct_entry(compiled, self._g, tail)
+        self._direct = _direct_entry(compiled, self._g, tail, self._scratch_ptr())
+
+    def _scratch_ptr(self) -> tuple[int, int] | None:
+        """``(pointer, bytes a program)`` of the caller's scratch buffer, if any."""
+        if self.scratch is None:
+            return None
+        return self.scratch.data_ptr(), self.scratch_per_program
 
     @property
     def fast(self) -> bool:
@@ -165,7 +181,7 @@ class BoundKernel:
         """
         if self._compiled is None or self._direct is None:
             return None
-        return _direct_entry(self._compiled, self._g, (*fixed, *self._tail))
+        return _direct_entry(self._compiled, self._g, (*fixed, *self._tail), self._scratch_ptr())
 
     def stream(self) -> int:
         """The current stream of the device this kernel was armed on (call after arming)."""
@@ -185,17 +201,27 @@ hooks_installed = _hooks_installed
 _DIRECT_VERSIONS = ("3.6.", "3.9.")
 
 
-def _direct_entry(compiled, grid: tuple[int, int, int], tail: tuple) -> Callable[..., None] | None:
+def _direct_entry(
+    compiled, grid: tuple[int, int, int], tail: tuple, scratch: tuple[int, int] | None = None
+) -> Callable[..., None] | None:
     """``fire(stream, *head)``: the launcher object's C ``launch`` called with what the object
-    itself would add (no scratch buffers: none needed, checked here; no launch metadata; no
-    hooks), for the runtime arguments ``head + tail``; None when the layout is not known."""
+    itself would add (global scratch: ``scratch``'s buffer, ``(pointer, bytes a program)``,
+    when the kernel needs some and it is large enough, else None is returned; no profile
+    scratch, launch metadata or hooks), for the runtime arguments ``head + tail``; None when the
+    layout is not known."""
     if not triton.__version__.startswith(_DIRECT_VERSIONS):
         return None
     try:
         launcher = compiled.run
         launch = launcher.launch
-        if launcher.global_scratch_size or launcher.profile_scratch_size:
+        if launcher.profile_scratch_size:
             return None
+        need = launcher.global_scratch_size * getattr(launcher, "num_ctas", 1)
+        gs = None
+        if need:
+            if scratch is None or scratch[1] < need:
+                return None
+            gs = scratch[0]
         if getattr(launcher, "gsan_enabled", False):
             return None
         function = compiled.function
@@ -210,7 +236,7 @@ def _direct_entry(compiled, grid: tuple[int, int, int], tail: tuple) -> Callable
 
         def fire(stream, *head) -> None:
             launch(
-                g0, g1, g2, stream, function, coop, pdl, packed, None, None, None, None, None,
+                g0, g1, g2, stream, function, coop, pdl, packed, None, None, None, gs, None,
                 annotations, signature, (*head, *tail),
             )  # fmt: skip
 
@@ -218,7 +244,7 @@ def _direct_entry(compiled, grid: tuple[int, int, int], tail: tuple) -> Callable
 
     def fire_flat(stream, *head) -> None:
         launch(
-            g0, g1, g2, stream, function, coop, pdl, None, None, packed, None, None, None,
+            g0, g1, g2, stream, function, coop, pdl, gs, None, packed, None, None, None,
             *head, *tail,
         )  # fmt: skip
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from ._common import sm_count
+from ._common import ensure_allocator, sm_count
 from .prefill_hopper import _capability, _descriptor_ok
 
 try:
@@ -61,7 +61,6 @@ try:
     # Triton 3.6 (the H200's) names the TMA tile load async_copy_global_to_shared; later ones
     # async_load, and refuse the old name.
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    from triton.runtime import _allocation
 except ImportError:  # a Triton without Gluon's Hopper ops: the Triton kernels run
     gluon = None
 
@@ -518,18 +517,6 @@ def default_gluon_config(head_dim: int, device: torch.device) -> GluonConfig | N
     return GLUON_DEFAULTS[head_dim] if _capability(index) == (9, 0) else None
 
 
-def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
-    """Global scratch for the descriptors the kernel makes (128 bytes a descriptor)."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def _ensure_allocator() -> None:
-    """Give Triton an allocator for in-kernel descriptors unless the caller set one (Triton
-    keeps it per context, so this runs on every call; a caller's own allocator is kept)."""
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_scratch)
-
-
 def prefill_gluon(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -573,7 +560,7 @@ def launch(
     batch = cu_seqlens.numel() - 1
     if batch == 0 or total == 0 or max_len == 0:
         return out
-    _ensure_allocator()
+    ensure_allocator()
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
     q_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, head_dim], gl.bfloat16)
     kv_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_n, head_dim], gl.bfloat16)

@@ -1,0 +1,198 @@
+"""The Gluon TMA stage 1 (kernels/decode_gluon.py) against the plan's own kernels. (GPU machine)
+
+For each case a two-launch DecodePlan is made and run once (its output is the reference); then
+the Gluon stage 1 is launched on the plan's arguments (its split count, partial buffers and
+device-side split search), followed by the plan's own merge kernel, and the output compared.
+Gates: odd lengths with every unused slot of the cache NaN-filled, GQA 4 and 8, a batch with
+empty splits. Then timings (CUDA-graph replay and do_bench medians, us): the Gluon stage 1 +
+merge, the plan's two launches, the plan's default path, and each stage 1 alone.
+Writes $OUT/decode-gluon-h200.json.
+Run: python bench/gpu_decode_gluon.py [--tile T --stages S] [--no-timing]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from kdash.kernels import bench
+from kdash.kernels import decode_gluon as dg
+from kdash.kernels.bench_timing import bench_graph_ms, bench_ms
+from kdash.kernels.decode_attention import DecodeConfig
+from kdash.kernels.decode_plan import DecodePlan
+
+STRIP = {"EVICT", "UPCAST", "IS_FP8", "FP8_FP16", "PREFETCH", "num_stages", "num_warps", "maxnreg"}
+
+
+def _alloc(size: int, alignment: int, stream):
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
+def nan_fill_unused(case: bench.DecodeCase) -> None:
+    """Every slot of a request's last page past its length, and every page no request owns,
+    set to NaN (as the GPU gates of tests/test_kernels_decode.py do)."""
+    page = case.k.shape[1]
+    used = torch.zeros(case.k.shape[0], page, dtype=torch.bool, device=case.k.device)
+    for b, n in enumerate(case.lens):
+        pages = case.page_table[b, : -(-n // page)].long()
+        used[pages] = True
+        last = pages[-1]
+        used[last, n - (len(pages) - 1) * page :] = False
+    for t in (case.k, case.v):
+        t[~used] = float("nan")
+
+
+def splits_plan(case: bench.DecodeCase, splits: int) -> DecodePlan:
+    """A two-launch plan of ``splits`` splits (the Gluon kernel fits more programs an SM than
+    Triton's, so its own split count is timed too)."""
+    return DecodePlan(case.page_table, case.seq_lens, case.hq, case.hkv, case.d, case.k.shape[1],
+                      max_seq_len=max(case.lens), total_tokens=sum(case.lens),
+                      kv_dtype=case.k.dtype, config=DecodeConfig(), out=case.out,
+                      num_splits=splits, fused=False)  # fmt: skip
+
+
+def gluon_fn(case: bench.DecodeCase, plan, tile: int, stages: int, host_cut: bool = False):
+    """Stage 1 in Gluon on the plan's arguments, then the plan's merge kernel; and stage 1
+    alone. ``host_cut``: the plan's host-side split length instead of the device's search
+    (whose wave model assumes the Triton kernel's residency)."""
+    plan.run(case.q, case.k, case.v)  # binds the plan's arguments
+    meta = {k: v for k, v in plan._meta1.items() if k not in STRIP}
+    meta.update(STAGES=stages, KV_LAYOUT=dg.kv_layout(), num_warps=1)
+    if host_cut:
+        meta["DEVICE_PLAN"] = False
+    args = (case.q, case.k, case.v, case.page_table, case.seq_lens, plan._ks, plan._vs)
+    args = (*args, *plan._rest1)
+    grid = plan._grid1
+
+    def stage1():
+        dg._decode_stage1_gluon[grid](*args, **meta)
+
+    def both():
+        stage1()
+        plan._s2(*plan._args2)
+
+    return both, stage1
+
+
+def time_us(fn) -> dict:
+    fn()
+    torch.cuda.synchronize()
+    return {"us": bench_ms(fn) * 1e3, "us_graph": bench_graph_ms(fn) * 1e3}
+
+
+def gate(lens, hq, hkv, tile, stages, nan: bool, factor: int = 1) -> dict:
+    case = bench.DecodeCase(lens, hq, hkv, 128, False)
+    if nan:
+        nan_fill_unused(case)
+    plan = case.plan(DecodeConfig(), fused=False)
+    ref = plan.run(case.q, case.k, case.v).clone()
+    if factor != 1:
+        plan = splits_plan(case, plan.num_splits * factor)
+    both, _ = gluon_fn(case, plan, tile, stages, host_cut=factor != 1)
+    plan.out.fill_(float("nan"))
+    both()
+    torch.cuda.synchronize()
+    out = plan.out.float()
+    diff = (out - ref.float()).abs()
+    finite = bool(torch.isfinite(out).all())
+    worst = float(diff.max()) if finite else float("inf")
+    return {"lens": lens if len(lens) <= 8 else f"{len(lens)} requests", "heads": f"{hq}/{hkv}",
+            "nan_filled": nan, "splits": plan.num_splits, "host_cut": factor != 1, "finite": finite,
+            "max_abs_diff": worst, "pass": finite and worst <= 2e-2}  # fmt: skip
+
+
+def timing(lens, hq, hkv, tile, stages, factors) -> dict:
+    case = bench.DecodeCase(lens, hq, hkv, 128, False)
+    nbytes = case.bytes_needed()
+    two = case.plan(DecodeConfig(), fused=False)
+    q, k, v = case.q, case.k, case.v
+    s1_args = (q, k, v, case.page_table, case.seq_lens, two._ks, two._vs, *two._rest1)
+    row = {"lens": f"{len(lens)} x {lens[0]}", "heads": f"{hq}/{hkv}", "splits": two.num_splits,
+           "bytes": nbytes}  # fmt: skip
+    for f in factors:
+        plan = two if f == 1 else splits_plan(case, int(two.num_splits * f))
+        both, stage1 = gluon_fn(case, plan, tile, stages, host_cut=f != 1)
+        row[f"gluon_x{f}"] = {"splits": plan.num_splits, "two_launch": time_us(both),
+                              "stage1": time_us(stage1)}  # fmt: skip
+    row["plan_two_launch"] = time_us(lambda: two.run(q, k, v))
+    row["triton_stage1"] = time_us(lambda: two._s1(*s1_args))
+    default = case.plan(DecodeConfig())
+    row["plan_default"] = time_us(lambda: default.run(q, k, v))
+    row["plan_default_fused"] = default.fused
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tile", type=int, default=dg.TILE)
+    ap.add_argument("--stages", type=int, default=dg.STAGES)
+    ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument(
+        "--variants", default="", help="extra tile:stages pairs to time, e.g. 16:4,32:3"
+    )
+    ap.add_argument("--factors", default="1,2", help="split counts timed, x the plan's")
+    args = ap.parse_args()
+    triton.set_allocator(_alloc)
+    res: dict = {"command": "python bench/gpu_decode_gluon.py " + " ".join(sys.argv[1:]),
+                 "gpu": torch.cuda.get_device_name(0), "triton": triton.__version__,
+                 "tile": args.tile, "stages": args.stages, "gates": [], "timing": []}  # fmt: skip
+    dest = Path(os.environ.get("OUT") or ".") / "decode-gluon-h200.json"
+
+    def save() -> None:
+        dest.write_text(json.dumps(res, indent=1))
+
+    gates = [
+        ([1, 15, 16, 17, 1000, 4097], 32, 8, True),
+        ([65531], 32, 8, True),
+        ([3, 70000, 129], 64, 8, True),
+        ([33] * 40, 32, 8, True),
+        ([8191, 1, 40000], 16, 16, True),
+        ([16384] * 8, 32, 8, False),
+        ([1, 15, 16, 17, 1000, 4097], 32, 8, True, 2),
+        ([65531], 64, 8, True, 2),
+    ]
+    for lens, hq, hkv, nan, *factor in gates:
+        try:
+            row = gate(lens, hq, hkv, args.tile, args.stages, nan, *factor)
+        except Exception as exc:  # noqa: BLE001 - one failing gate must not hide the others
+            row = {"lens": str(lens)[:60], "error": f"{type(exc).__name__}: {exc}"[:500]}
+        print(json.dumps(row), flush=True)
+        res["gates"].append(row)
+        save()
+    res["gates_pass"] = all(r.get("pass") for r in res["gates"])
+    if args.no_timing or not res["gates_pass"]:
+        save()
+        return 0 if res["gates_pass"] else 1
+    shapes = [([65536], 32, 8), ([65536], 64, 8), ([16384] * 8, 32, 8), ([131072], 32, 8),
+              ([4096] * 32, 32, 8)]  # fmt: skip
+    variants = [(args.tile, args.stages)]
+    for v in filter(None, args.variants.split(",")):
+        t, s = v.split(":")
+        variants.append((int(t), int(s)))
+    factors = [float(f) for f in args.factors.split(",")]
+    for tile, stages in variants:
+        for lens, hq, hkv in shapes:
+            if (tile, stages) != variants[0] and lens != [65536]:
+                continue
+            try:
+                row = {"tile": tile, "stages": stages,
+                       **timing(lens, hq, hkv, tile, stages, factors)}  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - recorded; the other shapes still run
+                err = f"{type(exc).__name__}: {exc}"[:500]
+                row = {"tile": tile, "stages": stages, "lens": len(lens), "error": err}
+            print(json.dumps(row), flush=True)
+            res["timing"].append(row)
+            save()
+            torch.cuda.empty_cache()
+    save()
+    print("wrote", dest, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""The TMA decode stage 1 (kernels/decode_gluon.py): what it refuses, how a plan takes it, that
+it compiles for sm_90 into the schedule it is written as, and that the launcher hands it the
+plan's scratch buffer.
+
+Gluon has no interpreter and this machine no GPU: the plan's choice is checked with the
+kernel's refusal stood in for (``unsupported_reason`` patched to accept), the compile test runs
+Triton's real compiler for an sm_90 target on the CPU, the launcher test gives the bound kernel
+a stand-in compiled kernel whose launcher records its call (as tests/test_kernels_plan.py does),
+and the numerics are gated on the GPU only (the ``gpu`` tests below, and
+bench/gpu_decode_gluon.py, whose first H200 run is bench/results/decode-gluon-h200-run1.json).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from kdash.kernels import decode_gluon, decode_plan, launch  # noqa: E402
+from kdash.kernels.decode_attention import DecodeConfig  # noqa: E402
+from kdash.kernels.decode_gluon import TmaConfig, unsupported_reason  # noqa: E402
+from kdash.kernels.decode_plan import DecodePlan  # noqa: E402
+from kdash.kernels.kv_cache import FP8, build_paged_cache  # noqa: E402
+from kdash.kernels.reference import baseline_for, decode_reference, error_gate  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+needs_gluon = pytest.mark.skipif(decode_gluon.gluon is None, reason="no Gluon in this Triton")
+
+
+def make_case(lens, q_heads, kv_heads, page_size=16, *, device="cpu", fp8=False, seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    ks = [torch.randn(n, kv_heads, 128, generator=g, device=device) for n in lens]
+    vs = [torch.randn(n, kv_heads, 128, generator=g, device=device) for n in lens]
+    kc, vc, pt, sl = build_paged_cache(
+        ks, vs, page_size, dtype=FP8 if fp8 else torch.bfloat16,
+        generator=torch.Generator().manual_seed(seed),
+    )  # fmt: skip
+    q = torch.randn(len(lens), q_heads, 128, generator=g, device=device).bfloat16()
+    return q, kc, vc, pt, sl
+
+
+def plan_for(q, kc, pt, sl, config, **kw) -> DecodePlan:
+    return DecodePlan(
+        pt, sl, q.shape[1], kc.shape[2], 128, kc.shape[1], max_seq_len=int(sl.max()),
+        kv_dtype=kc.dtype, q_dtype=q.dtype, config=config, **kw,
+    )  # fmt: skip
+
+
+def test_refuses_what_it_cannot_run(monkeypatch) -> None:
+    """One reason for each thing the kernel is not written for; None for what it is."""
+    bf, ok = torch.bfloat16, (9, 0)
+    if decode_gluon.gluon is not None:
+        assert unsupported_reason(bf, 128, 16, 4, ok) is None
+        assert unsupported_reason(bf, 128, 16, 4, ok, (16 * 1024, 1024, 128, 1)) is None
+        assert "sm_90" in unsupported_reason(bf, 128, 16, 4, (8, 0))
+        assert "sm_90" in unsupported_reason(bf, 128, 16, 4, None)
+        assert "bf16" in unsupported_reason(FP8, 128, 16, 4, ok)
+        assert "head dim" in unsupported_reason(bf, 64, 16, 4, ok)
+        assert "pages of 16" in unsupported_reason(bf, 128, 1, 4, ok)
+        assert "query heads" in unsupported_reason(bf, 128, 16, 32, ok)
+        # a page stride other than 16 token rows (a cache with padding between pages)
+        assert "strides" in unsupported_reason(bf, 128, 16, 4, ok, (17 * 1024, 1024, 128, 1))
+    monkeypatch.setattr(decode_gluon, "gluon", None)
+    assert "no Gluon" in unsupported_reason(bf, 128, 16, 4, ok)
+
+
+def test_a_plan_that_cannot_take_it_runs_the_triton_kernel_and_says_why() -> None:
+    """On the CPU (the interpreter; no sm_90) a TmaConfig plan keeps the Triton stage 1, says
+    why, and gives what the same plan without it gives."""
+    q, kc, vc, pt, sl = make_case([5, 300, 77], 8, 2, seed=3)
+    plan = plan_for(q, kc, pt, sl, TmaConfig(block_n=64, prefetch_pages=False))
+    assert not plan.tma and "sm_90" in plan.tma_refused
+    assert plan._scratch is None
+    base = plan_for(q, kc, pt, sl, DecodeConfig(block_n=64, prefetch_pages=False))
+    assert torch.equal(plan.run(q, kc, vc), base.run(q, kc, vc).clone())
+    assert plan_for(q, kc, pt, sl, DecodeConfig()).tma_refused is None  # not asked for
+
+
+def test_a_plan_takes_it_where_it_runs(monkeypatch) -> None:
+    """With the kernel's refusal stood in for (no sm_90 here): the plan launches it in two
+    launches (even where the module's default is one), one warp a program, its ring depth
+    from the config, no Triton pipeline options, and a scratch buffer of the descriptors' size
+    for every program; an explicit one-launch plan keeps the Triton kernel and says why."""
+    monkeypatch.setattr(decode_gluon, "unsupported_reason", lambda *a, **k: None)
+    monkeypatch.setattr(decode_plan, "FUSED_DEFAULT", True)
+    q, kc, vc, pt, sl = make_case([4096], 32, 8, seed=4)
+    assert plan_for(q, kc, pt, sl, DecodeConfig()).fused
+    plan = plan_for(q, kc, pt, sl, TmaConfig(stages=4))
+    assert plan.tma and plan.tma_refused is None and not plan.fused
+    assert plan._kern1 is decode_gluon._decode_stage1_gluon
+    meta = plan._meta1
+    assert meta["num_warps"] == 1 and meta["STAGES"] == 4
+    assert meta["KV_LAYOUT"] == decode_gluon.kv_layout()
+    assert "PREFETCH" not in meta and "num_stages" not in meta and "EVICT" not in meta
+    programs = plan._grid1[0] * plan._grid1[1] * plan._grid1[2]
+    assert plan._scratch.numel() == programs * decode_gluon.SCRATCH_PER_PROGRAM
+    assert plan._s2 is not None  # the plan's merge kernel follows
+    one = plan_for(q, kc, pt, sl, TmaConfig(), fused=True)
+    assert not one.tma and "one launch" in one.tma_refused and one.fused
+
+
+def _stand_in_launch(scratch_size: int, annotated: bool, calls: list):
+    """A compiled kernel whose launcher records its call (Triton 3.6's and 3.9's layouts)."""
+    runner = SimpleNamespace(
+        launch=lambda *a: calls.append(a), global_scratch_size=scratch_size,
+        profile_scratch_size=0, launch_cooperative_grid=False, launch_pdl=False, num_ctas=1,
+    )  # fmt: skip
+    if annotated:
+        runner.arg_annotations, runner.kernel_signature = "ANN", b"SIG"
+    return SimpleNamespace(run=runner, function=77, packed_metadata=(1, 1, 0))
+
+
+@pytest.mark.parametrize("annotated", [False, True], ids=["triton-3.6", "triton-3.9"])
+def test_the_launcher_passes_the_plans_scratch(annotated, monkeypatch) -> None:
+    """A kernel that needs global scratch gets a direct launcher only with a buffer of at least
+    its size a program, and that buffer's pointer goes where Triton's launcher puts its own."""
+    monkeypatch.setattr(launch.triton, "__version__", "3.9.0" if annotated else "3.6.0")
+    calls: list = []
+    compiled = _stand_in_launch(256, annotated, calls)
+    grid, tail = (2, 3, 4), (16, True)
+    assert launch._direct_entry(compiled, grid, tail) is None
+    assert launch._direct_entry(compiled, grid, tail, (4096, 128)) is None  # too small
+    fire = launch._direct_entry(compiled, grid, tail, (4096, 256))
+    assert fire is not None
+    fire(5, 111, 222)
+    (a,) = calls
+    assert a[:5] == (2, 3, 4, 5, 77)
+    if annotated:  # packed, launch metadata, hooks x2, global scratch, profile scratch
+        assert a[7] == (1, 1, 0) and a[8:11] == (None,) * 3 and a[11] == 4096 and a[12] is None
+        assert a[15] == (111, 222, 16, True)
+    else:  # global scratch, profile scratch, packed, launch metadata, hooks x2
+        assert a[7] == 4096 and a[8] is None and a[9] == (1, 1, 0) and a[10:13] == (None,) * 3
+        assert a[13:] == (111, 222, 16, True)
+    # a kernel that needs none launches as before, whatever it is given
+    calls.clear()
+    plain = _stand_in_launch(0, annotated, calls)
+    launch._direct_entry(plain, grid, tail, (4096, 256))(5, 111, 222)
+    assert (calls[0][11] if annotated else calls[0][7]) is None
+
+
+COMPILE_SM90 = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from kdash.kernels import decode_gluon as dg
+
+meta = json.loads(sys.argv[1])
+names = ("Q K V PT LENS KS VS OP LSEP qk_scale num_splits split_len_hint capacity stride_qb "
+         "stride_qh stride_kp stride_ks stride_kh stride_vp stride_vs stride_vh stride_ptb").split()
+types = ["*bf16"] * 3 + ["*i32"] * 2 + ["*fp32"] * 4 + ["fp32"] + ["i32"] * 12
+sig = dict(zip(names, types))
+const = dict(meta, KV_LAYOUT=dg.kv_layout())
+for p in dg._decode_stage1_gluon.params:  # constexprs the plan leaves at their defaults
+    if p.is_constexpr and p.name not in const:
+        const[p.name] = p.default
+for k in const:
+    sig[k] = "constexpr"
+const = {(list(sig).index(k),): v for k, v in const.items()}
+attrs = {(i,): [["tt.divisibility", 16]] for i in range(9)}
+src = GluonASTSource(dg._decode_stage1_gluon, sig, const, attrs=attrs)
+k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+print(json.dumps({"num_warps": k.metadata.num_warps, "shared": k.metadata.shared,
+                  "scratch": k.metadata.global_scratch_size, "ptx": k.asm["ptx"]}))
+"""
+
+
+@needs_gluon
+def test_compiles_for_sm90_into_its_schedule(tmp_path, monkeypatch) -> None:
+    """The plan's own compile-time values (refusal stood in for), compiled by Triton for sm_90
+    on the CPU: one warp; TMA tile copies completing on mbarriers; mma.sync (not the
+    interpreter's fp32 dots); shared memory of the ring (6 slots of K and V pages, 48 KiB and a
+    little) so 4 programs fit an H200 SM; descriptor scratch within what the plan allocates."""
+    monkeypatch.setattr(decode_gluon, "unsupported_reason", lambda *a, **k: None)
+    q, kc, vc, pt, sl = make_case([1000], 32, 8, seed=5)
+    plan = plan_for(q, kc, pt, sl, TmaConfig())
+    meta = {k: v for k, v in plan._meta1.items() if k not in ("KV_LAYOUT", "num_warps")}
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    res = subprocess.run(
+        [sys.executable, "-c", COMPILE_SM90, json.dumps(meta)],
+        capture_output=True, text=True, env=env, timeout=600, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    ptx = got["ptx"]
+    assert got["num_warps"] == 1
+    ring = 2 * decode_gluon.STAGES * 16 * 128 * 2
+    assert ring <= got["shared"] <= ring + 4096 and 4 * got["shared"] <= 227 * 1024
+    assert 0 < got["scratch"] <= decode_gluon.SCRATCH_PER_PROGRAM
+    assert "cp.async.bulk.tensor" in ptx and "mbarrier.try_wait" in ptx
+    assert "mma.sync.aligned.m16n8k16" in ptx
+    assert "tensormap" in ptx  # the descriptors are made in the kernel
+
+
+# --------------------------------------------------------------------------- GPU gates
+needs_sm90 = pytest.mark.skipif(
+    INTERPRET
+    or not torch.cuda.is_available()
+    or torch.cuda.get_device_capability() != (9, 0)
+    or decode_gluon.gluon is None,
+    reason="needs an sm_90 GPU, Gluon and TRITON_INTERPRET=0",
+)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize(
+    ("q_heads", "lens"),
+    [
+        (32, [131072]),
+        (64, [65536]),
+        (32, [16384] * 8),
+        (64, [4096] * 32),
+        (32, [1, 15, 16, 17, 1000, 4097]),
+        (16, [8191, 1, 40000]),
+    ],
+    ids=["1x128k", "1x64k-gqa8", "8x16k", "32x4k", "odd", "gqa2"],
+)
+def test_gpu_tma_gates(q_heads, lens) -> None:
+    """The TMA stage 1 through a plan, against the fp32 reference (unowned slots NaN)."""
+    q, kc, vc, pt, sl = make_case(lens, q_heads, 8, device="cuda", seed=6)
+    plan = plan_for(q, kc, pt, sl, TmaConfig(), total_tokens=sum(lens))
+    assert plan.tma, plan.tma_refused
+    out = plan.run(q, kc, vc).clone()
+    ref = decode_reference(q, kc, vc, pt, sl)
+    base = decode_reference(q, kc, vc, pt, sl, fn=baseline_for(q.device))
+    ok, msg = error_gate(out, ref, base, max_factor=4.0, mean_factor=3.0)
+    assert ok, msg
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_tma_plan_replays_from_a_graph() -> None:
+    """Captured once, replayed after the query and the lengths change in place: as eager."""
+    q, kc, vc, pt, sl = make_case([3000, 70000], 32, 8, device="cuda", seed=7)
+    plan = plan_for(q, kc, pt, sl, TmaConfig())
+    assert plan.tma, plan.tma_refused
+    plan.run(q, kc, vc)  # compiles and arms outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run(q, kc, vc)
+    q.copy_(torch.randn_like(q.float()).bfloat16())
+    sl.copy_(torch.tensor([2500, 65000], dtype=torch.int32, device="cuda"))
+    graph.replay()
+    replayed = plan.out.clone()
+    eager = plan.run(q, kc, vc).clone()
+    assert torch.equal(replayed, eager)
