@@ -24,6 +24,10 @@ for line in sys.stdin:
         for k, v in r.items() if k.startswith("gluon_x")
     }  # fmt: skip
     p2, s1, d = r["plan_two_launch"], r["triton_stage1"], r["plan_default"]
-    head = (r["stages"], r["lens"], r["heads"], "gluon", g)
+    t = {
+        k[9:]: (v["splits"], v["per_sm"], f(v["us_graph"]), f(v["us"]))
+        for k, v in r.items() if k.startswith("plan_tma_") and "us" in v
+    }  # fmt: skip
+    head = (r["stages"], r["lens"], r["heads"], "gluon", g, "plan tma", t)
     plan = ("| plan two", f(p2["us_graph"]), f(p2["us"]), "s1", f(s1["us_graph"]))
     print(*head, *plan, "default", f(d["us_graph"]), f(d["us"]))

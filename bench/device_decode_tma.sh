@@ -25,7 +25,7 @@ log=$OUT/tma.log
   echo "rc=$?"; grep -E "passed|failed|FAILED|Error" "$OUT/tma-gates.log" | tail -12
 
   echo "== Gluon stage 1 against the plan's kernels"
-  (cd bench && timeout -k 5 200 python3 gpu_decode_gluon.py --stages 4 --variants 16:3,16:6 \
+  (cd bench && timeout -k 5 200 python3 gpu_decode_gluon.py --stages 4 --variants 3,6 \
     --factors 1,1.5,2 2>&1 | grep -v Warning | python3 decode_gluon_summary.py)
   echo "rc=$?"
 

@@ -7,7 +7,7 @@ Gates: odd lengths with every unused slot of the cache NaN-filled, GQA 4 and 8, 
 empty splits. Then timings (CUDA-graph replay and do_bench medians, us): the Gluon stage 1 +
 merge, the plan's two launches, the plan's default path, and each stage 1 alone.
 Writes $OUT/decode-gluon-h200.json.
-Run: python bench/gpu_decode_gluon.py [--tile T --stages S] [--no-timing]
+Run: python bench/gpu_decode_gluon.py [--stages S] [--variants 3,4] [--factors 1,2] [--no-timing]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from kdash.kernels import bench
 from kdash.kernels import decode_gluon as dg
 from kdash.kernels.bench_timing import bench_graph_ms, bench_ms
 from kdash.kernels.decode_attention import DecodeConfig
+from kdash.kernels.decode_gluon import TmaConfig
 from kdash.kernels.decode_plan import DecodePlan
 
 STRIP = {"EVICT", "UPCAST", "IS_FP8", "FP8_FP16", "PREFETCH", "num_stages", "num_warps", "maxnreg"}
@@ -56,7 +57,7 @@ def splits_plan(case: bench.DecodeCase, splits: int) -> DecodePlan:
                       num_splits=splits, fused=False)  # fmt: skip
 
 
-def gluon_fn(case: bench.DecodeCase, plan, tile: int, stages: int, host_cut: bool = False):
+def gluon_fn(case: bench.DecodeCase, plan, stages: int, host_cut: bool = False):
     """Stage 1 in Gluon on the plan's arguments, then the plan's merge kernel; and stage 1
     alone. ``host_cut``: the plan's host-side split length instead of the device's search
     (whose wave model assumes the Triton kernel's residency)."""
@@ -85,7 +86,7 @@ def time_us(fn) -> dict:
     return {"us": bench_ms(fn) * 1e3, "us_graph": bench_graph_ms(fn) * 1e3}
 
 
-def gate(lens, hq, hkv, tile, stages, nan: bool, factor: int = 1) -> dict:
+def gate(lens, hq, hkv, stages, nan: bool, factor: int = 1) -> dict:
     case = bench.DecodeCase(lens, hq, hkv, 128, False)
     if nan:
         nan_fill_unused(case)
@@ -93,20 +94,27 @@ def gate(lens, hq, hkv, tile, stages, nan: bool, factor: int = 1) -> dict:
     ref = plan.run(case.q, case.k, case.v).clone()
     if factor != 1:
         plan = splits_plan(case, plan.num_splits * factor)
-    both, _ = gluon_fn(case, plan, tile, stages, host_cut=factor != 1)
+    both, _ = gluon_fn(case, plan, stages, host_cut=factor != 1)
     plan.out.fill_(float("nan"))
     both()
     torch.cuda.synchronize()
-    out = plan.out.float()
-    diff = (out - ref.float()).abs()
-    finite = bool(torch.isfinite(out).all())
-    worst = float(diff.max()) if finite else float("inf")
+    outs = {"manual": plan.out.float().clone()}
+    if factor == 1:  # the TMA kernels as a plan takes them, both paths
+        for fused in (False, True):
+            tma = case.plan(TmaConfig(stages=stages), fused=fused)
+            assert tma.tma, tma.tma_refused
+            outs["fused" if fused else "two_launch"] = tma.run(case.q, case.k, case.v).float()
+            torch.cuda.synchronize()
+    worst = {}
+    for name, out in outs.items():
+        finite = bool(torch.isfinite(out).all())
+        worst[name] = float((out - ref.float()).abs().max()) if finite else float("inf")
     return {"lens": lens if len(lens) <= 8 else f"{len(lens)} requests", "heads": f"{hq}/{hkv}",
-            "nan_filled": nan, "splits": plan.num_splits, "host_cut": factor != 1, "finite": finite,
-            "max_abs_diff": worst, "pass": finite and worst <= 2e-2}  # fmt: skip
+            "nan_filled": nan, "splits": plan.num_splits, "host_cut": factor != 1,
+            "max_abs_diff": worst, "pass": all(w <= 2e-2 for w in worst.values())}  # fmt: skip
 
 
-def timing(lens, hq, hkv, tile, stages, factors) -> dict:
+def timing(lens, hq, hkv, stages, factors) -> dict:
     case = bench.DecodeCase(lens, hq, hkv, 128, False)
     nbytes = case.bytes_needed()
     two = case.plan(DecodeConfig(), fused=False)
@@ -116,7 +124,7 @@ def timing(lens, hq, hkv, tile, stages, factors) -> dict:
            "bytes": nbytes}  # fmt: skip
     for f in factors:
         plan = two if f == 1 else splits_plan(case, int(two.num_splits * f))
-        both, stage1 = gluon_fn(case, plan, tile, stages, host_cut=f != 1)
+        both, stage1 = gluon_fn(case, plan, stages, host_cut=f != 1)
         row[f"gluon_x{f}"] = {"splits": plan.num_splits, "two_launch": time_us(both),
                               "stage1": time_us(stage1)}  # fmt: skip
     row["plan_two_launch"] = time_us(lambda: two.run(q, k, v))
@@ -124,23 +132,27 @@ def timing(lens, hq, hkv, tile, stages, factors) -> dict:
     default = case.plan(DecodeConfig())
     row["plan_default"] = time_us(lambda: default.run(q, k, v))
     row["plan_default_fused"] = default.fused
+    # The TMA kernels as a plan takes them (its own residency and split count), both paths.
+    for fused in (False, True):
+        tma = case.plan(TmaConfig(stages=stages), fused=fused)
+        row[f"plan_tma_{'fused' if fused else 'two_launch'}"] = {
+            "tma": tma.tma, "refused": tma.tma_refused, "splits": tma.num_splits,
+            "per_sm": tma.resident_per_sm, **time_us(lambda p=tma: p.run(q, k, v)),
+        }  # fmt: skip
     return row
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tile", type=int, default=dg.TILE)
     ap.add_argument("--stages", type=int, default=dg.STAGES)
     ap.add_argument("--no-timing", action="store_true")
-    ap.add_argument(
-        "--variants", default="", help="extra tile:stages pairs to time, e.g. 16:4,32:3"
-    )
+    ap.add_argument("--variants", default="", help="more ring depths, 1 x 64k only: 3,4")
     ap.add_argument("--factors", default="1,2", help="split counts timed, x the plan's")
     args = ap.parse_args()
     triton.set_allocator(_alloc)
     res: dict = {"command": "python bench/gpu_decode_gluon.py " + " ".join(sys.argv[1:]),
                  "gpu": torch.cuda.get_device_name(0), "triton": triton.__version__,
-                 "tile": args.tile, "stages": args.stages, "gates": [], "timing": []}  # fmt: skip
+                 "stages": args.stages, "gates": [], "timing": []}  # fmt: skip
     dest = Path(os.environ.get("OUT") or ".") / "decode-gluon-h200.json"
 
     def save() -> None:
@@ -158,7 +170,7 @@ def main() -> int:
     ]
     for lens, hq, hkv, nan, *factor in gates:
         try:
-            row = gate(lens, hq, hkv, args.tile, args.stages, nan, *factor)
+            row = gate(lens, hq, hkv, args.stages, nan, *factor)
         except Exception as exc:  # noqa: BLE001 - one failing gate must not hide the others
             row = {"lens": str(lens)[:60], "error": f"{type(exc).__name__}: {exc}"[:500]}
         print(json.dumps(row), flush=True)
@@ -170,21 +182,17 @@ def main() -> int:
         return 0 if res["gates_pass"] else 1
     shapes = [([65536], 32, 8), ([65536], 64, 8), ([16384] * 8, 32, 8), ([131072], 32, 8),
               ([4096] * 32, 32, 8)]  # fmt: skip
-    variants = [(args.tile, args.stages)]
-    for v in filter(None, args.variants.split(",")):
-        t, s = v.split(":")
-        variants.append((int(t), int(s)))
+    variants = [args.stages, *(int(v) for v in filter(None, args.variants.split(",")))]
     factors = [float(f) for f in args.factors.split(",")]
-    for tile, stages in variants:
+    for stages in variants:
         for lens, hq, hkv in shapes:
-            if (tile, stages) != variants[0] and lens != [65536]:
+            if stages != variants[0] and lens != [65536]:
                 continue
             try:
-                row = {"tile": tile, "stages": stages,
-                       **timing(lens, hq, hkv, tile, stages, factors)}  # fmt: skip
+                row = {"stages": stages, **timing(lens, hq, hkv, stages, factors)}
             except Exception as exc:  # noqa: BLE001 - recorded; the other shapes still run
                 err = f"{type(exc).__name__}: {exc}"[:500]
-                row = {"tile": tile, "stages": stages, "lens": len(lens), "error": err}
+                row = {"stages": stages, "lens": len(lens), "error": err}
             print(json.dumps(row), flush=True)
             res["timing"].append(row)
             save()

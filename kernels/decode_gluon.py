@@ -1,25 +1,29 @@
-"""Decode stage 1 for Hopper in Gluon: the paged cache read by TMA.
+"""Decode for Hopper in Gluon: the paged cache read by TMA, in two launches or one.
 
 bench/gpu_kv_tma.py timed what the H200 reads of a 1 x 64k bf16 cache (8 KV heads, pages of 16
 shuffled) with nothing but copies, replayed from CUDA graphs: Triton's ``cp.async`` pipeline in
 the stage-1 kernel's tiles took 67.0 us, TMA copies of whole pages 63.2-65.0 us (the same bytes
 read flat: 62.0). Stage 1 runs at the speed of its loads (bench/NOTES-kernels.md, session 13),
-so this kernel keeps :func:`kdash.kernels.decode_attention._decode_stage1`'s contract (grid,
-arguments, partial outputs, the device-side split search) and reads the cache with TMA:
+so :func:`_decode_stage1_gluon` keeps :func:`kdash.kernels.decode_attention._decode_stage1`'s
+contract (grid, arguments, partial outputs, the device-side split search) and reads the cache
+with TMA, and :func:`_decode_fused_gluon` keeps :mod:`kdash.kernels.decode_fused`'s (merge
+programs in the same grid, flags raised with release semantics and polled):
 
-- a program per (request, KV head, split), one warp: each page of a tile is one TMA copy of
+- a program per (request, KV head, split), one warp: each page is one TMA copy of
   ``[PAGE, HEAD_DIM]`` (one head's rows of the page) for K and one for V, into a ring of
-  ``STAGES`` tiles whose copies complete on the tile's mbarrier; a tile is re-filled as soon as
-  its K and V are in registers;
+  ``STAGES`` slots whose copies complete on the slot's mbarrier; a slot is re-filled as soon as
+  its K and V are in registers; the page indices are read 32 at a time, a chunk ahead, so the
+  warp never waits on the page table but once;
 - ``S = Q K^T`` and ``O += P V`` on the tensor cores (``mma.sync``, the query heads of a KV head
   padded to 16 rows), an online softmax in between, in the log2 domain as stage 1;
 - a page past the request's last (the tail tile) is read from page 0 and masked: its scores
   are -inf and, on the tail tile only, its V rows are zeroed before ``P V`` (a 0 weight times
   a NaN left in an unused slot would still be NaN).
 
-What it does not do (:func:`unsupported_reason`): fp8 KV, head dims other than 128, pages other
-than 16, caches whose page stride is not ``PAGE`` token rows, GPUs other than sm_90, the CPU
-interpreter (Gluon has none), more than 16 query heads per KV head.
+A plan runs them for a :class:`TmaConfig` (:func:`plan_choice`). What they do not do
+(:func:`unsupported_reason`; the plan keeps the Triton kernels then): fp8 KV, head dims other
+than 128, pages other than 16, caches whose page stride is not ``PAGE`` token rows, GPUs other
+than sm_90, the CPU interpreter (Gluon has none), more than 16 query heads per KV head.
 """
 
 from __future__ import annotations
@@ -130,18 +134,17 @@ if gluon is not None:
         _tma_load(v_desc, [page * PAGE, col], bar, v_smem.index(slot))
 
     @gluon.jit
-    def _decode_stage1_gluon(
-        Q, K, V, PT, LENS, KS, VS, OP, LSEP, qk_scale, num_splits, split_len_hint, capacity,
-        stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-        stride_ptb, GROUP: gl.constexpr, BLOCK_H: gl.constexpr, HEAD_DIM: gl.constexpr,
-        BLOCK_N: gl.constexpr, PAGE: gl.constexpr, STAGES: gl.constexpr,
-        DEVICE_PLAN: gl.constexpr, TARGET_VARLEN: gl.constexpr, MIN_SPLIT: gl.constexpr,
-        BLOCK_B: gl.constexpr, MAX_SPLITS: gl.constexpr, MERGE: gl.constexpr,
-        SEARCH: gl.constexpr, KV_LAYOUT: gl.constexpr, CHUNK: gl.constexpr = 32,
+    def _stage1(
+        Q, K, V, PT, LENS, OP, LSEP, qk_scale, num_splits, split_len_hint, capacity, stride_qb,
+        stride_qh, stride_ks, stride_vs, stride_ptb, b, kvh, split, GROUP: gl.constexpr,
+        BLOCK_H: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+        PAGE: gl.constexpr, STAGES: gl.constexpr, DEVICE_PLAN: gl.constexpr,
+        TARGET_VARLEN: gl.constexpr, MIN_SPLIT: gl.constexpr, BLOCK_B: gl.constexpr,
+        MAX_SPLITS: gl.constexpr, MERGE: gl.constexpr, SEARCH: gl.constexpr,
+        KV_LAYOUT: gl.constexpr, CHUNK: gl.constexpr,
     ):  # fmt: skip
-        """Stage 1 of split-KV decode (bf16 KV), arguments as ``_decode_stage1``'s; ``BLOCK_N``
-        is the plan's split granularity; a ring slot holds one page. KS and VS are
-        not read (no fp8 here)."""
+        """Split ``split`` of KV head ``kvh`` of request ``b``: its partial output and LSE
+        (``CHUNK``: page indices read at a time)."""
         L1: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
         MMA: gl.constexpr = gl.NVMMADistributedLayout(
             version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8]
@@ -152,9 +155,6 @@ if gluon is not None:
         COLS: gl.constexpr = gl.SliceLayout(0, MMA)
         VBLK: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [1, 1], [1, 0])
 
-        b = gl.program_id(0)
-        kvh = gl.program_id(1)
-        split = gl.program_id(2)
         q_heads = gl.num_programs(1) * GROUP
         seq_len = gl.load(LENS + b)
         if DEVICE_PLAN:
@@ -257,6 +257,130 @@ if gluon is not None:
             gl.store(OP + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=hmask[:, None])
             gl.store(LSEP + row, lse, mask=hmask)
 
+    @gluon.jit
+    def _decode_stage1_gluon(
+        Q, K, V, PT, LENS, KS, VS, OP, LSEP, qk_scale, num_splits, split_len_hint, capacity,
+        stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+        stride_ptb, GROUP: gl.constexpr, BLOCK_H: gl.constexpr, HEAD_DIM: gl.constexpr,
+        BLOCK_N: gl.constexpr, PAGE: gl.constexpr, STAGES: gl.constexpr,
+        DEVICE_PLAN: gl.constexpr, TARGET_VARLEN: gl.constexpr, MIN_SPLIT: gl.constexpr,
+        BLOCK_B: gl.constexpr, MAX_SPLITS: gl.constexpr, MERGE: gl.constexpr,
+        SEARCH: gl.constexpr, KV_LAYOUT: gl.constexpr, PT_CHUNK: gl.constexpr = 32,
+    ):  # fmt: skip
+        """Stage 1 of split-KV decode (bf16 KV), arguments as ``_decode_stage1``'s (KS and VS
+        are not read: no fp8 here); ``BLOCK_N`` is the plan's split granularity."""
+        _stage1(
+            Q, K, V, PT, LENS, OP, LSEP, qk_scale, num_splits, split_len_hint, capacity,
+            stride_qb, stride_qh, stride_ks, stride_vs, stride_ptb, gl.program_id(0),
+            gl.program_id(1), gl.program_id(2), GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, STAGES,
+            DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT, BLOCK_B, MAX_SPLITS, MERGE, SEARCH, KV_LAYOUT,
+            PT_CHUNK,
+        )  # fmt: skip
+
+    @gluon.jit
+    def _after(x, y, ASM: gl.constexpr):
+        """``x``, once this thread has run the PTX ``ASM`` (``$2`` is ``y``); what is computed
+        from the result comes after it."""
+        return gl.inline_asm_elementwise(
+            asm=ASM, constraints="=r,r,r", args=[x, y], dtype=gl.int32, is_pure=False, pack=1
+        )
+
+    @gluon.jit
+    def _merge(OP, LSEP, Out, LSE, FLAGS, b, head, q_heads, num_splits, stride_outb,
+               stride_outh, HEAD_DIM: gl.constexpr, CHUNK: gl.constexpr,
+               POLL_NS: gl.constexpr):  # fmt: skip
+        """decode_fused._merge_online in Gluon (one warp): query head ``head`` of request
+        ``b`` merged over its splits ``CHUNK`` at a time as their flags come up; the flags
+        lowered after."""
+        MB: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [1, 1], [1, 0])
+        offs_c = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, MB))
+        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, MB))
+        row0 = (b * q_heads + head).to(gl.int64) * num_splits
+        m = gl.max(gl.full([CHUNK], float("-inf"), gl.float32, gl.SliceLayout(1, MB)), 0)
+        den = gl.sum(gl.zeros([CHUNK], gl.float32, gl.SliceLayout(1, MB)), 0)
+        acc = gl.zeros([HEAD_DIM], gl.float32, gl.SliceLayout(0, MB))
+        for s0 in range(0, num_splits, CHUNK):
+            s = s0 + offs_c
+            have = s < num_splits
+            up = gl.load(FLAGS + row0 + s, mask=have, other=1, volatile=True)
+            while gl.min(up, 0) == 0:
+                wait = _after(gl.min(up, 0), POLL_NS, "nanosleep.u32 $2;\n\tmov.b32 $0, $1;")
+                up = gl.load(FLAGS + row0 + s + wait, mask=have, other=1, volatile=True)
+            # The flags seen up, then a GPU-scope fence, then the partials (from L2): their
+            # addresses come from the fence's result, so no load is issued before it.
+            seen = gl.min(up, 0)
+            base = _after(seen, seen, "fence.acq_rel.gpu;\n\tmov.b32 $0, $1;") - 1 + row0
+            lse_c = gl.load(LSEP + base + s, mask=have, other=float("-inf"), cache_modifier=".cg")
+            part = gl.load(
+                OP + (base + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=have[:, None],
+                other=0.0, cache_modifier=".cg",
+            )  # fmt: skip
+            live = have & (lse_c > float("-inf"))
+            part = gl.where(live[:, None], part, 0.0)
+            m_new = gl.maximum(m, gl.max(lse_c, 0))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m - m_safe)
+            w = gl.where(live, gl.exp2(lse_c - m_safe), 0.0)
+            den = den * alpha + gl.sum(w, 0)
+            acc = acc * alpha + gl.sum(part * w[:, None], 0)
+            m = m_new
+        # This program is the flags' only reader: lowering them readies the next launch.
+        for s0 in range(0, num_splits, CHUNK):
+            gl.store(
+                FLAGS + row0 + s0 + offs_c, gl.zeros_like(offs_c), mask=s0 + offs_c < num_splits
+            )
+        den_safe = gl.where(den > 0, den, 1.0)
+        m_safe = gl.where(m == float("-inf"), 0.0, m)
+        lse_out = gl.where(
+            den > 0, (m_safe + gl.log2(den_safe)) * 0.6931471805599453, -float("inf")
+        )
+        gl.store(LSE + b * q_heads + head, lse_out)
+        out = (acc / den_safe).to(gl.bfloat16)
+        gl.store(Out + b * stride_outb + head * stride_outh + offs_d, out)
+
+    @gluon.jit
+    def _decode_fused_gluon(
+        Q, K, V, PT, LENS, KS, VS, OP, LSEP, Out, LSE, FLAGS, qk_scale, num_splits,
+        split_len_hint, capacity, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh,
+        stride_vp, stride_vs, stride_vh, stride_ptb, stride_outb, stride_outh,
+        GROUP: gl.constexpr, BLOCK_H: gl.constexpr, HEAD_DIM: gl.constexpr,
+        BLOCK_N: gl.constexpr, PAGE: gl.constexpr, STAGES: gl.constexpr,
+        DEVICE_PLAN: gl.constexpr, TARGET_VARLEN: gl.constexpr, MIN_SPLIT: gl.constexpr,
+        BLOCK_B: gl.constexpr, MAX_SPLITS: gl.constexpr, MERGE: gl.constexpr,
+        SEARCH: gl.constexpr, KV_LAYOUT: gl.constexpr, CHUNK: gl.constexpr,
+        PT_CHUNK: gl.constexpr = 32, POLL_NS: gl.constexpr = 64,
+    ):  # fmt: skip
+        """decode_fused._decode_fused's protocol around this module's stage 1: grid ``(B, Hkv,
+        num_splits + GROUP)``, stage 1 for split ``z < num_splits``, else the merge of query
+        head ``kvh * GROUP + z - num_splits``. ``FLAGS``: ``[B, Hq, num_splits]`` int32, zero
+        before the launch and after it."""
+        b = gl.program_id(0)
+        kvh = gl.program_id(1)
+        z = gl.program_id(2)
+        q_heads = gl.num_programs(1) * GROUP
+        if z < num_splits:
+            _stage1(
+                Q, K, V, PT, LENS, OP, LSEP, qk_scale, num_splits, split_len_hint, capacity,
+                stride_qb, stride_qh, stride_ks, stride_vs, stride_ptb, b, kvh, z, GROUP,
+                BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, STAGES, DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT,
+                BLOCK_B, MAX_SPLITS, MERGE, SEARCH, KV_LAYOUT, PT_CHUNK,
+            )  # fmt: skip
+            # Every thread's partial stores, its GPU-scope fence, the CTA barrier, then the
+            # flags (release): a merge program that sees a flag up sees the partial.
+            L1: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+            first = b * q_heads + kvh * GROUP
+            base = _after(first, first, "fence.acq_rel.gpu;\n\tmov.b32 $0, $1;")
+            _cta_barrier()
+            offs_h = gl.arange(0, BLOCK_H, layout=L1)
+            rows = (base + offs_h).to(gl.int64) * num_splits + z
+            ones = gl.full([BLOCK_H], 1, gl.int32, L1)
+            gl.atomic_xchg(FLAGS + rows, ones, mask=offs_h < GROUP, sem="release", scope="gpu")
+        else:
+            _merge(
+                OP, LSEP, Out, LSE, FLAGS, b, kvh * GROUP + z - num_splits, q_heads, num_splits,
+                stride_outb, stride_outh, HEAD_DIM, CHUNK, POLL_NS,
+            )  # fmt: skip
+
 
 def kv_layout():
     """The shared-memory layout of a page's ``[PAGE, HEAD_DIM]`` bf16 rows (TMA's and the
@@ -287,9 +411,16 @@ def unsupported_reason(
     if group > BLOCK_H:
         return f"TMA decode takes at most {BLOCK_H} query heads a KV head (the plan: {group})"
     if cache_strides is not None:
-        sp, ss, sh, sd = cache_strides
-        if sd != 1 or sh != head_dim or sp != page_size * ss or (ss * 2) % 16:
-            return f"TMA decode needs [pages, {page_size}, Hkv, D] rows (strides {cache_strides})"
+        return cache_reason(cache_strides, page_size, head_dim)
+    return None
+
+
+def cache_reason(strides: tuple[int, ...], page_size: int, head_dim: int) -> str | None:
+    """Why a cache of these ``(page, slot, head, dim)`` strides cannot be read by the TMA
+    kernels (their descriptor views it as rows of tokens), or None."""
+    sp, ss, sh, sd = strides
+    if sd != 1 or sh != head_dim or sp != page_size * ss or (ss * 2) % 16:
+        return f"TMA decode needs [pages, {page_size}, Hkv, D] rows (strides {tuple(strides)})"
     return None
 
 
@@ -300,15 +431,11 @@ def plan_choice(
     page_size: int,
     group: int,
     capability: tuple[int, int] | None,
-    fused: bool | str | None,
 ) -> tuple[bool, str | None]:
-    """Whether a plan's stage 1 is this kernel (asked for by a :class:`TmaConfig`), and why not
-    when it was asked for and cannot run. ``fused``: the plan's argument (one launch asked for
-    by the caller keeps the Triton kernels; the module's default gives way)."""
+    """Whether a plan's stage 1 is this module's (asked for by a :class:`TmaConfig`), and why
+    not when it was asked for and cannot run."""
     if not isinstance(config, TmaConfig):
         return False, None
-    if fused is True:
-        return False, "one launch was asked for: the TMA kernel has no merge programs"
     why = unsupported_reason(kv_dtype, head_dim, page_size, group, capability)
     if why is None:
         ensure_allocator()  # Triton's own launch path allocates the descriptors' scratch

@@ -213,7 +213,9 @@ class DecodePlan:
     (one float, or ``[Hkv]``) or per run (``[Hkv]`` fp32 tensors, e.g. per layer).
 
     ``config`` (default :func:`default_config` of ``kv_dtype``) is kept as the GPU can run it
-    (:func:`runnable_config`): ``config`` on the plan says what runs.
+    (:func:`runnable_config`): ``config`` on the plan says what runs. A
+    :class:`~kdash.kernels.decode_gluon.TmaConfig` asks for the Gluon kernels that read the
+    cache by TMA (``tma``; ``tma_refused`` says why a plan could not take them).
     """
 
     def __init__(
@@ -278,9 +280,9 @@ class DecodePlan:
         self._merge = merge_tokens(group, 1 if self.is_fp8 else 2)
         self._sms = sms
         self.tma, self.tma_refused = decode_gluon.plan_choice(
-            config, kv_dtype, head_dim, page_size, group, None if self.upcast else cap, fused
+            config, kv_dtype, head_dim, page_size, group, None if self.upcast else cap
         )
-        self.fused = False if self.tma else self._launch_path(fused, total_tokens, num_splits)
+        self.fused = self._launch_path(fused, total_tokens, num_splits)
         self._kern1 = self._choose_kernel(meta)
         programs = max(1, batch * num_kv_heads)
         meta.update(
@@ -399,6 +401,8 @@ class DecodePlan:
         config = self.config
         if self.tma:
             meta.update(STAGES=config.stages, KV_LAYOUT=decode_gluon.kv_layout())
+            if self.fused:
+                return decode_gluon._decode_fused_gluon
             return decode_gluon._decode_stage1_gluon
         cvt = self.pairs and config.fp8_compute in CVT_MODES
         asm = self.pairs and config.fp8_compute in ("pairs_asm", *CVT_MODES) and not self.upcast
@@ -573,6 +577,10 @@ class DecodePlan:
             raise ValueError(f"q is {q.dtype}; the plan is for {self.q_dtype}")
         if k_cache.dtype != self.kv_dtype or v_cache.dtype != self.kv_dtype:
             raise ValueError(f"K/V caches must be {self.kv_dtype} (the plan's kv_dtype)")
+        for c in (k_cache, v_cache) if self.tma else ():
+            why = decode_gluon.cache_reason(c.stride(), self.page_size, self.head_dim)
+            if why is not None:
+                raise ValueError(why)
         ks, vs = k_cache.stride()[:3], v_cache.stride()[:3]
         if self.pairs:
             if any(x % 2 for x in (*ks, *vs)):

@@ -26,7 +26,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from kdash.kernels import decode_gluon, decode_plan, launch  # noqa: E402
+from kdash.kernels import decode_gluon, launch  # noqa: E402
 from kdash.kernels.decode_attention import DecodeConfig  # noqa: E402
 from kdash.kernels.decode_gluon import TmaConfig, unsupported_reason  # noqa: E402
 from kdash.kernels.decode_plan import DecodePlan  # noqa: E402
@@ -87,26 +87,29 @@ def test_a_plan_that_cannot_take_it_runs_the_triton_kernel_and_says_why() -> Non
 
 
 def test_a_plan_takes_it_where_it_runs(monkeypatch) -> None:
-    """With the kernel's refusal stood in for (no sm_90 here): the plan launches it in two
-    launches (even where the module's default is one), one warp a program, its ring depth
-    from the config, no Triton pipeline options, and a scratch buffer of the descriptors' size
-    for every program; an explicit one-launch plan keeps the Triton kernel and says why."""
+    """With the kernel's refusal stood in for (no sm_90 here): the plan launches this module's
+    kernels on either path (stage 1 then the merge kernel; one launch with Gluon merge
+    programs), one warp a program, the ring depth from the config, no Triton pipeline options,
+    and a scratch buffer of the descriptors' size for every program of the grid."""
     monkeypatch.setattr(decode_gluon, "unsupported_reason", lambda *a, **k: None)
-    monkeypatch.setattr(decode_plan, "FUSED_DEFAULT", True)
     q, kc, vc, pt, sl = make_case([4096], 32, 8, seed=4)
-    assert plan_for(q, kc, pt, sl, DecodeConfig()).fused
-    plan = plan_for(q, kc, pt, sl, TmaConfig(stages=4))
-    assert plan.tma and plan.tma_refused is None and not plan.fused
-    assert plan._kern1 is decode_gluon._decode_stage1_gluon
-    meta = plan._meta1
-    assert meta["num_warps"] == 1 and meta["STAGES"] == 4
-    assert meta["KV_LAYOUT"] == decode_gluon.kv_layout()
-    assert "PREFETCH" not in meta and "num_stages" not in meta and "EVICT" not in meta
-    programs = plan._grid1[0] * plan._grid1[1] * plan._grid1[2]
-    assert plan._scratch.numel() == programs * decode_gluon.SCRATCH_PER_PROGRAM
-    assert plan._s2 is not None  # the plan's merge kernel follows
-    one = plan_for(q, kc, pt, sl, TmaConfig(), fused=True)
-    assert not one.tma and "one launch" in one.tma_refused and one.fused
+    for fused, kern in ((False, "_decode_stage1_gluon"), (True, "_decode_fused_gluon")):
+        plan = plan_for(q, kc, pt, sl, TmaConfig(stages=4), fused=fused)
+        assert plan.tma and plan.tma_refused is None and plan.fused is fused
+        assert plan._kern1 is getattr(decode_gluon, kern)
+        meta = plan._meta1
+        assert meta["num_warps"] == 1 and meta["STAGES"] == 4
+        assert meta["KV_LAYOUT"] == decode_gluon.kv_layout()
+        assert "PREFETCH" not in meta and "num_stages" not in meta and "EVICT" not in meta
+        assert ("CHUNK" in meta) is fused  # the merge programs' chunk of splits
+        programs = plan._grid1[0] * plan._grid1[1] * plan._grid1[2]
+        assert plan._grid1[2] == plan.num_splits + (4 if fused else 0)
+        assert plan._scratch.numel() == programs * decode_gluon.SCRATCH_PER_PROGRAM
+        assert (plan._s2 is None) is fused  # two launches: the plan's merge kernel follows
+    # a cache the descriptors cannot view as token rows (padding between pages): refused
+    padded = torch.zeros(kc.shape[0], 17, 8, 128, dtype=kc.dtype)[:, :16]
+    with pytest.raises(ValueError, match="TMA decode needs"):
+        plan.run(q, padded, padded)
 
 
 def _stand_in_launch(scratch_size: int, annotated: bool, calls: list):
@@ -155,20 +158,23 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from kdash.kernels import decode_gluon as dg
 
-meta = json.loads(sys.argv[1])
-names = ("Q K V PT LENS KS VS OP LSEP qk_scale num_splits split_len_hint capacity stride_qb "
-         "stride_qh stride_kp stride_ks stride_kh stride_vp stride_vs stride_vh stride_ptb").split()
-types = ["*bf16"] * 3 + ["*i32"] * 2 + ["*fp32"] * 4 + ["fp32"] + ["i32"] * 12
+meta, fused = json.loads(sys.argv[1]), sys.argv[2] == "fused"
+fn = dg._decode_fused_gluon if fused else dg._decode_stage1_gluon
+outs = "Out LSE FLAGS " if fused else ""
+names = ("Q K V PT LENS KS VS OP LSEP " + outs + "qk_scale num_splits split_len_hint capacity "
+         "stride_qb stride_qh stride_kp stride_ks stride_kh stride_vp stride_vs stride_vh "
+         "stride_ptb" + (" stride_outb stride_outh" if fused else "")).split()
+ptrs = ["*bf16"] * 3 + ["*i32"] * 2 + ["*fp32"] * 4 + (["*bf16", "*fp32", "*i32"] if fused else [])
+types = ptrs + ["fp32"] + ["i32"] * (len(names) - len(ptrs) - 1)
 sig = dict(zip(names, types))
-const = dict(meta, KV_LAYOUT=dg.kv_layout())
-for p in dg._decode_stage1_gluon.params:  # constexprs the plan leaves at their defaults
-    if p.is_constexpr and p.name not in const:
-        const[p.name] = p.default
+given = dict(meta, KV_LAYOUT=dg.kv_layout())
+# in the kernel's parameter order; constexprs the plan leaves out at their defaults
+const = {p.name: given.get(p.name, p.default) for p in fn.params if p.is_constexpr}
 for k in const:
     sig[k] = "constexpr"
 const = {(list(sig).index(k),): v for k, v in const.items()}
-attrs = {(i,): [["tt.divisibility", 16]] for i in range(9)}
-src = GluonASTSource(dg._decode_stage1_gluon, sig, const, attrs=attrs)
+attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(ptrs))}
+src = GluonASTSource(fn, sig, const, attrs=attrs)
 k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
 print(json.dumps({"num_warps": k.metadata.num_warps, "shared": k.metadata.shared,
                   "scratch": k.metadata.global_scratch_size, "ptx": k.asm["ptx"]}))
@@ -176,19 +182,22 @@ print(json.dumps({"num_warps": k.metadata.num_warps, "shared": k.metadata.shared
 
 
 @needs_gluon
-def test_compiles_for_sm90_into_its_schedule(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("fused", [False, True], ids=["two-launch", "fused"])
+def test_compiles_for_sm90_into_its_schedule(fused, tmp_path, monkeypatch) -> None:
     """The plan's own compile-time values (refusal stood in for), compiled by Triton for sm_90
     on the CPU: one warp; TMA tile copies completing on mbarriers; mma.sync (not the
     interpreter's fp32 dots); shared memory of the ring (6 slots of K and V pages, 48 KiB and a
-    little) so 4 programs fit an H200 SM; descriptor scratch within what the plan allocates."""
+    little) so 4 programs fit an H200 SM; descriptor scratch within what the plan allocates.
+    One launch: the partials published with a GPU-scope fence and a release exchange, the merge
+    programs polling with volatile loads and a sleep, fencing before they read."""
     monkeypatch.setattr(decode_gluon, "unsupported_reason", lambda *a, **k: None)
     q, kc, vc, pt, sl = make_case([1000], 32, 8, seed=5)
-    plan = plan_for(q, kc, pt, sl, TmaConfig())
+    plan = plan_for(q, kc, pt, sl, TmaConfig(), fused=fused)
     meta = {k: v for k, v in plan._meta1.items() if k not in ("KV_LAYOUT", "num_warps")}
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)
     res = subprocess.run(
-        [sys.executable, "-c", COMPILE_SM90, json.dumps(meta)],
+        [sys.executable, "-c", COMPILE_SM90, json.dumps(meta), "fused" if fused else "two"],
         capture_output=True, text=True, env=env, timeout=600, check=False,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
@@ -201,6 +210,11 @@ def test_compiles_for_sm90_into_its_schedule(tmp_path, monkeypatch) -> None:
     assert "cp.async.bulk.tensor" in ptx and "mbarrier.try_wait" in ptx
     assert "mma.sync.aligned.m16n8k16" in ptx
     assert "tensormap" in ptx  # the descriptors are made in the kernel
+    if fused:
+        assert "atom.global.gpu.release.exch" in ptx and ptx.count("fence.acq_rel.gpu") == 2
+        assert "ld.volatile" in ptx and "nanosleep.u32" in ptx
+    else:
+        assert "atom." not in ptx and "fence.acq_rel.gpu" not in ptx
 
 
 # --------------------------------------------------------------------------- GPU gates
@@ -227,24 +241,29 @@ needs_sm90 = pytest.mark.skipif(
     ],
     ids=["1x128k", "1x64k-gqa8", "8x16k", "32x4k", "odd", "gqa2"],
 )
-def test_gpu_tma_gates(q_heads, lens) -> None:
-    """The TMA stage 1 through a plan, against the fp32 reference (unowned slots NaN)."""
+@pytest.mark.parametrize("fused", [False, True], ids=["two-launch", "fused"])
+def test_gpu_tma_gates(q_heads, lens, fused) -> None:
+    """The TMA stage 1 through a plan, on both paths, against the fp32 reference (unowned
+    slots NaN); the one-launch plan's flags are all down again after the run."""
     q, kc, vc, pt, sl = make_case(lens, q_heads, 8, device="cuda", seed=6)
-    plan = plan_for(q, kc, pt, sl, TmaConfig(), total_tokens=sum(lens))
-    assert plan.tma, plan.tma_refused
+    plan = plan_for(q, kc, pt, sl, TmaConfig(), total_tokens=sum(lens), fused=fused)
+    assert plan.tma and plan.fused is fused, plan.tma_refused
     out = plan.run(q, kc, vc).clone()
     ref = decode_reference(q, kc, vc, pt, sl)
     base = decode_reference(q, kc, vc, pt, sl, fn=baseline_for(q.device))
     ok, msg = error_gate(out, ref, base, max_factor=4.0, mean_factor=3.0)
     assert ok, msg
+    if fused:
+        assert int(plan._flags.abs().sum()) == 0
 
 
 @pytest.mark.gpu
 @needs_sm90
-def test_gpu_tma_plan_replays_from_a_graph() -> None:
+@pytest.mark.parametrize("fused", [False, True], ids=["two-launch", "fused"])
+def test_gpu_tma_plan_replays_from_a_graph(fused) -> None:
     """Captured once, replayed after the query and the lengths change in place: as eager."""
     q, kc, vc, pt, sl = make_case([3000, 70000], 32, 8, device="cuda", seed=7)
-    plan = plan_for(q, kc, pt, sl, TmaConfig())
+    plan = plan_for(q, kc, pt, sl, TmaConfig(), fused=fused)
     assert plan.tma, plan.tma_refused
     plan.run(q, kc, vc)  # compiles and arms outside the capture
     torch.cuda.synchronize()
