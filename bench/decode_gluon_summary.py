@@ -11,12 +11,21 @@ for line in sys.stdin:
     except ValueError:
         print(line.rstrip())
         continue
-    if not any(k.startswith("gluon_x") for k in r):
-        print(line.rstrip())
-        continue
 
     def f(x):
         return round(x, 1)
+
+    if r.get("kv") == "fp8" and "triton_default" in r:
+        d = r["triton_default"]
+        t = {
+            k[9:]: (v["splits"], v["per_sm"], f(v["us_graph"]), f(v["us"]), v["pass"])
+            for k, v in r.items() if k.startswith("plan_tma_")
+        }  # fmt: skip
+        print("fp8", r["lens"], r["heads"], "tma", t, "| triton", f(d["us_graph"]), f(d["us"]))
+        continue
+    if not any(k.startswith("gluon_x") for k in r):
+        print(line.rstrip())
+        continue
 
     g = {
         k: (v["splits"], f(v["two_launch"]["us_graph"]), f(v["two_launch"]["us"]),

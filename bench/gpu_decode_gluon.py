@@ -23,7 +23,7 @@ import triton
 from kdash.kernels import bench
 from kdash.kernels import decode_gluon as dg
 from kdash.kernels.bench_timing import bench_graph_ms, bench_ms
-from kdash.kernels.decode_attention import DecodeConfig
+from kdash.kernels.decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
 from kdash.kernels.decode_gluon import TmaConfig
 from kdash.kernels.decode_plan import DecodePlan
 
@@ -142,6 +142,30 @@ def timing(lens, hq, hkv, stages, factors) -> dict:
     return row
 
 
+def fp8_rows(lens, hq, hkv, stages: int) -> dict:
+    """fp8 KV through the plans: the Triton default (the reference output and the timing to
+    beat) and the TMA kernels on both paths, each checked against it (NaN in unused slots)."""
+    case = bench.DecodeCase(lens, hq, hkv, 128, True)
+    nan_fill_unused(case)
+    q, k, v = case.q, case.k, case.v
+    base = case.plan(DEFAULT_FP8_CONFIG)
+    ref = base.run(q, k, v).float().clone()
+    row = {"kv": "fp8", "lens": f"{len(lens)} x {lens[0]}", "heads": f"{hq}/{hkv}",
+           "triton_default": {"fused": base.fused, "splits": base.num_splits,
+                              **time_us(lambda: base.run(q, k, v))}}  # fmt: skip
+    for fused in (False, True):
+        tma = case.plan(TmaConfig(stages=stages), fused=fused)
+        assert tma.tma, tma.tma_refused
+        out = tma.run(q, k, v).float()
+        finite = bool(torch.isfinite(out).all())
+        diff = float((out - ref).abs().max()) if finite else float("inf")
+        row[f"plan_tma_{'fused' if fused else 'two_launch'}"] = {
+            "splits": tma.num_splits, "per_sm": tma.resident_per_sm, "max_abs_diff": diff,
+            "pass": diff <= 2e-2, **time_us(lambda p=tma: p.run(q, k, v)),
+        }  # fmt: skip
+    return row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stages", type=int, default=dg.STAGES)
@@ -197,6 +221,15 @@ def main() -> int:
             res["timing"].append(row)
             save()
             torch.cuda.empty_cache()
+    for lens, hq, hkv in shapes[:4]:
+        try:
+            row = {"stages": args.stages, **fp8_rows(lens, hq, hkv, args.stages)}
+        except Exception as exc:  # noqa: BLE001 - recorded; the other shapes still run
+            row = {"kv": "fp8", "lens": len(lens), "error": f"{type(exc).__name__}: {exc}"[:500]}
+        print(json.dumps(row), flush=True)
+        res["timing"].append(row)
+        save()
+        torch.cuda.empty_cache()
     save()
     print("wrote", dest, flush=True)
     return 0

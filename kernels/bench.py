@@ -670,8 +670,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--decode-tma",
         action="store_true",
-        help="bf16 decode's stage 1 is the TMA kernel (decode_gluon.TmaConfig on the decode "
-        "config the run uses; a plan that cannot take it says why and keeps the Triton kernel)",
+        help="decode's stage 1 is the TMA kernel, bf16 and fp8 (decode_gluon.TmaConfig on the "
+        "decode configs the run uses; a plan that cannot take it keeps the Triton kernel)",
     )
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -707,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
         best_dec = {k: DecodeConfig(**v["best"]) for k, v in sd.items()}
         result["sweep"]["decode"] = sd
     if args.decode_tma:
-        best_dec["bf16"] = TmaConfig(**asdict(best_dec["bf16"]))
+        best_dec = {k: TmaConfig(**asdict(v)) for k, v in best_dec.items()}
     if args.sweep in ("all", "prefill") and args.only != "decode":
         log("sweep: prefill configs")
         sp, best_pre = sweep_prefill()

@@ -21,9 +21,16 @@ programs in the same grid, flags raised with release semantics and polled):
   a NaN left in an unused slot would still be NaN).
 
 A plan runs them for a :class:`TmaConfig` (:func:`plan_choice`). What they do not do
-(:func:`unsupported_reason`; the plan keeps the Triton kernels then): fp8 KV, head dims other
-than 128, pages other than 16, caches whose page stride is not ``PAGE`` token rows, GPUs other
-than sm_90, the CPU interpreter (Gluon has none), more than 16 query heads per KV head.
+(:func:`unsupported_reason`; the plan keeps the Triton kernels then): KV other than bf16 and
+fp8 e4m3, head dims other than 128, pages other than 16, GPUs other than sm_90, the CPU
+interpreter (Gluon has none), more than 16 query heads per KV head; a cache whose pages are not
+``PAGE`` token rows apart is refused when a plan first sees it (:func:`check_caches`).
+
+fp8 KV (a scale per KV head) is widened to fp16 in registers on its way from shared memory to
+the tensor cores, Q and P rounded to fp16, as the Triton kernels' fp16 path does: TMA reads fp8
+no faster than Triton's loads (34.5-36.8 us against 34.6 at 1 x 64k), and the Triton fp8 stage 1
+is held back by its conversions' round trip through shared memory, which this one does not
+make.
 """
 
 from __future__ import annotations
@@ -63,7 +70,7 @@ SCRATCH_PER_PROGRAM = 256
 
 @dataclass(frozen=True)
 class TmaConfig(DecodeConfig):
-    """A decode config whose stage 1 is this module's TMA kernel (bf16 KV on sm_90; a plan
+    """A decode config whose stage 1 is this module's TMA kernel (sm_90; a plan
     that cannot run it keeps the Triton kernel and says why in ``tma_refused``). Of the
     inherited fields ``block_n`` stays the split granularity, and the split model's
     (``programs_per_sm``, ``min_tokens_per_split``, ``max_splits``,
@@ -125,32 +132,66 @@ if gluon is not None:
 
     @gluon.jit
     def _issue(k_desc, v_desc, page, k_smem, v_smem, ready, slot, col, PAGE: gl.constexpr,
-               HEAD_DIM: gl.constexpr):  # fmt: skip
+               HEAD_DIM: gl.constexpr, ELT: gl.constexpr):  # fmt: skip
         """Copy one page's rows of this KV head into ring slot ``slot`` (K and V, completing on
         the slot's barrier)."""
         bar = ready.index(slot)
-        mbarrier.expect(bar, 2 * PAGE * HEAD_DIM * 2)
+        mbarrier.expect(bar, 2 * PAGE * HEAD_DIM * ELT)
         _tma_load(k_desc, [page * PAGE, col], bar, k_smem.index(slot))
         _tma_load(v_desc, [page * PAGE, col], bar, v_smem.index(slot))
 
     @gluon.jit
+    def _op_type(x, IS_FP8: gl.constexpr):
+        """``x`` in the tensor cores' operand type: fp16 beside fp8 KV, else bf16."""
+        if IS_FP8:
+            return x.to(gl.float16)
+        else:
+            return x.to(gl.bfloat16)
+
+    @gluon.jit
+    def _operands(k_slot, v_slot, t0, end, offs_v, B_OP: gl.constexpr, B_OP4: gl.constexpr,
+                  VBLK: gl.constexpr, PAGE: gl.constexpr, IS_FP8: gl.constexpr):  # fmt: skip
+        """A ring slot's K^T and V as ``mma.sync`` B operands. fp8: widened to fp16 in
+        registers (K^T read four bytes a register by ldmatrix on byte pairs; V byte by byte,
+        its tokens being the reduction axis). On the tail page V's rows at or past ``end`` are
+        zeroed (they may hold anything, NaN included)."""
+        kt = k_slot.permute((1, 0))
+        if IS_FP8:  # noqa: SIM108 - an if on constexprs compiles one branch
+            k_op = gl.convert_layout(kt.load(B_OP4).to(gl.float16), B_OP)
+        else:
+            k_op = kt.load(B_OP)
+        if t0 + PAGE > end:
+            vb = _op_type(v_slot.load(VBLK), IS_FP8)
+            vb = gl.where((t0 + offs_v)[:, None] < end, vb, gl.zeros_like(vb))
+            v_op = gl.convert_layout(vb, B_OP)
+        else:
+            v_op = _op_type(v_slot.load(B_OP), IS_FP8)
+        return k_op, v_op
+
+    @gluon.jit
     def _stage1(
-        Q, K, V, PT, LENS, OP, LSEP, qk_scale, num_splits, split_len_hint, capacity, stride_qb,
-        stride_qh, stride_ks, stride_vs, stride_ptb, b, kvh, split, GROUP: gl.constexpr,
+        Q, K, V, PT, LENS, KS, VS, OP, LSEP, qk_scale, num_splits, split_len_hint, capacity,
+        stride_qb, stride_qh, stride_ks, stride_vs, stride_ptb, b, kvh, split, GROUP: gl.constexpr,
         BLOCK_H: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
         PAGE: gl.constexpr, STAGES: gl.constexpr, DEVICE_PLAN: gl.constexpr,
         TARGET_VARLEN: gl.constexpr, MIN_SPLIT: gl.constexpr, BLOCK_B: gl.constexpr,
         MAX_SPLITS: gl.constexpr, MERGE: gl.constexpr, SEARCH: gl.constexpr,
-        KV_LAYOUT: gl.constexpr, CHUNK: gl.constexpr,
+        KV_LAYOUT: gl.constexpr, CHUNK: gl.constexpr, IS_FP8: gl.constexpr,
     ):  # fmt: skip
         """Split ``split`` of KV head ``kvh`` of request ``b``: its partial output and LSE
-        (``CHUNK``: page indices read at a time)."""
+        (``CHUNK``: page indices read at a time). fp8 KV (e4m3, a scale per KV head in KS and
+        VS) is converted to fp16 in registers on its way from shared memory to the tensor cores
+        (K's byte pairs by ldmatrix, V's bytes one by one: V's tokens are the reduction axis),
+        and Q and P are rounded to fp16, as the Triton kernels' fp16 path does."""
         L1: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
         MMA: gl.constexpr = gl.NVMMADistributedLayout(
             version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8]
         )
         A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        # fp8 K^T read four bytes a register (ldmatrix on byte pairs), then widened
+        B_OP4: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=4)
+        ELT: gl.constexpr = 1 if IS_FP8 else 2
         ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
         COLS: gl.constexpr = gl.SliceLayout(0, MMA)
         VBLK: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [1, 1], [1, 0])
@@ -186,8 +227,9 @@ if gluon is not None:
             v_desc = tma.make_tensor_descriptor(
                 V, [ROWS_MAX, cols], [stride_vs, 1], [PAGE, HEAD_DIM], KV_LAYOUT
             )
-            k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, PAGE, HEAD_DIM], KV_LAYOUT)
-            v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, PAGE, HEAD_DIM], KV_LAYOUT)
+            kv_t = K.dtype.element_ty
+            k_smem = gl.allocate_shared_memory(kv_t, [STAGES, PAGE, HEAD_DIM], KV_LAYOUT)
+            v_smem = gl.allocate_shared_memory(kv_t, [STAGES, PAGE, HEAD_DIM], KV_LAYOUT)
             ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
             for i in gl.static_range(STAGES):
                 mbarrier.init(ready.index(i), count=1)
@@ -204,14 +246,18 @@ if gluon is not None:
             for i in gl.static_range(STAGES):
                 if i < n_tiles:
                     page = gl.sum(gl.where(offs_c == i, cur, 0), 0)
-                    _issue(k_desc, v_desc, page, k_smem, v_smem, ready, i, col, PAGE, HEAD_DIM)
+                    _issue(k_desc, v_desc, page, k_smem, v_smem, ready, i, col, PAGE, HEAD_DIM,
+                           ELT)  # fmt: skip
 
             q = gl.load(
                 Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=hmask[:, None],
                 other=0.0,
             )
-            q_op = gl.convert_layout(q.to(gl.bfloat16), A_OP)
+            scale = qk_scale
+            if IS_FP8:
+                scale = scale * gl.load(KS + kvh)
+            q_op = gl.convert_layout(_op_type(q, IS_FP8), A_OP)
             m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, ROWS)
             l_i = gl.zeros([BLOCK_H], gl.float32, ROWS)
             acc = gl.zeros([BLOCK_H, HEAD_DIM], gl.float32, MMA)
@@ -221,14 +267,10 @@ if gluon is not None:
                 slot = i % STAGES
                 t0 = start + i * PAGE
                 mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-                k_op = k_smem.index(slot).permute((1, 0)).load(B_OP)
-                if t0 + PAGE > end:
-                    # The tail: rows past the request may hold anything, NaN included.
-                    vb = v_smem.index(slot).load(VBLK)
-                    vb = gl.where((t0 + offs_v)[:, None] < end, vb, gl.zeros_like(vb))
-                    v_op = gl.convert_layout(vb, B_OP)
-                else:
-                    v_op = v_smem.index(slot).load(B_OP)
+                k_op, v_op = _operands(
+                    k_smem.index(slot), v_smem.index(slot), t0, end, offs_v, B_OP, B_OP4, VBLK,
+                    PAGE, IS_FP8,
+                )  # fmt: skip
                 # Every read of the slot is in registers: it may be filled again.
                 _cta_barrier()
                 fence_async_shared()
@@ -239,18 +281,21 @@ if gluon is not None:
                         ahead = j + CHUNK + offs_c
                         nxt = gl.load(base + ahead, mask=ahead < n_tiles, other=0)
                     page = gl.sum(gl.where(offs_c == j % CHUNK, cur, 0), 0)
-                    _issue(k_desc, v_desc, page, k_smem, v_smem, ready, slot, col, PAGE, HEAD_DIM)
-                s = mma_v2(q_op, k_op, gl.zeros([BLOCK_H, PAGE], gl.float32, MMA)) * qk_scale
+                    _issue(k_desc, v_desc, page, k_smem, v_smem, ready, slot, col, PAGE, HEAD_DIM,
+                           ELT)  # fmt: skip
+                s = mma_v2(q_op, k_op, gl.zeros([BLOCK_H, PAGE], gl.float32, MMA)) * scale
                 s = gl.where((t0 + offs_t)[None, :] < end, s, float("-inf"))
                 m_new = gl.maximum(m_i, gl.max(s, 1))
                 alpha = gl.exp2(m_i - m_new)
                 p = gl.exp2(s - m_new[:, None])
                 l_i = l_i * alpha + gl.sum(p, 1)
-                p_op = gl.convert_layout(p.to(gl.bfloat16), A_OP)
+                p_op = gl.convert_layout(_op_type(p, IS_FP8), A_OP)
                 acc = mma_v2(p_op, v_op, acc * alpha[:, None])
                 m_i = m_new
             for i in gl.static_range(STAGES):
                 mbarrier.invalidate(ready.index(i))
+            if IS_FP8:
+                acc = acc * gl.load(VS + kvh)
             l_safe = gl.where(l_i > 0, l_i, 1.0)
             out = acc / l_safe[:, None]
             lse = gl.where(l_i > 0, m_i + gl.log2(l_safe), float("-inf"))
@@ -265,16 +310,17 @@ if gluon is not None:
         BLOCK_N: gl.constexpr, PAGE: gl.constexpr, STAGES: gl.constexpr,
         DEVICE_PLAN: gl.constexpr, TARGET_VARLEN: gl.constexpr, MIN_SPLIT: gl.constexpr,
         BLOCK_B: gl.constexpr, MAX_SPLITS: gl.constexpr, MERGE: gl.constexpr,
-        SEARCH: gl.constexpr, KV_LAYOUT: gl.constexpr, PT_CHUNK: gl.constexpr = 32,
+        SEARCH: gl.constexpr, KV_LAYOUT: gl.constexpr, IS_FP8: gl.constexpr = False,
+        PT_CHUNK: gl.constexpr = 32,
     ):  # fmt: skip
-        """Stage 1 of split-KV decode (bf16 KV), arguments as ``_decode_stage1``'s (KS and VS
-        are not read: no fp8 here); ``BLOCK_N`` is the plan's split granularity."""
+        """Stage 1 of split-KV decode, arguments as ``_decode_stage1``'s; ``BLOCK_N`` is the
+        plan's split granularity."""
         _stage1(
-            Q, K, V, PT, LENS, OP, LSEP, qk_scale, num_splits, split_len_hint, capacity,
+            Q, K, V, PT, LENS, KS, VS, OP, LSEP, qk_scale, num_splits, split_len_hint, capacity,
             stride_qb, stride_qh, stride_ks, stride_vs, stride_ptb, gl.program_id(0),
             gl.program_id(1), gl.program_id(2), GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, STAGES,
             DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT, BLOCK_B, MAX_SPLITS, MERGE, SEARCH, KV_LAYOUT,
-            PT_CHUNK,
+            PT_CHUNK, IS_FP8,
         )  # fmt: skip
 
     @gluon.jit
@@ -348,7 +394,7 @@ if gluon is not None:
         DEVICE_PLAN: gl.constexpr, TARGET_VARLEN: gl.constexpr, MIN_SPLIT: gl.constexpr,
         BLOCK_B: gl.constexpr, MAX_SPLITS: gl.constexpr, MERGE: gl.constexpr,
         SEARCH: gl.constexpr, KV_LAYOUT: gl.constexpr, CHUNK: gl.constexpr,
-        PT_CHUNK: gl.constexpr = 32, POLL_NS: gl.constexpr = 64,
+        IS_FP8: gl.constexpr = False, PT_CHUNK: gl.constexpr = 32, POLL_NS: gl.constexpr = 64,
     ):  # fmt: skip
         """decode_fused._decode_fused's protocol around this module's stage 1: grid ``(B, Hkv,
         num_splits + GROUP)``, stage 1 for split ``z < num_splits``, else the merge of query
@@ -360,10 +406,10 @@ if gluon is not None:
         q_heads = gl.num_programs(1) * GROUP
         if z < num_splits:
             _stage1(
-                Q, K, V, PT, LENS, OP, LSEP, qk_scale, num_splits, split_len_hint, capacity,
-                stride_qb, stride_qh, stride_ks, stride_vs, stride_ptb, b, kvh, z, GROUP,
-                BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, STAGES, DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT,
-                BLOCK_B, MAX_SPLITS, MERGE, SEARCH, KV_LAYOUT, PT_CHUNK,
+                Q, K, V, PT, LENS, KS, VS, OP, LSEP, qk_scale, num_splits, split_len_hint,
+                capacity, stride_qb, stride_qh, stride_ks, stride_vs, stride_ptb, b, kvh, z,
+                GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, STAGES, DEVICE_PLAN, TARGET_VARLEN,
+                MIN_SPLIT, BLOCK_B, MAX_SPLITS, MERGE, SEARCH, KV_LAYOUT, PT_CHUNK, IS_FP8,
             )  # fmt: skip
             # Every thread's partial stores, its GPU-scope fence, the CTA barrier, then the
             # flags (release): a merge program that sees a flag up sees the partial.
@@ -382,10 +428,12 @@ if gluon is not None:
             )  # fmt: skip
 
 
-def kv_layout():
-    """The shared-memory layout of a page's ``[PAGE, HEAD_DIM]`` bf16 rows (TMA's and the
-    ring's)."""
-    return gl.NVMMASharedLayout.get_default_for([PAGE, HEAD_DIM], gl.bfloat16)
+def kv_layout(fp8: bool = False):
+    """The shared-memory layout of a page's ``[PAGE, HEAD_DIM]`` rows (TMA's and the ring's),
+    bf16 or fp8."""
+    return gl.NVMMASharedLayout.get_default_for(
+        [PAGE, HEAD_DIM], gl.float8e4nv if fp8 else gl.bfloat16
+    )
 
 
 def unsupported_reason(
@@ -402,8 +450,8 @@ def unsupported_reason(
         return "this Triton has no Gluon Hopper ops"
     if capability != (9, 0):
         return f"TMA decode is written for sm_90 (this GPU: {capability})"
-    if kv_dtype != torch.bfloat16:
-        return f"TMA decode reads bf16 KV (the plan's: {kv_dtype})"
+    if kv_dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+        return f"TMA decode reads bf16 or fp8 (e4m3) KV (the plan's: {kv_dtype})"
     if head_dim != HEAD_DIM:
         return f"TMA decode is for head dim {HEAD_DIM} (the plan's: {head_dim})"
     if page_size != PAGE:
@@ -411,17 +459,27 @@ def unsupported_reason(
     if group > BLOCK_H:
         return f"TMA decode takes at most {BLOCK_H} query heads a KV head (the plan: {group})"
     if cache_strides is not None:
-        return cache_reason(cache_strides, page_size, head_dim)
+        return cache_reason(cache_strides, page_size, head_dim, kv_dtype.itemsize)
     return None
 
 
-def cache_reason(strides: tuple[int, ...], page_size: int, head_dim: int) -> str | None:
-    """Why a cache of these ``(page, slot, head, dim)`` strides cannot be read by the TMA
-    kernels (their descriptor views it as rows of tokens), or None."""
+def cache_reason(
+    strides: tuple[int, ...], page_size: int, head_dim: int, elt: int = 2
+) -> str | None:
+    """Why a cache of these ``(page, slot, head, dim)`` strides (``elt`` bytes an element)
+    cannot be read by the TMA kernels (their descriptor views it as rows of tokens), or None."""
     sp, ss, sh, sd = strides
-    if sd != 1 or sh != head_dim or sp != page_size * ss or (ss * 2) % 16:
+    if sd != 1 or sh != head_dim or sp != page_size * ss or (ss * elt) % 16:
         return f"TMA decode needs [pages, {page_size}, Hkv, D] rows (strides {tuple(strides)})"
     return None
+
+
+def check_caches(k_cache, v_cache, page_size: int, head_dim: int) -> None:
+    """Refuse (ValueError, the reason) a cache the TMA kernels' descriptors cannot view."""
+    for c in (k_cache, v_cache):
+        why = cache_reason(c.stride(), page_size, head_dim, c.element_size())
+        if why is not None:
+            raise ValueError(why)
 
 
 def plan_choice(

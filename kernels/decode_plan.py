@@ -282,6 +282,7 @@ class DecodePlan:
         self.tma, self.tma_refused = decode_gluon.plan_choice(
             config, kv_dtype, head_dim, page_size, group, None if self.upcast else cap
         )
+        self.pairs = self.pairs and not self.tma  # TMA copies fp8 bytes as they are
         self.fused = self._launch_path(fused, total_tokens, num_splits)
         self._kern1 = self._choose_kernel(meta)
         programs = max(1, batch * num_kv_heads)
@@ -400,7 +401,8 @@ class DecodePlan:
         ``meta``."""
         config = self.config
         if self.tma:
-            meta.update(STAGES=config.stages, KV_LAYOUT=decode_gluon.kv_layout())
+            fp8 = self.is_fp8
+            meta.update(STAGES=config.stages, KV_LAYOUT=decode_gluon.kv_layout(fp8), IS_FP8=fp8)
             if self.fused:
                 return decode_gluon._decode_fused_gluon
             return decode_gluon._decode_stage1_gluon
@@ -577,10 +579,8 @@ class DecodePlan:
             raise ValueError(f"q is {q.dtype}; the plan is for {self.q_dtype}")
         if k_cache.dtype != self.kv_dtype or v_cache.dtype != self.kv_dtype:
             raise ValueError(f"K/V caches must be {self.kv_dtype} (the plan's kv_dtype)")
-        for c in (k_cache, v_cache) if self.tma else ():
-            why = decode_gluon.cache_reason(c.stride(), self.page_size, self.head_dim)
-            if why is not None:
-                raise ValueError(why)
+        if self.tma:
+            decode_gluon.check_caches(k_cache, v_cache, self.page_size, self.head_dim)
         ks, vs = k_cache.stride()[:3], v_cache.stride()[:3]
         if self.pairs:
             if any(x % 2 for x in (*ks, *vs)):

@@ -30,20 +30,30 @@ from kdash.kernels import decode_gluon, launch  # noqa: E402
 from kdash.kernels.decode_attention import DecodeConfig  # noqa: E402
 from kdash.kernels.decode_gluon import TmaConfig, unsupported_reason  # noqa: E402
 from kdash.kernels.decode_plan import DecodePlan  # noqa: E402
-from kdash.kernels.kv_cache import FP8, build_paged_cache  # noqa: E402
+from kdash.kernels.kv_cache import FP8, build_paged_cache, fp8_scales  # noqa: E402
 from kdash.kernels.reference import baseline_for, decode_reference, error_gate  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 needs_gluon = pytest.mark.skipif(decode_gluon.gluon is None, reason="no Gluon in this Triton")
 
 
+SCALES: dict = {}  # the fp8 scales of the last case made (per test: cases are made first)
+
+
 def make_case(lens, q_heads, kv_heads, page_size=16, *, device="cpu", fp8=False, seed=0):
+    """A paged cache (NaN in every unowned slot), its page table and lengths, and a query batch;
+    fp8: per-KV-head scales (unequal head magnitudes, so a swapped scale shows) in SCALES."""
     g = torch.Generator(device=device).manual_seed(seed)
     ks = [torch.randn(n, kv_heads, 128, generator=g, device=device) for n in lens]
     vs = [torch.randn(n, kv_heads, 128, generator=g, device=device) for n in lens]
+    SCALES.clear()
+    if fp8:
+        mult = torch.linspace(0.5, 2.0, kv_heads, device=device).view(1, -1, 1)
+        ks = [k * mult for k in ks]
+        SCALES.update(k_scale=fp8_scales(torch.cat(ks)), v_scale=fp8_scales(torch.cat(vs)))
     kc, vc, pt, sl = build_paged_cache(
         ks, vs, page_size, dtype=FP8 if fp8 else torch.bfloat16,
-        generator=torch.Generator().manual_seed(seed),
+        generator=torch.Generator().manual_seed(seed), **SCALES,
     )  # fmt: skip
     q = torch.randn(len(lens), q_heads, 128, generator=g, device=device).bfloat16()
     return q, kc, vc, pt, sl
@@ -52,7 +62,7 @@ def make_case(lens, q_heads, kv_heads, page_size=16, *, device="cpu", fp8=False,
 def plan_for(q, kc, pt, sl, config, **kw) -> DecodePlan:
     return DecodePlan(
         pt, sl, q.shape[1], kc.shape[2], 128, kc.shape[1], max_seq_len=int(sl.max()),
-        kv_dtype=kc.dtype, q_dtype=q.dtype, config=config, **kw,
+        kv_dtype=kc.dtype, q_dtype=q.dtype, config=config, **SCALES, **kw,
     )  # fmt: skip
 
 
@@ -64,7 +74,10 @@ def test_refuses_what_it_cannot_run(monkeypatch) -> None:
         assert unsupported_reason(bf, 128, 16, 4, ok, (16 * 1024, 1024, 128, 1)) is None
         assert "sm_90" in unsupported_reason(bf, 128, 16, 4, (8, 0))
         assert "sm_90" in unsupported_reason(bf, 128, 16, 4, None)
-        assert "bf16" in unsupported_reason(FP8, 128, 16, 4, ok)
+        assert unsupported_reason(FP8, 128, 16, 4, ok) is None
+        assert "bf16 or fp8" in unsupported_reason(torch.float16, 128, 16, 4, ok)
+        # fp8 rows are bytes: 16-byte aligned token rows at 128 heads x 1 byte
+        assert unsupported_reason(FP8, 128, 16, 4, ok, (16 * 128, 128, 128, 1)) is None
         assert "head dim" in unsupported_reason(bf, 64, 16, 4, ok)
         assert "pages of 16" in unsupported_reason(bf, 128, 1, 4, ok)
         assert "query heads" in unsupported_reason(bf, 128, 16, 32, ok)
@@ -86,20 +99,23 @@ def test_a_plan_that_cannot_take_it_runs_the_triton_kernel_and_says_why() -> Non
     assert plan_for(q, kc, pt, sl, DecodeConfig()).tma_refused is None  # not asked for
 
 
-def test_a_plan_takes_it_where_it_runs(monkeypatch) -> None:
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_a_plan_takes_it_where_it_runs(fp8, monkeypatch) -> None:
     """With the kernel's refusal stood in for (no sm_90 here): the plan launches this module's
     kernels on either path (stage 1 then the merge kernel; one launch with Gluon merge
     programs), one warp a program, the ring depth from the config, no Triton pipeline options,
-    and a scratch buffer of the descriptors' size for every program of the grid."""
+    and a scratch buffer of the descriptors' size for every program of the grid; fp8 bytes are
+    read as they are (not as the Triton kernels' int16 pairs, whose strides are halved)."""
     monkeypatch.setattr(decode_gluon, "unsupported_reason", lambda *a, **k: None)
-    q, kc, vc, pt, sl = make_case([4096], 32, 8, seed=4)
+    q, kc, vc, pt, sl = make_case([4096], 32, 8, seed=4, fp8=fp8)
     for fused, kern in ((False, "_decode_stage1_gluon"), (True, "_decode_fused_gluon")):
         plan = plan_for(q, kc, pt, sl, TmaConfig(stages=4), fused=fused)
         assert plan.tma and plan.tma_refused is None and plan.fused is fused
         assert plan._kern1 is getattr(decode_gluon, kern)
         meta = plan._meta1
         assert meta["num_warps"] == 1 and meta["STAGES"] == 4
-        assert meta["KV_LAYOUT"] == decode_gluon.kv_layout()
+        assert meta["KV_LAYOUT"] == decode_gluon.kv_layout(fp8) and meta["IS_FP8"] is fp8
+        assert not plan.pairs
         assert "PREFETCH" not in meta and "num_stages" not in meta and "EVICT" not in meta
         assert ("CHUNK" in meta) is fused  # the merge programs' chunk of splits
         programs = plan._grid1[0] * plan._grid1[1] * plan._grid1[2]
@@ -107,7 +123,7 @@ def test_a_plan_takes_it_where_it_runs(monkeypatch) -> None:
         assert plan._scratch.numel() == programs * decode_gluon.SCRATCH_PER_PROGRAM
         assert (plan._s2 is None) is fused  # two launches: the plan's merge kernel follows
     # a cache the descriptors cannot view as token rows (padding between pages): refused
-    padded = torch.zeros(kc.shape[0], 17, 8, 128, dtype=kc.dtype)[:, :16]
+    padded = torch.zeros(kc.shape[0], 17, 8, 128).to(kc.dtype)[:, :16]
     with pytest.raises(ValueError, match="TMA decode needs"):
         plan.run(q, padded, padded)
 
@@ -158,16 +174,17 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from kdash.kernels import decode_gluon as dg
 
-meta, fused = json.loads(sys.argv[1]), sys.argv[2] == "fused"
+meta, fused, kv = json.loads(sys.argv[1]), sys.argv[2] == "fused", sys.argv[3]
 fn = dg._decode_fused_gluon if fused else dg._decode_stage1_gluon
-outs = "Out LSE FLAGS " if fused else ""
-names = ("Q K V PT LENS KS VS OP LSEP " + outs + "qk_scale num_splits split_len_hint capacity "
+names = ("Q K V PT LENS KS VS OP LSEP " + ("Out LSE FLAGS " if fused else "")
+         + "qk_scale num_splits split_len_hint capacity "
          "stride_qb stride_qh stride_kp stride_ks stride_kh stride_vp stride_vs stride_vh "
          "stride_ptb" + (" stride_outb stride_outh" if fused else "")).split()
-ptrs = ["*bf16"] * 3 + ["*i32"] * 2 + ["*fp32"] * 4 + (["*bf16", "*fp32", "*i32"] if fused else [])
+outs = ["*bf16", "*fp32", "*i32"] if fused else []
+ptrs = ["*bf16", kv, kv] + ["*i32"] * 2 + ["*fp32"] * 4 + outs
 types = ptrs + ["fp32"] + ["i32"] * (len(names) - len(ptrs) - 1)
 sig = dict(zip(names, types))
-given = dict(meta, KV_LAYOUT=dg.kv_layout())
+given = dict(meta, KV_LAYOUT=dg.kv_layout(meta["IS_FP8"]))
 # in the kernel's parameter order; constexprs the plan leaves out at their defaults
 const = {p.name: given.get(p.name, p.default) for p in fn.params if p.is_constexpr}
 for k in const:
@@ -182,34 +199,39 @@ print(json.dumps({"num_warps": k.metadata.num_warps, "shared": k.metadata.shared
 
 
 @needs_gluon
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("fused", [False, True], ids=["two-launch", "fused"])
-def test_compiles_for_sm90_into_its_schedule(fused, tmp_path, monkeypatch) -> None:
+def test_compiles_for_sm90_into_its_schedule(fused, fp8, tmp_path, monkeypatch) -> None:
     """The plan's own compile-time values (refusal stood in for), compiled by Triton for sm_90
     on the CPU: one warp; TMA tile copies completing on mbarriers; mma.sync (not the
     interpreter's fp32 dots); shared memory of the ring (6 slots of K and V pages, 48 KiB and a
     little) so 4 programs fit an H200 SM; descriptor scratch within what the plan allocates.
     One launch: the partials published with a GPU-scope fence and a release exchange, the merge
-    programs polling with volatile loads and a sleep, fencing before they read."""
+    programs polling with volatile loads and a sleep, fencing before they read. fp8: one copy a
+    page (128-byte rows), the bytes widened by the e4m3 -> f16 conversion, fp16 mma, half the
+    ring's bytes."""
     monkeypatch.setattr(decode_gluon, "unsupported_reason", lambda *a, **k: None)
-    q, kc, vc, pt, sl = make_case([1000], 32, 8, seed=5)
+    q, kc, vc, pt, sl = make_case([1000], 32, 8, seed=5, fp8=fp8)
     plan = plan_for(q, kc, pt, sl, TmaConfig(), fused=fused)
     meta = {k: v for k, v in plan._meta1.items() if k not in ("KV_LAYOUT", "num_warps")}
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)
     res = subprocess.run(
-        [sys.executable, "-c", COMPILE_SM90, json.dumps(meta), "fused" if fused else "two"],
+        [sys.executable, "-c", COMPILE_SM90, json.dumps(meta), "fused" if fused else "two",
+         "*fp8e4nv" if fp8 else "*bf16"],
         capture_output=True, text=True, env=env, timeout=600, check=False,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     ptx = got["ptx"]
     assert got["num_warps"] == 1
-    ring = 2 * decode_gluon.STAGES * 16 * 128 * 2
+    ring = 2 * decode_gluon.STAGES * 16 * 128 * (1 if fp8 else 2)
     assert ring <= got["shared"] <= ring + 4096 and 4 * got["shared"] <= 227 * 1024
     assert 0 < got["scratch"] <= decode_gluon.SCRATCH_PER_PROGRAM
     assert "cp.async.bulk.tensor" in ptx and "mbarrier.try_wait" in ptx
-    assert "mma.sync.aligned.m16n8k16" in ptx
+    assert f"mma.sync.aligned.m16n8k16.row.col.f32.{'f16' if fp8 else 'bf16'}" in ptx
     assert "tensormap" in ptx  # the descriptors are made in the kernel
+    assert ("cvt.rn.f16x2.e4m3x2" in ptx) is fp8
     if fused:
         assert "atom.global.gpu.release.exch" in ptx and ptx.count("fence.acq_rel.gpu") == 2
         assert "ld.volatile" in ptx and "nanosleep.u32" in ptx
@@ -242,15 +264,16 @@ needs_sm90 = pytest.mark.skipif(
     ids=["1x128k", "1x64k-gqa8", "8x16k", "32x4k", "odd", "gqa2"],
 )
 @pytest.mark.parametrize("fused", [False, True], ids=["two-launch", "fused"])
-def test_gpu_tma_gates(q_heads, lens, fused) -> None:
-    """The TMA stage 1 through a plan, on both paths, against the fp32 reference (unowned
-    slots NaN); the one-launch plan's flags are all down again after the run."""
-    q, kc, vc, pt, sl = make_case(lens, q_heads, 8, device="cuda", seed=6)
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_gpu_tma_gates(q_heads, lens, fused, fp8) -> None:
+    """The TMA stage 1 through a plan, on both paths and both KV types, against the fp32
+    reference (unowned slots NaN); the one-launch plan's flags are all down after the run."""
+    q, kc, vc, pt, sl = make_case(lens, q_heads, 8, device="cuda", seed=6, fp8=fp8)
     plan = plan_for(q, kc, pt, sl, TmaConfig(), total_tokens=sum(lens), fused=fused)
     assert plan.tma and plan.fused is fused, plan.tma_refused
     out = plan.run(q, kc, vc).clone()
-    ref = decode_reference(q, kc, vc, pt, sl)
-    base = decode_reference(q, kc, vc, pt, sl, fn=baseline_for(q.device))
+    ref = decode_reference(q, kc, vc, pt, sl, **SCALES)
+    base = decode_reference(q, kc, vc, pt, sl, fn=baseline_for(q.device), **SCALES)
     ok, msg = error_gate(out, ref, base, max_factor=4.0, mean_factor=3.0)
     assert ok, msg
     if fused:
@@ -260,9 +283,10 @@ def test_gpu_tma_gates(q_heads, lens, fused) -> None:
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("fused", [False, True], ids=["two-launch", "fused"])
-def test_gpu_tma_plan_replays_from_a_graph(fused) -> None:
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_gpu_tma_plan_replays_from_a_graph(fused, fp8) -> None:
     """Captured once, replayed after the query and the lengths change in place: as eager."""
-    q, kc, vc, pt, sl = make_case([3000, 70000], 32, 8, device="cuda", seed=7)
+    q, kc, vc, pt, sl = make_case([3000, 70000], 32, 8, device="cuda", seed=7, fp8=fp8)
     plan = plan_for(q, kc, pt, sl, TmaConfig(), fused=fused)
     assert plan.tma, plan.tma_refused
     plan.run(q, kc, vc)  # compiles and arms outside the capture
