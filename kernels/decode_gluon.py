@@ -35,7 +35,7 @@ make.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -78,6 +78,12 @@ class TmaConfig(DecodeConfig):
     (a page each)."""
 
     stages: int = STAGES
+
+
+# Whether a plan made without a config takes these kernels where they run (sm_90, and what
+# unsupported_reason accepts): off until the H200 says they are faster than the Triton ones
+# (bench/NOTES-kernels.md, session 16; `bash bench/device_decode_tma.sh`).
+TMA_DEFAULT = False
 
 
 # The cache viewed as rows of tokens x (KV heads x HEAD_DIM) for the TMA descriptor: its row
@@ -480,6 +486,14 @@ def check_caches(k_cache, v_cache, page_size: int, head_dim: int) -> None:
         why = cache_reason(c.stride(), page_size, head_dim, c.element_size())
         if why is not None:
             raise ValueError(why)
+
+
+def default_for(base: DecodeConfig, capability: tuple[int, int] | None) -> DecodeConfig:
+    """The config a plan without one runs: ``base`` (the Triton default for its KV type), as a
+    :class:`TmaConfig` where :data:`TMA_DEFAULT` is on and the GPU is an sm_90."""
+    if TMA_DEFAULT and gluon is not None and capability == (9, 0):
+        return TmaConfig(**asdict(base))
+    return base
 
 
 def plan_choice(

@@ -128,6 +128,23 @@ def test_a_plan_takes_it_where_it_runs(fp8, monkeypatch) -> None:
         plan.run(q, padded, padded)
 
 
+def test_the_default_switch(monkeypatch) -> None:
+    """With TMA_DEFAULT on, a plan made without a config on an sm_90 (stood in for) is given
+    the TmaConfig of its KV type's default; elsewhere, or with it off, the Triton default."""
+    from kdash.kernels import decode_plan
+    from kdash.kernels.decode_attention import default_config
+
+    q, kc, vc, pt, sl = make_case([300], 8, 2, seed=8)
+    monkeypatch.setattr(decode_plan, "capability_of", lambda _d: (9, 0))
+    assert type(plan_for(q, kc, pt, sl, None).config) is DecodeConfig
+    monkeypatch.setattr(decode_gluon, "TMA_DEFAULT", True)
+    cfg = plan_for(q, kc, pt, sl, None).config
+    if decode_gluon.gluon is not None:
+        assert isinstance(cfg, TmaConfig) and cfg.block_n == default_config(kc.dtype).block_n
+    monkeypatch.setattr(decode_plan, "capability_of", lambda _d: (8, 0))
+    assert type(plan_for(q, kc, pt, sl, None).config) is DecodeConfig
+
+
 def _stand_in_launch(scratch_size: int, annotated: bool, calls: list):
     """A compiled kernel whose launcher records its call (Triton 3.6's and 3.9's layouts)."""
     runner = SimpleNamespace(
