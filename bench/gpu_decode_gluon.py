@@ -1,13 +1,18 @@
-"""The Gluon TMA stage 1 (kernels/decode_gluon.py) against the plan's own kernels. (GPU machine)
+"""The Gluon TMA decode kernels (kernels/decode_gluon.py) against the plan's own. (GPU machine)
 
-For each case a two-launch DecodePlan is made and run once (its output is the reference); then
-the Gluon stage 1 is launched on the plan's arguments (its split count, partial buffers and
-device-side split search), followed by the plan's own merge kernel, and the output compared.
-Gates: odd lengths with every unused slot of the cache NaN-filled, GQA 4 and 8, a batch with
-empty splits. Then timings (CUDA-graph replay and do_bench medians, us): the Gluon stage 1 +
-merge, the plan's two launches, the plan's default path, and each stage 1 alone.
-Writes $OUT/decode-gluon-h200.json.
-Run: python bench/gpu_decode_gluon.py [--stages S] [--variants 3,4] [--factors 1,2] [--no-timing]
+Gates first: for each case a two-launch DecodePlan is made and run (its output is the
+reference); the Gluon stage 1 is launched on that plan's arguments (split count, partial
+buffers, device-side split search) and followed by the plan's merge kernel, and the TMA kernels
+are run through plans of their own (``TmaConfig``, both paths); every output is compared. Cases:
+odd lengths with every unused slot of the cache NaN-filled, GQA 1, 4 and 8, 40 one-split
+requests, host-cut split counts twice the plan's. Then timings (CUDA-graph replay and do_bench
+medians, us) at the long shapes: the Gluon stage 1 + merge at x1, x1.5 and x2 the plan's split
+count, each stage 1 alone, the plan's two launches and default path, the plan's TMA paths; ring
+depths beyond the first at 1 x 64k only. Then fp8 KV through plans: the Triton default against
+the TMA kernels on both paths (checked against it). Writes $OUT/decode-gluon-h200.json after
+every row.
+Run: python bench/gpu_decode_gluon.py [--stages S] [--variants 3,6] [--factors 1,1.5,2]
+     [--no-timing]   (one line a row: pipe through bench/decode_gluon_summary.py)
 """
 
 from __future__ import annotations
