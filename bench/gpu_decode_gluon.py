@@ -50,7 +50,10 @@ def nan_fill_unused(case: bench.DecodeCase) -> None:
         last = pages[-1]
         used[last, n - (len(pages) - 1) * page :] = False
     for t in (case.k, case.v):
-        t[~used] = float("nan")
+        if t.element_size() == 1:  # fp8 e4m3: 0x7f is its NaN (bytes, as few ops take fp8)
+            t.view(torch.uint8)[~used] = 0x7F
+        else:
+            t[~used] = float("nan")
 
 
 def splits_plan(case: bench.DecodeCase, splits: int) -> DecodePlan:
