@@ -27,10 +27,11 @@ interpreter (Gluon has none), more than 16 query heads per KV head; a cache whos
 ``PAGE`` token rows apart is refused when a plan first sees it (:func:`check_caches`).
 
 fp8 KV (a scale per KV head) is widened to fp16 in registers on its way from shared memory to
-the tensor cores, Q and P rounded to fp16, as the Triton kernels' fp16 path does: TMA reads fp8
-no faster than Triton's loads (34.5-36.8 us against 34.6 at 1 x 64k), and the Triton fp8 stage 1
-is held back by its conversions' round trip through shared memory, which this one does not
-make.
+the tensor cores, Q and P rounded to fp16, as the Triton kernels' fp16 path does. TMA reads fp8
+no faster than Triton's loads (34.5-36.8 us against 34.6 at 1 x 64k); the Triton fp8 stage 1
+runs 23% over its loads, on the work per tile (session 13: its conversions, and the converted
+operands' trip back through shared memory, which this kernel does not make; what that trip
+costs alone was not separable there).
 """
 
 from __future__ import annotations
