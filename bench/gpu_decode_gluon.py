@@ -12,7 +12,7 @@ depths beyond the first at 1 x 64k only. Then fp8 KV through plans: the Triton d
 the TMA kernels on both paths (checked against it). Writes $OUT/decode-gluon-h200.json after
 every row.
 Run: python bench/gpu_decode_gluon.py [--stages S] [--variants 3,6] [--factors 1,1.5,2]
-     [--no-timing]   (one line a row: pipe through bench/decode_gluon_summary.py)
+     [--no-fused] [--no-timing]   (one line a row: pipe through bench/decode_gluon_summary.py)
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from kdash.kernels.decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
 from kdash.kernels.decode_gluon import TmaConfig
 from kdash.kernels.decode_plan import DecodePlan
 
+# The plan paths the TMA kernels are run on (--no-fused leaves out the one launch).
+PATHS = [False, True]
 STRIP = {"EVICT", "UPCAST", "IS_FP8", "FP8_FP16", "PREFETCH", "num_stages", "num_warps", "maxnreg"}
 
 
@@ -108,7 +110,7 @@ def gate(lens, hq, hkv, stages, nan: bool, factor: int = 1) -> dict:
     torch.cuda.synchronize()
     outs = {"manual": plan.out.float().clone()}
     if factor == 1:  # the TMA kernels as a plan takes them, both paths
-        for fused in (False, True):
+        for fused in PATHS:
             tma = case.plan(TmaConfig(stages=stages), fused=fused)
             assert tma.tma, tma.tma_refused
             outs["fused" if fused else "two_launch"] = tma.run(case.q, case.k, case.v).float()
@@ -141,7 +143,7 @@ def timing(lens, hq, hkv, stages, factors) -> dict:
     row["plan_default"] = time_us(lambda: default.run(q, k, v))
     row["plan_default_fused"] = default.fused
     # The TMA kernels as a plan takes them (its own residency and split count), both paths.
-    for fused in (False, True):
+    for fused in PATHS:
         tma = case.plan(TmaConfig(stages=stages), fused=fused)
         row[f"plan_tma_{'fused' if fused else 'two_launch'}"] = {
             "tma": tma.tma, "refused": tma.tma_refused, "splits": tma.num_splits,
@@ -161,7 +163,7 @@ def fp8_rows(lens, hq, hkv, stages: int) -> dict:
     row = {"kv": "fp8", "lens": f"{len(lens)} x {lens[0]}", "heads": f"{hq}/{hkv}",
            "triton_default": {"fused": base.fused, "splits": base.num_splits,
                               **time_us(lambda: base.run(q, k, v))}}  # fmt: skip
-    for fused in (False, True):
+    for fused in PATHS:
         tma = case.plan(TmaConfig(stages=stages), fused=fused)
         assert tma.tma, tma.tma_refused
         out = tma.run(q, k, v).float()
@@ -180,7 +182,10 @@ def main() -> int:
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--variants", default="", help="more ring depths, 1 x 64k only: 3,4")
     ap.add_argument("--factors", default="1,2", help="split counts timed, x the plan's")
+    ap.add_argument("--no-fused", action="store_true", help="leave out the one-launch form")
     args = ap.parse_args()
+    if args.no_fused:
+        PATHS.remove(True)
     triton.set_allocator(_alloc)
     res: dict = {"command": "python bench/gpu_decode_gluon.py " + " ".join(sys.argv[1:]),
                  "gpu": torch.cuda.get_device_name(0), "triton": triton.__version__,
