@@ -27,6 +27,7 @@ import torch
 import triton
 from kdash.kernels import bench
 from kdash.kernels import decode_gluon as dg
+from kdash.kernels._common import ensure_allocator
 from kdash.kernels.bench_timing import bench_graph_ms, bench_ms
 from kdash.kernels.decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
 from kdash.kernels.decode_gluon import TmaConfig
@@ -35,10 +36,6 @@ from kdash.kernels.decode_plan import DecodePlan
 # The plan paths the TMA kernels are run on (--no-fused leaves out the one launch).
 PATHS = [False, True]
 STRIP = {"EVICT", "UPCAST", "IS_FP8", "FP8_FP16", "PREFETCH", "num_stages", "num_warps", "maxnreg"}
-
-
-def _alloc(size: int, alignment: int, stream):
-    return torch.empty(size, device="cuda", dtype=torch.int8)
 
 
 def nan_fill_unused(case: bench.DecodeCase) -> None:
@@ -186,7 +183,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.no_fused:
         PATHS.remove(True)
-    triton.set_allocator(_alloc)
+    ensure_allocator()
     res: dict = {"command": "python bench/gpu_decode_gluon.py " + " ".join(sys.argv[1:]),
                  "gpu": torch.cuda.get_device_name(0), "triton": triton.__version__,
                  "stages": args.stages, "gates": [], "timing": []}  # fmt: skip

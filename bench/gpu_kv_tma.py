@@ -20,7 +20,6 @@ Run: python bench/gpu_kv_tma.py   (a CUDA GPU with Triton's Gluon; kdash importa
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -29,10 +28,13 @@ from pathlib import Path
 import torch
 import triton
 from kdash.kernels import bench
-from kdash.kernels.bench_timing import bench_graph_ms, bench_ms
+from kdash.kernels._common import ensure_allocator
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_kv_stream import _flat, _paged, measure  # the Triton readers, timed beside
 
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
@@ -88,18 +90,6 @@ def _stream(K, V, PT, n_rows, row_elems, pages_per_split, head_cols,
                    USE_PT, P, NBOX, PAGE_ROWS, BOX_R, BOX_C, ELT)  # fmt: skip
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
-
-
-def _alloc(size: int, alignment: int, stream):
-    return torch.empty(size, device="cuda", dtype=torch.int8)
-
-
-def measure(fn, nbytes: int) -> dict:
-    fn()
-    torch.cuda.synchronize()
-    ms, ms_g = bench_ms(fn), bench_graph_ms(fn)
-    return {"us": ms * 1e3, "us_graph": ms_g * 1e3, "GBps": nbytes / ms / 1e6,
-            "GBps_graph": nbytes / ms_g / 1e6}  # fmt: skip
 
 
 def tma_rows(fp8: bool, record) -> None:
@@ -170,11 +160,6 @@ def tma_rows(fp8: bool, record) -> None:
 
 def reference_rows(record) -> None:
     """The Triton loads-only kernels of gpu_kv_stream.py and the plan's own run, this run."""
-    spec = importlib.util.spec_from_file_location(
-        "kvs", Path(__file__).with_name("gpu_kv_stream.py")
-    )
-    kvs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(kvs)
     tokens, hkv, d = 65536, 8, 128
     for fp8 in (False, True):
         case = bench.DecodeCase([tokens], 32, hkv, d, fp8)
@@ -190,20 +175,20 @@ def reference_rows(record) -> None:
             split_len = 1024
             args = (k, v, pt, out, tokens, split_len, sk[0], sk[1], sk[2])
             meta = dict(PAGE=k.shape[1], BLOCK_N=128, num_warps=4, num_stages=2)
-            fn = lambda a=args, m=meta: kvs._paged[(hkv, 64)](*a, W=d, G=1, WORDS=False, **m)  # noqa: E731
+            fn = lambda a=args, m=meta: _paged[(hkv, 64)](*a, W=d, G=1, WORDS=False, **m)  # noqa: E731
             record({"kv": tag, "mode": "triton_per_head", "splits": 64, "run": measure(fn, nbytes)})
             kf, vf = k.reshape(-1, d), v.reshape(-1, d)
             n_rows = kf.shape[0]
             flat = (kf, vf, out, n_rows, n_rows // 512)
             meta = dict(BLOCK_N=128, D=d, num_warps=4, num_stages=2)
-            fn = lambda a=flat, m=meta: kvs._flat[(512,)](*a, **m)  # noqa: E731
+            fn = lambda a=flat, m=meta: _flat[(512,)](*a, **m)  # noqa: E731
             record({"kv": tag, "mode": "triton_flat", "programs": 512, "run": measure(fn, nbytes)})
         del case
         torch.cuda.empty_cache()
 
 
 def main() -> int:
-    triton.set_allocator(_alloc)
+    ensure_allocator()
     rows: list[dict] = []
 
     def record(row: dict) -> None:

@@ -36,6 +36,7 @@ costs alone was not separable there).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -517,7 +518,5 @@ def plan_choice(
 
 def scratch(grid: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """The descriptors' global scratch for every program of ``grid``, allocated once."""
-    programs = 1
-    for g in grid:
-        programs *= g
-    return torch.empty(programs * SCRATCH_PER_PROGRAM, device=device, dtype=torch.uint8)
+    n = math.prod(grid) * SCRATCH_PER_PROGRAM
+    return torch.empty(n, device=device, dtype=torch.uint8)
