@@ -351,10 +351,23 @@ def test_parsers_on_real_proc_files():
 
 
 RENAME_SCRIPT = r"""
-import sys, threading
+import sys, threading, time
 ev = threading.Event()
 t = threading.Thread(target=ev.wait, daemon=True)
 t.start()
+# start() returns before the thread is blocked in ev.wait; on a loaded machine its last few
+# microseconds could land after the test's first poll. Ready once it sleeps and its run time
+# holds still across 50 ms (a runnable thread waiting for a CPU shows R, not S).
+task = f"/proc/self/task/{t.native_id}"
+def run_ns():
+    return open(f"{task}/schedstat").read().split()[0]
+def sleeping():
+    return open(f"{task}/stat").read().rsplit(")", 1)[1].split()[0] == "S"
+while True:
+    before = run_ns()
+    time.sleep(0.05)
+    if sleeping() and run_ns() == before:
+        break
 print("ready", t.native_id, flush=True)
 sys.stdin.readline()
 with open(f"/proc/self/task/{t.native_id}/comm", "w") as f:
