@@ -15,10 +15,11 @@ One run measures, in order:
 Decode is timed as a server runs it: a :class:`~kdash.kernels.decode_plan.DecodePlan` made
 once per shape, then ``plan.run`` per call. Besides the GPU time, the host time of one ``run``
 (``host_us_nosync``: a CPU timer over many calls in a row, no synchronisation between them, so
-the figure is what the host spends, not what it waits for). Both launch paths of a plan are
-timed on every decode shape, two launches (stage 1, then the merge kernel) and one fused
-launch: ``row["paths"]`` and ``summary["by_path"]``; the top-level figures are those of the
-path a default plan takes for each shape (``decode_plan.fused_pays``). ``--only decode``
+the figure is what the host spends, not what it waits for). Every launch path of a plan is
+timed on every decode shape, two launches (stage 1, then the merge kernel), one fused launch and
+one persistent launch: ``row["paths"]`` and ``summary["by_path"]``; the top-level figures are
+those of the path a default plan takes for each shape (``decode_plan.fused_pays``; with
+``--persistent``, the persistent kernel where that says two launches). ``--only decode``
 skips prefill (its summary keys are then n/a).
 
 It writes ``bench/results/kernels-h200.json`` (``--out``) holding the command, the machine, every
@@ -41,6 +42,7 @@ from typing import Any
 
 import torch
 
+from . import decode_persist
 from .bench_summary import (
     AT_MOST,
     FLOORS,
@@ -206,7 +208,7 @@ class DecodeCase:
         kv = 2 * sum(self.lens) * self.hkv * self.d * elem
         return kv + 2 * self.q.numel() * self.q.element_size()
 
-    def plan(self, cfg: DecodeConfig, fused: bool | None = None) -> DecodePlan:
+    def plan(self, cfg: DecodeConfig, fused: bool | str | None = None) -> DecodePlan:
         """The plan for these lengths (host-known: no sync), as a server makes it per batch;
         ``fused``: one launch or two (None: the plan's default)."""
         return DecodePlan(
@@ -225,7 +227,7 @@ class DecodeCase:
             **self.scales,
         )
 
-    def fn(self, cfg: DecodeConfig, fused: bool | None = None):
+    def fn(self, cfg: DecodeConfig, fused: bool | str | None = None):
         """The timed call (one ``plan.run``), and its split count."""
         plan = self.plan(cfg, fused)
         self.last_plan = plan
@@ -371,29 +373,37 @@ def occ(side: dict) -> str:
     return f"{o['registers']}/{o['waves']:.2f}"
 
 
+# A plan's launch path (DecodePlan.path) -> its key in the decode rows, and the plan's ``fused``
+# argument that asks for it.
+PATH_KEYS = {"two": "two_launch", "fused": "fused", "persistent": "persistent"}
+PATH_ARGS: dict[str, bool | str] = {"two_launch": False, "fused": True, "persistent": "persistent"}
+
+
 def decode_row(row: dict, lens, hq, hkv, d, copy_gbs: float, best: dict[str, DecodeConfig]):
     """Time one decode shape with bf16 and fp8 KV; fills ``row`` in place.
 
     ``row[kv]`` holds the figures of the launch path a default plan takes (``DecodePlan``'s
-    ``FUSED_DEFAULT``, per batch where that is ``"auto"``; ``row[kv]["fused"]`` says which);
-    ``row["paths"][path][kv]`` those of both paths, ``two_launch`` (stage 1
-    then the merge kernel) and ``fused`` (one launch), timed alike on the same case. The other
-    path's output is compared with the default's (``max_abs_diff_vs_default``), and its failure
-    is recorded there without losing the default's figures.
+    ``FUSED_DEFAULT``, per batch where that is ``"auto"``; ``row[kv]["path"]`` says which);
+    ``row["paths"][path][kv]`` those of every path, ``two_launch`` (stage 1 then the merge
+    kernel), ``fused`` (one launch) and ``persistent`` (one launch of resident programs,
+    :mod:`kdash.kernels.decode_persist`), timed alike on the same case. The other paths' outputs
+    are compared with the default's (``max_abs_diff_vs_default``), and a failure is recorded
+    there without losing the default's figures.
     """
-    paths: dict[str, dict[str, Any]] = {"two_launch": {}, "fused": {}}
+    paths: dict[str, dict[str, Any]] = {name: {} for name in PATH_ARGS}
     for fp8 in (False, True):
         tag = "fp8" if fp8 else "bf16"
         case = DecodeCase(lens, hq, hkv, d, fp8)
         cfg = best[tag]
         fig, fn = time_path(case, cfg, None, copy_gbs)
-        chosen = case.last_plan.fused
-        paths["fused" if chosen else "two_launch"][tag] = fig
+        chosen = PATH_KEYS[case.last_plan.path]
+        paths[chosen][tag] = fig
         ms_r = bench_readflush_ms(fn)
         nbytes = fig["bytes"]
         row[tag] = {
             **fig,
-            "fused": chosen,
+            "fused": case.last_plan.fused,
+            "path": chosen,
             "host_us": bench_host_us(fn),
             "us_readflush": ms_r * 1e3,
             "bw_ratio_readflush": nbytes / (ms_r * 1e-3) / 1e9 / copy_gbs,
@@ -401,19 +411,19 @@ def decode_row(row: dict, lens, hq, hkv, d, copy_gbs: float, best: dict[str, Dec
         fn()
         torch.cuda.synchronize()
         want = case.out.float().clone()
-        other = "two_launch" if chosen else "fused"
-        try:
-            fig, fn = time_path(case, cfg, not chosen, copy_gbs)
-            fn()
-            torch.cuda.synchronize()
-            fig["max_abs_diff_vs_default"] = float((case.out.float() - want).abs().max())
-        except Exception as e:  # noqa: BLE001 - the other path's failure is a finding, not fatal
-            fig = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-            log(f"decode {other} {tag} B={len(lens)}: {fig['error']}")
-        paths[other][tag] = fig
+        for other in (name for name in PATH_ARGS if name != chosen):
+            try:
+                fig, fn = time_path(case, cfg, PATH_ARGS[other], copy_gbs)
+                fn()
+                torch.cuda.synchronize()
+                fig["max_abs_diff_vs_default"] = float((case.out.float() - want).abs().max())
+            except Exception as e:  # noqa: BLE001 - another path's failure is a finding
+                fig = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                log(f"decode {other} {tag} B={len(lens)}: {fig['error']}")
+            paths[other][tag] = fig
         del case
     for p in paths.values():
-        if "us" in p["bf16"] and "us" in p["fp8"]:
+        if "us" in p.get("bf16", {}) and "us" in p.get("fp8", {}):
             p["fp8_speedup"] = p["bf16"]["us"] / p["fp8"]["us"]
             p["fp8_speedup_graph"] = p["bf16"]["us_graph"] / p["fp8"]["us_graph"]
     row["paths"] = paths
@@ -421,9 +431,9 @@ def decode_row(row: dict, lens, hq, hkv, d, copy_gbs: float, best: dict[str, Dec
     row["fp8_speedup_graph"] = row["bf16"]["us_graph"] / row["fp8"]["us_graph"]
 
 
-def time_path(case: DecodeCase, cfg: DecodeConfig, fused: bool | None, copy_gbs: float):
+def time_path(case: DecodeCase, cfg: DecodeConfig, fused: bool | str | None, copy_gbs: float):
     """One launch path's figures on ``case`` (do_bench, graph replay, host time), and its call
-    (``fused`` None: the path a default plan takes)."""
+    (``fused`` None: the path a default plan takes; else the plan's ``fused`` argument)."""
     fn, splits = case.fn(cfg, fused)
     ms = bench_ms(fn)
     ms_g = bench_graph_ms(fn)
@@ -673,7 +683,15 @@ def main(argv: list[str] | None = None) -> int:
         help="decode's stage 1 is the TMA kernel, bf16 and fp8 (decode_gluon.TmaConfig on the "
         "decode configs the run uses; a plan that cannot take it keeps the Triton kernel)",
     )
+    ap.add_argument(
+        "--persistent",
+        action="store_true",
+        help="default plans take the persistent one-launch kernel where the fused one does not "
+        "pay (decode_persist.PERSISTENT_DEFAULT), so the top-level figures are of that rule",
+    )
     args = ap.parse_args(argv)
+    if args.persistent:
+        decode_persist.PERSISTENT_DEFAULT = True
     if not torch.cuda.is_available():
         print("kdash.kernels.bench needs a CUDA GPU", file=sys.stderr)
         return 2

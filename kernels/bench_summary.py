@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import decode_persist
 from .decode_plan import FUSED_DEFAULT
 
 FLOORS = {
@@ -75,7 +76,10 @@ def summarize(decode: list[dict], prefill: list[dict]) -> dict[str, Any]:
         if FUSED_DEFAULT == "auto"
         else ("fused" if FUSED_DEFAULT else "two_launch")
     )
-    s["by_path"] = {name: path_summary(decode, name, lowest) for name in ("two_launch", "fused")}
+    if FUSED_DEFAULT == "auto" and decode_persist.PERSISTENT_DEFAULT:
+        s["default_path"] += ", persistent where it says two launches"
+    names = ("two_launch", "fused", "persistent")
+    s["by_path"] = {name: path_summary(decode, name, lowest) for name in names}
     s["status"] = {k: floor_status(k, s[k]) for k in FLOORS}
     s["met"] = {k: v == "pass" for k, v in s["status"].items()}
     s["short_by"] = {
@@ -86,10 +90,13 @@ def summarize(decode: list[dict], prefill: list[dict]) -> dict[str, Any]:
 
 def path_summary(decode: list[dict], name: str, lowest) -> dict[str, Any]:
     """The decode summary keys for one launch path (rows timed with both, see decode_row)."""
-    rows = [r["paths"][name] for r in decode if name in r.get("paths", {})]
-    long_rows = [
-        r["paths"][name] for r in decode if name in r.get("paths", {}) and r["long_context"]
-    ]
+
+    # a row timed before this path was (an older result file) has no entry for it
+    def timed(r: dict) -> bool:
+        return all(t in r.get("paths", {}).get(name, {}) for t in ("bf16", "fp8"))
+
+    rows = [r["paths"][name] for r in decode if timed(r)]
+    long_rows = [r["paths"][name] for r in decode if timed(r) and r["long_context"]]
     hosts = [p[t].get("host_us_nosync") for p in rows for t in ("bf16", "fp8")]
     hosts = [h for h in hosts if h is not None]
     out = {

@@ -143,7 +143,6 @@ def _decode_stage1_fp8_cvt(
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     q_heads = tl.num_programs(1) * GROUP
-    HALF: tl.constexpr = HEAD_DIM // 2
     seq_len, start, end = _piece(
         LENS,
         b,
@@ -161,7 +160,6 @@ def _decode_stage1_fp8_cvt(
         SEARCH,
     )
     offs_h = tl.arange(0, BLOCK_H)
-    offs_j = tl.arange(0, HALF)
     hmask = offs_h < GROUP
     heads = kvh * GROUP + offs_h
     row = (b * q_heads + heads).to(tl.int64) * num_splits + split
@@ -169,6 +167,27 @@ def _decode_stage1_fp8_cvt(
         # Past the end of a short request: lse = -inf only, which the merge weighs as zero.
         tl.store(LSEP + row, float("-inf"), mask=hmask)
         return
+    _fp8_cvt_span(
+        Q, K, V, PT, KS, VS, OP, LSEP, qk_scale, stride_qb, stride_qh, stride_kp, stride_ks,
+        stride_kh, stride_vp, stride_vs, stride_vh, stride_ptb, b, kvh, start, end, row, hmask,
+        heads, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, EVICT, ASM, UPCAST, PREFETCH,
+    )  # fmt: skip
+
+
+@triton.jit
+def _fp8_cvt_span(
+    Q, K, V, PT, KS, VS, OP, LSEP, qk_scale, stride_qb, stride_qh, stride_kp, stride_ks,
+    stride_kh, stride_vp, stride_vs, stride_vh, stride_ptb, b, kvh, start, end, row, hmask,
+    heads, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE: tl.constexpr, EVICT: tl.constexpr, ASM: tl.constexpr, UPCAST: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):  # fmt: skip
+    """Tokens ``[start, end)`` (not empty) of request ``b`` for KV head ``kvh``'s query heads
+    ``heads``: the partial output and LSE written to rows ``row`` of ``OP``/``LSEP``. The body of
+    :func:`_decode_stage1_fp8_cvt`, also run per work item by the persistent decode
+    (:mod:`kdash.kernels.decode_persist`)."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    offs_j = tl.arange(0, HALF)
     K = K.to(tl.pointer_type(tl.int16), bitcast=True)
     V = V.to(tl.pointer_type(tl.int16), bitcast=True)
     q_ptr = Q + b * stride_qb + heads[:, None] * stride_qh + 2 * offs_j[None, :]

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from . import decode_gluon, residency
+from . import decode_gluon, decode_persist, residency
 from ._common import cdiv, interpreting, next_pow2, sm_count
 from .decode_attention import (
     DEFAULT_CONFIG,
@@ -36,6 +36,7 @@ from .decode_attention import (
 )
 from .decode_fp8 import CVT_MODES, _decode_stage1_fp8_cvt
 from .decode_fused import _decode_fused, merge_chunk
+from .kv_cache import scale_per_head
 from .launch import BoundKernel, hooks_installed
 from .residency import MAX_BLOCKS_PER_SM, Residency
 
@@ -65,45 +66,6 @@ def capability_of(device: torch.device) -> tuple[int, int] | None:
     if device.type != "cuda":
         return None
     return _capability(device.index if device.index is not None else torch.cuda.current_device())
-
-
-# Float scales become [Hkv] tensors once, not on every call: a torch.full per decode step is an
-# allocation plus a fill kernel, both inside a benchmark's timed region. Bounded; keyed by value.
-_SCALE_CACHE: dict[tuple[float, int, torch.device], torch.Tensor] = {}
-
-
-def _as_scale(
-    scale: torch.Tensor | float | None, kv_heads: int, device: torch.device
-) -> torch.Tensor:
-    if scale is None:
-        raise ValueError("fp8 KV needs k_scale and v_scale (per KV head, or one float)")
-    if isinstance(scale, torch.Tensor):
-        if (
-            scale.dim() == 1
-            and scale.dtype == torch.float32
-            and scale.shape[0] == kv_heads
-            and scale.device == device
-            and scale.is_contiguous()
-        ):
-            return scale  # the usual case, used as it is: no reshape, no copy
-        s = scale.reshape(-1)
-        if s.dtype != torch.float32 or s.device != device:
-            s = s.to(device=device, dtype=torch.float32)
-        if s.numel() == 1:
-            s = s.expand(kv_heads)
-        if s.numel() != kv_heads:
-            raise ValueError(f"scale has {s.numel()} entries, expected 1 or {kv_heads}")
-        return s.contiguous()  # the kernels index the scales as a dense [Hkv] array
-    key = (float(scale), kv_heads, device)
-    s = _SCALE_CACHE.get(key)
-    if s is None:
-        s = torch.full((kv_heads,), float(scale), device=device, dtype=torch.float32)
-        # Made during CUDA-graph capture, the fill would only run at replay: never keep that one.
-        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
-            if len(_SCALE_CACHE) >= 64:
-                _SCALE_CACHE.clear()
-            _SCALE_CACHE[key] = s
-    return s
 
 
 def max_splits_for(
@@ -284,7 +246,8 @@ class DecodePlan:
             config, kv_dtype, head_dim, page_size, group, None if self.upcast else cap
         )
         self.pairs = self.pairs and not self.tma  # TMA copies fp8 bytes as they are
-        self.fused = self._launch_path(fused, total_tokens, num_splits)
+        self.path = self._launch_path(fused, total_tokens, num_splits)
+        self.fused, self.persistent = self.path != "two", self.path == "persistent"
         self._kern1 = self._choose_kernel(meta)
         programs = max(1, batch * num_kv_heads)
         meta.update(
@@ -333,14 +296,18 @@ class DecodePlan:
         self._vs_src: object = _NO_SCALE
         self._scales_aligned = True
         if self.is_fp8 and k_scale is not None and v_scale is not None:
-            self._ks, self._ks_src = _as_scale(k_scale, num_kv_heads, dev), k_scale
-            self._vs, self._vs_src = _as_scale(v_scale, num_kv_heads, dev), v_scale
+            self._ks, self._ks_src = scale_per_head(k_scale, num_kv_heads, dev), k_scale
+            self._vs, self._vs_src = scale_per_head(v_scale, num_kv_heads, dev), v_scale
             self._scales_aligned = _aligned(self._ks, self._vs)
         self._ksp = self._vsp = seq_lens.data_ptr()
         if self.is_fp8 and self._ks_src is not _NO_SCALE:
             self._ksp, self._vsp = self._ks.data_ptr(), self._vs.data_ptr()
-        # The fused grid's last GROUP slices of the split axis are its merge programs.
+        # The fused grid's last GROUP slices of the split axis are its merge programs; the
+        # persistent grid is what the GPU holds at once.
         self._grid1 = (batch, num_kv_heads, splits + (group if self.fused else 0))
+        if self.persistent:
+            work = (self.capacity, batch, num_kv_heads, num_q_heads, splits)
+            self._grid1 = (decode_persist.programs(*work),)
         # The TMA kernel's descriptors live in global scratch: one buffer for every run.
         self._scratch = decode_gluon.scratch(self._grid1, dev) if self.tma else None
         self._q_stride: tuple | None = None
@@ -356,9 +323,10 @@ class DecodePlan:
         self._pt_ptr, self._sl_ptr = page_table.data_ptr(), seq_lens.data_ptr()
         self._outs: tuple = (out, lse, out.stride(0), out.stride(1))
         if self.fused:
-            # The merge's flags, one per partial (request, query head, split): zero between
-            # launches.
-            self._flags = torch.zeros(max(1, n_l), device=dev, dtype=torch.int32)
+            # The merge's flags, one per partial (request, query head, split), or the
+            # persistent kernel's counters: zero between launches.
+            n_flags = decode_persist.COUNTERS if self.persistent else max(1, n_l)
+            self._flags = torch.zeros(n_flags, device=dev, dtype=torch.int32)
             self._s2 = None
             self._args2: tuple = ()
         else:
@@ -374,17 +342,27 @@ class DecodePlan:
 
     def _launch_path(
         self, fused: bool | str | None, total_tokens: int | None, num_splits: int | None
-    ) -> bool:
-        """Whether this plan launches the fused kernel: ``fused``, else :data:`FUSED_DEFAULT`,
+    ) -> str:
+        """``"two"``, ``"fused"`` or ``"persistent"``: ``fused``, else :data:`FUSED_DEFAULT`,
         where ``"auto"`` asks :func:`fused_pays`, judged at the config's residency before any
-        kernel is compiled (the chosen kernel's own residency is found after, as always)."""
+        kernel is compiled (the chosen kernel's own residency is found after, as always), and
+        where that says no, takes the persistent kernel if ``decode_persist.PERSISTENT_DEFAULT``
+        and this plan can run it."""
         choice = FUSED_DEFAULT if fused is None else fused
+        cvt = self.pairs and self.config.fp8_compute in CVT_MODES
+        why = decode_persist.unsupported_reason(self.tma, self.is_fp8, cvt)
+        if choice == "persistent":
+            if why and fused is not None:
+                raise ValueError(f"fused='persistent': {why}")
+            return "two" if why else "persistent"  # a module-wide default fits what it can
         if choice != "auto":
-            return bool(choice)
+            return "fused" if choice else "two"
         per_sm, sms = max(1, self.config.programs_per_sm), self._sms
         est = (self.batch, self.kv_heads, self.max_seq_len, total_tokens, num_splits, per_sm)
         programs = self.batch * self.kv_heads * self._splits(*est)[0]
-        return fused_pays(self.batch, self.q_heads, programs, per_sm * sms, sms)
+        if fused_pays(self.batch, self.q_heads, programs, per_sm * sms, sms):
+            return "fused"
+        return "persistent" if decode_persist.PERSISTENT_DEFAULT and not why else "two"
 
     def _finish_meta(self, meta: dict) -> None:
         """The launch options that depend on the kernel chosen: the TMA kernel runs one warp
@@ -394,6 +372,8 @@ class DecodePlan:
             del meta["PREFETCH"], meta["num_stages"]
             meta["num_warps"] = 1
         maxnreg = getattr(self.config, "maxnreg", None)
+        if self.persistent and self.is_fp8:
+            maxnreg = maxnreg or decode_persist.FP8_MAXNREG
         if maxnreg and not self.upcast:
             meta["maxnreg"] = int(maxnreg)
 
@@ -411,6 +391,9 @@ class DecodePlan:
         asm = self.pairs and config.fp8_compute in ("pairs_asm", *CVT_MODES) and not self.upcast
         fp16 = config.fp8_compute != "bf16"
         meta.update(EVICT="evict_first" if config.evict_first else "", UPCAST=self.upcast)
+        if self.persistent:
+            meta.update(IS_FP8=self.is_fp8, ASM=asm)
+            return decode_persist._decode_persistent
         if self.fused:
             meta.update(PAIRS=self.pairs, IS_FP8=self.is_fp8, FP8_FP16=fp16, ASM=asm)
             if cvt:
@@ -547,6 +530,7 @@ class DecodePlan:
             *ks,
             self.page_table.stride(0),
             *((self.out.stride(0), self.out.stride(1)) if self.fused else ()),
+            *self._sizes(),
         )
         grid = (self.batch, self.kv_heads, splits)
         try:
@@ -601,7 +585,7 @@ class DecodePlan:
         out, lse, so_b, so_h = self._outs
         if self.fused:
             bufs: tuple = (self.o_part, self.lse_part, out, lse, self._flags)
-            self._rest1 = (*bufs, *scalars, so_b, so_h)
+            self._rest1 = (*bufs, *scalars, so_b, so_h, *self._sizes())
         else:
             bufs = (self.o_part, self.lse_part)
             self._rest1 = (*bufs, *scalars)
@@ -614,6 +598,10 @@ class DecodePlan:
         self._q_stride, self._q_shape = q.stride(), q.shape
         self._cache_layout = (k_cache.stride(), v_cache.stride())
         self._known.clear()
+
+    def _sizes(self) -> tuple[int, ...]:
+        """The persistent kernel's trailing arguments (its grid does not carry them)."""
+        return (self.batch, self.kv_heads) if self.persistent else ()
 
     def _arm_fire(self) -> None:
         """Make :attr:`_fire` once every kernel of the run is armed (their first launch went
@@ -668,7 +656,7 @@ class DecodePlan:
             if src is _NO_SCALE:
                 raise ValueError("fp8 KV needs k_scale and v_scale (per KV head, or one float)")
             return self._ks if which == "k" else self._vs
-        t = _as_scale(scale, self.kv_heads, self.device)
+        t = scale_per_head(scale, self.kv_heads, self.device)
         if which == "k":
             self._ks, self._ks_src, self._ksp = t, scale, t.data_ptr()
         else:

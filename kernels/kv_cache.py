@@ -32,6 +32,47 @@ def dequantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return x.float() * scale.view(*([1] * (x.dim() - 2)), -1, 1)
 
 
+# Float scales become [Hkv] tensors once, not on every call: a torch.full per decode step is an
+# allocation plus a fill kernel, both inside a benchmark's timed region. Bounded; keyed by value.
+_SCALE_CACHE: dict[tuple[float, int, torch.device], torch.Tensor] = {}
+
+
+def scale_per_head(
+    scale: torch.Tensor | float | None, kv_heads: int, device: torch.device
+) -> torch.Tensor:
+    """``scale`` (one float, or a tensor of 1 or ``kv_heads`` entries) as the dense ``[Hkv]``
+    fp32 tensor on ``device`` that the decode kernels index; a float's tensor is kept for reuse."""
+    if scale is None:
+        raise ValueError("fp8 KV needs k_scale and v_scale (per KV head, or one float)")
+    if isinstance(scale, torch.Tensor):
+        if (
+            scale.dim() == 1
+            and scale.dtype == torch.float32
+            and scale.shape[0] == kv_heads
+            and scale.device == device
+            and scale.is_contiguous()
+        ):
+            return scale  # the usual case, used as it is: no reshape, no copy
+        s = scale.reshape(-1)
+        if s.dtype != torch.float32 or s.device != device:
+            s = s.to(device=device, dtype=torch.float32)
+        if s.numel() == 1:
+            s = s.expand(kv_heads)
+        if s.numel() != kv_heads:
+            raise ValueError(f"scale has {s.numel()} entries, expected 1 or {kv_heads}")
+        return s.contiguous()  # the kernels index the scales as a dense [Hkv] array
+    key = (float(scale), kv_heads, device)
+    s = _SCALE_CACHE.get(key)
+    if s is None:
+        s = torch.full((kv_heads,), float(scale), device=device, dtype=torch.float32)
+        # Made during CUDA-graph capture, the fill would only run at replay: never keep that one.
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            if len(_SCALE_CACHE) >= 64:
+                _SCALE_CACHE.clear()
+            _SCALE_CACHE[key] = s
+    return s
+
+
 def slot_index(
     page_table: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, page_size: int
 ) -> torch.Tensor:

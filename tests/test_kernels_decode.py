@@ -55,16 +55,19 @@ needs_device = pytest.mark.skipif(
     not INTERPRET and not torch.cuda.is_available(), reason="no CUDA and not interpreting"
 )
 # Interpreter runs are slow per program: small blocks and few splits keep CI within its budget.
-SMALL = DecodeConfig(block_n=64, prefetch_pages=False)
-SMALL_PREFETCH = DecodeConfig(block_n=64, prefetch_pages=True)
+# fp8 takes the default's conversion (every launch path has it); the others are gated below.
+SMALL = DecodeConfig(block_n=64, prefetch_pages=False, fp8_compute="cvt")
+SMALL_PREFETCH = DecodeConfig(block_n=64, prefetch_pages=True, fp8_compute="cvt")
 # Every correctness gate runs with and without the page-index prefetch (prefetch_pages).
 with_prefetch = pytest.mark.parametrize("cfg", [SMALL, SMALL_PREFETCH], ids=["plain", "prefetch"])
 
 
-@pytest.fixture(params=[False, True], ids=["two-launch", "fused"])
-def path(request, monkeypatch) -> bool:
-    """Both launch paths of a plan: stage 1 then the merge kernel, or the one fused launch
-    (the plans these tests make through decode_attention take the module's default)."""
+@pytest.fixture(params=[False, True, "persistent"], ids=["two-launch", "fused", "persistent"])
+def path(request, monkeypatch) -> bool | str:
+    """The launch paths of a plan: stage 1 then the merge kernel, the one fused launch, or the
+    persistent kernel (the plans these tests make through decode_attention take the module's
+    default; where a plan cannot run the persistent kernel, an fp8 config of another conversion,
+    it takes two launches)."""
     monkeypatch.setattr(decode_plan, "FUSED_DEFAULT", request.param)
     return request.param
 
@@ -204,7 +207,7 @@ def test_cached_launch_plan_still_validates_every_call() -> None:
 
 @needs_device
 @pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "prefetch"])
-@pytest.mark.parametrize("mode", ["pairs_asm", "pairs", "fp16", "bf16"])
+@pytest.mark.parametrize("mode", ["cvt", "pairs_asm", "pairs", "fp16", "bf16"])
 def test_every_fp8_compute_path_passes_the_gate(mode: str, prefetch: bool, path) -> None:
     q, kc, vc, pt, sl, scales = make_case([5, 300], 8, 2, 64, 16, True, seed=8)
     cfg = DecodeConfig(block_n=64, fp8_compute=mode, prefetch_pages=prefetch)

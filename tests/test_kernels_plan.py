@@ -35,13 +35,13 @@ DEV = "cpu" if INTERPRET else "cuda"
 needs_device = pytest.mark.skipif(
     not INTERPRET and not torch.cuda.is_available(), reason="no CUDA and not interpreting"
 )
-SMALL = DecodeConfig(block_n=64)
+SMALL = DecodeConfig(block_n=64, fp8_compute="cvt")  # fp8: the default's conversion
 
 
-@pytest.fixture(params=[False, True], ids=["two-launch", "fused"])
-def path(request, monkeypatch) -> bool:
-    """Both launch paths: stage 1 then the merge kernel, or one fused launch (plans made
-    without ``fused=`` take the module's default, set here)."""
+@pytest.fixture(params=[False, True, "persistent"], ids=["two-launch", "fused", "persistent"])
+def path(request, monkeypatch) -> bool | str:
+    """The launch paths: stage 1 then the merge kernel, one fused launch, or the persistent
+    kernel (plans made without ``fused=`` take the module's default, set here)."""
     monkeypatch.setattr(decode_plan, "FUSED_DEFAULT", request.param)
     return request.param
 
@@ -275,7 +275,7 @@ needs_cuda = pytest.mark.skipif(
 def test_gpu_fast_launch_matches_the_jit_launch_bit_for_bit(fp8: bool, path) -> None:
     q, kc, vc, pt, sl, sc = make_case([16384, 3000, 77], 32, 8, 128, 16, fp8, seed=7)
     plan = plan_for(pt, sl, q, kc, max_seq_len=16384, total_tokens=19461, config=None, **sc)
-    assert plan.fused == path
+    assert plan.fused == bool(path) and plan.persistent == (path == "persistent")
     plan.run(q, kc, vc)
     kernels = [plan._s1] if path else [plan._s1, plan._s2]
     assert all(k.fast for k in kernels)  # armed by the first run
@@ -338,7 +338,7 @@ def test_gpu_plan_plans_at_its_compiled_kernels_residency(fp8: bool, path) -> No
     plan = plan_for(pt, sl, q, kc, max_seq_len=16384, total_tokens=8 * 16384, config=None, **sc)
     assert plan.residency_source in ("compiled", "cache"), plan.residency_source
     check(plan.run(q, kc, vc), q, kc, vc, pt, sl, sc)
-    assert plan.fused == path
+    assert plan.fused == bool(path) and plan.persistent == (path == "persistent")
     occ = bench.stage1_occupancy(plan)
     assert occ["resident_per_sm"] == plan.resident_per_sm
     assert occ["registers"] == plan.residency.registers
@@ -521,21 +521,23 @@ def test_bench_decode_case_times_a_plan_run_that_passes_the_gate(fp8: bool, monk
 
 
 @needs_device
-def test_bench_decode_row_times_both_launch_paths(monkeypatch) -> None:
-    """The wiring of the decode table and its summary for the two paths, on the CPU: the GPU
-    timers cannot run here, so they are replaced by fixed figures (two-launch runs 10% slower
-    and 2 us more host time than fused, so the summary can be checked per path). The runs that
-    compare the two paths' outputs are real (interpreted)."""
+def test_bench_decode_row_times_every_launch_path(monkeypatch) -> None:
+    """The wiring of the decode table and its summary for the three paths, on the CPU: the GPU
+    timers cannot run here, so they are replaced by fixed figures per path (two launches 10%
+    slower than fused and the persistent kernel 5%; host times 10, 8 and 7 us), so the summary
+    can be checked per path. The runs that compare the paths' outputs are real (interpreted)."""
     from kdash.kernels import bench
 
     monkeypatch.setattr(bench, "DEVICE", DEV)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     plans: list = []
+    factor = {"two": 1.1, "fused": 1.0, "persistent": 1.05}
+    host = {"two": 10.0, "fused": 8.0, "persistent": 7.0}
 
     def timed(base):
         def fake(fn, **_kw):
             plan = plans[-1]
-            return base * (1.0 if plan.fused else 1.1) * (0.6 if plan.is_fp8 else 1.0)
+            return base * factor[plan.path] * (0.6 if plan.is_fp8 else 1.0)
 
         return fake
 
@@ -550,29 +552,35 @@ def test_bench_decode_row_times_both_launch_paths(monkeypatch) -> None:
     monkeypatch.setattr(bench, "bench_ms", timed(0.1))
     monkeypatch.setattr(bench, "bench_graph_ms", timed(0.09))
     monkeypatch.setattr(bench, "bench_readflush_ms", timed(0.095))
-    monkeypatch.setattr(bench, "bench_host_us", lambda fn: 12.0 if plans[-1].fused else 14.0)
-    monkeypatch.setattr(bench, "bench_host_nosync_us", lambda fn: 8.0 if plans[-1].fused else 10.0)
+    monkeypatch.setattr(bench, "bench_host_us", lambda fn: host[plans[-1].path] + 4)
+    monkeypatch.setattr(bench, "bench_host_nosync_us", lambda fn: host[plans[-1].path])
     row = {"long_context": True}
     bench.decode_row(row, [300, 40], 8, 2, 64, 3000.0, {"bf16": SMALL, "fp8": SMALL})
-    d = plans[0].fused  # the path a default plan takes for this batch
-    assert [p.fused for p in plans] == [d, not d, d, not d]  # the default path first
-    assert row["bf16"]["fused"] is d and row["bf16"]["host_us_nosync"] == (8.0 if d else 10.0)
-    two, fused = row["paths"]["two_launch"], row["paths"]["fused"]
+    d = plans[0].path  # the path a default plan takes for this batch
+    assert d in ("two", "fused")  # persistent only with decode_persist.PERSISTENT_DEFAULT
+    others = [p for p in ("two", "fused", "persistent") if p != d]
+    assert [p.path for p in plans] == [d, *others] * 2  # the default path first, bf16 then fp8
+    assert row["bf16"]["path"] == bench.PATH_KEYS[d] and row["bf16"]["fused"] is (d != "two")
+    assert row["bf16"]["host_us_nosync"] == host[d]
+    two, fused, pers = (row["paths"][k] for k in ("two_launch", "fused", "persistent"))
     assert fused["bf16"]["us"] == pytest.approx(100.0) and two["bf16"]["us"] == pytest.approx(110.0)
+    assert pers["bf16"]["us"] == pytest.approx(105.0)
     assert fused["fp8_speedup"] == pytest.approx(1 / 0.6)
     for tag in ("bf16", "fp8"):
-        other = two if d else fused
-        assert other[tag]["max_abs_diff_vs_default"] < 0.05  # bf16 outputs of |x| < ~3
+        for other in others:
+            path = row["paths"][bench.PATH_KEYS[other]]
+            assert path[tag]["max_abs_diff_vs_default"] < 0.05  # bf16 outputs of |x| < ~3
     s = bench.summarize([row], [])
     assert decode_plan.FUSED_DEFAULT == "auto"  # the module's default: chosen per batch
     assert s["default_path"] == "per batch (decode_plan.fused_pays)"
-    assert s["by_path"]["fused"]["decode_host_us"] == 8.0
-    assert s["by_path"]["two_launch"]["decode_host_us"] == 10.0
+    by = s["by_path"]
+    assert by["fused"]["decode_host_us"] == 8.0 and by["two_launch"]["decode_host_us"] == 10.0
+    assert by["persistent"]["decode_host_us"] == 7.0
     # One row: the top-level keys are those of the path its default plan took.
-    chosen = "fused" if d else "two_launch"
-    assert s["decode_host_us"] == s["by_path"][chosen]["decode_host_us"]
-    assert s["by_path"]["fused"]["decode_bw_ratio"] > s["by_path"]["two_launch"]["decode_bw_ratio"]
-    assert s["by_path"]["fused"]["status"]["decode_host_us"] == "pass"
+    assert s["decode_host_us"] == by[bench.PATH_KEYS[d]]["decode_host_us"]
+    assert by["fused"]["decode_bw_ratio"] > by["persistent"]["decode_bw_ratio"]
+    assert by["persistent"]["decode_bw_ratio"] > by["two_launch"]["decode_bw_ratio"]
+    assert by["persistent"]["status"]["decode_host_us"] == "pass"
     line = bench.paths_line(row)
     assert "two_launch bf16" in line and "fused fp8" in line
 

@@ -1,0 +1,247 @@
+"""The persistent one-launch decode (kernels/decode_persist.py): how plans take it, its results
+and counters in the CPU interpreter, its sm_90 compile, and its GPU gates.
+
+In the interpreter programs run one after another, so the first takes every work item and the
+others find none: the order of the takes, the counts, the merge and the counters' reset are
+checked here; programs running at once (and the deadlock argument) only on the GPU (``gpu``).
+The compile test runs Triton's real compiler for sm_90 in a child process (no GPU needed).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from kdash.kernels import decode_persist, decode_plan  # noqa: E402
+from kdash.kernels.decode_attention import DecodeConfig  # noqa: E402
+from kdash.kernels.decode_plan import DecodePlan  # noqa: E402
+from kdash.kernels.kv_cache import FP8, build_paged_cache, fp8_scales  # noqa: E402
+from kdash.kernels.reference import baseline_for, decode_reference, error_gate  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DEV = "cpu" if INTERPRET else "cuda"
+needs_device = pytest.mark.skipif(
+    not INTERPRET and not torch.cuda.is_available(), reason="no CUDA and not interpreting"
+)
+SMALL = DecodeConfig(block_n=64, fp8_compute="cvt")
+
+
+def make_case(lens, q_heads, kv_heads, head_dim=64, page_size=16, fp8=False, seed=0):
+    """A shuffled paged cache with NaN in every unowned slot, and the queries for it."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    ks = [torch.randn(n, kv_heads, head_dim, generator=g, device=DEV) for n in lens]
+    vs = [torch.randn(n, kv_heads, head_dim, generator=g, device=DEV) for n in lens]
+    scales = {}
+    if fp8:
+        scales = dict(k_scale=fp8_scales(torch.cat(ks)), v_scale=fp8_scales(torch.cat(vs)))
+    kc, vc, pt, sl = build_paged_cache(
+        ks,
+        vs,
+        page_size,
+        dtype=FP8 if fp8 else torch.bfloat16,
+        generator=torch.Generator().manual_seed(seed),
+        **scales,
+    )
+    q = torch.randn(len(lens), q_heads, head_dim, generator=g, device=DEV).bfloat16()
+    return q, kc, vc, pt, sl, scales
+
+
+def plan_for(q, kc, pt, sl, scales, **kw) -> DecodePlan:
+    kw.setdefault("config", SMALL)
+    kw.setdefault("max_seq_len", int(sl.max()))
+    return DecodePlan(
+        pt, sl, q.shape[1], kc.shape[2], q.shape[2], kc.shape[1], kv_dtype=kc.dtype, **scales, **kw
+    )
+
+
+def check(out, q, kc, vc, pt, sl, scales) -> None:
+    ref = decode_reference(q, kc, vc, pt, sl, **scales)
+    base = decode_reference(q, kc, vc, pt, sl, fn=baseline_for(q.device), **scales)
+    ok, msg = error_gate(out, ref, base, max_factor=4.0, mean_factor=3.0)
+    assert ok, msg
+
+
+# --------------------------------------------------------------------------- the plan's choice
+def test_what_it_cannot_run_is_said() -> None:
+    assert decode_persist.unsupported_reason(False, False, False) is None
+    assert decode_persist.unsupported_reason(False, True, True) is None
+    assert "TMA" in decode_persist.unsupported_reason(True, False, False)
+    assert "cvt" in decode_persist.unsupported_reason(False, True, False)
+
+
+@needs_device
+def test_an_explicit_ask_it_cannot_run_is_refused_a_default_falls_back(monkeypatch) -> None:
+    q, kc, vc, pt, sl, sc = make_case([40, 7], 8, 2, fp8=True)
+    pairs = DecodeConfig(block_n=64, fp8_compute="pairs_asm")
+    with pytest.raises(ValueError, match="fp8_compute='cvt'"):
+        plan_for(q, kc, pt, sl, sc, config=pairs, fused="persistent")
+    monkeypatch.setattr(decode_plan, "FUSED_DEFAULT", "persistent")
+    plan = plan_for(q, kc, pt, sl, sc, config=pairs)
+    assert plan.path == "two" and not plan.fused and not plan.persistent
+    assert plan_for(q, kc, pt, sl, sc).path == "persistent"  # cvt: it can
+
+
+@needs_device
+def test_the_auto_rule_takes_it_only_where_the_fused_launch_does_not_pay(monkeypatch) -> None:
+    """With PERSISTENT_DEFAULT on: a few long requests (one wave, few merge programs) keep the
+    fused launch; a batch of many requests, two launches before, takes the persistent one."""
+    monkeypatch.setattr(decode_plan, "FUSED_DEFAULT", "auto")
+    q, kc, vc, pt, sl, sc = make_case([700], 4, 1)
+    q2, kc2, vc2, pt2, sl2, sc2 = make_case([30] * 12, 8, 2)
+    assert plan_for(q, kc, pt, sl, sc).path == "fused"
+    assert plan_for(q2, kc2, pt2, sl2, sc2).path == "two"  # off: as before
+    monkeypatch.setattr(decode_persist, "PERSISTENT_DEFAULT", True)
+    assert plan_for(q, kc, pt, sl, sc).path == "fused"
+    many = plan_for(q2, kc2, pt2, sl2, sc2)
+    assert many.path == "persistent" and many._s2 is None
+    assert plan_for(q2, kc2, pt2, sl2, sc2, fused=False).path == "two"  # an explicit ask wins
+
+
+# --------------------------------------------------------------------------- interpreted runs
+@needs_device
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize(
+    ("lens", "splits"),
+    [([1, 100, 300, 37], 3), ([500], 4), ([16, 17, 15], 1)],
+    ids=["ragged", "one-long", "one-split"],
+)
+def test_results_match_two_launches_and_counters_come_back_to_zero(lens, splits, fp8) -> None:
+    """Every stage-1 item and every merge item is done once: the output passes the reference
+    gate and equals two launches' (the merges add the same partials in another order); the
+    grid is the plan's residency or the item count if smaller; after each run the three
+    counters are zero again, so a second run (or a graph replay) starts clean and agrees."""
+    q, kc, vc, pt, sl, sc = make_case(lens, 8, 2, fp8=fp8, seed=len(lens))
+    pers = plan_for(q, kc, pt, sl, sc, fused="persistent", num_splits=splits)
+    two = plan_for(q, kc, pt, sl, sc, fused=False, num_splits=splits)
+    work = decode_persist.items(len(lens), 2, 8, pers.num_splits)
+    assert pers._grid1 == (min(pers.capacity, work),)
+    out = pers.run(q, kc, vc).clone()
+    assert not pers._flags.any()
+    check(out, q, kc, vc, pt, sl, sc)
+    torch.testing.assert_close(out.float(), two.run(q, kc, vc).float(), atol=2e-2, rtol=2e-2)
+    pers.out.fill_(float("nan"))
+    assert torch.equal(pers.run(q, kc, vc), out)
+    assert not pers._flags.any()
+
+
+@needs_device
+def test_a_grid_of_one_program_does_every_item(monkeypatch) -> None:
+    """Residency 1 on 1 SM: one program takes all the stage-1 items, publishes once, merges
+    every head, and as the last (only) program to finish zeroes the counters."""
+    q, kc, vc, pt, sl, sc = make_case([90, 33], 4, 2)
+    monkeypatch.setattr(decode_plan, "sm_count", lambda *a: 1)
+    plan = plan_for(q, kc, pt, sl, sc, fused="persistent", num_splits=2,
+                    config=DecodeConfig(block_n=64, programs_per_sm=1))  # fmt: skip
+    assert plan._grid1 == (1,)
+    check(plan.run(q, kc, vc), q, kc, vc, pt, sl, sc)
+    assert not plan._flags.any()
+
+
+# --------------------------------------------------------------------------- sm_90 compile
+COMPILE_SM90 = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kdash.kernels import decode_persist as dp
+
+meta, kv = json.loads(sys.argv[1]), sys.argv[2]
+fn = dp._decode_persistent
+opts = {k: meta.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in meta}
+ptrs = ["*bf16", kv, kv, "*i32", "*i32", "*fp32", "*fp32", "*fp32", "*fp32", "*bf16", "*fp32",
+        "*i32"]
+names = [p.name for p in fn.params if not p.is_constexpr]
+sig = {n: (ptrs[i] if i < len(ptrs) else ("fp32" if n == "qk_scale" else "i32"))
+       for i, n in enumerate(names)}
+const = {p.name: meta.get(p.name, p.default) for p in fn.params if p.is_constexpr}
+sig.update({k: "constexpr" for k in const})
+div = [i for i, n in enumerate(sig) if sig[n].startswith("*") or n.startswith("stride")]
+src = ASTSource(fn, sig, const, attrs={(i,): [["tt.divisibility", 16]] for i in div})
+k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+print(json.dumps({"shared": k.metadata.shared, "ptx": k.asm["ptx"]}))
+"""
+
+
+@needs_device
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_compiles_for_sm90_with_its_loop_pipelined_and_its_protocol(fp8, tmp_path) -> None:
+    """The plan's own compile-time values (GPU ones: no interpreter upcast), compiled by Triton
+    for sm_90 on the CPU: the KV loop inside the persistent loop is still software-pipelined
+    (cp.async), the takes are relaxed atomic adds, the publish a GPU-scope fence and a release
+    add, the finish an acquire-release add; the merge polls with volatile loads and a sleep.
+    fp8 carries the plan's register cap (3 programs an SM at 4 warps)."""
+    q, kc, vc, pt, sl, sc = make_case([1000], 32, 8, head_dim=128, fp8=fp8)
+    plan = plan_for(q, kc, pt, sl, sc, fused="persistent", config=None)
+    meta = dict(plan._meta1, UPCAST=False)
+    if fp8:
+        meta["ASM"] = True
+        meta.setdefault("maxnreg", decode_persist.FP8_MAXNREG)  # the interpreter plan omits it
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    res = subprocess.run(
+        [sys.executable, "-c", COMPILE_SM90, json.dumps(meta), "*fp8e4nv" if fp8 else "*bf16"],
+        capture_output=True, text=True, env=env, timeout=600, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    ptx = json.loads(res.stdout.strip().splitlines()[-1])["ptx"]
+    assert "cp.async" in ptx and "mma.sync.aligned" in ptx
+    assert ptx.count("atom.global.gpu.relaxed.add") == 2  # the first take, the next take
+    # the publish's result is unused: Triton 3.9 makes it a reduction (red), 3.6 an atom
+    assert re.search(r"(atom|red)\.global\.gpu\.release\.add", ptx)
+    assert "atom.global.gpu.acq_rel.add" in ptx
+    assert "fence.acq_rel.gpu" in ptx and "ld.volatile" in ptx and "nanosleep.u32" in ptx
+    assert ("cvt.rn.f16x2.e4m3x2" in ptx) is fp8
+    assert (f".maxnreg {decode_persist.FP8_MAXNREG}" in ptx) is fp8
+
+
+# --------------------------------------------------------------------------- GPU gates
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(
+    INTERPRET or not torch.cuda.is_available(), reason="needs a CUDA GPU and TRITON_INTERPRET=0"
+)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize(
+    "lens",
+    [[1024] * 128, [4096] * 32, "lognormal"],
+    ids=["128x1k", "32x4k", "64-lognormal"],
+)
+def test_gpu_many_waves_match_two_launches_and_replays_leave_counters_at_zero(lens, fp8) -> None:
+    """The shapes where the fused launch lost 9-40% (many waves of stage 1, many merges): the
+    persistent kernel against two launches (the reference gate on a few requests too), then 200
+    replays of a CUDA graph holding it, each equal to the first, with the counters at zero."""
+    if lens == "lognormal":
+        g = torch.Generator().manual_seed(3)
+        lens = [int(x) for x in torch.empty(64).log_normal_(8.0, 1.0, generator=g).clamp(64, 32768)]
+    q, kc, vc, pt, sl, sc = make_case(lens, 32, 8, head_dim=128, fp8=fp8, seed=4)
+    pers = plan_for(q, kc, pt, sl, sc, fused="persistent", config=None, total_tokens=sum(lens))
+    two = plan_for(q, kc, pt, sl, sc, fused=False, config=None, total_tokens=sum(lens))
+    want = two.run(q, kc, vc).float().clone()
+    got = pers.run(q, kc, vc).float().clone()
+    torch.cuda.synchronize()
+    assert not pers._flags.any()
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    n = 4
+    check(pers.out[:n], q[:n], kc, vc, pt[:n], sl[:n], sc)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        pers.run(q, kc, vc)
+    for _ in range(200):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(pers.out.float(), got)
+    assert not pers._flags.any()
