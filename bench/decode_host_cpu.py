@@ -8,7 +8,7 @@ launcher costs (argument parsing, cuLaunchKernelEx) is not in these figures; the
 ``decode_host_us`` (kernels/bench.py) has it.
 
 Run: python bench/decode_host_cpu.py [--profile]   (prints us per run, min and median of 7 x
-20,000 runs, for the two-launch and the fused plan, bf16 and fp8 KV; --profile adds cProfile)
+20,000 runs, for the two-launch, fused and persistent plans, bf16 and fp8 KV; --profile adds cProfile)
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def stand_in(bk: BoundKernel, n_runtime: int) -> None:
     bk._direct = launch._direct_entry(compiled, bk._g, tail)
 
 
-def _plan(case: bench.DecodeCase, cfg, fused: bool) -> DecodePlan:
+def _plan(case: bench.DecodeCase, cfg, fused: bool | str) -> DecodePlan:
     return DecodePlan(
         case.page_table,
         case.seq_lens,
@@ -75,7 +75,7 @@ def _plan(case: bench.DecodeCase, cfg, fused: bool) -> DecodePlan:
     )
 
 
-def measure(fused: bool, fp8: bool, profile: bool) -> tuple[float, float]:
+def measure(fused: bool | str, fp8: bool, profile: bool) -> tuple[float, float]:
     case = bench.DecodeCase([300, 40, 77, 5], 32, 8, 128, fp8)
     plan = _plan(case, None if fp8 else DecodeConfig(block_n=64), fused)
     q, k, v = case.q, case.k, case.v
@@ -114,10 +114,10 @@ def measure(fused: bool, fp8: bool, profile: bool) -> tuple[float, float]:
 def main() -> int:
     bench.DEVICE = "cpu"
     profile = "--profile" in sys.argv[1:]
-    for fused in (False, True):
+    for fused in (False, True, "persistent"):
         for fp8 in (False, True):
             lo, mid = measure(fused, fp8, profile)
-            name = "fused" if fused else "two-launch"
+            name = {False: "two-launch", True: "fused"}.get(fused, fused)
             print(f"{name:>10} {'fp8' if fp8 else 'bf16'}: {lo:.2f} us min, {mid:.2f} us median")
     return 0
 

@@ -4,7 +4,7 @@
 Per shape (32/8/128, page 16) and KV dtype, each through a DecodePlan on the same case: two
 launches, the fused launch, the persistent kernel, and for bf16 the persistent kernel under a
 128-register cap (4 programs an SM, with the spills ptxas then makes; uncapped it compiles to
-~155 registers, 3 an SM). Per variant: CUDA-graph replay and do_bench medians (us), host us
+~160 registers, 3 an SM). Per variant: CUDA-graph replay and do_bench medians (us), host us
 per run (no sync), the compiled kernel's registers and residency, the grid, and the largest
 difference from two launches' output. Writes the JSON after every shape.
 Run: python bench/gpu_decode_persist.py [--out FILE] [--shapes 1x65536,64xlognormal]

@@ -10,12 +10,13 @@ warps and registers, so they run as waves of their own (session 14).
 
 Here the grid is at most what the GPU holds at once, and each program loops over work items
 taken off a counter (``COUNTERS[0]``, one atomic add an item): first the ``B x Hkv x splits``
-stage-1 items (the grid order of the two-launch form: split slowest), then ``B x Hq`` merge
-items. A program counts the stage-1 items it finished and publishes the count once (its
-threads' GPU-scope fence, a CTA barrier, one release add to ``COUNTERS[1]``) when it takes its
-first merge item or runs out of items; a merge item waits until that sum is every stage-1 item,
-then reads the partials from L2. So each program fences once, not once an item, and the merge
-runs on programs already resident.
+stage-1 items (the grid order of the two-launch form: split slowest), then ``B x Hkv`` merge
+items, each the query heads of one KV head (a program's items run one after another, each merge
+a chain of L2 round trips: fewer, wider items end the launch sooner). A program counts the
+stage-1 items it finished and publishes the count once (its threads' GPU-scope fence, a CTA
+barrier, one release add to ``COUNTERS[1]``) when it takes its first merge item or runs out of
+items; a merge item waits until that sum is every stage-1 item, then reads the partials from L2.
+So each program fences once, not once an item, and the merge runs on programs already resident.
 
 Why it cannot deadlock, whatever the GPU holds at once: items are taken in counter order, so when
 a program takes a merge item every stage-1 item has been taken by a program that is running; such
@@ -41,7 +42,7 @@ import triton.language as tl
 from ._common import mma, to_bf16
 from .decode_attention import _tile_pages, _wave_split_len
 from .decode_fp8 import _fp8_cvt_span
-from .decode_fused import _fenced, _pause
+from .decode_fused import _fenced, _pause, merge_chunk
 
 # Whether a plan on the auto rule (decode_plan.FUSED_DEFAULT == "auto") takes this kernel where
 # decode_fused's one launch does not pay, instead of two launches. Off until the H200 has timed
@@ -49,10 +50,10 @@ from .decode_fused import _fenced, _pause
 PERSISTENT_DEFAULT = False
 # The register cap a plan gives the fp8 kernel (Triton's maxnreg). Left to itself ptxas gives it
 # 192 registers on sm_90, 2 programs an SM against the two-launch fp8 stage 1's 3; at 168 it is 3,
-# and its 12 bytes of spills are before and after the KV loop, none in it (CPU compile, Triton
-# 3.6). The bf16 kernel is left alone: 128 (4 an SM) puts spill loads in the loop, and at its
-# 155-160 (3 an SM) the two-launch stage 1 of the 64/8 layout (154) is within 2% of the 32/8 one
-# (120, 4 an SM) on the H200 (bench/NOTES-kernels.md, session 16).
+# and its 4-16 bytes of spills (32/8 and 64/8 heads) are before and after the KV loop, none in it
+# (CPU compile, Triton 3.6). The bf16 kernel is left alone: 128 (4 an SM) puts spill loads in the
+# loop, and at its 160 (3 an SM) the two-launch stage 1 of the 64/8 layout (154) is within 2% of
+# the 32/8 one (120, 4 an SM) on the H200 (bench/NOTES-kernels.md, session 16).
 FP8_MAXNREG = 168
 # int32 counters a plan keeps zeroed for the kernel: the next item, stage-1 items published,
 # programs finished (and one for alignment).
@@ -69,14 +70,23 @@ def unsupported_reason(tma: bool, is_fp8: bool, cvt: bool) -> str | None:
     return None
 
 
-def items(batch: int, kv_heads: int, q_heads: int, splits: int) -> int:
-    """Work items of one launch: stage-1 (request, KV head, split), then one merge a query head."""
-    return batch * kv_heads * splits + batch * q_heads
+def items(batch: int, kv_heads: int, splits: int) -> int:
+    """Work items of one launch: stage-1 (request, KV head, split), then one merge a (request,
+    KV head) for its group of query heads."""
+    return batch * kv_heads * splits + batch * kv_heads
 
 
-def programs(capacity: int, batch: int, kv_heads: int, q_heads: int, splits: int) -> int:
+def programs(capacity: int, batch: int, kv_heads: int, splits: int) -> int:
     """The grid: what the GPU holds at once (``capacity``), never more programs than items."""
-    return max(1, min(capacity, items(batch, kv_heads, q_heads, splits)))
+    return max(1, min(capacity, items(batch, kv_heads, splits)))
+
+
+def merge_meta(group: int, head_dim: int) -> dict[str, int]:
+    """The merge's constexprs: the group padded to a power of two (``MERGE_H``), and the splits
+    a step (``MERGE_S``) that keep a step's tile at decode_fused's chunk of rows (32 at head
+    dim 128, 16 below: at most 32 fp32 registers a thread at 4 warps)."""
+    h = 1 << max(0, (group - 1).bit_length())
+    return {"MERGE_H": h, "MERGE_S": max(1, merge_chunk(head_dim) // h)}
 
 
 @triton.jit
@@ -162,55 +172,65 @@ def _bf16_span(
 
 
 @triton.jit
-def _merge_head(
+def _merge_group(
     OP,
     LSEP,
     Out,
     LSE,
     b,
-    head,
+    kvh,
     q_heads,
     num_splits,
     stride_outb,
     stride_outh,
+    GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    CHUNK: tl.constexpr,
+    MERGE_H: tl.constexpr,
+    MERGE_S: tl.constexpr,
     EMULATE_RTNE: tl.constexpr,
 ):
-    """Merge query head ``head`` of request ``b`` over its splits (every partial is published):
-    an online softmax over the partial LSEs, ``CHUNK`` splits a step, each step's LSEs and
-    partials loaded together from L2 (an empty split's row holds no output: it is weighted 0)."""
-    offs_c = tl.arange(0, CHUNK)
+    """Merge the ``GROUP`` query heads of KV head ``kvh`` of request ``b`` over their splits
+    (every partial is published): an online softmax over the partial LSEs, ``MERGE_S`` splits of
+    every head (``MERGE_H``, the group padded to a power of two) a step, each step's LSEs and
+    partials loaded together from L2 (an empty split's row holds no output: it is weighted 0).
+    One item a group, not a head: a program's items run one after another, each a chain of L2
+    round trips, so fewer and wider items end the launch sooner."""
+    offs_g = tl.arange(0, MERGE_H)
+    offs_s = tl.arange(0, MERGE_S)
     offs_d = tl.arange(0, HEAD_DIM)
-    row0 = (b * q_heads + head).to(tl.int64) * num_splits
-    m = tl.full([], float("-inf"), tl.float32)
-    den = tl.zeros([], tl.float32)
-    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
-    for s0 in range(0, num_splits, CHUNK):
-        s = s0 + offs_c
-        have = s < num_splits
-        lse_c = tl.load(LSEP + row0 + s, mask=have, other=float("-inf"), cache_modifier=".cg")
+    gmask = offs_g < GROUP
+    heads = kvh * GROUP + offs_g
+    row0 = (b * q_heads + heads).to(tl.int64) * num_splits  # [H]
+    m = tl.full([MERGE_H], float("-inf"), tl.float32)
+    den = tl.zeros([MERGE_H], tl.float32)
+    acc = tl.zeros([MERGE_H, HEAD_DIM], dtype=tl.float32)
+    for s0 in range(0, num_splits, MERGE_S):
+        s = s0 + offs_s
+        have = gmask[:, None] & (s < num_splits)[None, :]  # [H, S]
+        rows = row0[:, None] + s[None, :]
+        lse_c = tl.load(LSEP + rows, mask=have, other=float("-inf"), cache_modifier=".cg")
         part = tl.load(
-            OP + (row0 + s)[:, None] * HEAD_DIM + offs_d[None, :],
-            mask=have[:, None],
+            OP + rows[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+            mask=have[:, :, None],
             other=0.0,
             cache_modifier=".cg",
         )
         live = have & (lse_c > float("-inf"))
-        part = tl.where(live[:, None], part, 0.0)
-        m_new = tl.maximum(m, tl.max(lse_c, 0))
+        part = tl.where(live[:, :, None], part, 0.0)
+        m_new = tl.maximum(m, tl.max(lse_c, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m - m_safe)
-        w = tl.where(live, tl.exp2(lse_c - m_safe), 0.0)
-        den = den * alpha + tl.sum(w, 0)
-        acc = acc * alpha + tl.sum(part * w[:, None], 0)
+        w = tl.where(live, tl.exp2(lse_c - m_safe[:, None]), 0.0)
+        den = den * alpha + tl.sum(w, 1)
+        acc = acc * alpha[:, None] + tl.sum(part * w[:, :, None], 1)
         m = m_new
     den_safe = tl.where(den > 0, den, 1.0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     lse_out = tl.where(den > 0, (m_safe + tl.log2(den_safe)) * 0.6931471805599453, -float("inf"))
-    tl.store(LSE + b * q_heads + head, lse_out)
-    out = acc / den_safe
-    tl.store(Out + b * stride_outb + head * stride_outh + offs_d, to_bf16(out, EMULATE_RTNE))
+    tl.store(LSE + b * q_heads + heads, lse_out, mask=gmask)
+    out = acc / den_safe[:, None]
+    o_ptr = Out + b * stride_outb + heads[:, None] * stride_outh + offs_d[None, :]
+    tl.store(o_ptr, to_bf16(out, EMULATE_RTNE), mask=gmask[:, None])
 
 
 @triton.jit
@@ -271,16 +291,17 @@ def _decode_persistent(
     MAX_SPLITS: tl.constexpr,
     MERGE: tl.constexpr,
     SEARCH: tl.constexpr,
-    CHUNK: tl.constexpr,
+    MERGE_H: tl.constexpr,
+    MERGE_S: tl.constexpr,
     POLL_NS: tl.constexpr = 64,
 ):
     """Grid ``(P,)``, ``P`` at most the programs resident at once. Arguments as
     ``decode_fused._decode_fused``'s (fp8: int16-pair strides and ``decode_fp8``'s conversion),
     ``COUNTERS`` in place of its flags (int32 ``[4]``, zero before the launch and after it),
-    then the batch size and KV heads."""
+    then the batch size and KV heads; ``MERGE_H``/``MERGE_S`` from :func:`merge_meta`."""
     q_heads = kv_heads * GROUP
     n_stage1 = batch * kv_heads * num_splits
-    n_items = n_stage1 + batch * q_heads
+    n_items = n_stage1 + batch * kv_heads
     if DEVICE_PLAN:
         hint = _split_len_of(
             LENS, batch, kv_heads, capacity, TARGET_VARLEN, MIN_SPLIT, BLOCK_N, BLOCK_B,
@@ -338,9 +359,9 @@ def _decode_persistent(
             # Every partial is out; the fence's result feeds the loads' addresses, so none is
             # issued before it.
             m = item - n_stage1 + _fenced(seen - seen, not UPCAST)
-            _merge_head(
-                OP, LSEP, Out, LSE, m // q_heads, m % q_heads, q_heads, num_splits, stride_outb,
-                stride_outh, HEAD_DIM, CHUNK, UPCAST,
+            _merge_group(
+                OP, LSEP, Out, LSE, m // kv_heads, m % kv_heads, q_heads, num_splits,
+                stride_outb, stride_outh, GROUP, HEAD_DIM, MERGE_H, MERGE_S, UPCAST,
             )  # fmt: skip
         item = nxt
     if unpublished:

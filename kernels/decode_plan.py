@@ -269,8 +269,6 @@ class DecodePlan:
             num_stages=config.num_stages,
         )
         self._finish_meta(meta)
-        if self.fused:
-            meta["CHUNK"] = merge_chunk(head_dim)
         self._meta1 = meta
         if out is None:
             out = torch.empty(batch, num_q_heads, head_dim, device=dev, dtype=q_dtype)
@@ -306,7 +304,7 @@ class DecodePlan:
         # persistent grid is what the GPU holds at once.
         self._grid1 = (batch, num_kv_heads, splits + (group if self.fused else 0))
         if self.persistent:
-            work = (self.capacity, batch, num_kv_heads, num_q_heads, splits)
+            work = (self.capacity, batch, num_kv_heads, splits)
             self._grid1 = (decode_persist.programs(*work),)
         # The TMA kernel's descriptors live in global scratch: one buffer for every run.
         self._scratch = decode_gluon.scratch(self._grid1, dev) if self.tma else None
@@ -366,11 +364,16 @@ class DecodePlan:
 
     def _finish_meta(self, meta: dict) -> None:
         """The launch options that depend on the kernel chosen: the TMA kernel runs one warp
-        and its ring's depth is the config's (no software pipeline, no prefetch switch);
-        decode_fp8.Fp8Config's register cap is a compile option, so not for the interpreter."""
+        and its ring's depth is the config's (no software pipeline, no prefetch switch); the
+        one-launch kernels' merge shape; decode_fp8.Fp8Config's register cap (the persistent fp8
+        kernel's own by default) is a compile option, so not for the interpreter."""
         if self.tma:
             del meta["PREFETCH"], meta["num_stages"]
             meta["num_warps"] = 1
+        if self.persistent:
+            meta.update(decode_persist.merge_meta(meta["GROUP"], meta["HEAD_DIM"]))
+        elif self.fused:
+            meta["CHUNK"] = merge_chunk(meta["HEAD_DIM"])
         maxnreg = getattr(self.config, "maxnreg", None)
         if self.persistent and self.is_fp8:
             maxnreg = maxnreg or decode_persist.FP8_MAXNREG

@@ -124,7 +124,7 @@ def test_results_match_two_launches_and_counters_come_back_to_zero(lens, splits,
     q, kc, vc, pt, sl, sc = make_case(lens, 8, 2, fp8=fp8, seed=len(lens))
     pers = plan_for(q, kc, pt, sl, sc, fused="persistent", num_splits=splits)
     two = plan_for(q, kc, pt, sl, sc, fused=False, num_splits=splits)
-    work = decode_persist.items(len(lens), 2, 8, pers.num_splits)
+    work = decode_persist.items(len(lens), 2, pers.num_splits)
     assert pers._grid1 == (min(pers.capacity, work),)
     out = pers.run(q, kc, vc).clone()
     assert not pers._flags.any()
