@@ -105,13 +105,13 @@ def _stage2_meta(splits: int, head_dim: int) -> tuple[int, int]:
 
 _NO_SCALE = object()
 # Whether a plan launches one fused kernel (stage 1 and the merge) rather than two: True, False,
-# or "auto", where each plan decides by :func:`fused_pays`; a plan's ``fused`` argument
-# overrides it. On the H200 the fused kernel passes the same gates and costs ~6 us of host time a
-# run against ~10; at a few long requests (one wave of stage 1, few merge programs) it is 1-2.6
-# us faster by do_bench and within 1.6 us either way replayed from a graph; but every stage-1
-# program waits for its stores before it raises its flags, once a wave, and its merge programs
-# carry stage 1's warps and registers, so with many waves or many merge programs it is 9-40%
-# slower (bench/NOTES-kernels.md, session 14).
+# "persistent" (decode_persist's kernel wherever it can run), or "auto", where each plan decides
+# by :func:`fused_pays`; a plan's ``fused`` argument overrides it. On the H200 the fused kernel
+# passes the same gates and costs ~6 us of host time a run against ~10; at a few long requests
+# (one wave of stage 1, few merge programs) it is 1-2.6 us faster by do_bench and within 1.6 us
+# either way replayed from a graph; but every stage-1 program waits for its stores before it
+# raises its flags, once a wave, and its merge programs carry stage 1's warps and registers, so
+# with many waves or many merge programs it is 9-40% slower (bench/NOTES-kernels.md, session 14).
 FUSED_DEFAULT: bool | str = "auto"
 
 
@@ -145,7 +145,10 @@ class DecodePlan:
     ``fused`` (default :data:`FUSED_DEFAULT`, ``"auto"``: :func:`fused_pays` decides for the
     batch): one launch, the split merge done by merge programs of the same grid that fold each
     split's partial once it is written (:mod:`kdash.kernels.decode_fused`), instead of stage 1
-    then a merge kernel. Same results up to the order of the merge's additions.
+    then a merge kernel; ``"persistent"``: one launch of resident programs that take stage-1
+    work and then the merge off a counter (:mod:`kdash.kernels.decode_persist`). Same results
+    up to the order of the merge's additions; :attr:`path` says which (``"two"``, ``"fused"``,
+    ``"persistent"``).
 
     ``page_table`` (``[B, max_pages]`` int32) and ``seq_lens`` (``[B]`` int32) are kept by
     reference and read on the GPU at every run: a caller (or a CUDA graph replay) may rewrite them
