@@ -23,38 +23,21 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+import decode_cases as cases  # noqa: E402
+from decode_cases import check  # noqa: E402
 from kdash.kernels import decode_persist, decode_plan  # noqa: E402
 from kdash.kernels.decode_attention import DecodeConfig  # noqa: E402
 from kdash.kernels.decode_plan import DecodePlan  # noqa: E402
-from kdash.kernels.kv_cache import FP8, build_paged_cache, fp8_scales  # noqa: E402
-from kdash.kernels.reference import baseline_for, decode_reference, error_gate  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-DEV = "cpu" if INTERPRET else "cuda"
 needs_device = pytest.mark.skipif(
     not INTERPRET and not torch.cuda.is_available(), reason="no CUDA and not interpreting"
 )
 SMALL = DecodeConfig(block_n=64, fp8_compute="cvt")
 
 
-def make_case(lens, q_heads, kv_heads, head_dim=64, page_size=16, fp8=False, seed=0):
-    """A shuffled paged cache with NaN in every unowned slot, and the queries for it."""
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    ks = [torch.randn(n, kv_heads, head_dim, generator=g, device=DEV) for n in lens]
-    vs = [torch.randn(n, kv_heads, head_dim, generator=g, device=DEV) for n in lens]
-    scales = {}
-    if fp8:
-        scales = dict(k_scale=fp8_scales(torch.cat(ks)), v_scale=fp8_scales(torch.cat(vs)))
-    kc, vc, pt, sl = build_paged_cache(
-        ks,
-        vs,
-        page_size,
-        dtype=FP8 if fp8 else torch.bfloat16,
-        generator=torch.Generator().manual_seed(seed),
-        **scales,
-    )
-    q = torch.randn(len(lens), q_heads, head_dim, generator=g, device=DEV).bfloat16()
-    return q, kc, vc, pt, sl, scales
+def make_case(lens, q_heads, kv_heads, head_dim=64, fp8=False, seed=0):
+    return cases.make_case(lens, q_heads, kv_heads, head_dim, 16, fp8, seed=seed)
 
 
 def plan_for(q, kc, pt, sl, scales, **kw) -> DecodePlan:
@@ -63,13 +46,6 @@ def plan_for(q, kc, pt, sl, scales, **kw) -> DecodePlan:
     return DecodePlan(
         pt, sl, q.shape[1], kc.shape[2], q.shape[2], kc.shape[1], kv_dtype=kc.dtype, **scales, **kw
     )
-
-
-def check(out, q, kc, vc, pt, sl, scales) -> None:
-    ref = decode_reference(q, kc, vc, pt, sl, **scales)
-    base = decode_reference(q, kc, vc, pt, sl, fn=baseline_for(q.device), **scales)
-    ok, msg = error_gate(out, ref, base, max_factor=4.0, mean_factor=3.0)
-    assert ok, msg
 
 
 # --------------------------------------------------------------------------- the plan's choice

@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from decode_cases import check, make_case  # noqa: E402
 from kdash.kernels import decode_attention as da  # noqa: E402
 from kdash.kernels import decode_plan  # noqa: E402
 from kdash.kernels._common import cdiv  # noqa: E402
@@ -26,9 +27,8 @@ from kdash.kernels.decode_attention import (  # noqa: E402
     decode_attention,
     max_splits_for,
 )
-from kdash.kernels.kv_cache import FP8, build_paged_cache, fp8_scales  # noqa: E402
+from kdash.kernels.kv_cache import FP8  # noqa: E402
 from kdash.kernels.launch import BoundKernel  # noqa: E402
-from kdash.kernels.reference import baseline_for, decode_reference, error_gate  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEV = "cpu" if INTERPRET else "cuda"
@@ -44,33 +44,6 @@ def path(request, monkeypatch) -> bool | str:
     kernel (plans made without ``fused=`` take the module's default, set here)."""
     monkeypatch.setattr(decode_plan, "FUSED_DEFAULT", request.param)
     return request.param
-
-
-def make_case(lens, q_heads, kv_heads, head_dim, page_size, fp8=False, *, seed=0):
-    """A NaN-padded shuffled paged cache (NaN in every unowned slot) and the queries for it."""
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    ks = [torch.randn(n, kv_heads, head_dim, generator=g, device=DEV) for n in lens]
-    vs = [torch.randn(n, kv_heads, head_dim, generator=g, device=DEV) for n in lens]
-    scales = {}
-    if fp8:
-        scales = dict(k_scale=fp8_scales(torch.cat(ks)), v_scale=fp8_scales(torch.cat(vs)))
-    kc, vc, pt, sl = build_paged_cache(
-        ks,
-        vs,
-        page_size,
-        dtype=FP8 if fp8 else torch.bfloat16,
-        generator=torch.Generator().manual_seed(seed),
-        **scales,
-    )
-    q = torch.randn(len(lens), q_heads, head_dim, generator=g, device=DEV).bfloat16()
-    return q, kc, vc, pt, sl, scales
-
-
-def check(out, q, kc, vc, pt, sl, scales):
-    ref = decode_reference(q, kc, vc, pt, sl, **scales)
-    base = decode_reference(q, kc, vc, pt, sl, fn=baseline_for(q.device), **scales)
-    ok, msg = error_gate(out, ref, base, max_factor=4.0, mean_factor=3.0)
-    assert ok, msg
 
 
 def plan_for(pt, sl, q, kc, **kw) -> DecodePlan:
