@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
+from decode_cases import check  # noqa: E402
 from kdash.kernels import decode_plan  # noqa: E402
 from kdash.kernels.decode_attention import (  # noqa: E402
     DEFAULT_FP8_CONFIG,
@@ -37,7 +38,6 @@ from kdash.kernels.decode_fp8 import (  # noqa: E402
     conversion_path,
 )
 from kdash.kernels.kv_cache import FP8, build_paged_cache, fp8_scales  # noqa: E402
-from kdash.kernels.reference import baseline_for, decode_reference, error_gate  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEV = "cpu" if INTERPRET else "cuda"
@@ -95,13 +95,6 @@ def make_case(lens, q_heads, kv_heads, head_dim, page_size, *, seed=0):
     )
     q = torch.randn(len(lens), q_heads, head_dim, generator=g, device=DEV).bfloat16()
     return q, kc, vc, pt, sl, scales
-
-
-def check(out, q, kc, vc, pt, sl, scales) -> None:
-    ref = decode_reference(q, kc, vc, pt, sl, **scales)
-    base = decode_reference(q, kc, vc, pt, sl, fn=baseline_for(q.device), **scales)
-    ok, msg = error_gate(out, ref, base, max_factor=4.0, mean_factor=3.0)
-    assert ok, msg
 
 
 @needs_device
