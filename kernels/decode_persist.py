@@ -9,14 +9,16 @@ program fences before it raises its flags, and its ``B x Hq`` merge programs car
 warps and registers, so they run as waves of their own (session 14).
 
 Here the grid is at most what the GPU holds at once, and each program loops over work items
-taken off a counter (``COUNTERS[0]``, one atomic add an item): first the ``B x Hkv x splits``
-stage-1 items (the grid order of the two-launch form: split slowest), then ``B x Hkv`` merge
-items, each the query heads of one KV head (a program's items run one after another, each merge
-a chain of L2 round trips: fewer, wider items end the launch sooner). A program counts the
-stage-1 items it finished and publishes the count once (its threads' GPU-scope fence, a CTA
-barrier, one release add to ``COUNTERS[1]``) when it takes its first merge item or runs out of
-items; a merge item waits until that sum is every stage-1 item, then reads the partials from L2.
-So each program fences once, not once an item, and the merge runs on programs already resident.
+taken off a counter (``COUNTERS[0]``, one atomic add an item): first the stage-1 items, one per
+(request, KV head, split) that has tokens (the cut of the two-launch kernels, read from the
+lengths in memory; a grid sized for longer lengths has empty splits, which would each cost a
+take here), then ``B x Hkv`` merge items, each the query heads of one KV head (a program's items
+run one after another, each merge a chain of L2 round trips: fewer, wider items end the launch
+sooner). A program counts the stage-1 items it finished and publishes the count once (its
+threads' GPU-scope fence, a CTA barrier, one release add to ``COUNTERS[1]``) when it takes its
+first merge item or runs out of items; a merge item waits until that sum is every stage-1 item,
+then reads the partials from L2. So each program fences once, not once an item, and the merge
+runs on programs already resident.
 
 Why it cannot deadlock, whatever the GPU holds at once: items are taken in counter order, so when
 a program takes a merge item every stage-1 item has been taken by a program that is running; such
@@ -40,7 +42,7 @@ import triton
 import triton.language as tl
 
 from ._common import mma, to_bf16
-from .decode_attention import _tile_pages, _wave_split_len
+from .decode_attention import MAX_DEVICE_PLAN_BATCH, _tile_pages, _wave_split_len
 from .decode_fp8 import _fp8_cvt_span
 from .decode_fused import _fenced, _pause, merge_chunk
 
@@ -60,9 +62,13 @@ FP8_MAXNREG = 168
 COUNTERS = 4
 
 
-def unsupported_reason(tma: bool, is_fp8: bool, cvt: bool) -> str | None:
+def unsupported_reason(tma: bool, is_fp8: bool, cvt: bool, batch: int = 1) -> str | None:
     """Why a plan cannot take this kernel (None: it can): it has bf16 stage 1 and the
-    hardware-conversion fp8 one, not the Gluon (TMA) kernels or the other fp8 conversions."""
+    hardware-conversion fp8 one, not the Gluon (TMA) kernels or the other fp8 conversions, and
+    reads the whole batch's lengths at once (one lane a request, as the device-side split
+    search does)."""
+    if batch > MAX_DEVICE_PLAN_BATCH:
+        return f"the persistent decode takes at most {MAX_DEVICE_PLAN_BATCH} requests"
     if tma:
         return "the persistent decode runs the Triton stage 1, not the TMA kernels"
     if is_fp8 and not cvt:
@@ -71,8 +77,8 @@ def unsupported_reason(tma: bool, is_fp8: bool, cvt: bool) -> str | None:
 
 
 def items(batch: int, kv_heads: int, splits: int) -> int:
-    """Work items of one launch: stage-1 (request, KV head, split), then one merge a (request,
-    KV head) for its group of query heads."""
+    """The most work items of one launch: stage-1 (request, KV head, split), then one merge a
+    (request, KV head) for its group of query heads (fewer where requests need fewer splits)."""
     return batch * kv_heads * splits + batch * kv_heads
 
 
@@ -116,6 +122,31 @@ def _split_len_of(
         longest, batch * kv_heads, capacity, BLOCK_N, MIN_SPLIT, MAX_SPLITS, MERGE, SEARCH
     )
     return tl.where(varlen, by_work, by_waves)
+
+
+@triton.jit
+def _request_items(LENS, batch, kv_heads, num_splits, hint, BLOCK_B: tl.constexpr):
+    """Per request (a lane each, ``BLOCK_B >= batch``): its stage-1 items (the splits its length
+    needs at split length ``hint``, as the two-launch kernels cut it, times the KV heads), and
+    their inclusive prefix sum: item ``i`` belongs to the request whose sum first passes ``i``.
+    Only splits with tokens are items: a grid sized for the longest request (or, replayed, for
+    the longest length allowed) has many empty ones, each of which would cost a take."""
+    offs_b = tl.arange(0, BLOCK_B)
+    n = tl.load(LENS + offs_b, mask=offs_b < batch, other=0)
+    splits = tl.minimum(tl.maximum(tl.cdiv(n, hint), 1), num_splits)
+    per = tl.where(offs_b < batch, splits * kv_heads, 0)
+    return offs_b, per, tl.cumsum(per, 0)
+
+
+@triton.jit
+def _item_of(LENS, item, batch, kv_heads, num_splits, hint, BLOCK_B: tl.constexpr):
+    """``(request, KV head, split)`` of stage-1 item ``item``: requests in order, each one's
+    items split-major (KV heads fastest). The lanes are read again at every item (from L1/L2)
+    rather than kept across the KV loop, where they would hold registers."""
+    offs_b, per, cum = _request_items(LENS, batch, kv_heads, num_splits, hint, BLOCK_B)
+    b = tl.sum((cum <= item).to(tl.int32), 0)
+    j = item - tl.sum(tl.where(offs_b < b, per, 0), 0)
+    return b, j % kv_heads, j // kv_heads
 
 
 @triton.jit
@@ -181,6 +212,7 @@ def _merge_group(
     kvh,
     q_heads,
     num_splits,
+    used,
     stride_outb,
     stride_outh,
     GROUP: tl.constexpr,
@@ -189,10 +221,11 @@ def _merge_group(
     MERGE_S: tl.constexpr,
     EMULATE_RTNE: tl.constexpr,
 ):
-    """Merge the ``GROUP`` query heads of KV head ``kvh`` of request ``b`` over their splits
-    (every partial is published): an online softmax over the partial LSEs, ``MERGE_S`` splits of
-    every head (``MERGE_H``, the group padded to a power of two) a step, each step's LSEs and
-    partials loaded together from L2 (an empty split's row holds no output: it is weighted 0).
+    """Merge the ``GROUP`` query heads of KV head ``kvh`` of request ``b`` over the ``used``
+    splits its length has (every partial is published; rows are ``num_splits`` apart): an
+    online softmax over the partial LSEs, ``MERGE_S`` splits of every head (``MERGE_H``, the
+    group padded to a power of two) a step, each step's LSEs and partials loaded together from
+    L2 (a request of no tokens wrote lse = -inf and no output: it is weighted 0).
     One item a group, not a head: a program's items run one after another, each a chain of L2
     round trips, so fewer and wider items end the launch sooner."""
     offs_g = tl.arange(0, MERGE_H)
@@ -204,9 +237,9 @@ def _merge_group(
     m = tl.full([MERGE_H], float("-inf"), tl.float32)
     den = tl.zeros([MERGE_H], tl.float32)
     acc = tl.zeros([MERGE_H, HEAD_DIM], dtype=tl.float32)
-    for s0 in range(0, num_splits, MERGE_S):
+    for s0 in range(0, used, MERGE_S):
         s = s0 + offs_s
-        have = gmask[:, None] & (s < num_splits)[None, :]  # [H, S]
+        have = gmask[:, None] & (s < used)[None, :]  # [H, S]
         rows = row0[:, None] + s[None, :]
         lse_c = tl.load(LSEP + rows, mask=have, other=float("-inf"), cache_modifier=".cg")
         part = tl.load(
@@ -300,8 +333,6 @@ def _decode_persistent(
     ``COUNTERS`` in place of its flags (int32 ``[4]``, zero before the launch and after it),
     then the batch size and KV heads; ``MERGE_H``/``MERGE_S`` from :func:`merge_meta`."""
     q_heads = kv_heads * GROUP
-    n_stage1 = batch * kv_heads * num_splits
-    n_items = n_stage1 + batch * kv_heads
     if DEVICE_PLAN:
         hint = _split_len_of(
             LENS, batch, kv_heads, capacity, TARGET_VARLEN, MIN_SPLIT, BLOCK_N, BLOCK_B,
@@ -309,6 +340,8 @@ def _decode_persistent(
         )  # fmt: skip
     else:
         hint = split_len_hint
+    n_stage1 = tl.sum(_request_items(LENS, batch, kv_heads, num_splits, hint, BLOCK_B)[1], 0)
+    n_items = n_stage1 + batch * kv_heads
     offs_h = tl.arange(0, BLOCK_H)
     hmask = offs_h < GROUP
     done = 0
@@ -318,10 +351,7 @@ def _decode_persistent(
         # The next take goes out now; its value is needed only after this item.
         nxt = tl.atomic_add(COUNTERS, 1, sem="relaxed", scope="gpu")
         if item < n_stage1:
-            b = item % batch
-            rest = item // batch
-            kvh = rest % kv_heads
-            split = rest // kv_heads
+            b, kvh, split = _item_of(LENS, item, batch, kv_heads, num_splits, hint, BLOCK_B)
             seq_len = tl.load(LENS + b)
             n_here = tl.minimum(tl.maximum(tl.cdiv(seq_len, hint), 1), num_splits)
             split_len = tl.cdiv(tl.cdiv(seq_len, n_here), BLOCK_N) * BLOCK_N
@@ -345,7 +375,7 @@ def _decode_persistent(
                         UPCAST, PREFETCH,
                     )  # fmt: skip
             else:
-                # An empty split only says so: lse = -inf, which the merge weighs as zero.
+                # A request of no tokens: its one split says so (lse = -inf, weighed as zero).
                 tl.store(LSEP + row, float("-inf"), mask=hmask)
             done += 1
         else:
@@ -359,9 +389,11 @@ def _decode_persistent(
             # Every partial is out; the fence's result feeds the loads' addresses, so none is
             # issued before it.
             m = item - n_stage1 + _fenced(seen - seen, not UPCAST)
+            b = m // kv_heads
+            used = tl.minimum(tl.maximum(tl.cdiv(tl.load(LENS + b), hint), 1), num_splits)
             _merge_group(
-                OP, LSEP, Out, LSE, m // kv_heads, m % kv_heads, q_heads, num_splits,
-                stride_outb, stride_outh, GROUP, HEAD_DIM, MERGE_H, MERGE_S, UPCAST,
+                OP, LSEP, Out, LSE, b, m % kv_heads, q_heads, num_splits, used, stride_outb,
+                stride_outh, GROUP, HEAD_DIM, MERGE_H, MERGE_S, UPCAST,
             )  # fmt: skip
         item = nxt
     if unpublished:

@@ -351,7 +351,7 @@ class DecodePlan:
         and this plan can run it."""
         choice = FUSED_DEFAULT if fused is None else fused
         cvt = self.pairs and self.config.fp8_compute in CVT_MODES
-        why = decode_persist.unsupported_reason(self.tma, self.is_fp8, cvt)
+        why = decode_persist.unsupported_reason(self.tma, self.is_fp8, cvt, self.batch)
         if choice == "persistent":
             if why and fused is not None:
                 raise ValueError(f"fused='persistent': {why}")

@@ -21,7 +21,8 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
 
 import decode_cases as cases  # noqa: E402
 from decode_cases import check  # noqa: E402
@@ -122,6 +123,58 @@ def test_a_grid_of_one_program_does_every_item(monkeypatch) -> None:
     assert plan._grid1 == (1,)
     check(plan.run(q, kc, vc), q, kc, vc, pt, sl, sc)
     assert not plan._flags.any()
+
+
+@triton.jit
+def _items_harness(LENS, OUT, batch, kv_heads, num_splits, hint, BLOCK_B: tl.constexpr):
+    """Program i writes stage-1 item i's (request, KV head, split) and the item count."""
+    i = tl.program_id(0)
+    b, kvh, split = decode_persist._item_of(LENS, i, batch, kv_heads, num_splits, hint, BLOCK_B)
+    n = tl.sum(decode_persist._request_items(LENS, batch, kv_heads, num_splits, hint, BLOCK_B)[1])
+    tl.store(OUT + 4 * i, b)
+    tl.store(OUT + 4 * i + 1, kvh)
+    tl.store(OUT + 4 * i + 2, split)
+    tl.store(OUT + 4 * i + 3, n)
+
+
+@needs_device
+def test_items_are_the_splits_with_tokens_in_request_order() -> None:
+    """The stage-1 items are the (request, KV head, split) of the two-launch kernels' cut
+    (splits = ceil(len / split length), at least 1, at most the grid's), requests in order, KV
+    heads fastest: a request of no tokens keeps its one split (it writes lse = -inf), and of
+    the 30 (request, split) pairs of a 6-split grid the 17 with no tokens are no items."""
+    lens, kv_heads, num_splits, hint = [300, 0, 64, 129, 1000], 3, 6, 128
+    want = []
+    for b, n in enumerate(lens):
+        for split in range(min(max(-(-n // hint), 1), num_splits)):
+            want += [(b, kvh, split) for kvh in range(kv_heads)]
+    assert len(want) == 3 * (3 + 1 + 1 + 2 + 6)
+    sl = torch.tensor(lens, dtype=torch.int32, device=cases.DEV)
+    out = torch.full((len(want), 4), -1, dtype=torch.int32, device=cases.DEV)
+    _items_harness[(len(want),)](sl, out, len(lens), kv_heads, num_splits, hint, BLOCK_B=8)
+    assert [tuple(r[:3]) for r in out.tolist()] == want
+    assert set(out[:, 3].tolist()) == {len(want)}
+
+
+@needs_device
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_a_plan_sized_for_longer_lengths_gives_the_same_results(fp8) -> None:
+    """A plan made for lengths up to 4096 (as a CUDA graph replayed while requests grow is),
+    run on short ones and on a request of no tokens: equal to two launches' output, and the
+    gate on the requests that have tokens."""
+    lens = [5, 300, 0, 77]
+    q, kc, vc, pt, sl, sc = make_case([max(n, 1) for n in lens], 8, 2, fp8=fp8, seed=9)
+    sl.copy_(torch.tensor(lens, dtype=torch.int32))
+    pers = plan_for(q, kc, pt, sl, sc, fused="persistent", max_seq_len=4096)
+    two = plan_for(q, kc, pt, sl, sc, fused=False, max_seq_len=4096)
+    assert pers.num_splits > 2  # sized for 4096 tokens: most splits of these requests are empty
+    out = pers.run(q, kc, vc).float().clone()
+    assert not pers._flags.any()
+    assert torch.equal(out[2], torch.zeros_like(out[2]))  # no tokens: zero, as two launches give
+    torch.testing.assert_close(out, two.run(q, kc, vc).float(), atol=2e-2, rtol=2e-2)
+    keep = [0, 1, 3]
+    sub = [t[keep] for t in (q, pt, sl)]
+    check(pers.out[keep], sub[0], kc, vc, sub[1], sub[2], sc)
 
 
 # --------------------------------------------------------------------------- sm_90 compile
