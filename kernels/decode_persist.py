@@ -348,7 +348,10 @@ def _decode_persistent(
     unpublished = 1
     item = tl.atomic_add(COUNTERS, 1, sem="relaxed", scope="gpu")
     while item < n_items:
-        # The next take goes out now; its value is needed only after this item.
+        # The next take, before this item's work. Triton hands a scalar atomic's result to
+        # every thread through shared memory behind a barrier, so the program still waits for
+        # it here; an asynchronous take (one thread's inline atom, read after the item) is the
+        # refinement to try if the H200 shows the takes.
         nxt = tl.atomic_add(COUNTERS, 1, sem="relaxed", scope="gpu")
         if item < n_stage1:
             b, kvh, split = _item_of(LENS, item, batch, kv_heads, num_splits, hint, BLOCK_B)
