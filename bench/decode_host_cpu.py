@@ -8,7 +8,8 @@ launcher costs (argument parsing, cuLaunchKernelEx) is not in these figures; the
 ``decode_host_us`` (kernels/bench.py) has it.
 
 Run: python bench/decode_host_cpu.py [--profile]   (prints us per run, min and median of 7 x
-20,000 runs, for the two-launch, fused and persistent plans, bf16 and fp8 KV; --profile adds cProfile)
+20,000 runs, for the two-launch, fused and persistent plans, bf16 and fp8 KV; --profile adds
+cProfile)
 """
 
 from __future__ import annotations
