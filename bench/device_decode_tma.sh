@@ -51,7 +51,7 @@ log=$OUT/tma.log
     echo "== decode table skipped: the one-launch gates failed (the table times both paths)"
   elif [[ $steps == *" table "* ]]; then
     echo "== decode table, bf16 and fp8 on the TMA kernels"
-    timeout -k 5 190 python3 -m kdash.kernels.bench --sweep none --only decode --decode-tma \
+    timeout -k 5 250 python3 -m kdash.kernels.bench --sweep none --only decode --decode-tma \
       --out "$OUT/kernels-h200-decode-tma.json" > "$OUT/bench-tma.log" 2>&1
     echo "rc=$?"; grep -E "summary|Error|error" "$OUT/bench-tma.log" | cut -c1-300
   fi
