@@ -13,13 +13,21 @@ from kdash.kernels.reference import baseline_for, decode_reference, error_gate
 DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 
 
-def make_case(lens, q_heads, kv_heads, head_dim, page_size, fp8=False, *, seed=0):
-    """``(q, k_cache, v_cache, page_table, seq_lens, scales)`` on the test device."""
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    ks = [torch.randn(n, kv_heads, head_dim, generator=g, device=DEV) for n in lens]
-    vs = [torch.randn(n, kv_heads, head_dim, generator=g, device=DEV) for n in lens]
+def make_case(
+    lens, q_heads, kv_heads, head_dim, page_size, fp8=False, *, seed=0, device=None, unequal=False
+):
+    """``(q, k_cache, v_cache, page_table, seq_lens, scales)`` on ``device`` (default: the test
+    device). ``unequal``: fp8 K of unequal magnitude per KV head (x0.5 to x2), so a swapped
+    head scale shows."""
+    device = device or DEV
+    g = torch.Generator(device=device).manual_seed(seed)  # drawn where used: fast on the GPU
+    ks = [torch.randn(n, kv_heads, head_dim, generator=g, device=device) for n in lens]
+    vs = [torch.randn(n, kv_heads, head_dim, generator=g, device=device) for n in lens]
     scales = {}
     if fp8:
+        if unequal:
+            mult = torch.linspace(0.5, 2.0, kv_heads, device=device).view(1, -1, 1)
+            ks = [k * mult for k in ks]
         scales = dict(k_scale=fp8_scales(torch.cat(ks)), v_scale=fp8_scales(torch.cat(vs)))
     kc, vc, pt, sl = build_paged_cache(
         ks,
@@ -29,7 +37,7 @@ def make_case(lens, q_heads, kv_heads, head_dim, page_size, fp8=False, *, seed=0
         generator=torch.Generator().manual_seed(seed),
         **scales,
     )
-    q = torch.randn(len(lens), q_heads, head_dim, generator=g, device=DEV).bfloat16()
+    q = torch.randn(len(lens), q_heads, head_dim, generator=g, device=device).bfloat16()
     return q, kc, vc, pt, sl, scales
 
 

@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
+import decode_cases as cases  # noqa: E402
 from kdash.kernels import decode_plan  # noqa: E402
 from kdash.kernels._common import cdiv  # noqa: E402
 from kdash.kernels.decode_attention import (  # noqa: E402
@@ -30,11 +31,8 @@ from kdash.kernels.decode_attention import (  # noqa: E402
     plan_splits,
     wave_splits,
 )
-from kdash.kernels.kv_cache import FP8, build_paged_cache, fp8_scales  # noqa: E402
+from kdash.kernels.kv_cache import FP8  # noqa: E402
 from kdash.kernels.reference import (  # noqa: E402
-    baseline_for,
-    decode_reference,
-    error_gate,
     gather_kv,
 )
 
@@ -83,34 +81,16 @@ def make_case(
     device: str = DEV,
     seed: int = 0,
 ):
-    """A fresh random paged cache (NaN in every unowned slot) and the query batch for it."""
-    g = torch.Generator(device=device).manual_seed(seed)  # drawn where used: fast on the GPU
-    ks = [torch.randn(n, kv_heads, head_dim, generator=g, device=device) for n in lens]
-    vs = [torch.randn(n, kv_heads, head_dim, generator=g, device=device) for n in lens]
-    scales = {}
-    if fp8:
-        # Deliberately unequal per-head magnitudes, so a swapped head scale shows.
-        mult = torch.linspace(0.5, 2.0, kv_heads, device=device).view(1, -1, 1)
-        ks = [k * mult for k in ks]
-        scales = dict(k_scale=fp8_scales(torch.cat(ks)), v_scale=fp8_scales(torch.cat(vs)))
-    kc, vc, pt, sl = build_paged_cache(
-        ks,
-        vs,
-        page_size,
-        dtype=FP8 if fp8 else torch.bfloat16,
-        generator=torch.Generator().manual_seed(seed),
-        **scales,
+    """A fresh random paged cache (NaN in every unowned slot) and the query batch for it; fp8 K
+    of unequal magnitude per KV head, so a swapped head scale shows."""
+    return cases.make_case(
+        lens, q_heads, kv_heads, head_dim, page_size, fp8, seed=seed, device=device, unequal=True
     )
-    q = torch.randn(len(lens), q_heads, head_dim, generator=g, device=device).bfloat16()
-    return q, kc, vc, pt, sl, scales
 
 
 def check(out, q, kc, vc, pt, sl, scales, fp8: bool):
-    ref = decode_reference(q, kc, vc, pt, sl, **scales)
-    base = decode_reference(q, kc, vc, pt, sl, fn=baseline_for(q.device), **scales)
     # Decode always reads through the page table: the issue's paged/fp8 factors (4x max, 3x mean).
-    ok, msg = error_gate(out, ref, base, max_factor=4.0, mean_factor=3.0)
-    assert ok, msg
+    cases.check(out, q, kc, vc, pt, sl, scales)
 
 
 @needs_device
