@@ -687,7 +687,9 @@ def test_an_empty_launch_hook_chain_is_not_a_hook() -> None:
 # ------------------------------------------------------------------ wave-aware split counts
 def used_splits(plan: DecodePlan) -> list[int]:
     """Per request, the splits the device-side cut gave work (finite partial LSE), read back
-    from the plan's workspace after a run: the cut the kernel made, not the host's guess."""
+    from the plan's workspace after a run: the cut the kernel made, not the host's guess. The
+    caller fills the workspace with NaN before the run: the two-launch and fused kernels mark an
+    empty split -inf, the persistent one never takes it as an item (it stays NaN)."""
     lse = plan.lse_part.view(plan.batch, plan.q_heads, plan.num_splits)
     counts = torch.isfinite(lse).sum(-1)  # [B, Hq]; every head of a request is cut alike
     assert (counts == counts[:, :1]).all()
@@ -731,6 +733,7 @@ def test_the_device_cut_is_the_host_wave_plan(q_heads, kv_heads, page_size, fp8,
     want = host_cut(plan, lens)
     if kv_heads == 2:
         assert want == [5, 5, 5]
+    plan.lse_part.fill_(float("nan"))
     check(plan.run(q, kc, vc), q, kc, vc, pt, sl, sc)
     assert used_splits(plan) == want
 
