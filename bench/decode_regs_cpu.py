@@ -3,8 +3,10 @@
 ``triton.compile`` runs the whole pipeline on the CPU (Triton IR, PTX, Triton's bundled ptxas);
 the register count is read from the cubin (the high byte of the ``sh_info`` of the kernel's
 ``.text.<name>`` section, where the CUDA ELF keeps it). For each head layout of the bench, stage
-1 alone (the two-launch path) and the fused kernel (kernels/decode_fused.py), so a change to
-either shows whether it keeps as many programs per SM. The H200 runs Triton 3.6; another
+1 alone (the two-launch path), the fused kernel (kernels/decode_fused.py) and the persistent one
+(kernels/decode_persist.py: fp8 there is the ``cvt`` conversion under the plan's register cap;
+its registers and spill bytes from ``ptxas -v`` on the PTX), so a change to any of them shows
+whether it keeps as many programs per SM. The H200 runs Triton 3.6; another
 Triton can be put first on the path (``PYTHONPATH=/some/triton-3.6 python ...``).
 
 Run: python bench/decode_regs_cpu.py   (prints one line per layout; a private Triton cache)
@@ -13,9 +15,12 @@ Run: python bench/decode_regs_cpu.py   (prints one line per layout; a private Tr
 from __future__ import annotations
 
 import os
+import re
 import struct
+import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
 os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="kdash-regs-"))
@@ -23,6 +28,7 @@ os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="kdash-regs-")
 import triton
 from kdash.kernels import decode_attention as da
 from kdash.kernels import decode_fused as df
+from kdash.kernels import decode_persist as dp
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -106,16 +112,58 @@ def compile_one(fused: bool, kind: str, head_dim: int, group: int, page: int, bl
     return cubin_registers(k.asm["cubin"], k.metadata.name), k.metadata.shared
 
 
+def compile_persistent(kind: str, head_dim: int, group: int, page: int, block_n: int):
+    """``(registers, spill bytes, shared bytes)`` of the persistent kernel at the plan's
+    compile-time values (fp8: the ``cvt`` conversion and ``FP8_MAXNREG``)."""
+    fp8 = kind != "bf16"
+    kv = "*fp8e4nv" if fp8 else "*bf16"
+    sig = {"Q": "*bf16", "K": kv, "V": kv, "PT": "*i32", "LENS": "*i32", "KS": "*fp32"}
+    sig.update(VS="*fp32", OP="*fp32", LSEP="*fp32", Out="*bf16", LSE="*fp32", COUNTERS="*i32")
+    sig.update(qk_scale="fp32", num_splits="i32", split_len_hint="i32", capacity="i32")
+    sig.update({s: "i32" for s in STRIDES + ("stride_outb", "stride_outh")})
+    sig.update(batch="i32", kv_heads="i32")
+    const = dict(GROUP=group, BLOCK_H=max(16, 1 << (group - 1).bit_length()), HEAD_DIM=head_dim)
+    const.update(BLOCK_N=block_n, PAGE=page, IS_FP8=fp8, ASM=fp8, EVICT="", UPCAST=False)
+    const.update(PREFETCH=True, DEVICE_PLAN=True, TARGET_VARLEN=132 * 12, MIN_SPLIT=256)
+    const.update(BLOCK_B=16, MAX_SPLITS=256, MERGE=4, SEARCH=256, POLL_NS=64)
+    const.update(dp.merge_meta(group, head_dim))
+    sig.update({k: "constexpr" for k in const})
+    div = [i for i, n in enumerate(sig) if sig[n].startswith("*") or n.startswith("stride")]
+    src = ASTSource(dp._decode_persistent, sig, const,
+                    attrs={(i,): [["tt.divisibility", 16]] for i in div})  # fmt: skip
+    opts = {"num_warps": 4, "num_stages": 2}
+    if fp8:
+        opts["maxnreg"] = dp.FP8_MAXNREG
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as d:
+        ptx = Path(d) / "k.ptx"
+        ptx.write_text(k.asm["ptx"])
+        log = subprocess.run(
+            [str(ptxas), "-v", "--gpu-name=sm_90a", str(ptx), "-o", str(Path(d) / "k.cubin")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
+    regs = int(re.search(r"Used (\d+) registers", log).group(1))
+    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
+    return regs, spills, k.metadata.shared
+
+
 def main() -> int:
     print(f"triton {triton.__version__}, sm_90, 4 warps, 2 stages (the configs' defaults)")
     for name, kind, d, group, page, bn in LAYOUTS:
         try:
             r1, s1 = compile_one(False, kind, d, group, page, bn)
             r2, s2 = compile_one(True, kind, d, group, page, bn)
+            r3, sp3, s3 = compile_persistent(kind, d, group, page, bn)
         except Exception as e:  # noqa: BLE001 - one layout that does not compile is reported
             print(f"{name:>24}: {type(e).__name__}: {str(e)[:200]}")
             continue
-        print(f"{name:>24}: stage 1 {r1} registers, {s1} B shared | fused {r2}, {s2} B")
+        print(
+            f"{name:>24}: stage 1 {r1} registers, {s1} B shared | fused {r2}, {s2} B | "
+            f"persistent{' (cvt)' if kind != 'bf16' else ''} {r3}, {sp3} B spilled, {s3} B"
+        )
     return 0
 
 

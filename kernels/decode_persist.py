@@ -52,10 +52,11 @@ from .decode_fused import _fenced, _pause, merge_chunk
 PERSISTENT_DEFAULT = False
 # The register cap a plan gives the fp8 kernel (Triton's maxnreg). Left to itself ptxas gives it
 # 192 registers on sm_90, 2 programs an SM against the two-launch fp8 stage 1's 3; at 168 it is 3,
-# and its 8-20 bytes of spills (32/8 and 64/8 heads) are before and after the KV loop, none in it
-# (CPU compile, Triton 3.6). The bf16 kernel is left alone: 128 (4 an SM) puts spill loads in the
-# loop, and at its 163 (3 an SM) the two-launch stage 1 of the 64/8 layout (154) is within 2% of
-# the 32/8 one (120, 4 an SM) on the H200 (bench/NOTES-kernels.md, session 16).
+# and its spills (16-48 bytes stored and loaded at the bench's fp8 layouts) are before and after
+# the KV loop, none in it (bench/decode_regs_cpu.py with Triton 3.6). The bf16 kernel is left
+# alone: 128 (4 an SM) puts spill loads in the loop, and at its 163 (3 an SM) the two-launch
+# stage 1 of the 64/8 layout (154) is within 2% of the 32/8 one (120, 4 an SM) on the H200
+# (bench/NOTES-kernels.md, session 16).
 FP8_MAXNREG = 168
 # int32 counters a plan keeps zeroed for the kernel: the next item, stage-1 items published,
 # programs finished (and one for alignment).
