@@ -249,6 +249,7 @@ class DecodePlan:
             config, kv_dtype, head_dim, page_size, group, None if self.upcast else cap
         )
         self.pairs = self.pairs and not self.tma  # TMA copies fp8 bytes as they are
+        self.cvt = self.pairs and config.fp8_compute in CVT_MODES  # decode_fp8's kernel
         self.path = self._launch_path(fused, total_tokens, num_splits)
         self.fused, self.persistent = self.path != "two", self.path == "persistent"
         self._kern1 = self._choose_kernel(meta)
@@ -350,8 +351,7 @@ class DecodePlan:
         where that says no, takes the persistent kernel if ``decode_persist.PERSISTENT_DEFAULT``
         and this plan can run it."""
         choice = FUSED_DEFAULT if fused is None else fused
-        cvt = self.pairs and self.config.fp8_compute in CVT_MODES
-        why = decode_persist.unsupported_reason(self.tma, self.is_fp8, cvt, self.batch)
+        why = decode_persist.unsupported_reason(self.tma, self.is_fp8, self.cvt, self.batch)
         if choice == "persistent":
             if why and fused is not None:
                 raise ValueError(f"fused='persistent': {why}")
@@ -393,7 +393,6 @@ class DecodePlan:
             if self.fused:
                 return decode_gluon._decode_fused_gluon
             return decode_gluon._decode_stage1_gluon
-        cvt = self.pairs and config.fp8_compute in CVT_MODES
         asm = self.pairs and config.fp8_compute in ("pairs_asm", *CVT_MODES) and not self.upcast
         fp16 = config.fp8_compute != "bf16"
         meta.update(EVICT="evict_first" if config.evict_first else "", UPCAST=self.upcast)
@@ -402,10 +401,10 @@ class DecodePlan:
             return decode_persist._decode_persistent
         if self.fused:
             meta.update(PAIRS=self.pairs, IS_FP8=self.is_fp8, FP8_FP16=fp16, ASM=asm)
-            if cvt:
+            if self.cvt:
                 meta["CVT"] = True
             return _decode_fused
-        if cvt:
+        if self.cvt:
             meta["ASM"] = asm
             return _decode_stage1_fp8_cvt
         if self.pairs:
