@@ -473,7 +473,7 @@ def stage1_occupancy(plan: DecodePlan) -> dict[str, Any]:
         "threads": getattr(p, "max_threads_per_multi_processor", 2048) // (32 * warps),
     }
     resident = max(1, min(32, *by.values()))
-    programs = plan._grid1[0] * plan._grid1[1] * plan._grid1[2]
+    programs = math.prod(plan._grid1)
     return {
         "registers": regs,
         "spills": int(getattr(ck, "n_spills", 0)),

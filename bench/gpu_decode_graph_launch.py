@@ -1,0 +1,112 @@
+"""Host time of one decode step launched as a CUDA graph the plan holds, against its kernel
+launches. (GPU machine)
+
+Per shape (32/8/128, page 16), KV dtype and path (two launches, fused): the plan's ``run`` (its
+pointer launchers), ``torch.cuda.CUDAGraph.replay`` of a graph holding that run, and
+``cuGraphLaunch`` on the graph's exec handle through ctypes (the cheapest a plan could do). Per
+variant: host us per call (no sync, ``bench_host_nosync_us``), do_bench us (L2 flushed; the
+launch latency shows there), graph-replay us, and whether the graph's output is the run's.
+Writes the JSON after every shape.
+Run: python bench/gpu_decode_graph_launch.py [--out FILE] [--shapes 1x65536,64xlognormal]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from gpu_decode_persist import SHAPES, lens_of
+from kdash.kernels import bench
+from kdash.kernels.bench_timing import bench_graph_ms, bench_host_nosync_us, bench_ms
+from kdash.kernels.decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
+
+
+def graph_launchers(fn):
+    """(replay, raw): a captured ``fn`` launched by torch's replay and by cuGraphLaunch."""
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    lib = ctypes.CDLL("libcuda.so.1")
+    launch = lib.cuGraphLaunch
+    launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    launch.restype = ctypes.c_int
+    exec_h = g.raw_cuda_graph_exec()
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def raw() -> None:
+        rc = launch(exec_h, stream)
+        if rc:
+            raise RuntimeError(f"cuGraphLaunch returned {rc}")
+
+    return g, g.replay, raw
+
+
+def row_for(shape: str, fp8: bool) -> dict:
+    lens = lens_of(shape)
+    case = bench.DecodeCase(lens, 32, 8, 128, fp8)
+    cfg = DEFAULT_FP8_CONFIG if fp8 else DecodeConfig()
+    row: dict = {"shape": shape, "kv": "fp8" if fp8 else "bf16", "tokens": sum(lens)}
+    for path in (False, True):
+        name = "fused" if path else "two"
+        try:
+            fn, splits = case.fn(cfg, path)
+            fn()
+            torch.cuda.synchronize()
+            want = case.out.float().clone()
+            g, replay, raw = graph_launchers(fn)
+            case.out.fill_(float("nan"))
+            raw()
+            torch.cuda.synchronize()
+            same = bool(torch.equal(case.out.float(), want))
+            fig = {"path": case.last_plan.path, "splits": splits, "graph_output_same": same}
+            for how, f in (("run", fn), ("replay", replay), ("cuGraphLaunch", raw)):
+                fig[how] = {
+                    "host_us_nosync": bench_host_nosync_us(f),
+                    "us": bench_ms(f) * 1e3,
+                }
+            fig["us_graph"] = bench_graph_ms(fn) * 1e3
+            del g
+        except Exception as e:  # noqa: BLE001 - one variant's failure is a finding
+            fig = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        row[name] = fig
+        print(f"{shape:>14} {row['kv']} {name:<6} {json.dumps(fig)}", flush=True)
+    del case
+    torch.cuda.empty_cache()
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    out_dir = Path(os.environ.get("OUT", "."))
+    ap.add_argument("--out", type=Path, default=out_dir / "decode-graph-launch-h200.json")
+    ap.add_argument("--shapes", default=SHAPES)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_decode_graph_launch.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    result: dict = {
+        "command": "python bench/gpu_decode_graph_launch.py " + " ".join(argv or sys.argv[1:]),
+        "machine": bench.machine(),
+        "rows": [],
+    }
+    for shape in a.shapes.split(","):
+        for fp8 in (False, True):
+            result["rows"].append(row_for(shape, fp8))
+            a.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
