@@ -1,11 +1,13 @@
 """Host time of one decode step launched as a CUDA graph the plan holds, against its kernel
 launches. (GPU machine)
 
-Per shape (32/8/128, page 16), KV dtype and path (two launches, fused): the plan's ``run`` (its
-pointer launchers), ``torch.cuda.CUDAGraph.replay`` of a graph holding that run, and
-``cuGraphLaunch`` on the graph's exec handle through ctypes (the cheapest a plan could do). Per
-variant: host us per call (no sync, ``bench_host_nosync_us``), do_bench us (L2 flushed; the
-launch latency shows there), graph-replay us, and whether the graph's output is the run's.
+Per shape (32/8/128, page 16), KV dtype and path (two launches, fused): the plan's ``run`` on
+its pointer launchers (``run``, graph launch off), the plan's ``run`` through its graph slot
+(``run_graph``, kdash.kernels.graph_launch), ``torch.cuda.CUDAGraph.replay`` of a graph holding
+the first, and ``cuGraphLaunch`` on that graph's exec handle through ctypes (``raw``: the least a
+run could cost). Per variant: host us per call (no sync, ``bench_host_nosync_us``), do_bench us
+(L2 flushed; the launch latency shows there), and whether its output is the kernels'; the
+slot's captures; the graph-replay us of the run.
 Writes the JSON after every shape.
 Run: python bench/gpu_decode_graph_launch.py [--out FILE] [--shapes 1x65536,64xlognormal]
 """
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import torch
 from gpu_decode_persist import SHAPES, lens_of
-from kdash.kernels import bench
+from kdash.kernels import bench, graph_launch
 from kdash.kernels.bench_timing import bench_graph_ms, bench_host_nosync_us, bench_ms
 from kdash.kernels.decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
 
@@ -60,26 +62,39 @@ def row_for(shape: str, fp8: bool) -> dict:
     row: dict = {"shape": shape, "kv": "fp8" if fp8 else "bf16", "tokens": sum(lens)}
     for path in (False, True):
         name = "fused" if path else "two"
+        fig: dict = {}
         try:
+            graph_launch.GRAPH_LAUNCH_DEFAULT = False
             fn, splits = case.fn(cfg, path)
             fn()
             torch.cuda.synchronize()
             want = case.out.float().clone()
             g, replay, raw = graph_launchers(fn)
-            case.out.fill_(float("nan"))
-            raw()
-            torch.cuda.synchronize()
-            same = bool(torch.equal(case.out.float(), want))
-            fig = {"path": case.last_plan.path, "splits": splits, "graph_output_same": same}
-            for how, f in (("run", fn), ("replay", replay), ("cuGraphLaunch", raw)):
+            graph_launch.GRAPH_LAUNCH_DEFAULT = True
+            fn_g, _ = case.fn(cfg, path)
+            plan_g = case.last_plan
+            fig = {"path": plan_g.path, "splits": splits}
+            for how, f in (("run", fn), ("run_graph", fn_g), ("replay", replay), ("raw", raw)):
+                case.out.fill_(float("nan"))
+                f()
+                f()  # the plan's slot captures on the second run with one key
+                torch.cuda.synchronize()
                 fig[how] = {
+                    "same": bool(torch.equal(case.out.float(), want)),
                     "host_us_nosync": bench_host_nosync_us(f),
                     "us": bench_ms(f) * 1e3,
                 }
+            slot = plan_g._slot
+            fig["slot"] = {
+                "captures": slot.captures if slot else None,
+                "refused": plan_g.graph_refused,
+            }
             fig["us_graph"] = bench_graph_ms(fn) * 1e3
+            # Captured by the caller: the slot must step aside (kernel nodes in that graph).
+            fig["us_graph_slot"] = bench_graph_ms(fn_g) * 1e3
             del g
         except Exception as e:  # noqa: BLE001 - one variant's failure is a finding
-            fig = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            fig["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         row[name] = fig
         print(f"{shape:>14} {row['kv']} {name:<6} {json.dumps(fig)}", flush=True)
     del case

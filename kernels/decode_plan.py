@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from . import decode_gluon, decode_persist, residency
+from . import decode_gluon, decode_persist, graph_launch, residency
 from ._common import cdiv, interpreting, next_pow2, sm_count
 from .decode_attention import (
     DEFAULT_CONFIG,
@@ -203,6 +203,7 @@ class DecodePlan:
         config: DecodeConfig | None = None,
         out: torch.Tensor | None = None,
         fused: bool | str | None = None,
+        graph: bool | None = None,
     ) -> None:
         if seq_lens.dim() != 1 or page_table.dim() != 2:
             raise ValueError("seq_lens must be [B] and page_table [B, max_pages]")
@@ -322,6 +323,10 @@ class DecodePlan:
         # The launches with every argument fixed but q, the caches and the scales, pointers as
         # ints (see kdash.kernels.launch); made once the kernels are armed, None until then.
         self._fire: Callable[..., None] | None = None
+        # Those launches as one CUDA graph per key of pointers (kdash.kernels.graph_launch),
+        # made with _fire when ``graph`` (default GRAPH_LAUNCH_DEFAULT) and the driver allow.
+        self.graph = graph_launch.GRAPH_LAUNCH_DEFAULT if graph is None else bool(graph)
+        self._slot: graph_launch.GraphSlot | None = None
         self._pt_ptr, self._sl_ptr = page_table.data_ptr(), seq_lens.data_ptr()
         self._outs: tuple = (out, lse, out.stride(0), out.stride(1))
         if self.fused:
@@ -600,6 +605,9 @@ class DecodePlan:
             self._kern1, self._grid1, self._meta1, self._scratch, decode_gluon.SCRATCH_PER_PROGRAM
         )
         self._fire = None
+        if self._slot is not None:
+            self._slot.close()  # its graph holds the old arguments
+            self._slot = None
         self._q_stride, self._q_shape = q.stride(), q.shape
         self._cache_layout = (k_cache.stride(), v_cache.stride())
         self._known.clear()
@@ -636,6 +644,27 @@ class DecodePlan:
 
         self._stream = s1.stream
         self._fire = fire
+        self._slot = self._graph_slot(fire)
+
+    def _graph_slot(self, fire: Callable[..., None]) -> graph_launch.GraphSlot | None:
+        """A graph slot for ``fire``, or None where plans do not launch through graphs (this
+        plan's ``graph``; no CUDA driver)."""
+        if not self.graph:
+            return None
+        drv = graph_launch.driver()
+        if drv is None:
+            return None
+        return graph_launch.GraphSlot(fire, graph_launch.capture_stream(self.device), drv)
+
+    @property
+    def graph_refused(self) -> str | None:
+        """Why runs launch kernels rather than the plan's graph: None while they may take the
+        graph (or before the first run armed the plan), else the reason."""
+        if not self.graph:
+            return "off for this plan (graph=False)"
+        if self._fire is not None and self._slot is None:
+            return graph_launch.driver_refused() or "no CUDA driver"
+        return self._slot.refused if self._slot is not None else None
 
     def _admit(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
         """Check caches not seen before against the bound layout (rebinding if it differs) and
@@ -709,7 +738,11 @@ class DecodePlan:
         qp = q.data_ptr()
         fire = self._fire
         if fire is not None and fast and not qp & 15 and not hooks_installed():
-            fire(self._stream(), qp, kr[1], vr[1], self._ksp, self._vsp)
+            stream = self._stream()
+            key = (qp, kr[1], vr[1], self._ksp, self._vsp)
+            slot = self._slot
+            if slot is None or not slot.launch(stream, key):
+                fire(stream, *key)
         else:
             self._launch_checked(q, k_cache, v_cache, fast and not qp & 15)
         return (self.out, self.lse) if return_lse else self.out

@@ -1,0 +1,205 @@
+"""A plan's launches held as one CUDA graph and started with one driver call.
+
+A decode step on the plan's pointer launchers still costs the host one ``cuLaunchKernelEx`` per
+kernel (two on the two-launch path), several microseconds each on the H200's host
+(bench/NOTES-kernels.md). A :class:`GraphSlot` captures the plan's launches, with their
+arguments, into a CUDA graph (on a stream of its own: nothing runs while capturing) and starts
+that graph on the caller's stream with one ``cuGraphLaunch``. The graph's kernel arguments are
+fixed at capture, so a graph serves one *key*: the pointers a run passes (q, the caches, the
+scales); everything else a plan keeps fixed, and a plan that rebinds drops its slot.
+
+When to capture: on the second run in a row with one key (a server that reuses its q buffer, or
+whose allocator hands the same block back every step, pays one capture; one whose pointers
+change every call never captures, and after ``max_captures`` captures the slot stops trying).
+A run on a stream that is being captured (the caller's own graph) or a stream that cannot say
+whether it is launches the kernels as usual, so the caller's graph holds kernel nodes.
+
+The CUDA driver is reached through ctypes (``libcuda``): :class:`Driver`. The policy is kept
+apart from it (``GraphSlot`` takes the driver as an argument) so that it can be tested where
+there is no GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+# Whether plans launch through a graph (set from bench/NOTES-kernels.md's figures).
+GRAPH_LAUNCH_DEFAULT = True
+# Captures a slot makes before it gives up (its key kept changing).
+MAX_CAPTURES = 8
+
+_CAPTURE_THREAD_LOCAL = 1  # CUstreamCaptureMode: only this thread's unsafe calls are refused
+_CAPTURE_NONE = 0  # CUstreamCaptureStatus: the stream is not being captured
+
+
+class DriverError(RuntimeError):
+    """A CUDA driver call failed: its name and result code."""
+
+
+class Driver:
+    """The few CUDA driver calls a graph slot makes, through ctypes."""
+
+    def __init__(self, lib: Any = None) -> None:
+        lib = lib if lib is not None else ctypes.CDLL("libcuda.so.1")
+        vp, u64 = ctypes.c_void_p, ctypes.c_ulonglong
+
+        def fn(name: str, *argtypes) -> Any:
+            f = getattr(lib, name)
+            f.argtypes = list(argtypes)
+            f.restype = ctypes.c_int
+            return f
+
+        self._begin = fn("cuStreamBeginCapture_v2", vp, ctypes.c_int)
+        self._end = fn("cuStreamEndCapture", vp, ctypes.POINTER(vp))
+        self._instantiate = fn("cuGraphInstantiateWithFlags", ctypes.POINTER(vp), vp, u64)
+        self._graph_destroy = fn("cuGraphDestroy", vp)
+        self._exec_destroy = fn("cuGraphExecDestroy", vp)
+        self._is_capturing = fn("cuStreamIsCapturing", vp, ctypes.POINTER(ctypes.c_int))
+        # Per call: the bare function, its arguments as plain ints.
+        self.launch_fn = fn("cuGraphLaunch", vp, vp)
+        self._status = ctypes.c_int(0)
+        self._status_ref = ctypes.byref(self._status)
+
+    @staticmethod
+    def _check(name: str, rc: int) -> None:
+        if rc:
+            raise DriverError(f"{name} returned CUDA error {rc}")
+
+    def capture(self, stream: int, launches: Callable[[int], None]) -> int:
+        """The exec handle of a graph of what ``launches(stream)`` enqueues on ``stream``."""
+        self._check("cuStreamBeginCapture", self._begin(stream, _CAPTURE_THREAD_LOCAL))
+        graph = ctypes.c_void_p()
+        try:
+            launches(stream)
+        finally:
+            # Ends the capture whatever happened, so the stream is usable again.
+            rc_end = self._end(stream, ctypes.byref(graph))
+        self._check("cuStreamEndCapture", rc_end)
+        exe = ctypes.c_void_p()
+        rc = self._instantiate(ctypes.byref(exe), graph, 0)
+        self._graph_destroy(graph)  # the exec keeps what it needs
+        self._check("cuGraphInstantiate", rc)
+        return int(exe.value or 0)
+
+    def launch(self, exe: int, stream: int) -> None:
+        self._check("cuGraphLaunch", self.launch_fn(exe, stream))
+
+    def capturing(self, stream: int) -> bool:
+        """Whether ``stream`` is being captured, or cannot say (a legacy stream during another
+        thread's global capture): either way no graph may be started on it."""
+        rc = self._is_capturing(stream, self._status_ref)
+        return bool(rc) or self._status.value != _CAPTURE_NONE
+
+    def destroy(self, exe: int) -> None:
+        self._exec_destroy(exe)
+
+
+_driver: Driver | None = None
+_driver_refused: str | None = None
+
+
+def driver() -> Driver | None:
+    """The process's :class:`Driver`, or None where libcuda cannot be loaded
+    (:func:`driver_refused` says why)."""
+    global _driver, _driver_refused
+    if _driver is None and _driver_refused is None:
+        try:
+            _driver = Driver()
+        except (OSError, AttributeError) as e:
+            _driver_refused = f"libcuda: {e}"
+    return _driver
+
+
+def driver_refused() -> str | None:
+    return _driver_refused
+
+
+_streams = threading.local()
+
+
+def capture_stream(device: Any) -> int:
+    """A stream of this thread's on ``device`` for slots to capture on (one per thread, as a
+    capture holds its stream until it ends)."""
+    import torch
+
+    held = getattr(_streams, "by_device", None)
+    if held is None:
+        held = _streams.by_device = {}
+    dev = torch.device(device)
+    s = held.get(dev)
+    if s is None:
+        s = held[dev] = torch.cuda.Stream(dev)
+    return s.cuda_stream
+
+
+class GraphSlot:
+    """One plan's graph: ``launch(stream, key)`` starts the graph captured for ``key`` and says
+    True, or says False (the caller then launches its kernels itself).
+
+    ``fire(stream, *key)`` enqueues the plan's launches; ``capture_stream`` is a stream the slot
+    captures on (not the caller's: the caller's may be the legacy default stream, which cannot
+    be captured)."""
+
+    def __init__(
+        self,
+        fire: Callable[..., None],
+        capture_stream: int,
+        drv: Driver,
+        max_captures: int = MAX_CAPTURES,
+    ) -> None:
+        self._fire = fire
+        self._cap_stream = capture_stream
+        self._drv = drv
+        self._max = max_captures
+        self.key: tuple | None = None  # the key of the graph held
+        self._exe = 0
+        self._seen: tuple | None = None  # the key of the last run without a graph
+        self.captures = 0
+        # Why the slot stopped launching graphs (a driver error while capturing), or None.
+        self.refused: str | None = None
+        self._finalizer = weakref.finalize(self, _release, drv, [0])
+
+    def launch(self, stream: int, key: tuple) -> bool:
+        drv = self._drv
+        if key == self.key:
+            if drv.capturing(stream):
+                return False
+            drv.launch(self._exe, stream)
+            return True
+        if key != self._seen:
+            self._seen = key
+            return False
+        if self.refused is not None or self.captures >= self._max or drv.capturing(stream):
+            return False
+        fire = self._fire
+        try:
+            exe = drv.capture(self._cap_stream, lambda s: fire(s, *key))
+        except DriverError as e:
+            self.refused = str(e)
+            return False
+        self.captures += 1
+        self._set(exe, key)
+        drv.launch(exe, stream)
+        return True
+
+    def _set(self, exe: int, key: tuple | None) -> None:
+        old = self._exe
+        self._exe, self.key = exe, key
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _release, self._drv, [exe])
+        if old:
+            self._drv.destroy(old)
+
+    def close(self) -> None:
+        """Destroy the graph held (the slot captures again on the next repeated key)."""
+        self._set(0, None)
+
+
+def _release(drv: Driver, held: list[int]) -> None:
+    for exe in held:
+        if exe:
+            drv.destroy(exe)
