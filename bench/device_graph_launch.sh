@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-tool call for the plans' graph launch (kernels/graph_launch.py) on the H200, in one
-# call (~9 min at most): its GPU gates and the plan's graph tests (a failure skips the rest);
+# call (~7 min at most): its GPU gates and the plan's graph tests (a failure skips the rest);
 # bench/gpu_decode_graph_launch.py at two shapes (the plan's run with and without its graph
 # slot, torch's replay, a bare cuGraphLaunch -> $OUT/decode-graph-launch-h200.json); then the
 # decode table under the defaults (graph launch on) -> $OUT/kernels-h200-decode-graph.json,
@@ -24,7 +24,7 @@ log=$OUT/graph.log
   (cd bench && timeout -k 5 120 python3 gpu_decode_graph_launch.py --shapes "${1:-1x65536,64xlognormal}" \
     --out "$OUT/decode-graph-launch-h200.json" 2>&1 | grep -v Warning | cut -c1-1200)
   echo "== decode table, defaults"
-  timeout -k 5 300 python3 -m kdash.kernels.bench --sweep none --only decode \
+  timeout -k 5 240 python3 -m kdash.kernels.bench --sweep none --only decode --default-path-only \
     --out "$OUT/kernels-h200-decode-graph.json" > "$OUT/bench-graph.log" 2>&1
   echo "rc=$?"; grep -E "summary|Error|error" "$OUT/bench-graph.log" | cut -c1-300
 } 2>&1 | tee "$log"

@@ -377,6 +377,8 @@ def occ(side: dict) -> str:
 # argument that asks for it.
 PATH_KEYS = {"two": "two_launch", "fused": "fused", "persistent": "persistent"}
 PATH_ARGS: dict[str, bool | str] = {"two_launch": False, "fused": True, "persistent": "persistent"}
+# Whether decode_row times the paths a default plan does not take (--default-path-only: no).
+OTHER_PATHS = True
 
 
 def decode_row(row: dict, lens, hq, hkv, d, copy_gbs: float, best: dict[str, DecodeConfig]):
@@ -411,7 +413,7 @@ def decode_row(row: dict, lens, hq, hkv, d, copy_gbs: float, best: dict[str, Dec
         fn()
         torch.cuda.synchronize()
         want = case.out.float().clone()
-        for other in (name for name in PATH_ARGS if name != chosen):
+        for other in (name for name in PATH_ARGS if name != chosen and OTHER_PATHS):
             try:
                 fig, fn = time_path(case, cfg, PATH_ARGS[other], copy_gbs)
                 fn()
@@ -451,6 +453,11 @@ def time_path(case: DecodeCase, cfg: DecodeConfig, fused: bool | str | None, cop
         "bw_ratio": nbytes / (ms * 1e-3) / 1e9 / copy_gbs,
         "bw_ratio_graph": nbytes / (ms_g * 1e-3) / 1e9 / copy_gbs,
     }
+    slot = case.last_plan._slot
+    # Whether its runs went through the plan's graph (kdash.kernels.graph_launch), and if
+    # not, why.
+    fig["graph_launch"] = slot is not None and slot.key is not None
+    fig["graph_refused"] = case.last_plan.graph_refused
     return fig, fn
 
 
@@ -689,7 +696,16 @@ def main(argv: list[str] | None = None) -> int:
         help="default plans take the persistent one-launch kernel where the fused one does not "
         "pay (decode_persist.PERSISTENT_DEFAULT), so the top-level figures are of that rule",
     )
+    ap.add_argument(
+        "--default-path-only",
+        action="store_true",
+        help="time only the launch path a default plan takes on each decode shape (a third of "
+        "the decode table's time; row['paths'] then holds that path alone)",
+    )
     args = ap.parse_args(argv)
+    if args.default_path_only:
+        global OTHER_PATHS
+        OTHER_PATHS = False
     if args.persistent:
         decode_persist.PERSISTENT_DEFAULT = True
     if not torch.cuda.is_available():
