@@ -3,7 +3,7 @@
 # call (~7 min at most): its GPU gates and the plan's graph tests (a failure skips the rest);
 # bench/gpu_decode_graph_launch.py at two shapes (the plan's run with and without its graph
 # slot, torch's replay, a bare cuGraphLaunch -> $OUT/decode-graph-launch-h200.json); then the
-# decode table under the defaults (graph launch on) -> $OUT/kernels-h200-decode-graph.json,
+# decode table under the defaults (graph launch on; each shape's default path only) -> $OUT/kernels-h200-decode-graph.json,
 # its summary lines in the log (the bench saves after every row, so a timeout keeps the rows
 # done). Log: $OUT/graph.log. Before the call, rebuild the kdash wheel and carry `.whl`:
 #   rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .
