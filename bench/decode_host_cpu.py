@@ -7,9 +7,12 @@ kernels/launch.py, and the call into the launcher, which here returns at once. W
 launcher costs (argument parsing, cuLaunchKernelEx) is not in these figures; the GPU's
 ``decode_host_us`` (kernels/bench.py) has it.
 
-Run: python bench/decode_host_cpu.py [--profile]   (prints us per run, min and median of 7 x
-20,000 runs, for the two-launch, fused and persistent plans, bf16 and fp8 KV; --profile adds
-cProfile)
+With ``--graph`` the runs go through a graph slot (kernels/graph_launch.py) whose driver is a
+stand-in ``libcuda`` built here with ``cc``: the same ctypes calls, functions that return 0.
+
+Run: python bench/decode_host_cpu.py [--profile] [--graph]   (prints us per run, min and median
+of 7 x 20,000 runs, for the two-launch, fused and persistent plans, bf16 and fp8 KV; --profile
+adds cProfile)
 """
 
 from __future__ import annotations
@@ -19,13 +22,17 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU tensors; must precede importing triton
 
 import cProfile
+import ctypes
 import io
 import pstats
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
-from kdash.kernels import bench
+from kdash.kernels import bench, graph_launch
 from kdash.kernels.decode_attention import DecodeConfig
 from kdash.kernels.decode_plan import DecodePlan
 from kdash.kernels.launch import BoundKernel
@@ -76,7 +83,30 @@ def _plan(case: bench.DecodeCase, cfg, fused: bool | str) -> DecodePlan:
     )
 
 
-def measure(fused: bool | str, fp8: bool, profile: bool) -> tuple[float, float]:
+# The driver calls a graph slot makes, as functions that return CUDA_SUCCESS and write nothing
+# but a zero capture status.
+_STAND_IN_C = """
+int cuStreamBeginCapture_v2(void *s, int m) { return 0; }
+int cuStreamEndCapture(void *s, void **g) { *g = (void *)1; return 0; }
+int cuGraphInstantiateWithFlags(void **e, void *g, unsigned long long f)
+{ *e = (void *)2; return 0; }
+int cuGraphDestroy(void *g) { return 0; }
+int cuGraphExecDestroy(void *e) { return 0; }
+int cuStreamIsCapturing(void *s, int *st) { *st = 0; return 0; }
+int cuGraphLaunch(void *e, void *s) { return 0; }
+"""
+
+
+def stand_in_driver() -> graph_launch.Driver:
+    """A :class:`graph_launch.Driver` on a stand-in libcuda compiled here."""
+    d = Path(tempfile.mkdtemp(prefix="kdash-cuda-stand-in-"))
+    (d / "c.c").write_text(_STAND_IN_C)
+    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(d / "s.so"), str(d / "c.c")],
+                   check=True)  # fmt: skip
+    return graph_launch.Driver(ctypes.CDLL(str(d / "s.so")))
+
+
+def measure(fused: bool | str, fp8: bool, profile: bool, drv=None) -> tuple[float, float]:
     case = bench.DecodeCase([300, 40, 77, 5], 32, 8, 128, fp8)
     plan = _plan(case, None if fp8 else DecodeConfig(block_n=64), fused)
     q, k, v = case.q, case.k, case.v
@@ -91,6 +121,8 @@ def measure(fused: bool | str, fp8: bool, profile: bool) -> tuple[float, float]:
         stand_in(plan._s2, len(plan._args2))
     plan._arm_fire()
     assert plan._fire is not None, "the pointer launchers were not made"
+    if drv is not None:
+        plan._slot = graph_launch.GraphSlot(plan._fire, 0, drv)
     for _ in range(2000):
         plan.run(q, k, v)
     per = []
@@ -115,9 +147,10 @@ def measure(fused: bool | str, fp8: bool, profile: bool) -> tuple[float, float]:
 def main() -> int:
     bench.DEVICE = "cpu"
     profile = "--profile" in sys.argv[1:]
+    drv = stand_in_driver() if "--graph" in sys.argv[1:] else None
     for fused in (False, True, "persistent"):
         for fp8 in (False, True):
-            lo, mid = measure(fused, fp8, profile)
+            lo, mid = measure(fused, fp8, profile, drv)
             name = {False: "two-launch", True: "fused"}.get(fused, fused)
             print(f"{name:>10} {'fp8' if fp8 else 'bf16'}: {lo:.2f} us min, {mid:.2f} us median")
     return 0
