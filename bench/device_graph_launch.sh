@@ -21,7 +21,7 @@ log=$OUT/graph.log
   rc=$?; echo "rc=$rc"; grep -E "passed|failed|FAILED|Error" "$OUT/graph-gates.log" | tail -12
   if [[ $rc != 0 ]]; then echo "== the rest skipped: the gates failed"; exit 0; fi
   echo "== run, run through the slot, replay, cuGraphLaunch"
-  (cd bench && timeout -k 5 120 python3 gpu_decode_graph_launch.py --shapes "${1:-1x65536,64xlognormal}" \
+  (cd bench && PYTHONSAFEPATH= timeout -k 5 120 python3 gpu_decode_graph_launch.py --shapes "${1:-1x65536,64xlognormal}" \
     --out "$OUT/decode-graph-launch-h200.json" 2>&1 | grep -v Warning | cut -c1-1200)
   echo "== decode table, defaults"
   timeout -k 5 240 python3 -m kdash.kernels.bench --sweep none --only decode --default-path-only \

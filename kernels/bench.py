@@ -347,7 +347,9 @@ def paths_line(row: dict) -> str:
     parts = []
     for name, p in row["paths"].items():
         for tag in ("bf16", "fp8"):
-            x = p[tag]
+            x = p.get(tag)
+            if x is None:  # not timed (--default-path-only)
+                continue
             if "error" in x:
                 parts.append(f"{name} {tag} failed")
                 continue
