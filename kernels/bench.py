@@ -458,7 +458,7 @@ def time_path(case: DecodeCase, cfg: DecodeConfig, fused: bool | str | None, cop
     slot = case.last_plan._slot
     # Whether its runs went through the plan's graph (kdash.kernels.graph_launch), and if
     # not, why.
-    fig["graph_launch"] = slot is not None and slot.key is not None
+    fig["graph_launch"] = slot is not None and bool(slot.graphs)
     fig["graph_refused"] = case.last_plan.graph_refused
     return fig, fn
 

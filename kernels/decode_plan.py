@@ -177,6 +177,11 @@ class DecodePlan:
     here) and returns it: the next run overwrites it. fp8 KV takes ``k_scale``/``v_scale`` here
     (one float, or ``[Hkv]``) or per run (``[Hkv]`` fp32 tensors, e.g. per layer).
 
+    ``graph`` (default :data:`~kdash.kernels.graph_launch.GRAPH_LAUNCH_DEFAULT`): runs start
+    the plan's launches as a CUDA graph the plan captured itself, one per set of q, cache and
+    scale pointers (one per layer when a plan serves a step's layers), with one driver call
+    (:mod:`kdash.kernels.graph_launch`); ``graph_refused`` says why a plan's runs do not.
+
     ``config`` (default :func:`default_config` of ``kv_dtype``) is kept as the GPU can run it
     (:func:`runnable_config`): ``config`` on the plan says what runs. A
     :class:`~kdash.kernels.decode_gluon.TmaConfig` asks for the Gluon kernels that read the

@@ -6,11 +6,13 @@ kernel (two on the two-launch path), several microseconds each on the H200's hos
 arguments, into a CUDA graph (on a stream of its own: nothing runs while capturing) and starts
 that graph on the caller's stream with one ``cuGraphLaunch``. The graph's kernel arguments are
 fixed at capture, so a graph serves one *key*: the pointers a run passes (q, the caches, the
-scales); everything else a plan keeps fixed, and a plan that rebinds drops its slot.
+scales); everything else a plan keeps fixed, and a plan that rebinds drops its slot. A slot
+holds a graph per key, up to ``MAX_GRAPHS`` (the oldest goes first): one plan serves every layer
+of a step, each layer with its own caches.
 
-When to capture: on the second run in a row with one key (a server that reuses its q buffer, or
-whose allocator hands the same block back every step, pays one capture; one whose pointers
-change every call never captures, and after ``max_captures`` captures the slot stops trying).
+When to capture: the second time a key is seen (a server that reuses its q buffer, or whose
+allocator hands the same blocks back every step, pays one capture per layer; one whose pointers
+change every call never captures, and after ``MAX_CAPTURES`` captures the slot stops trying).
 A run on a stream that is being captured (the caller's own graph) or a stream that cannot say
 whether it is launches the kernels as usual, so the caller's graph holds kernel nodes.
 
@@ -29,8 +31,10 @@ from typing import Any
 
 # Whether plans launch through a graph (set from bench/NOTES-kernels.md's figures).
 GRAPH_LAUNCH_DEFAULT = True
-# Captures a slot makes before it gives up (its key kept changing).
-MAX_CAPTURES = 8
+# Graphs a slot holds (keys: a model's layers, times the few q buffers an allocator hands out).
+MAX_GRAPHS = 128
+# Captures a slot makes before it gives up (its keys kept changing).
+MAX_CAPTURES = 2 * MAX_GRAPHS
 
 _CAPTURE_THREAD_LOCAL = 1  # CUstreamCaptureMode: only this thread's unsafe calls are refused
 _CAPTURE_NONE = 0  # CUstreamCaptureStatus: the stream is not being captured
@@ -137,7 +141,7 @@ def capture_stream(device: Any) -> int:
 
 
 class GraphSlot:
-    """One plan's graph: ``launch(stream, key)`` starts the graph captured for ``key`` and says
+    """One plan's graphs: ``launch(stream, key)`` starts the graph captured for ``key`` and says
     True, or says False (the caller then launches its kernels itself).
 
     ``fire(stream, *key)`` enqueues the plan's launches; ``capture_stream`` is a stream the slot
@@ -150,28 +154,33 @@ class GraphSlot:
         capture_stream: int,
         drv: Driver,
         max_captures: int = MAX_CAPTURES,
+        max_graphs: int = MAX_GRAPHS,
     ) -> None:
         self._fire = fire
         self._cap_stream = capture_stream
         self._drv = drv
         self._max = max_captures
-        self.key: tuple | None = None  # the key of the graph held
-        self._exe = 0
-        self._seen: tuple | None = None  # the key of the last run without a graph
+        self._max_graphs = max_graphs
+        # key -> exec handle, oldest first; the finalizer destroys what is left in it
+        self.graphs: dict[tuple, int] = {}
+        self._seen: set[tuple] = set()  # keys run once without a graph
         self.captures = 0
         # Why the slot stopped launching graphs (a driver error while capturing), or None.
         self.refused: str | None = None
-        self._finalizer = weakref.finalize(self, _release, drv, [0])
+        weakref.finalize(self, _release, drv, self.graphs)
 
     def launch(self, stream: int, key: tuple) -> bool:
         drv = self._drv
-        if key == self.key:
+        exe = self.graphs.get(key)
+        if exe is not None:
             if drv.capturing(stream):
                 return False
-            drv.launch(self._exe, stream)
+            drv.launch(exe, stream)
             return True
-        if key != self._seen:
-            self._seen = key
+        if key not in self._seen:
+            if len(self._seen) >= 4 * self._max_graphs:
+                self._seen.clear()
+            self._seen.add(key)
             return False
         if self.refused is not None or self.captures >= self._max or drv.capturing(stream):
             return False
@@ -182,24 +191,23 @@ class GraphSlot:
             self.refused = str(e)
             return False
         self.captures += 1
-        self._set(exe, key)
+        self._seen.discard(key)
+        if len(self.graphs) >= self._max_graphs:
+            oldest = next(iter(self.graphs))
+            drv.destroy(self.graphs.pop(oldest))
+        self.graphs[key] = exe
         drv.launch(exe, stream)
         return True
 
-    def _set(self, exe: int, key: tuple | None) -> None:
-        old = self._exe
-        self._exe, self.key = exe, key
-        self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _release, self._drv, [exe])
-        if old:
-            self._drv.destroy(old)
-
     def close(self) -> None:
-        """Destroy the graph held (the slot captures again on the next repeated key)."""
-        self._set(0, None)
+        """Destroy the graphs held (the slot captures again for keys seen twice more)."""
+        held = list(self.graphs.values())
+        self.graphs.clear()
+        self._seen.clear()
+        for exe in held:
+            self._drv.destroy(exe)
 
 
-def _release(drv: Driver, held: list[int]) -> None:
-    for exe in held:
-        if exe:
-            drv.destroy(exe)
+def _release(drv: Driver, graphs: dict[tuple, int]) -> None:
+    for exe in graphs.values():
+        drv.destroy(exe)

@@ -77,17 +77,30 @@ def test_slot_captures_on_the_second_run_with_one_key_then_launches_it() -> None
     assert slot.captures == 1 and len(fired) == 1
 
 
-def test_slot_recaptures_for_a_new_key_and_destroys_the_old_graph() -> None:
+def test_slot_holds_a_graph_per_layer_of_a_step() -> None:
+    """One plan runs every layer, each on its own caches: keys come round in turn, never twice
+    in a row, and each gets its graph on its second step."""
+    slot, drv, fired = make_slot()
+    layers = [(0x100, 0x1000 * i, 0x2000 * i, 0, 0) for i in range(1, 5)]
+    assert [slot.launch(0, k) for k in layers] == [False] * 4  # step 1: kernels
+    assert [slot.launch(0, k) for k in layers] == [True] * 4  # step 2: one capture each
+    assert [slot.launch(0, k) for k in layers] == [True] * 4  # step 3: launches only
+    assert slot.captures == 4 and set(slot.graphs) == set(layers)
+    assert [f[1:] for f in fired] == layers  # each captured with its own caches
+    assert [c[1] for c in drv.calls[-4:]] == [slot.graphs[k] for k in layers]
+
+
+def test_slot_evicts_its_oldest_graph_past_its_size() -> None:
     slot, drv, _ = make_slot()
-    a, b = (1, 2, 3, 4, 5), (9, 2, 3, 4, 5)
-    slot.launch(0, a)
-    slot.launch(0, a)
-    old = drv.calls[-1][1]
-    assert not slot.launch(0, b)  # a new q pointer: kernels, no capture yet
-    assert slot.key == a and old in drv.live
-    assert slot.launch(0, b)
-    assert ("destroy", old) in drv.calls and old not in drv.live
-    assert slot.key == b and slot.captures == 2
+    slot = GraphSlot(lambda *a: None, 7, drv, max_graphs=2)
+    a, b, c = (1, 0, 0, 0, 0), (2, 0, 0, 0, 0), (3, 0, 0, 0, 0)
+    for k in (a, a, b, b):
+        slot.launch(0, k)
+    exe_a = slot.graphs[a]
+    slot.launch(0, c)
+    slot.launch(0, c)
+    assert list(slot.graphs) == [b, c] and exe_a not in drv.live
+    assert not slot.launch(0, a)  # seen again after its graph went: a new sighting
 
 
 def test_slot_steps_aside_while_the_callers_stream_is_captured() -> None:
@@ -112,7 +125,11 @@ def test_slot_gives_up_after_its_captures_and_on_a_driver_error() -> None:
         slot.launch(0, key)
         slot.launch(0, key)
     assert slot.captures == 2  # keys kept changing: no third capture
-    assert not slot.launch(0, (3, 0, 0, 0, 0)) and slot.key == (1, 0, 0, 0, 0)
+    assert not slot.launch(0, (3, 0, 0, 0, 0)) and set(slot.graphs) == {
+        (0, 0, 0, 0, 0),
+        (1, 0, 0, 0, 0),
+    }
+    assert slot.launch(0, (1, 0, 0, 0, 0))  # the graphs it holds still run
 
     slot, drv, _ = make_slot()
     drv.fail_capture = True
@@ -124,17 +141,18 @@ def test_slot_gives_up_after_its_captures_and_on_a_driver_error() -> None:
     assert not slot.launch(0, key) and slot.captures == 0  # it stays refused
 
 
-def test_close_and_collection_destroy_the_graph() -> None:
+def test_close_and_collection_destroy_the_graphs() -> None:
     slot, drv, _ = make_slot()
-    key = (1, 2, 3, 4, 5)
-    slot.launch(0, key)
-    slot.launch(0, key)
-    exe = slot._exe
+    keys = [(1, 2, 3, 4, 5), (6, 2, 3, 4, 5)]
+    for k in keys * 2:
+        slot.launch(0, k)
+    held = list(slot.graphs.values())
+    assert len(held) == 2
     slot.close()
-    assert exe not in drv.live and slot.key is None
-    slot.launch(0, key)
-    assert slot.launch(0, key)  # captures again
-    exe = slot._exe
+    assert not (set(held) & drv.live) and not slot.graphs
+    slot.launch(0, keys[0])
+    assert slot.launch(0, keys[0])  # captures again
+    exe = slot.graphs[keys[0]]
     del slot
     import gc
 
@@ -259,9 +277,28 @@ def test_gpu_rebind_drops_the_graph() -> None:
     q_strided = wide[:, :, : q.shape[2]]
     q_strided.copy_(q)
     plan.run(q_strided, kc, vc)  # another q layout: the plan rebinds
-    assert plan._slot is not slot and slot.key is None
+    assert plan._slot is not slot and not slot.graphs
     for _ in range(3):
         got = plan.run(q_strided, kc, vc)
     torch.cuda.synchronize()
     ref_plan, *_ = _plan(lens, False, graph=False)
     assert torch.equal(got, ref_plan.run(q, kc, vc))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("fused", [False, True], ids=["two", "fused"])
+def test_gpu_one_plan_over_layers_holds_a_graph_per_layer(fused) -> None:
+    """As the demo runs it: one plan, every layer on its own caches, steps in turn."""
+    lens = [2000, 333, 9000]
+    plan, q, kc, vc = _plan(lens, fused)
+    ref_plan, *_ = _plan(lens, fused, graph=False)
+    caches = [(kc, vc)] + [(torch.randn_like(kc), torch.randn_like(vc)) for _ in range(2)]
+    want = [ref_plan.run(q, k, v).clone() for k, v in caches]
+    for _ in range(3):
+        for i, (k, v) in enumerate(caches):
+            plan.out.fill_(float("nan"))
+            got = plan.run(q, k, v)
+            torch.cuda.synchronize()
+            assert torch.equal(got, want[i])
+    assert plan._slot.captures == 3 and len(plan._slot.graphs) == 3
