@@ -14,15 +14,12 @@ Run: python bench/gpu_decode_graph_launch.py [--out FILE] [--shapes 1x65536,64xl
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
-import os
 import sys
-from pathlib import Path
 
 import torch
-from gpu_decode_persist import SHAPES, lens_of
+from gpu_decode_persist import lens_of, run_shapes
 from kdash.kernels import bench, graph_launch
 from kdash.kernels.bench_timing import bench_graph_ms, bench_host_nosync_us, bench_ms
 from kdash.kernels.decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
@@ -103,24 +100,9 @@ def row_for(shape: str, fp8: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    out_dir = Path(os.environ.get("OUT", "."))
-    ap.add_argument("--out", type=Path, default=out_dir / "decode-graph-launch-h200.json")
-    ap.add_argument("--shapes", default=SHAPES)
-    a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("gpu_decode_graph_launch.py needs a CUDA GPU", file=sys.stderr)
-        return 2
-    result: dict = {
-        "command": "python bench/gpu_decode_graph_launch.py " + " ".join(argv or sys.argv[1:]),
-        "machine": bench.machine(),
-        "rows": [],
-    }
-    for shape in a.shapes.split(","):
-        for fp8 in (False, True):
-            result["rows"].append(row_for(shape, fp8))
-            a.out.write_text(json.dumps(result, indent=1))
-    return 0
+    return run_shapes(
+        "gpu_decode_graph_launch.py", __doc__, "decode-graph-launch-h200.json", row_for, argv
+    )
 
 
 if __name__ == "__main__":

@@ -86,17 +86,19 @@ def row_for(shape: str, fp8: bool) -> dict:
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_shapes(script: str, doc: str, default_out: str, row_for, argv: list[str] | None) -> int:
+    """The main of a per-shape decode probe: ``row_for(shape, fp8)`` for every ``--shapes``
+    entry, bf16 then fp8, the JSON (command, machine, rows) rewritten after every row."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     out_dir = Path(os.environ.get("OUT", "."))
-    ap.add_argument("--out", type=Path, default=out_dir / "decode-persist-h200.json")
+    ap.add_argument("--out", type=Path, default=out_dir / default_out)
     ap.add_argument("--shapes", default=SHAPES)
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("gpu_decode_persist.py needs a CUDA GPU", file=sys.stderr)
+        print(f"{script} needs a CUDA GPU", file=sys.stderr)
         return 2
     result: dict = {
-        "command": "python bench/gpu_decode_persist.py " + " ".join(argv or sys.argv[1:]),
+        "command": f"python bench/{script} " + " ".join(argv or sys.argv[1:]),
         "machine": bench.machine(),
         "rows": [],
     }
@@ -105,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
             result["rows"].append(row_for(shape, fp8))
             a.out.write_text(json.dumps(result, indent=1))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_shapes("gpu_decode_persist.py", __doc__, "decode-persist-h200.json", row_for, argv)
 
 
 if __name__ == "__main__":
