@@ -779,7 +779,9 @@ def main(argv: list[str] | None = None) -> int:
         log(f"summary {k:<24} {shown:>8}  floor {rel} {FLOORS[k]:<5} {s['status'][k]}")
     for name, p in s["by_path"].items():
         shown = ", ".join(
-            f"{k} {'n/a' if v is None else f'{v:.3f}'}" for k, v in p.items() if k != "status"
+            f"{k} {'n/a' if v is None else (f'{v:.3f}' if isinstance(v, float | int) else v)}"
+            for k, v in p.items()
+            if k != "status"
         )
         log(f"summary path {name:<10} {shown}")
     log(f"wrote {out} in {result['seconds']:.0f}s")

@@ -107,6 +107,8 @@ def path_summary(decode: list[dict], name: str, lowest) -> dict[str, Any]:
         "fp8_speedup": lowest(p.get("fp8_speedup") for p in long_rows),
         "fp8_speedup_graph": lowest(p.get("fp8_speedup_graph") for p in long_rows),
         "failed": sum(1 for p in rows for t in ("bf16", "fp8") if "error" in p[t]),
+        # rows this path was timed on (with --default-path-only, only where it is the default)
+        "shapes": f"{len(rows)} of {len(decode)}",
     }
     out["status"] = {k: floor_status(k, v) for k, v in out.items() if k in FLOORS}
     return out

@@ -556,6 +556,20 @@ def test_bench_decode_row_times_every_launch_path(monkeypatch) -> None:
     assert by["persistent"]["status"]["decode_host_us"] == "pass"
     line = bench.paths_line(row)
     assert "two_launch bf16" in line and "fused fp8" in line
+    assert all(p["shapes"] == "1 of 1" for p in by.values())
+
+    # --default-path-only: the default path alone is timed, and the summary says so per path
+    monkeypatch.setattr(bench, "OTHER_PATHS", False)
+    plans.clear()
+    row = {"long_context": True}
+    bench.decode_row(row, [300, 40], 8, 2, 64, 3000.0, {"bf16": SMALL, "fp8": SMALL})
+    assert [p.path for p in plans] == [d, d]
+    assert all(not row["paths"][bench.PATH_KEYS[o]] for o in others)
+    assert bench.paths_line(row).count(bench.PATH_KEYS[d]) == 2
+    by = bench.summarize([row], [])["by_path"]
+    assert by[bench.PATH_KEYS[d]]["shapes"] == "1 of 1"
+    assert all(by[bench.PATH_KEYS[o]]["shapes"] == "0 of 1" for o in others)
+    assert all(by[bench.PATH_KEYS[o]]["decode_host_us"] is None for o in others)
 
 
 # ------------------------------------------------------------ the packed pointer launchers
