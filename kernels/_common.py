@@ -82,3 +82,15 @@ def ensure_allocator() -> None:
 
     if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
         triton.set_allocator(_scratch)
+
+
+@functools.lru_cache(maxsize=16)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def capability_of(device: torch.device) -> tuple[int, int] | None:
+    """The compute capability of a CUDA ``device``; None for any other (the CPU interpreter)."""
+    if device.type != "cuda":
+        return None
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())

@@ -778,7 +778,7 @@ del math, weakref, residency, interpreting, next_pow2, BoundKernel, MAX_BLOCKS_P
 # f16x2 conversion, which the H200 timed faster than the integer-op conversion on every shape,
 # eager and graph-replayed, at the same accuracy (bench/NOTES-kernels.md). The integer-op
 # config, which every GPU runs, stays as PAIRS_FP8_CONFIG; a plan on a GPU without the
-# instruction runs that (decode_plan.runnable_config).
+# instruction runs that (decode_fp8.runnable_config).
 PAIRS_FP8_CONFIG = DEFAULT_FP8_CONFIG
 DEFAULT_FP8_CONFIG = DecodeConfig(**{**vars(PAIRS_FP8_CONFIG), "fp8_compute": "cvt"})
 

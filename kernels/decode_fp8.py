@@ -22,7 +22,7 @@ the integer-op kernel on every shape and had the highest ``fp8_speedup`` of all,
 graph-replayed, so that is the default (``DEFAULT_FP8_CONFIG``); fewer tokens a tile with a
 deeper pipeline and a register cap (:class:`Fp8Config`'s ``maxnreg``) came close under graph
 replay only. A GPU below sm_89 runs the integer-op kernel instead
-(:func:`kdash.kernels.decode_plan.runnable_config`).
+(:func:`runnable_config`).
 
 In the CPU interpreter (no inline PTX) the conversion takes Triton ops: the integer bit moves,
 then x 2^8 in fp16 (exact: a power of two, and 448 x 2^-8 x 2^8 is in range), so the interpreter
@@ -31,7 +31,7 @@ checks everything but the PTX itself; :func:`conversion_path` says which one a p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import triton
 import triton.language as tl
@@ -41,6 +41,21 @@ from .decode_attention import DecodeConfig, _fp8_pairs_to_fp16, _piece, _tile_pa
 
 # fp8_compute values that pick this module's kernel.
 CVT_MODES = ("cvt",)
+
+# cvt.rn.f16x2.e4m3x2 (the default fp8 stage 1's conversion) is PTX for sm_89 and later.
+CVT_MIN_CAPABILITY = (8, 9)
+
+
+def runnable_config(config: DecodeConfig, capability: tuple[int, int] | None) -> DecodeConfig:
+    """``config`` as a GPU of compute ``capability`` can run it: a hardware-conversion config
+    (``fp8_compute="cvt"``) becomes the same launch config on the integer-op conversion
+    (``"pairs_asm"``: the same layout, both conversions exact) below
+    :data:`CVT_MIN_CAPABILITY`. ``None`` (the CPU interpreter, which runs no PTX and takes
+    Triton ops for either): unchanged."""
+    below = capability is not None and tuple(capability) < CVT_MIN_CAPABILITY
+    if below and config.fp8_compute in CVT_MODES:
+        return replace(config, fp8_compute="pairs_asm")
+    return config
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,11 @@ import functools
 import math
 import weakref
 from collections.abc import Callable
-from dataclasses import replace
 
 import torch
 
 from . import decode_gluon, decode_persist, graph_launch, residency
-from ._common import cdiv, interpreting, next_pow2, sm_count
+from ._common import capability_of, cdiv, interpreting, next_pow2, sm_count
 from .decode_attention import (
     DEFAULT_CONFIG,
     FP8_DTYPES,
@@ -34,38 +33,11 @@ from .decode_attention import (
     merge_tokens,
     split_class,
 )
-from .decode_fp8 import CVT_MODES, _decode_stage1_fp8_cvt
+from .decode_fp8 import CVT_MODES, _decode_stage1_fp8_cvt, runnable_config
 from .decode_fused import _decode_fused, merge_chunk
 from .kv_cache import scale_per_head
 from .launch import BoundKernel, hooks_installed
 from .residency import MAX_BLOCKS_PER_SM, Residency
-
-# cvt.rn.f16x2.e4m3x2 (the default fp8 stage 1's conversion) is PTX for sm_89 and later.
-CVT_MIN_CAPABILITY = (8, 9)
-
-
-def runnable_config(config: DecodeConfig, capability: tuple[int, int] | None) -> DecodeConfig:
-    """``config`` as a GPU of compute ``capability`` can run it: a hardware-conversion config
-    (``fp8_compute="cvt"``) becomes the same launch config on the integer-op conversion
-    (``"pairs_asm"``: the same layout, both conversions exact) below
-    :data:`CVT_MIN_CAPABILITY`. ``None`` (the CPU interpreter, which runs no PTX and takes
-    Triton ops for either): unchanged."""
-    below = capability is not None and tuple(capability) < CVT_MIN_CAPABILITY
-    if below and config.fp8_compute in CVT_MODES:
-        return replace(config, fp8_compute="pairs_asm")
-    return config
-
-
-@functools.lru_cache(maxsize=16)
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
-def capability_of(device: torch.device) -> tuple[int, int] | None:
-    """The compute capability of a CUDA ``device``; None for any other (the CPU interpreter)."""
-    if device.type != "cuda":
-        return None
-    return _capability(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def max_splits_for(
@@ -649,27 +621,13 @@ class DecodePlan:
 
         self._stream = s1.stream
         self._fire = fire
-        self._slot = self._graph_slot(fire)
-
-    def _graph_slot(self, fire: Callable[..., None]) -> graph_launch.GraphSlot | None:
-        """A graph slot for ``fire``, or None where plans do not launch through graphs (this
-        plan's ``graph``; no CUDA driver)."""
-        if not self.graph:
-            return None
-        drv = graph_launch.driver()
-        if drv is None:
-            return None
-        return graph_launch.GraphSlot(fire, graph_launch.capture_stream(self.device), drv)
+        self._slot = graph_launch.slot_for(self.graph, fire, self.device)
 
     @property
     def graph_refused(self) -> str | None:
         """Why runs launch kernels rather than the plan's graph: None while they may take the
         graph (or before the first run armed the plan), else the reason."""
-        if not self.graph:
-            return "off for this plan (graph=False)"
-        if self._fire is not None and self._slot is None:
-            return graph_launch.driver_refused() or "no CUDA driver"
-        return self._slot.refused if self._slot is not None else None
+        return graph_launch.refusal(self.graph, self._fire is not None, self._slot)
 
     def _admit(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
         """Check caches not seen before against the bound layout (rebinding if it differs) and

@@ -211,3 +211,24 @@ class GraphSlot:
 def _release(drv: Driver, graphs: dict[tuple, int]) -> None:
     for exe in graphs.values():
         drv.destroy(exe)
+
+
+def slot_for(enabled: bool, fire: Callable[..., None], device: Any) -> GraphSlot | None:
+    """A graph slot for a plan's ``fire`` on ``device``, or None where the plan does not launch
+    through graphs (``enabled`` false; no CUDA driver)."""
+    if not enabled:
+        return None
+    drv = driver()
+    if drv is None:
+        return None
+    return GraphSlot(fire, capture_stream(device), drv)
+
+
+def refusal(enabled: bool, armed: bool, slot: GraphSlot | None) -> str | None:
+    """Why a plan's runs launch kernels rather than its graphs: None while they may take them
+    (or before ``armed``: the plan's first run), else the reason."""
+    if not enabled:
+        return "off for this plan (graph=False)"
+    if armed and slot is None:
+        return driver_refused() or "no CUDA driver"
+    return slot.refused if slot is not None else None
