@@ -63,8 +63,7 @@ class Driver:
         self._graph_destroy = fn("cuGraphDestroy", vp)
         self._exec_destroy = fn("cuGraphExecDestroy", vp)
         self._is_capturing = fn("cuStreamIsCapturing", vp, ctypes.POINTER(ctypes.c_int))
-        # Per call: the bare function, its arguments as plain ints.
-        self.launch_fn = fn("cuGraphLaunch", vp, vp)
+        self._launch = fn("cuGraphLaunch", vp, vp)
         self._status = ctypes.c_int(0)
         self._status_ref = ctypes.byref(self._status)
 
@@ -90,7 +89,7 @@ class Driver:
         return int(exe.value or 0)
 
     def launch(self, exe: int, stream: int) -> None:
-        self._check("cuGraphLaunch", self.launch_fn(exe, stream))
+        self._check("cuGraphLaunch", self._launch(exe, stream))
 
     def capturing(self, stream: int) -> bool:
         """Whether ``stream`` is being captured, or cannot say (a legacy stream during another

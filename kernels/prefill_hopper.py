@@ -34,7 +34,6 @@ takes; the tests assert it.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -42,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, interpreting, mma, to_bf16
+from ._common import _capability, cdiv, interpreting, mma, to_bf16
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -92,11 +91,6 @@ def variant_config(name: str, head_dim: int, causal: bool) -> HopperConfig:
             return HopperConfig(128, 128, 8, 3, descriptors="none")
         return HopperConfig(128, 64, 8, 3, descriptors="none")
     return HopperConfig(128, 64, 8, 3)
-
-
-@functools.lru_cache(maxsize=16)
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
 
 
 def descriptors_available(device: torch.device) -> bool:
