@@ -619,7 +619,7 @@ class DecodePlan:
                 f1(stream, qp, kp, vp, pt, sl, ksp, vsp)
                 f2(stream)
 
-        self._stream = s1.stream
+        self._stream = s1.stream_reader()
         self._fire = fire
         self._slot = graph_launch.slot_for(self.graph, fire, self.device)
 

@@ -91,6 +91,16 @@ class Driver:
     def launch(self, exe: int, stream: int) -> None:
         self._check("cuGraphLaunch", self._launch(exe, stream))
 
+    def start(self, exe: int, stream: int) -> bool:
+        """:meth:`launch` unless ``stream`` is being captured (or cannot say): then False. One
+        Python frame around both driver calls, as it runs on every decode step."""
+        if self._is_capturing(stream, self._status_ref) or self._status.value != _CAPTURE_NONE:
+            return False
+        rc = self._launch(exe, stream)
+        if rc:
+            raise DriverError(f"cuGraphLaunch returned CUDA error {rc}")
+        return True
+
     def capturing(self, stream: int) -> bool:
         """Whether ``stream`` is being captured, or cannot say (a legacy stream during another
         thread's global capture): either way no graph may be started on it."""
@@ -158,6 +168,7 @@ class GraphSlot:
         self._fire = fire
         self._cap_stream = capture_stream
         self._drv = drv
+        self._start = drv.start
         self._max = max_captures
         self._max_graphs = max_graphs
         # key -> exec handle, oldest first; the finalizer destroys what is left in it
@@ -169,13 +180,10 @@ class GraphSlot:
         weakref.finalize(self, _release, drv, self.graphs)
 
     def launch(self, stream: int, key: tuple) -> bool:
-        drv = self._drv
         exe = self.graphs.get(key)
         if exe is not None:
-            if drv.capturing(stream):
-                return False
-            drv.launch(exe, stream)
-            return True
+            return self._start(exe, stream)
+        drv = self._drv
         if key not in self._seen:
             if len(self._seen) >= 4 * self._max_graphs:
                 self._seen.clear()

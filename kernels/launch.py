@@ -23,6 +23,7 @@ as integers (``data_ptr()``), which every Triton CUDA launcher accepts: it then 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -183,9 +184,10 @@ class BoundKernel:
             return None
         return _direct_entry(self._compiled, self._g, (*fixed, *self._tail), self._scratch_ptr())
 
-    def stream(self) -> int:
-        """The current stream of the device this kernel was armed on (call after arming)."""
-        return self._stream(self._device)
+    def stream_reader(self) -> Callable[[], int]:
+        """A callable giving the current stream of the device this kernel was armed on (call
+        after arming); a partial of Triton's getter, so reading it adds no Python frame."""
+        return functools.partial(self._stream, self._device)
 
 
 # Whether a launch hook is installed now (then every launch must take Triton's path).

@@ -48,6 +48,12 @@ class StandInDriver:
     def capturing(self, stream: int) -> bool:
         return stream in self.capturing_streams
 
+    def start(self, exe: int, stream: int) -> bool:
+        if self.capturing(stream):
+            return False
+        self.launch(exe, stream)
+        return True
+
     def destroy(self, exe: int) -> None:
         self.live.discard(exe)
         self.calls.append(("destroy", exe))

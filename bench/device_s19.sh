@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Device-tool calls of session 19 on the H200; the steps, by name, as arguments (each has its
+# own timeout; `gates probe tma demo` fit one 10-minute call, `table` takes ~4 min alone):
+#   gates  the plans' graph launch with a graph per layer, the plan's graph/host/capture tests
+#          and the workload's GPU tests (pytest -m gpu); a failure skips the other steps;
+#   probe  bench/gpu_decode_graph_launch.py at 1 x 64k and 64 lognormal
+#          -> $OUT/decode-graph-launch-h200.json;
+#   tma    bench/gpu_decode_gluon.py, bf16 and fp8, ring depths 4 and 3, split counts x1 and x2
+#          (the Gluon stage 1 with its page indices read ahead, never timed before)
+#          -> $OUT/decode-gluon-h200.json;
+#   demo   `kdash demo` in tmux at 200x50 and 80x24 (graph-replayed decode; the help on `?`)
+#          -> $OUT/tmux-demo-*.txt;
+#   table  the decode table under the defaults, each shape's default path
+#          -> $OUT/kernels-h200-decode.json.
+# Log: $OUT/s19.log. Before the call, rebuild the kdash wheel and carry `.whl`:
+#   rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .
+# Run: bash bench/device_s19.sh gates probe tma demo | table
+set -uo pipefail
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH=/tmp/site PYTHONSAFEPATH=1
+bash bench/device_setup.sh > /dev/null || exit 1
+steps=" $* "
+log=$OUT/s19.log
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  if [[ $steps == *" gates "* ]]; then
+    echo "== GPU gates: graph launch, plan (graph, capture, host), workload"
+    timeout -k 5 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider \
+      tests/test_kernels_graph_launch.py tests/test_kernels_plan.py tests/test_workload.py \
+      --junitxml "$OUT/gpu-gates-s19.xml" > "$OUT/gates.log" 2>&1
+    rc=$?; echo "rc=$rc"; grep -E "passed|failed|FAILED|Error" "$OUT/gates.log" | tail -12
+    if [[ $rc != 0 ]]; then echo "== the rest skipped: the gates failed"; exit 0; fi
+  fi
+  if [[ $steps == *" probe "* ]]; then
+    echo "== run, run through the slot, replay, cuGraphLaunch"
+    (cd bench && PYTHONSAFEPATH= timeout -k 5 120 python3 gpu_decode_graph_launch.py \
+      --shapes 1x65536,64xlognormal --out "$OUT/decode-graph-launch-h200.json" 2>&1 |
+      grep -v Warning | cut -c1-1200)
+  fi
+  if [[ $steps == *" tma "* ]]; then
+    echo "== Gluon stage 1 (page indices read ahead) against the plan's kernels"
+    (cd bench && PYTHONSAFEPATH= timeout -k 5 200 python3 gpu_decode_gluon.py --stages 4 \
+      --variants 3 --factors 1,2 2>&1 | grep -v Warning | python3 decode_gluon_summary.py)
+    echo "rc=$?"
+  fi
+  if [[ $steps == *" demo "* ]] && command -v tmux > /dev/null; then
+    for size in "200 50" "80 24"; do
+      set -- $size
+      tmux new -d -s d -x "$1" -y "$2" "python3 -m kdash.cli demo"
+      sleep 25; tmux capture-pane -p -t d > "$OUT/tmux-demo-$1x$2.txt"
+      tmux send-keys -t d '?'; sleep 1; tmux capture-pane -p -t d >> "$OUT/tmux-demo-$1x$2.txt"
+      tmux send-keys -t d Escape q; sleep 3; tmux kill-server 2> /dev/null
+    done
+    echo "== demo captured: $(wc -l "$OUT"/tmux-demo-*.txt | tail -1)"
+  fi
+  if [[ $steps == *" table "* ]]; then
+    echo "== decode table, defaults"
+    timeout -k 5 300 python3 -m kdash.kernels.bench --sweep none --only decode \
+      --default-path-only --out "$OUT/kernels-h200-decode.json" > "$OUT/bench.log" 2>&1
+    echo "rc=$?"; grep -E "summary|Error|error" "$OUT/bench.log" | cut -c1-300
+  fi
+} 2>&1 | tee "$log"
