@@ -10,6 +10,7 @@ whether it keeps as many programs per SM. The H200 runs Triton 3.6; another
 Triton can be put first on the path (``PYTHONPATH=/some/triton-3.6 python ...``).
 
 Run: python bench/decode_regs_cpu.py   (prints one line per layout; a private Triton cache)
+     python bench/decode_regs_cpu.py --kmma   (fp8: K converted against K to the fp8 MMA)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="kdash-regs-")
 
 import triton
 from kdash.kernels import decode_attention as da
+from kdash.kernels import decode_fp8 as df8
 from kdash.kernels import decode_fused as df
 from kdash.kernels import decode_persist as dp
 from triton.backends.compiler import GPUTarget
@@ -79,8 +81,13 @@ def cubin_registers(cubin: bytes, kernel: str) -> int | None:
     return None
 
 
-def compile_one(fused: bool, kind: str, head_dim: int, group: int, page: int, block_n: int):
-    fp8, pairs = kind != "bf16", kind == "pairs"
+def compile_one(
+    fused: bool, kind: str, head_dim: int, group: int, page: int, block_n: int, *, ptx=None
+):
+    """``(registers, shared bytes)`` of stage 1 (or the fused kernel) for ``kind``: ``"bf16"``,
+    ``"pairs"`` (fp8, integer-op conversion), ``"cvt"`` or ``"kmma"`` (decode_fp8's kernel: K
+    converted, or K's bytes to the fp8 tensor cores). ``ptx``: a list the PTX is appended to."""
+    fp8, pairs, cvt = kind != "bf16", kind == "pairs", kind in ("cvt", "kmma")
     kv = "*fp8e4nv" if fp8 else "*bf16"
     sig = {"Q": "*bf16", "K": kv, "V": kv, "PT": "*i32", "LENS": "*i32", "KS": "*fp32"}
     sig.update(VS="*fp32", OP="*fp32", LSEP="*fp32")
@@ -95,8 +102,13 @@ def compile_one(fused: bool, kind: str, head_dim: int, group: int, page: int, bl
     const.update(MAX_SPLITS=256, MERGE=4, SEARCH=256)
     if fused:
         fn = df._decode_fused
-        const.update(PAIRS=pairs, IS_FP8=fp8, FP8_FP16=True, ASM=pairs)
+        const.update(PAIRS=pairs or cvt, IS_FP8=fp8, FP8_FP16=True, ASM=pairs or cvt)
         const.update(CHUNK=df.merge_chunk(head_dim), POLL_NS=64)
+        if cvt:
+            const.update(CVT=True, KMMA=kind == "kmma")
+    elif cvt:
+        fn = df8._decode_stage1_fp8_cvt
+        const.update(ASM=True, KMMA=kind == "kmma")
     elif pairs:
         fn, const["ASM"] = da._decode_stage1_fp8_pairs, True
     else:
@@ -109,7 +121,38 @@ def compile_one(fused: bool, kind: str, head_dim: int, group: int, page: int, bl
     k = triton.compile(
         src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2}
     )
+    if ptx is not None:
+        ptx.append(k.asm["ptx"])
     return cubin_registers(k.asm["cubin"], k.metadata.name), k.metadata.shared
+
+
+# PTX instructions counted by --kmma (static counts over the whole kernel).
+PTX_COUNTS = {
+    "cvt e4m3->f16": r"cvt\.rn\.f16x2\.e4m3x2",
+    "ldmatrix": r"ldmatrix",
+    "st.shared": r"st\.shared",
+    "ld.shared": r"ld\.shared",
+    "bar.sync": r"bar\.sync",
+    "mma.sync": r"mma\.sync",
+    "wgmma": r"wgmma\.mma_async",
+}
+
+
+def kmma_lines() -> list[str]:
+    """fp8 stage 1 and the fused kernel at the fp8 config (128 tokens a tile), K converted
+    (``cvt``) against K's bytes to the fp8 tensor cores (``kmma``): registers, shared memory
+    and the PTX's instruction counts."""
+    lines = []
+    for group in (4, 8):
+        for fused in (False, True):
+            for kind in ("cvt", "kmma"):
+                ptx: list[str] = []
+                regs, shared = compile_one(fused, kind, 128, group, 16, 128, ptx=ptx)
+                found = {n: len(re.findall(p, ptx[0])) for n, p in PTX_COUNTS.items()}
+                counts = ", ".join(f"{n} {c}" for n, c in found.items())
+                name = f"{'fused' if fused else 'stage 1'} {kind} {group * 8}/8/128"
+                lines.append(f"{name:>24}: {regs} registers, {shared} B shared | {counts}")
+    return lines
 
 
 def compile_persistent(kind: str, head_dim: int, group: int, page: int, block_n: int):
@@ -152,6 +195,9 @@ def compile_persistent(kind: str, head_dim: int, group: int, page: int, block_n:
 
 def main() -> int:
     print(f"triton {triton.__version__}, sm_90, 4 warps, 2 stages (the configs' defaults)")
+    if "--kmma" in sys.argv[1:]:
+        print("\n".join(kmma_lines()))
+        return 0
     for name, kind, d, group, page, bn in LAYOUTS:
         try:
             r1, s1 = compile_one(False, kind, d, group, page, bn)

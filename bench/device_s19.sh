@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Device-tool calls of session 19 on the H200; the steps, by name, as arguments (each has its
-# own timeout; `gates probe tma demo` fit one 10-minute call, `table` takes ~4 min alone):
-#   gates  the plans' graph launch with a graph per layer, the plan's graph/host/capture tests
-#          and the workload's GPU tests (pytest -m gpu); a failure skips the other steps;
+# Device-tool calls prepared in session 19 (which had no device) for the H200; the steps, by
+# name, as arguments, each with its own timeout. Two calls of under 10 minutes each:
+#   bash bench/device_s19.sh gates fp8 probe      then      bash bench/device_s19.sh tma demo table
+#   gates  the plans' graph launch with a graph per layer, the plan's graph/host/capture tests,
+#          the workload's GPU tests, and fp8_compute="kmma" (K's bytes to the fp8 tensor cores)
+#          through the fp8-variant and decode gates (pytest -m gpu); a failure skips the rest;
+#   fp8    bench/gpu_fp8_variants.py: kmma (two launches, fused, 64/3 and 128/3 stages) against
+#          cvt, the default -> $OUT/fp8-variants-kmma.json;
 #   probe  bench/gpu_decode_graph_launch.py at 1 x 64k and 64 lognormal
 #          -> $OUT/decode-graph-launch-h200.json;
 #   tma    bench/gpu_decode_gluon.py, bf16 and fp8, ring depths 4 and 3, split counts x1 and x2
@@ -28,7 +32,18 @@ log=$OUT/s19.log
       tests/test_kernels_graph_launch.py tests/test_kernels_plan.py tests/test_workload.py \
       --junitxml "$OUT/gpu-gates-s19.xml" > "$OUT/gates.log" 2>&1
     rc=$?; echo "rc=$rc"; grep -E "passed|failed|FAILED|Error" "$OUT/gates.log" | tail -12
+    # the fp8 variants' and decode's gates run on the GPU wherever CUDA is (no gpu marker)
+    timeout -k 5 150 python3 -m pytest -q -rs -p no:cacheprovider -k "kmma or e4m3 or q_split" \
+      tests/test_kernels_fp8_variants.py tests/test_kernels_decode.py \
+      --junitxml "$OUT/gpu-gates-kmma.xml" > "$OUT/gates-kmma.log" 2>&1
+    echo "kmma gates rc=$?"; grep -E "passed|failed|FAILED|Error" "$OUT/gates-kmma.log" | tail -8
     if [[ $rc != 0 ]]; then echo "== the rest skipped: the gates failed"; exit 0; fi
+  fi
+  if [[ $steps == *" fp8 "* ]]; then
+    echo "== fp8: kmma against cvt"
+    (cd bench && PYTHONSAFEPATH= timeout -k 5 200 python3 gpu_fp8_variants.py --budget 170 \
+      --only cvt,kmma,kmma_fused,cvt_fused,kmma_64_3stages,kmma_3stages --no-lognormal \
+      --out "$OUT/fp8-variants-kmma.json" 2>&1 | grep -v Warning | tail -30)
   fi
   if [[ $steps == *" probe "* ]]; then
     echo "== run, run through the slot, replay, cuGraphLaunch"

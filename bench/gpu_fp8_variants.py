@@ -55,8 +55,13 @@ BF16 = {
     "bf16": (DEFAULT_CONFIG, False),
     "bf16_fused": (DEFAULT_CONFIG, True),
 }
+KMMA = replace(CVT, fp8_compute="kmma")  # K to the fp8 tensor cores unconverted, Q in two terms
 FP8 = {
     "cvt": CVT,
+    "kmma": KMMA,
+    "kmma_fused": KMMA,
+    "kmma_64_3stages": replace(KMMA, block_n=64, num_stages=3),
+    "kmma_3stages": replace(KMMA, num_stages=3),
     "pairs_asm": PAIRS,
     # The two that came closest under graph replay.
     "cvt_64_3stages": replace(CVT, block_n=64, num_stages=3),
@@ -68,7 +73,7 @@ FP8 = {
     "cvt_8warps_3stages": replace(CVT, num_warps=8, num_stages=3),
     "cvt_256_8warps": replace(CVT, block_n=256, num_warps=8),
 }
-FP8_FUSED = {"cvt_fused"}
+FP8_FUSED = {"cvt_fused", "kmma_fused"}
 
 
 def shape_cases(lognormal: bool) -> list[dict[str, Any]]:

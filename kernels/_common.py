@@ -53,6 +53,16 @@ def mma(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def mma_acc(a, b, acc, UPCAST: tl.constexpr):
+    """``acc + a @ b`` (fp32): on the GPU one accumulator, so consecutive MMAs chain without a
+    wait between them; ``UPCAST`` as :func:`mma`."""
+    if UPCAST:
+        return acc + tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
 def to_bf16(x, EMULATE: tl.constexpr):
     """fp32 -> bf16 with round-to-nearest-even.
 
@@ -67,6 +77,25 @@ def to_bf16(x, EMULATE: tl.constexpr):
         return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
     else:
         return x.to(tl.bfloat16)
+
+
+@triton.jit
+def to_e4m3(x, EMULATE: tl.constexpr):
+    """fp32 (within e4m3's range) -> e4m3 with round-to-nearest-even.
+
+    The GPU converts with ``cvt.rn.satfinite``; Triton 3.9's interpreter gets the exponent wrong
+    when rounding carries into the next power of two (-126.3 becomes -64, seen on torch 2.13
+    CPU), so with ``EMULATE`` the value is rounded in fp32 first (3 mantissa bits by integer
+    add and mask; e4m3's subnormals, below 2^-6, to multiples of 2^-9 by the 1.5 x 2^23 trick)
+    and the cast that follows is exact."""
+    if EMULATE:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
+        normal = bits.to(tl.float32, bitcast=True)
+        sub = ((x * 512.0 + 12582912.0) - 12582912.0) * 0.001953125
+        return tl.where(tl.abs(x) < 0.015625, sub, normal).to(tl.float8e4nv)
+    else:
+        return x.to(tl.float8e4nv)
 
 
 def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:

@@ -36,11 +36,12 @@ from dataclasses import dataclass, replace
 import triton
 import triton.language as tl
 
-from ._common import mma
+from ._common import mma, mma_acc, to_e4m3
 from .decode_attention import DecodeConfig, _fp8_pairs_to_fp16, _piece, _tile_pages
 
-# fp8_compute values that pick this module's kernel.
-CVT_MODES = ("cvt",)
+# fp8_compute values that pick this module's kernel: "cvt" converts K and V; "kmma" feeds K's fp8
+# bytes to the tensor cores as they are (Q split into two fp8 terms) and converts V alone.
+CVT_MODES = ("cvt", "kmma")
 
 # cvt.rn.f16x2.e4m3x2 (the default fp8 stage 1's conversion) is PTX for sm_89 and later.
 CVT_MIN_CAPABILITY = (8, 9)
@@ -110,6 +111,22 @@ def _fp8_pairs_cvt(w, ASM: tl.constexpr):
     return even, odd
 
 
+@triton.jit
+def _q_fp8_split(q, EMULATE: tl.constexpr):
+    """``q`` ``[heads, dims]`` -> ``(hi, lo, mul)``: e4m3 terms with ``16 * q * mul ~ hi + lo``
+    per head row, where ``mul`` ``[heads]`` is a power of two putting the row's largest
+    ``|q * mul|`` in [4, 16). ``hi`` is ``q * mul`` rounded to e4m3, times 16 (exact: at most
+    256); ``lo`` is the residual times 16 (at most 16). The pair keeps about 8 significant bits,
+    as bf16 does, where one e4m3 term keeps 4; both terms on one scale let the two MMAs share an
+    accumulator. An all-zero row stays zero."""
+    q = q.to(tl.float32)
+    amax = tl.max(tl.abs(q), 1)
+    mul = tl.exp2(2.0 - tl.floor(tl.log2(tl.maximum(amax, 1e-30))))
+    qs = q * mul[:, None]
+    hi = to_e4m3(qs, EMULATE).to(tl.float32)
+    return to_e4m3(hi * 16.0, EMULATE), to_e4m3((qs - hi) * 16.0, EMULATE), mul
+
+
 @triton.jit(do_not_specialize=["capacity"])
 def _decode_stage1_fp8_cvt(
     Q,
@@ -150,10 +167,11 @@ def _decode_stage1_fp8_cvt(
     MAX_SPLITS: tl.constexpr = 256,
     MERGE: tl.constexpr = 0,
     SEARCH: tl.constexpr = 1,
+    KMMA: tl.constexpr = False,
 ):
     """Stage 1 for fp8 KV read as int16 pairs, converted by ``_fp8_pairs_cvt`` (exact values, so
     the scales carry no 2^8). Arguments as ``_decode_stage1_fp8_pairs``'s (strides in int16
-    units)."""
+    units). ``KMMA``: K's bytes go to the tensor cores unconverted (:func:`_fp8_cvt_span`)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -185,7 +203,7 @@ def _decode_stage1_fp8_cvt(
     _fp8_cvt_span(
         Q, K, V, PT, KS, VS, OP, LSEP, qk_scale, stride_qb, stride_qh, stride_kp, stride_ks,
         stride_kh, stride_vp, stride_vs, stride_vh, stride_ptb, b, kvh, start, end, row, hmask,
-        heads, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, EVICT, ASM, UPCAST, PREFETCH,
+        heads, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, EVICT, ASM, UPCAST, PREFETCH, KMMA,
     )  # fmt: skip
 
 
@@ -195,20 +213,32 @@ def _fp8_cvt_span(
     stride_kh, stride_vp, stride_vs, stride_vh, stride_ptb, b, kvh, start, end, row, hmask,
     heads, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr, EVICT: tl.constexpr, ASM: tl.constexpr, UPCAST: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, KMMA: tl.constexpr = False,
 ):  # fmt: skip
     """Tokens ``[start, end)`` (not empty) of request ``b`` for KV head ``kvh``'s query heads
     ``heads``: the partial output and LSE written to rows ``row`` of ``OP``/``LSEP``. The body of
     :func:`_decode_stage1_fp8_cvt`, also run per work item by the persistent decode
-    (:mod:`kdash.kernels.decode_persist`)."""
+    (:mod:`kdash.kernels.decode_persist`).
+
+    With ``KMMA`` the scores are ``K @ Q^T`` on fp8 tensor cores: K's tile goes from shared
+    memory to the MMA as e4m3 bytes (no conversion, no trip through registers), Q as two e4m3
+    terms per head (:func:`_q_fp8_split`: about bf16's precision), and the ``[tokens, heads]``
+    result is turned round for the softmax. V is converted as without it."""
     HALF: tl.constexpr = HEAD_DIM // 2
     offs_j = tl.arange(0, HALF)
+    K8 = K  # the fp8 cache itself, for KMMA's byte tiles (offsets: int16 units x 2)
     K = K.to(tl.pointer_type(tl.int16), bitcast=True)
     V = V.to(tl.pointer_type(tl.int16), bitcast=True)
-    q_ptr = Q + b * stride_qb + heads[:, None] * stride_qh + 2 * offs_j[None, :]
-    q_even = tl.load(q_ptr, mask=hmask[:, None], other=0.0).to(tl.float16)
-    q_odd = tl.load(q_ptr + 1, mask=hmask[:, None], other=0.0).to(tl.float16)
     scale = qk_scale * tl.load(KS + kvh)
+    if KMMA:
+        offs_d = tl.arange(0, HEAD_DIM)
+        q_ptr = Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+        q_hi, q_lo, q_mul = _q_fp8_split(tl.load(q_ptr, mask=hmask[:, None], other=0.0), UPCAST)
+        row_scale = scale / (16.0 * q_mul)
+    else:
+        q_ptr = Q + b * stride_qb + heads[:, None] * stride_qh + 2 * offs_j[None, :]
+        q_even = tl.load(q_ptr, mask=hmask[:, None], other=0.0).to(tl.float16)
+        q_odd = tl.load(q_ptr + 1, mask=hmask[:, None], other=0.0).to(tl.float16)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -229,16 +259,31 @@ def _fp8_cvt_span(
         else:
             page = _tile_pages(pt_row, offs_n, end, PAGE).to(tl.int64)
         slot = offs_n % PAGE
-        kw = tl.load(
-            K
-            + page[:, None] * stride_kp
-            + slot[:, None] * stride_ks
-            + kvh * stride_kh
-            + offs_j[None, :],
-            mask=nmask[:, None],
-            other=0,
-            eviction_policy=EVICT,
-        )
+        if KMMA:
+            k_row = page * stride_kp + slot * stride_ks + kvh * stride_kh
+            k8 = tl.load(
+                K8 + 2 * k_row[:, None] + offs_d[None, :],
+                mask=nmask[:, None],
+                other=0.0,
+                eviction_policy=EVICT,
+            )
+            # [tokens, heads]: the tile is the MMA's first operand, read from shared memory
+            st = mma_acc(k8, tl.trans(q_lo), mma(k8, tl.trans(q_hi), UPCAST), UPCAST)
+            qk = tl.trans(st) * row_scale[:, None]
+        else:
+            kw = tl.load(
+                K
+                + page[:, None] * stride_kp
+                + slot[:, None] * stride_ks
+                + kvh * stride_kh
+                + offs_j[None, :],
+                mask=nmask[:, None],
+                other=0,
+                eviction_policy=EVICT,
+            )
+            k_even, k_odd = _fp8_pairs_cvt(kw, ASM)
+            qk = mma(q_even, tl.trans(k_even), UPCAST) + mma(q_odd, tl.trans(k_odd), UPCAST)
+            qk = qk * scale
         vw = tl.load(
             V
             + page[:, None] * stride_vp
@@ -249,9 +294,6 @@ def _fp8_cvt_span(
             other=0,
             eviction_policy=EVICT,
         )
-        k_even, k_odd = _fp8_pairs_cvt(kw, ASM)
-        qk = mma(q_even, tl.trans(k_even), UPCAST) + mma(q_odd, tl.trans(k_odd), UPCAST)
-        qk = qk * scale
         qk = tl.where(nmask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)

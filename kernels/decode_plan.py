@@ -333,7 +333,9 @@ class DecodePlan:
         where that says no, takes the persistent kernel if ``decode_persist.PERSISTENT_DEFAULT``
         and this plan can run it."""
         choice = FUSED_DEFAULT if fused is None else fused
-        why = decode_persist.unsupported_reason(self.tma, self.is_fp8, self.cvt, self.batch)
+        why = decode_persist.unsupported_reason(
+            self.tma, self.is_fp8, self.cvt and self.config.fp8_compute == "cvt", self.batch
+        )
         if choice == "persistent":
             if why and fused is not None:
                 raise ValueError(f"fused='persistent': {why}")
@@ -381,13 +383,14 @@ class DecodePlan:
         if self.persistent:
             meta.update(IS_FP8=self.is_fp8, ASM=asm)
             return decode_persist._decode_persistent
+        kmma = self.cvt and config.fp8_compute == "kmma"
         if self.fused:
             meta.update(PAIRS=self.pairs, IS_FP8=self.is_fp8, FP8_FP16=fp16, ASM=asm)
             if self.cvt:
-                meta["CVT"] = True
+                meta.update(CVT=True, KMMA=kmma)
             return _decode_fused
         if self.cvt:
-            meta["ASM"] = asm
+            meta.update(ASM=asm, KMMA=kmma)
             return _decode_stage1_fp8_cvt
         if self.pairs:
             meta["ASM"] = asm

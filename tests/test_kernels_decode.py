@@ -187,7 +187,7 @@ def test_cached_launch_plan_still_validates_every_call() -> None:
 
 @needs_device
 @pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "prefetch"])
-@pytest.mark.parametrize("mode", ["cvt", "pairs_asm", "pairs", "fp16", "bf16"])
+@pytest.mark.parametrize("mode", ["cvt", "kmma", "pairs_asm", "pairs", "fp16", "bf16"])
 def test_every_fp8_compute_path_passes_the_gate(mode: str, prefetch: bool, path) -> None:
     q, kc, vc, pt, sl, scales = make_case([5, 300], 8, 2, 64, 16, True, seed=8)
     cfg = DecodeConfig(block_n=64, fp8_compute=mode, prefetch_pages=prefetch)

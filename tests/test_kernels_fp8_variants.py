@@ -24,6 +24,7 @@ tl = pytest.importorskip("triton.language")
 
 from decode_cases import check  # noqa: E402
 from kdash.kernels import decode_plan  # noqa: E402
+from kdash.kernels._common import to_e4m3  # noqa: E402
 from kdash.kernels.decode_attention import (  # noqa: E402
     DEFAULT_FP8_CONFIG,
     PAIRS_FP8_CONFIG,
@@ -35,6 +36,7 @@ from kdash.kernels.decode_fp8 import (  # noqa: E402
     Fp8Config,
     _decode_stage1_fp8_cvt,
     _fp8_pairs_cvt,
+    _q_fp8_split,
     conversion_path,
 )
 from kdash.kernels.kv_cache import FP8, build_paged_cache, fp8_scales  # noqa: E402
@@ -52,6 +54,7 @@ VARIANTS = {
     "cvt-plain": DecodeConfig(block_n=64, fp8_compute="cvt", prefetch_pages=False),
     "cvt-3stages": DecodeConfig(block_n=32, num_stages=3, fp8_compute="cvt"),
     "cvt-maxnreg": Fp8Config(block_n=64, fp8_compute="cvt", maxnreg=128),
+    "kmma": DecodeConfig(block_n=64, fp8_compute="kmma", prefetch_pages=True),
 }
 with_variant = pytest.mark.parametrize("cfg", list(VARIANTS.values()), ids=list(VARIANTS))
 
@@ -81,6 +84,61 @@ def _convert(W, Even, Odd, BLOCK: tl.constexpr, ASM: tl.constexpr):
     e, o = _fp8_pairs_cvt(tl.load(W + offs), ASM)
     tl.store(Even + offs, e)
     tl.store(Odd + offs, o)
+
+
+@triton.jit
+def _e4m3_round_trip(X, Y, BLOCK: tl.constexpr, EMULATE: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + offs, to_e4m3(tl.load(X + offs), EMULATE).to(tl.float32))
+
+
+@triton.jit
+def _split_q(Q, HI, LO, MUL, H: tl.constexpr, D: tl.constexpr, EMULATE: tl.constexpr):
+    offs = tl.arange(0, H)[:, None] * D + tl.arange(0, D)[None, :]
+    hi, lo, mul = _q_fp8_split(tl.load(Q + offs), EMULATE)
+    tl.store(HI + offs, hi.to(tl.float32))
+    tl.store(LO + offs, lo.to(tl.float32))
+    tl.store(MUL + tl.arange(0, H), mul)
+
+
+@needs_device
+def test_e4m3_rounding_is_round_to_nearest_even_everywhere() -> None:
+    """to_e4m3 (emulated in the interpreter, cvt.rn.satfinite on the GPU) equals torch's
+    conversion: carries into the next power of two (the interpreter's own cast gets -126.3 ->
+    -64), ties, subnormals, zero and the range's ends."""
+    g = torch.Generator().manual_seed(5)
+    parts = [torch.randn(4096, generator=g) * s for s in (100, 1, 0.01, 0.003, 0.0005)]
+    grid = torch.arange(-448, 448, 0.0625)  # every e4m3 tie above 2 and the values between
+    tiny = torch.arange(-64, 64) * 2.0**-11  # around the subnormal quantum 2^-9
+    x = torch.cat([*parts, grid, tiny, torch.tensor([0.0, 448.0, -448.0, 15.99, 16.0])])
+    x = torch.cat([x, torch.zeros(-len(x) % 1024)]).float().to(DEV)
+    y = torch.empty_like(x)
+    _e4m3_round_trip[(len(x) // 1024,)](x, y, BLOCK=1024, EMULATE=INTERPRET)
+    assert torch.equal(y.cpu(), x.cpu().to(FP8).float())
+
+
+@needs_device
+def test_q_split_holds_a_bf16_query_exactly_within_e4m3s_range() -> None:
+    """kmma's Q terms: (hi + lo) / (16 mul) gives back a bf16 query row (8 significant bits in
+    two 4-bit terms), |hi| <= 256 and |lo| <= 16 (e4m3 holds 448), rows of any magnitude, a zero
+    row stays zero."""
+    g = torch.Generator().manual_seed(6)
+    rows = [torch.randn(1, 128, generator=g) * s for s in (1, 1e3, 1e-3, 3.7, 0.02, 60, 1)]
+    rows.append(torch.zeros(1, 128))
+    rows[-2][0, 5] = 8.0  # the row's largest |q| an exact power of two
+    q = torch.cat(rows).bfloat16().to(DEV)
+    hi, lo = torch.empty(8, 128, device=DEV), torch.empty(8, 128, device=DEV)
+    mul = torch.empty(8, device=DEV)
+    _split_q[(1,)](q, hi, lo, mul, H=8, D=128, EMULATE=INTERPRET)
+    assert hi.abs().max() <= 256 and lo.abs().max() <= 16
+    back, qf = (hi + lo) / (16 * mul[:, None]), q.float()
+    top = qf.abs().amax(1, keepdim=True)
+    # e4m3's normal range holds both terms of an element down to 1/64 of its row's largest;
+    # below that the subnormals' fixed quantum leaves an error far under the row's scale
+    normal = qf.abs() >= top / 64
+    assert torch.equal(back[normal], qf[normal])
+    assert ((back - qf).abs() <= top * 2.0**-12).all()
+    assert torch.equal(back[-1], torch.zeros(128, device=DEV))
 
 
 def make_case(lens, q_heads, kv_heads, head_dim, page_size, *, seed=0):
