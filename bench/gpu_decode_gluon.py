@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 import triton
-from kdash.kernels import bench
+from kdash.kernels import bench, l2_hint
 from kdash.kernels import decode_gluon as dg
 from kdash.kernels._common import ensure_allocator
-from kdash.kernels.bench_timing import bench_graph_ms, bench_ms
+from kdash.kernels.bench_timing import bench_graph_ms, bench_ms, bench_readflush_ms
 from kdash.kernels.decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
 from kdash.kernels.decode_gluon import TmaConfig
 from kdash.kernels.decode_plan import DecodePlan
@@ -87,10 +87,32 @@ def gluon_fn(case: bench.DecodeCase, plan, stages: int, host_cut: bool = False):
     return both, stage1
 
 
-def time_us(fn) -> dict:
+def time_us(fn, readflush: bool = False) -> dict:
     fn()
     torch.cuda.synchronize()
-    return {"us": bench_ms(fn) * 1e3, "us_graph": bench_graph_ms(fn) * 1e3}
+    got = {"us": bench_ms(fn) * 1e3, "us_graph": bench_graph_ms(fn) * 1e3}
+    if readflush:  # L2 flushed by reading: no dirty lines to write back in the timed call
+        got["us_readflush"] = bench_readflush_ms(fn) * 1e3
+    return got
+
+
+def tma_plans(case: bench.DecodeCase, stages: int):
+    """``(key, plan)`` for the TMA kernels as a plan takes them, both paths, without and with
+    the L2 evict-first hint on their tile copies (kernels/l2_hint.py)."""
+    for fused in PATHS:
+        for hint in (False, True):
+            name = f"plan_tma{'_l2' if hint else ''}_{'fused' if fused else 'two_launch'}"
+            plan = case.plan(TmaConfig(stages=stages, l2_evict_first=hint), fused=fused)
+            assert plan.tma, plan.tma_refused
+            yield name, plan
+
+
+def hint_facts(plan) -> dict:
+    """What a plan asked of the L2 hint and what its compiled stage 1 carries (after a run)."""
+    compiled = getattr(plan._s1, "_compiled", None)
+    copies = l2_hint.hinted(compiled) if compiled is not None else None
+    return {"l2_asked": plan.config.l2_evict_first, "l2_refused": plan.l2_refused,
+            "hinted_copies": copies}  # fmt: skip
 
 
 def gate(lens, hq, hkv, stages, nan: bool, factor: int = 1) -> dict:
@@ -106,11 +128,9 @@ def gate(lens, hq, hkv, stages, nan: bool, factor: int = 1) -> dict:
     both()
     torch.cuda.synchronize()
     outs = {"manual": plan.out.float().clone()}
-    if factor == 1:  # the TMA kernels as a plan takes them, both paths
-        for fused in PATHS:
-            tma = case.plan(TmaConfig(stages=stages), fused=fused)
-            assert tma.tma, tma.tma_refused
-            outs["fused" if fused else "two_launch"] = tma.run(case.q, case.k, case.v).float()
+    if factor == 1:  # the TMA kernels as a plan takes them, both paths, hinted or not
+        for name, tma in tma_plans(case, stages):
+            outs[name[9:]] = tma.run(case.q, case.k, case.v).float()
             torch.cuda.synchronize()
     worst = {}
     for name, out in outs.items():
@@ -140,12 +160,14 @@ def timing(lens, hq, hkv, stages, factors) -> dict:
     default = case.plan(DecodeConfig())
     row["plan_default"] = time_us(lambda: default.run(q, k, v))
     row["plan_default_fused"] = default.fused
-    # The TMA kernels as a plan takes them (its own residency and split count), both paths.
-    for fused in PATHS:
-        tma = case.plan(TmaConfig(stages=stages), fused=fused)
-        row[f"plan_tma_{'fused' if fused else 'two_launch'}"] = {
+    # The TMA kernels as a plan takes them (its own residency and split count), both paths,
+    # without and with the L2 hint; the read-flushed figure says what do_bench's write-back is.
+    row["plan_default"]["us_readflush"] = bench_readflush_ms(lambda: default.run(q, k, v)) * 1e3
+    for name, tma in tma_plans(case, stages):
+        row[name] = {
             "tma": tma.tma, "refused": tma.tma_refused, "splits": tma.num_splits,
-            "per_sm": tma.resident_per_sm, **time_us(lambda p=tma: p.run(q, k, v)),
+            "per_sm": tma.resident_per_sm,
+            **time_us(lambda p=tma: p.run(q, k, v), readflush=True), **hint_facts(tma),
         }  # fmt: skip
     return row
 
@@ -161,15 +183,14 @@ def fp8_rows(lens, hq, hkv, stages: int) -> dict:
     row = {"kv": "fp8", "lens": f"{len(lens)} x {lens[0]}", "heads": f"{hq}/{hkv}",
            "triton_default": {"fused": base.fused, "splits": base.num_splits,
                               **time_us(lambda: base.run(q, k, v))}}  # fmt: skip
-    for fused in PATHS:
-        tma = case.plan(TmaConfig(stages=stages), fused=fused)
-        assert tma.tma, tma.tma_refused
+    for name, tma in tma_plans(case, stages):
         out = tma.run(q, k, v).float()
         finite = bool(torch.isfinite(out).all())
         diff = float((out - ref).abs().max()) if finite else float("inf")
-        row[f"plan_tma_{'fused' if fused else 'two_launch'}"] = {
+        row[name] = {
             "splits": tma.num_splits, "per_sm": tma.resident_per_sm, "max_abs_diff": diff,
-            "pass": diff <= 2e-2, **time_us(lambda p=tma: p.run(q, k, v)),
+            "pass": diff <= 2e-2, **time_us(lambda p=tma: p.run(q, k, v), readflush=True),
+            **hint_facts(tma),
         }  # fmt: skip
     return row
 

@@ -38,9 +38,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
+from . import l2_hint
 from ._common import ensure_allocator
 from .decode_attention import NEAR_TIE_PCT as _NEAR_TIE_PCT
 from .decode_attention import WAVES_MAX as _WAVES_MAX
@@ -80,6 +82,8 @@ class TmaConfig(DecodeConfig):
     (a page each)."""
 
     stages: int = STAGES
+    # The tile copies ask L2 to evict their lines first (kernels/l2_hint.py).
+    l2_evict_first: bool = False
 
 
 # Whether a plan made without a config takes these kernels where they run (sm_90, and what
@@ -94,6 +98,7 @@ _ROWS_MAX = 2**31 - 1
 
 if gluon is not None:
     ROWS_MAX = gl.constexpr(_ROWS_MAX)
+    L2_MARKER_ASM = gl.constexpr(l2_hint.MARKER_ASM)
     WAVES_MAX = gl.constexpr(_WAVES_MAX.value)
     NEAR_TIE_PCT = gl.constexpr(_NEAR_TIE_PCT.value)
 
@@ -185,12 +190,15 @@ if gluon is not None:
         TARGET_VARLEN: gl.constexpr, MIN_SPLIT: gl.constexpr, BLOCK_B: gl.constexpr,
         MAX_SPLITS: gl.constexpr, MERGE: gl.constexpr, SEARCH: gl.constexpr,
         KV_LAYOUT: gl.constexpr, CHUNK: gl.constexpr, IS_FP8: gl.constexpr,
+        L2_HINT: gl.constexpr = False,
     ):  # fmt: skip
         """Split ``split`` of KV head ``kvh`` of request ``b``: its partial output and LSE
-        (``CHUNK``: page indices read at a time). fp8 KV (e4m3, a scale per KV head in KS and
-        VS) is converted to fp16 in registers on its way from shared memory to the tensor cores
-        (K's byte pairs by ldmatrix, V's bytes one by one: V's tokens are the reduction axis),
-        and Q and P are rounded to fp16, as the Triton kernels' fp16 path does."""
+        (``CHUNK``: page indices read at a time; ``L2_HINT``: the kernel carries
+        :data:`kdash.kernels.l2_hint.MARKER`, so its tile copies get the evict-first policy).
+        fp8 KV (e4m3, a scale per KV head in KS and VS) is converted to fp16 in registers on
+        its way from shared memory to the tensor cores (K's byte pairs by ldmatrix, V's bytes
+        one by one: V's tokens are the reduction axis), and Q and P are rounded to fp16, as the
+        Triton kernels' fp16 path does."""
         L1: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
         MMA: gl.constexpr = gl.NVMMADistributedLayout(
             version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8]
@@ -243,6 +251,8 @@ if gluon is not None:
                 mbarrier.init(ready.index(i), count=1)
             pt_row = PT + b * stride_ptb
             col = kvh * HEAD_DIM
+            if L2_HINT:
+                col = _after(col, col, L2_MARKER_ASM)
             n_tiles = gl.cdiv(end - start, PAGE)
             # Page indices CHUNK at a time (one a lane), the next CHUNK loaded a chunk ahead: the
             # warp that issues the copies waits on no page-table read but the first.
@@ -319,7 +329,7 @@ if gluon is not None:
         DEVICE_PLAN: gl.constexpr, TARGET_VARLEN: gl.constexpr, MIN_SPLIT: gl.constexpr,
         BLOCK_B: gl.constexpr, MAX_SPLITS: gl.constexpr, MERGE: gl.constexpr,
         SEARCH: gl.constexpr, KV_LAYOUT: gl.constexpr, IS_FP8: gl.constexpr = False,
-        PT_CHUNK: gl.constexpr = 32,
+        PT_CHUNK: gl.constexpr = 32, L2_HINT: gl.constexpr = False,
     ):  # fmt: skip
         """Stage 1 of split-KV decode, arguments as ``_decode_stage1``'s; ``BLOCK_N`` is the
         plan's split granularity."""
@@ -328,7 +338,7 @@ if gluon is not None:
             stride_qb, stride_qh, stride_ks, stride_vs, stride_ptb, gl.program_id(0),
             gl.program_id(1), gl.program_id(2), GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, STAGES,
             DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT, BLOCK_B, MAX_SPLITS, MERGE, SEARCH, KV_LAYOUT,
-            PT_CHUNK, IS_FP8,
+            PT_CHUNK, IS_FP8, L2_HINT,
         )  # fmt: skip
 
     @gluon.jit
@@ -403,6 +413,7 @@ if gluon is not None:
         BLOCK_B: gl.constexpr, MAX_SPLITS: gl.constexpr, MERGE: gl.constexpr,
         SEARCH: gl.constexpr, KV_LAYOUT: gl.constexpr, CHUNK: gl.constexpr,
         IS_FP8: gl.constexpr = False, PT_CHUNK: gl.constexpr = 32, POLL_NS: gl.constexpr = 64,
+        L2_HINT: gl.constexpr = False,
     ):  # fmt: skip
         """decode_fused._decode_fused's protocol around this module's stage 1: grid ``(B, Hkv,
         num_splits + GROUP)``, stage 1 for split ``z < num_splits``, else the merge of query
@@ -417,7 +428,7 @@ if gluon is not None:
                 Q, K, V, PT, LENS, KS, VS, OP, LSEP, qk_scale, num_splits, split_len_hint,
                 capacity, stride_qb, stride_qh, stride_ks, stride_vs, stride_ptb, b, kvh, z,
                 GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, STAGES, DEVICE_PLAN, TARGET_VARLEN,
-                MIN_SPLIT, BLOCK_B, MAX_SPLITS, MERGE, SEARCH, KV_LAYOUT, PT_CHUNK, IS_FP8,
+                MIN_SPLIT, BLOCK_B, MAX_SPLITS, MERGE, SEARCH, KV_LAYOUT, PT_CHUNK, IS_FP8, L2_HINT,
             )  # fmt: skip
             # Every thread's partial stores, its GPU-scope fence, the CTA barrier, then the
             # flags (release): a merge program that sees a flag up sees the partial.
@@ -514,6 +525,16 @@ def plan_choice(
     if why is None:
         ensure_allocator()  # Triton's own launch path allocates the descriptors' scratch
     return why is None, why
+
+
+def l2_meta(config: TmaConfig, plan: Any) -> dict:
+    """The kernels' compile-time values for ``config.l2_evict_first``: the hint where the
+    compile-stage hook could be installed; else none, and ``plan.l2_refused`` says why."""
+    plan.l2_refused = None
+    if not config.l2_evict_first:
+        return {}
+    plan.l2_refused = l2_hint.install()
+    return {} if plan.l2_refused else {"L2_HINT": True}
 
 
 def scratch(grid: tuple[int, ...], device: torch.device) -> torch.Tensor:

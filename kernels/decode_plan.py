@@ -157,8 +157,11 @@ class DecodePlan:
     ``config`` (default :func:`default_config` of ``kv_dtype``) is kept as the GPU can run it
     (:func:`runnable_config`): ``config`` on the plan says what runs. A
     :class:`~kdash.kernels.decode_gluon.TmaConfig` asks for the Gluon kernels that read the
-    cache by TMA (``tma``; ``tma_refused`` says why a plan could not take them).
+    cache by TMA (``tma``; ``tma_refused`` says why a plan could not take them; ``l2_refused``
+    why its copies could not take the L2 hint it asked for).
     """
+
+    l2_refused: str | None = None
 
     def __init__(
         self,
@@ -374,6 +377,7 @@ class DecodePlan:
         if self.tma:
             fp8 = self.is_fp8
             meta.update(STAGES=config.stages, KV_LAYOUT=decode_gluon.kv_layout(fp8), IS_FP8=fp8)
+            meta.update(decode_gluon.l2_meta(config, self))
             if self.fused:
                 return decode_gluon._decode_fused_gluon
             return decode_gluon._decode_stage1_gluon

@@ -17,6 +17,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
 
 import json
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -26,7 +27,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from kdash.kernels import decode_gluon, launch  # noqa: E402
+from kdash.kernels import decode_gluon, l2_hint, launch  # noqa: E402
 from kdash.kernels.decode_attention import DecodeConfig  # noqa: E402
 from kdash.kernels.decode_gluon import TmaConfig, unsupported_reason  # noqa: E402
 from kdash.kernels.decode_plan import DecodePlan  # noqa: E402
@@ -190,8 +191,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from kdash.kernels import decode_gluon as dg
+from kdash.kernels import l2_hint
 
 meta, fused, kv = json.loads(sys.argv[1]), sys.argv[2] == "fused", sys.argv[3]
+if meta.get("L2_HINT"):
+    assert l2_hint.install() is None
 fn = dg._decode_fused_gluon if fused else dg._decode_stage1_gluon
 names = ("Q K V PT LENS KS VS OP LSEP " + ("Out LSE FLAGS " if fused else "")
          + "qk_scale num_splits split_len_hint capacity "
@@ -210,8 +214,11 @@ const = {(list(sig).index(k),): v for k, v in const.items()}
 attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(ptrs))}
 src = GluonASTSource(fn, sig, const, attrs=attrs)
 k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+if len(sys.argv) > 4:
+    open(sys.argv[4], "wb").write(k.asm["cubin"])
 print(json.dumps({"num_warps": k.metadata.num_warps, "shared": k.metadata.shared,
-                  "scratch": k.metadata.global_scratch_size, "ptx": k.asm["ptx"]}))
+                  "scratch": k.metadata.global_scratch_size, "ptx": k.asm["ptx"],
+                  "hinted": l2_hint.hinted(k)}))
 """
 
 
@@ -254,6 +261,113 @@ def test_compiles_for_sm90_into_its_schedule(fused, fp8, tmp_path, monkeypatch) 
         assert "ld.volatile" in ptx and "nanosleep.u32" in ptx
     else:
         assert "atom." not in ptx and "fence.acq_rel.gpu" not in ptx
+
+
+_COPY = "cp.async.bulk.tensor.2d.shared::{}.global.mbarrier::complete_tx::bytes"
+PTX_TWO_COPIES = f"""
+.visible .entry k(
+\t.param .u64 k_param_0
+)
+{{
+\t.reg .b32 \t%r<9>;
+\t// kdash:l2-evict-first
+\t@%p3 {_COPY.format("cluster")} [%r1], [%rd2, {{%r3, %r4}}], [%r5];
+\t{_COPY.format("cta")} [%r6], [%rd2, {{%r3, %r7}}], [%r5];
+\tret;
+}}
+"""
+
+
+def test_l2_hint_rewrites_each_tile_copy_of_a_marked_kernel_only() -> None:
+    """Both destination spellings (Triton 3.6's shared::cluster, later shared::cta), a
+    predicated copy keeps its predicate, the policy register is declared and made once at the
+    entry; PTX without the marker, or with two entries, is left as it is."""
+    out, n = l2_hint.hint_ptx(PTX_TWO_COPIES)
+    assert n == 2
+    assert out.count(".L2::cache_hint") == 2 and out.count("createpolicy") == 1
+    assert f"[%r5], {l2_hint.POLICY_REG};" in out
+    assert "@%p3 cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier" in out
+    assert out.index("createpolicy") < out.index("cp.async.bulk.tensor")
+    plain = PTX_TWO_COPIES.replace(l2_hint.MARKER, "// another comment")
+    assert l2_hint.hint_ptx(plain) == (plain, 0)
+    two = PTX_TWO_COPIES + PTX_TWO_COPIES.replace("entry k(", "entry k2(")
+    assert l2_hint.hint_ptx(two) == (two, 0)
+
+
+@pytest.fixture
+def no_stage_hook():
+    """The compile-stage hook slot empty before and after (the hook is process-wide state)."""
+    from triton import knobs
+
+    saved = knobs.runtime.add_stages_inspection_hook
+    knobs.runtime.add_stages_inspection_hook = None
+    yield knobs.runtime
+    knobs.runtime.add_stages_inspection_hook = saved
+
+
+@needs_gluon
+def test_a_plan_asking_for_the_hint_installs_the_hook_or_says_why(no_stage_hook, monkeypatch):
+    """l2_evict_first: the kernels get L2_HINT and the hook is in; another hook already there
+    is not displaced, and the plan says so and runs without the hint. Without the ask, nothing
+    is installed."""
+    monkeypatch.setattr(decode_gluon, "unsupported_reason", lambda *a, **k: None)
+    q, kc, vc, pt, sl = make_case([300], 32, 8, seed=2)
+    plain = plan_for(q, kc, pt, sl, TmaConfig())
+    assert "L2_HINT" not in plain._meta1 and plain.l2_refused is None
+    assert no_stage_hook.add_stages_inspection_hook is None
+    plan = plan_for(q, kc, pt, sl, TmaConfig(l2_evict_first=True))
+    assert plan._meta1["L2_HINT"] is True and plan.l2_refused is None
+    assert no_stage_hook.add_stages_inspection_hook is l2_hint._hook
+    l2_hint.uninstall()
+
+    def theirs(*args):
+        return None
+
+    no_stage_hook.add_stages_inspection_hook = theirs
+    refused = plan_for(q, kc, pt, sl, TmaConfig(l2_evict_first=True))
+    assert "L2_HINT" not in refused._meta1
+    assert "another compile-stage hook" in refused.l2_refused
+    assert no_stage_hook.add_stages_inspection_hook is theirs
+
+
+@needs_gluon
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("fused", [False, True], ids=["two-launch", "fused"])
+def test_l2_hint_compiles_for_sm90_with_a_policy_on_every_tile_copy(
+    fused, fp8, tmp_path, monkeypatch, no_stage_hook
+) -> None:
+    """Compiled by Triton for sm_90 on the CPU with the plan's values and the hint: every TMA
+    tile load of the PTX carries the evict-first policy, and ptxas turns each into a UTMALDG
+    whose policy sits in an even uniform register pair (the ``cp.async`` form of the same hint
+    got an odd one from ptxas and faulted on the H200, bench/NOTES-kernels.md session 13)."""
+    monkeypatch.setattr(decode_gluon, "unsupported_reason", lambda *a, **k: None)
+    q, kc, vc, pt, sl = make_case([1000], 32, 8, seed=5, fp8=fp8)
+    plan = plan_for(q, kc, pt, sl, TmaConfig(l2_evict_first=True), fused=fused)
+    meta = {k: v for k, v in plan._meta1.items() if k not in ("KV_LAYOUT", "num_warps")}
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    cubin = tmp_path / "k.cubin"
+    res = subprocess.run(
+        [sys.executable, "-c", COMPILE_SM90, json.dumps(meta), "fused" if fused else "two",
+         "*fp8e4nv" if fp8 else "*bf16", str(cubin)],
+        capture_output=True, text=True, env=env, timeout=600, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    copies = got["ptx"].count("cp.async.bulk.tensor")
+    assert copies > 0 and got["hinted"] == copies == got["ptx"].count(".L2::cache_hint")
+    import triton
+
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    sass = subprocess.run(
+        [os.path.join(tools, "cuobjdump"), "-sass", str(cubin)],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    loads = [line for line in sass.splitlines() if "UTMALDG" in line]
+    assert len(loads) == copies
+    for line in loads:
+        reg = re.search(r"desc\[UR(\d+)\]", line)
+        assert reg is not None and int(reg.group(1)) % 2 == 0, line
 
 
 # --------------------------------------------------------------------------- GPU gates
