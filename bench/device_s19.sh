@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # Device-tool calls prepared in session 19 (which had no device) for the H200; the steps, by
-# name, as arguments, each with its own timeout. Two calls of under 10 minutes each:
-#   bash bench/device_s19.sh gates fp8 probe      then      bash bench/device_s19.sh tma demo table
+# name, as arguments, each with its own timeout (at most 8 files come back from a call; these
+# calls return 7, 5 and 5). Three calls of under 10 minutes each, on one warm machine:
+#   bash bench/device_s19.sh gates fp8     (~7-9 min)
+#   bash bench/device_s19.sh tma pcs probe (~6-8 min)
+#   bash bench/device_s19.sh table demo    (~5-6 min)
 #   gates  the plans' graph launch with a graph per layer, the plan's graph/host/capture tests,
 #          the workload's GPU tests, and fp8_compute="kmma" (K's bytes to the fp8 tensor cores)
 #          through the fp8-variant and decode gates (pytest -m gpu); a failure skips the rest;
 #   fp8    bench/gpu_fp8_variants.py: kmma (two launches, fused, 64/3 and 128/3 stages) against
 #          cvt, the default -> $OUT/fp8-variants-kmma.json;
+#   pcs    kdash's own PC sampling on the fp8 stage 1, cvt and kmma, at 1 x 64k
+#          (bench/gpu_fp8_pcs.py: hot lines in $OUT/fp8-pcs.json, captures fp8-*-pcs.kdash);
 #   probe  bench/gpu_decode_graph_launch.py at 1 x 64k and 64 lognormal
 #          -> $OUT/decode-graph-launch-h200.json;
-#   tma    bench/gpu_decode_gluon.py, bf16 and fp8, ring depths 4 and 3, split counts x1 and x2
-#          (the Gluon stage 1 with its page indices read ahead, never timed before)
+#   tma    bench/gpu_decode_gluon.py, bf16 and fp8, ring depth 4, the plan's split count (the
+#          Gluon stage 1 with its page indices read ahead, never timed before), with and without
+#          the L2 evict-first hint on its copies (kernels/l2_hint.py), read-flushed figures too
 #          -> $OUT/decode-gluon-h200.json;
 #   demo   `kdash demo` in tmux at 200x50 and 80x24 (graph-replayed decode; the help on `?`)
 #          -> $OUT/tmux-demo-*.txt;
@@ -18,7 +24,6 @@
 #          -> $OUT/kernels-h200-decode.json.
 # Log: $OUT/s19.log. Before the call, rebuild the kdash wheel and carry `.whl`:
 #   rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .
-# Run: bash bench/device_s19.sh gates probe tma demo | table
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH=/tmp/site PYTHONSAFEPATH=1
 bash bench/device_setup.sh > /dev/null || exit 1
@@ -30,20 +35,24 @@ log=$OUT/s19.log
     echo "== GPU gates: graph launch, plan (graph, capture, host), workload"
     timeout -k 5 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider \
       tests/test_kernels_graph_launch.py tests/test_kernels_plan.py tests/test_workload.py \
-      --junitxml "$OUT/gpu-gates-s19.xml" > "$OUT/gates.log" 2>&1
-    rc=$?; echo "rc=$rc"; grep -E "passed|failed|FAILED|Error" "$OUT/gates.log" | tail -12
+      --junitxml "$OUT/gpu-gates-s19.xml" > /tmp/gates.log 2>&1
+    rc=$?; echo "rc=$rc"; grep -E "passed|failed|FAILED|Error" /tmp/gates.log | tail -12
     # the fp8 variants' and decode's gates run on the GPU wherever CUDA is (no gpu marker)
     timeout -k 5 150 python3 -m pytest -q -rs -p no:cacheprovider -k "kmma or e4m3 or q_split" \
       tests/test_kernels_fp8_variants.py tests/test_kernels_decode.py \
-      --junitxml "$OUT/gpu-gates-kmma.xml" > "$OUT/gates-kmma.log" 2>&1
-    echo "kmma gates rc=$?"; grep -E "passed|failed|FAILED|Error" "$OUT/gates-kmma.log" | tail -8
+      --junitxml "$OUT/gpu-gates-kmma.xml" > /tmp/gates-kmma.log 2>&1
+    echo "kmma gates rc=$?"; grep -E "passed|failed|FAILED|Error" /tmp/gates-kmma.log | tail -8
     if [[ $rc != 0 ]]; then echo "== the rest skipped: the gates failed"; exit 0; fi
   fi
   if [[ $steps == *" fp8 "* ]]; then
     echo "== fp8: kmma against cvt"
-    (cd bench && PYTHONSAFEPATH= timeout -k 5 200 python3 gpu_fp8_variants.py --budget 170 \
+    (cd bench && PYTHONSAFEPATH= timeout -k 5 200 python3 gpu_fp8_variants.py --budget 150 \
       --only cvt,kmma,kmma_fused,cvt_fused,kmma_64_3stages,kmma_3stages --no-lognormal \
       --out "$OUT/fp8-variants-kmma.json" 2>&1 | grep -v Warning | tail -30)
+  fi
+  if [[ $steps == *" pcs "* ]]; then
+    echo "== PC sampling: fp8 stage 1, cvt and kmma"
+    (cd bench && PYTHONSAFEPATH= timeout -k 5 150 python3 gpu_fp8_pcs.py 2>&1 | cut -c1-1500)
   fi
   if [[ $steps == *" probe "* ]]; then
     echo "== run, run through the slot, replay, cuGraphLaunch"
@@ -53,8 +62,8 @@ log=$OUT/s19.log
   fi
   if [[ $steps == *" tma "* ]]; then
     echo "== Gluon stage 1 (page indices read ahead) against the plan's kernels"
-    (cd bench && PYTHONSAFEPATH= timeout -k 5 200 python3 gpu_decode_gluon.py --stages 4 \
-      --variants 3 --factors 1,2 2>&1 | grep -v Warning | python3 decode_gluon_summary.py)
+    (cd bench && PYTHONSAFEPATH= timeout -k 5 260 python3 gpu_decode_gluon.py --stages 4 \
+      --factors 1 2>&1 | grep -v Warning | python3 decode_gluon_summary.py)
     echo "rc=$?"
   fi
   if [[ $steps == *" demo "* ]] && command -v tmux > /dev/null; then
@@ -70,7 +79,7 @@ log=$OUT/s19.log
   if [[ $steps == *" table "* ]]; then
     echo "== decode table, defaults"
     timeout -k 5 300 python3 -m kdash.kernels.bench --sweep none --only decode \
-      --default-path-only --out "$OUT/kernels-h200-decode.json" > "$OUT/bench.log" 2>&1
-    echo "rc=$?"; grep -E "summary|Error|error" "$OUT/bench.log" | cut -c1-300
+      --default-path-only --out "$OUT/kernels-h200-decode.json" > /tmp/bench.log 2>&1
+    echo "rc=$?"; grep -E "summary|Error|error" /tmp/bench.log | cut -c1-300
   fi
 } 2>&1 | tee "$log"

@@ -51,7 +51,7 @@ def stop(p: subprocess.Popen) -> None:
         p.kill()
 
 
-def record(res: dict, name: str, target: subprocess.Popen) -> None:
+def record(res: dict, name: str, target: subprocess.Popen, hot: int = 3) -> None:
     cap = OUT / f"{name}.kdash"
     cap.unlink(missing_ok=True)
     r = subprocess.run(
@@ -68,7 +68,7 @@ def record(res: dict, name: str, target: subprocess.Popen) -> None:
         )
         try:
             doc = json.loads(rep.stdout)
-            out["hot_lines_head"] = (doc.get("hot_lines") or [])[:3]
+            out["hot_lines_head"] = (doc.get("hot_lines") or [])[:hot]
             out["top_kernels"] = [
                 {k: t.get(k) for k in ("name", "share", "pct", "has_source")}
                 for t in (doc.get("top_kernels") or [])[:8]
