@@ -82,12 +82,24 @@ def cubin_registers(cubin: bytes, kernel: str) -> int | None:
 
 
 def compile_one(
-    fused: bool, kind: str, head_dim: int, group: int, page: int, block_n: int, *, ptx=None
+    fused: bool,
+    kind: str,
+    head_dim: int,
+    group: int,
+    page: int,
+    block_n: int,
+    *,
+    ptx=None,
+    cubin=None,
 ):
     """``(registers, shared bytes)`` of stage 1 (or the fused kernel) for ``kind``: ``"bf16"``,
     ``"pairs"`` (fp8, integer-op conversion), ``"cvt"`` or ``"kmma"`` (decode_fp8's kernel: K
-    converted, or K's bytes to the fp8 tensor cores). ``ptx``: a list the PTX is appended to."""
-    fp8, pairs, cvt = kind != "bf16", kind == "pairs", kind in ("cvt", "kmma")
+    converted, or K's bytes to the fp8 tensor cores; V's addresses from K's row offsets, as a
+    plan compiles it for caches of one layout) or ``"cvt-vstrides"`` (``"cvt"`` with V's own
+    strides). ``ptx``, ``cubin``: lists the PTX and the
+    cubin are appended to."""
+    fp8, pairs = kind != "bf16", kind == "pairs"
+    cvt, same = kind in ("cvt", "kmma", "cvt-vstrides"), kind != "cvt-vstrides"
     kv = "*fp8e4nv" if fp8 else "*bf16"
     sig = {"Q": "*bf16", "K": kv, "V": kv, "PT": "*i32", "LENS": "*i32", "KS": "*fp32"}
     sig.update(VS="*fp32", OP="*fp32", LSEP="*fp32")
@@ -105,10 +117,10 @@ def compile_one(
         const.update(PAIRS=pairs or cvt, IS_FP8=fp8, FP8_FP16=True, ASM=pairs or cvt)
         const.update(CHUNK=df.merge_chunk(head_dim), POLL_NS=64)
         if cvt:
-            const.update(CVT=True, KMMA=kind == "kmma")
+            const.update(CVT=True, KMMA=kind == "kmma", KV_SAME=same)
     elif cvt:
         fn = df8._decode_stage1_fp8_cvt
-        const.update(ASM=True, KMMA=kind == "kmma")
+        const.update(ASM=True, KMMA=kind == "kmma", KV_SAME=same)
     elif pairs:
         fn, const["ASM"] = da._decode_stage1_fp8_pairs, True
     else:
@@ -123,6 +135,8 @@ def compile_one(
     )
     if ptx is not None:
         ptx.append(k.asm["ptx"])
+    if cubin is not None:
+        cubin.append(k.asm["cubin"])
     return cubin_registers(k.asm["cubin"], k.metadata.name), k.metadata.shared
 
 
@@ -138,20 +152,57 @@ PTX_COUNTS = {
 }
 
 
+def main_loop_ops(cubin: bytes) -> tuple[int, dict[str, int]]:
+    """The SASS of the innermost loop that issues the cache's ``LDGSTS`` copies (the KV loop):
+    its instruction count and opcode histogram (cuobjdump from Triton's bundle), ``(0, {})``
+    when none is found."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True)
+    rows = []
+    for line in sass.stdout.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*)", line)
+        if m:
+            rows.append((int(m.group(1), 16), m.group(2)))
+    loops = []
+    for at, text in rows:
+        m = re.search(r"\bBRA\b[^;]*?0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < at:
+            lo = int(m.group(1), 16)
+            body = [t for a, t in rows if lo <= a <= at]
+            if any(t.startswith("LDGSTS") or " LDGSTS" in t for t in body):
+                loops.append(body)
+    if not loops:
+        return 0, {}
+    body = min(loops, key=len)
+    ops: dict[str, int] = {}
+    for t in body:
+        op = re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0]
+        ops[op] = ops.get(op, 0) + 1
+    return len(body), dict(sorted(ops.items(), key=lambda kv: -kv[1]))
+
+
 def kmma_lines() -> list[str]:
     """fp8 stage 1 and the fused kernel at the fp8 config (128 tokens a tile), K converted
-    (``cvt``) against K's bytes to the fp8 tensor cores (``kmma``): registers, shared memory
-    and the PTX's instruction counts."""
+    (``cvt``; ``cvt-vstrides``: V's addresses from its own strides) against K's bytes to the fp8
+    tensor cores (``kmma``): registers, shared memory, the PTX's instruction counts and the KV
+    loop's SASS."""
     lines = []
     for group in (4, 8):
         for fused in (False, True):
-            for kind in ("cvt", "kmma"):
+            for kind in ("cvt-vstrides", "cvt", "kmma"):
                 ptx: list[str] = []
-                regs, shared = compile_one(fused, kind, 128, group, 16, 128, ptx=ptx)
+                cubin: list[bytes] = []
+                regs, shared = compile_one(fused, kind, 128, group, 16, 128, ptx=ptx, cubin=cubin)
                 found = {n: len(re.findall(p, ptx[0])) for n, p in PTX_COUNTS.items()}
                 counts = ", ".join(f"{n} {c}" for n, c in found.items())
                 name = f"{'fused' if fused else 'stage 1'} {kind} {group * 8}/8/128"
                 lines.append(f"{name:>24}: {regs} registers, {shared} B shared | {counts}")
+                n, ops = main_loop_ops(cubin[0])
+                top = ", ".join(f"{k} {v}" for k, v in list(ops.items())[:14])
+                lines.append(f"{'':>24}  KV loop: {n} SASS instructions | {top}")
     return lines
 
 

@@ -8,8 +8,9 @@
 #   gates  the plans' graph launch with a graph per layer, the plan's graph/host/capture tests,
 #          the workload's GPU tests, and fp8_compute="kmma" (K's bytes to the fp8 tensor cores)
 #          through the fp8-variant and decode gates (pytest -m gpu); a failure skips the rest;
-#   fp8    bench/gpu_fp8_variants.py: kmma (two launches, fused, 64/3 and 128/3 stages) against
-#          cvt, the default -> $OUT/fp8-variants-kmma.json;
+#   fp8    bench/gpu_fp8_variants.py: the default cvt (V's addresses from K's row offsets, new)
+#          against cvt_vstrides (as before), and kmma (two launches, fused, 128/3 and 64/3
+#          stages) -> $OUT/fp8-variants-kmma.json;
 #   pcs    kdash's own PC sampling on the fp8 stage 1, cvt and kmma, at 1 x 64k
 #          (bench/gpu_fp8_pcs.py: hot lines in $OUT/fp8-pcs.json, captures fp8-*-pcs.kdash);
 #   probe  bench/gpu_decode_graph_launch.py at 1 x 64k and 64 lognormal
@@ -46,8 +47,9 @@ log=$OUT/s19.log
   fi
   if [[ $steps == *" fp8 "* ]]; then
     echo "== fp8: kmma against cvt"
-    (cd bench && PYTHONSAFEPATH= timeout -k 5 200 python3 gpu_fp8_variants.py --budget 150 \
-      --only cvt,kmma,kmma_fused,cvt_fused,kmma_64_3stages,kmma_3stages --no-lognormal \
+    (cd bench && PYTHONSAFEPATH= timeout -k 5 240 python3 gpu_fp8_variants.py --budget 190 \
+      --only cvt,cvt_vstrides,kmma,kmma_fused,cvt_fused,kmma_3stages,kmma_64_3stages \
+      --no-lognormal \
       --out "$OUT/fp8-variants-kmma.json" 2>&1 | grep -v Warning | tail -30)
   fi
   if [[ $steps == *" pcs "* ]]; then

@@ -24,6 +24,7 @@ Run (on the GPU machine): python bench/gpu_fp8_variants.py --out $OUT/fp8-varian
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -33,7 +34,7 @@ from typing import Any
 
 import torch
 from kdash.kernels import bench as kbench
-from kdash.kernels import decode_plan
+from kdash.kernels import decode_fp8, decode_plan
 from kdash.kernels.bench import DecodeCase, lognormal_lens, occupancy_or_error
 from kdash.kernels.bench_summary import LONG_CONTEXT
 from kdash.kernels.bench_timing import bench_graph_ms, bench_ms, log
@@ -58,6 +59,7 @@ BF16 = {
 KMMA = replace(CVT, fp8_compute="kmma")  # K to the fp8 tensor cores unconverted, Q in two terms
 FP8 = {
     "cvt": CVT,
+    "cvt_vstrides": CVT,  # V's addresses from its own strides (decode_fp8.KV_SAME_DEFAULT off)
     "kmma": KMMA,
     "kmma_fused": KMMA,
     "kmma_64_3stages": replace(KMMA, block_n=64, num_stages=3),
@@ -74,6 +76,22 @@ FP8 = {
     "cvt_256_8warps": replace(CVT, block_n=256, num_warps=8),
 }
 FP8_FUSED = {"cvt_fused", "kmma_fused"}
+# Module switches a variant's plans are made under (name -> {decode_fp8 attribute: value}).
+FP8_SWITCHES = {"cvt_vstrides": {"KV_SAME_DEFAULT": False}}
+
+
+@contextlib.contextmanager
+def switches(name: str):
+    """``decode_fp8``'s module switches as variant ``name`` wants them, then as they were."""
+    want = FP8_SWITCHES.get(name, {})
+    saved = {k: getattr(decode_fp8, k) for k in want}
+    for k, v in want.items():
+        setattr(decode_fp8, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(decode_fp8, k, v)
 
 
 def shape_cases(lognormal: bool) -> list[dict[str, Any]]:
@@ -112,6 +130,7 @@ def time_cfg(case: DecodeCase, cfg: DecodeConfig, fused: bool) -> dict[str, Any]
         "stage1": occupancy_or_error(plan),
         "fused": plan.fused,
         "residency_source": plan.residency_source,
+        "kv_same": plan._s1.meta.get("KV_SAME") if plan._s1 is not None else None,
     }
 
 
@@ -194,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             n: {
                 **asdict(FP8[n]),
                 "fused": n in FP8_FUSED,
+                "switches": FP8_SWITCHES.get(n, {}),
                 "conversion": conversion_path(FP8[n], False),
             }
             for n in names
@@ -236,11 +256,13 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{name}: skipped (budget {a.budget:.0f}s spent)")
             continue
         if kv == "fp8":
-            result["gates"][name] = g = gate(cases[gate_at]["fp8"], cfg, fused)
+            with switches(name):
+                result["gates"][name] = g = gate(cases[gate_at]["fp8"], cfg, fused)
             log(f"{name}: gate {'passed' if g['passed'] else 'FAILED'}: {g['detail']}")
         for s, c in zip(result["shapes"], cases, strict=True):
             try:
-                fig = time_cfg(c[kv], cfg, fused)
+                with switches(name):
+                    fig = time_cfg(c[kv], cfg, fused)
             except Exception as e:  # noqa: BLE001 - a variant that fails is a finding, not fatal
                 fig = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             s["times"][name] = fig

@@ -188,6 +188,7 @@ def _decode_fused(
     CVT: tl.constexpr = False,
     POLL_NS: tl.constexpr = 64,
     KMMA: tl.constexpr = False,
+    KV_SAME: tl.constexpr = False,
 ):
     """Grid ``(B, Hkv, num_splits + GROUP)``: stage 1 for split ``z < num_splits``, else the
     merge of query head ``kvh * GROUP + z - num_splits``. ``FLAGS``: ``[B, Hq, num_splits]``
@@ -204,7 +205,7 @@ def _decode_fused(
                 capacity, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp,
                 stride_vs, stride_vh, stride_ptb, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, EVICT,
                 ASM, UPCAST, PREFETCH, DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT, BLOCK_B,
-                MAX_SPLITS, MERGE, SEARCH, KMMA,
+                MAX_SPLITS, MERGE, SEARCH, KMMA, KV_SAME,
             )  # fmt: skip
         elif PAIRS:
             _decode_stage1_fp8_pairs(

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from . import decode_gluon, decode_persist, graph_launch, residency
+from . import decode_fp8, decode_gluon, decode_persist, graph_launch, residency
 from ._common import capability_of, cdiv, interpreting, next_pow2, sm_count
 from .decode_attention import (
     DEFAULT_CONFIG,
@@ -390,11 +390,11 @@ class DecodePlan:
         kmma = self.cvt and config.fp8_compute == "kmma"
         if self.fused:
             meta.update(PAIRS=self.pairs, IS_FP8=self.is_fp8, FP8_FP16=fp16, ASM=asm)
-            if self.cvt:
-                meta.update(CVT=True, KMMA=kmma)
+            if self.cvt:  # KV_SAME: as the plan's residency compile assumes (_bind checks)
+                meta.update(CVT=True, KMMA=kmma, KV_SAME=decode_fp8.KV_SAME_DEFAULT)
             return _decode_fused
         if self.cvt:
-            meta.update(ASM=asm, KMMA=kmma)
+            meta.update(ASM=asm, KMMA=kmma, KV_SAME=decode_fp8.KV_SAME_DEFAULT)
             return _decode_stage1_fp8_cvt
         if self.pairs:
             meta["ASM"] = asm
@@ -585,8 +585,11 @@ class DecodePlan:
             self._rest1 = (*bufs, *scalars)
         # The same arguments with the buffers as pointers, for the launchers of _arm_fire.
         self._rest1_ptrs = (*(t.data_ptr() for t in bufs), *self._rest1[len(bufs) :])
+        meta = self._meta1
+        if meta.get("KV_SAME") and ks != vs:  # V's own strides, then
+            meta = {**meta, "KV_SAME": False}
         self._s1 = BoundKernel(
-            self._kern1, self._grid1, self._meta1, self._scratch, decode_gluon.SCRATCH_PER_PROGRAM
+            self._kern1, self._grid1, meta, self._scratch, decode_gluon.SCRATCH_PER_PROGRAM
         )
         self._fire = None
         if self._slot is not None:

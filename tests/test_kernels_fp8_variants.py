@@ -23,7 +23,7 @@ triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
 from decode_cases import check  # noqa: E402
-from kdash.kernels import decode_plan  # noqa: E402
+from kdash.kernels import decode_fp8, decode_plan  # noqa: E402
 from kdash.kernels._common import to_e4m3  # noqa: E402
 from kdash.kernels.decode_attention import (  # noqa: E402
     DEFAULT_FP8_CONFIG,
@@ -183,6 +183,33 @@ def test_variant_matches_reference(page_size: int, head_dim: int, cfg, path, whi
     out = torch.full_like(q, float("nan"))  # poisoned: every element must be written
     decode_attention(q, kc, vc, pt, sl, num_splits=4, config=cfg, out=out, **scales)
     check(out, q, kc, vc, pt, sl, scales)
+
+
+@needs_device
+def test_a_v_cache_of_its_own_layout_takes_its_own_strides(path) -> None:
+    """The cvt kernels take V's addresses from K's row offsets (KV_SAME) where the caches share
+    a layout; a V cache laid out otherwise (here every head in a row twice as wide, the second
+    half NaN) is read through its own strides, and a plan that sees both kinds in turn gives the
+    reference output for each, and for the like caches the same bits as a plan without
+    KV_SAME."""
+    q, kc, vc, pt, sl, scales = make_case([5, 300, 77], 8, 2, 64, 16, seed=4)
+    wide = torch.full((*vc.shape[:3], 128), float("nan"), device=DEV).to(FP8)
+    wide[..., :64] = vc
+    v_own = wide[..., :64]
+    assert v_own.stride() != kc.stride()
+    kw = dict(max_seq_len=300, kv_dtype=FP8, **scales)
+    plan = decode_plan.DecodePlan(pt, sl, 8, 2, 64, 16, config=VARIANTS["cvt"], **kw)
+    for v in (vc, v_own, vc):
+        out = plan.run(q, kc, v).clone()
+        assert plan._s1.meta["KV_SAME"] is (v is vc)
+        check(out, q, kc, v, pt, sl, scales)
+    try:
+        decode_fp8.KV_SAME_DEFAULT = False
+        apart = decode_plan.DecodePlan(pt, sl, 8, 2, 64, 16, config=VARIANTS["cvt"], **kw)
+    finally:
+        decode_fp8.KV_SAME_DEFAULT = True
+    assert torch.equal(apart.run(q, kc, vc), plan.run(q, kc, vc))
+    assert apart._s1.meta["KV_SAME"] is False
 
 
 @needs_device
@@ -373,13 +400,14 @@ def test_gpu_script_wiring_on_the_cpu(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(mod, "bench_ms", one_call_ms)
     monkeypatch.setattr(mod, "bench_graph_ms", one_call_ms)
     out = tmp_path / "v.json"
-    rc = mod.main(["--out", str(out), "--only", "pairs_asm,cvt_fused", "--no-lognormal"])
+    only = "pairs_asm,cvt_fused,cvt_vstrides,kmma"
+    rc = mod.main(["--out", str(out), "--only", only, "--no-lognormal"])
     assert rc == 0
     import json
 
     res = json.loads(out.read_text())
     assert [s["long_context"] for s in res["shapes"]] == [True, False]
-    assert set(res["summary"]) == {"pairs_asm", "cvt_fused"}
+    assert set(res["summary"]) == set(only.split(","))
     for name, sm in res["summary"].items():
         assert sm["gate"]["passed"], (name, sm["gate"])
         assert sm["shapes_timed"] == 2
@@ -390,3 +418,9 @@ def test_gpu_script_wiring_on_the_cpu(tmp_path, monkeypatch) -> None:
     for s in res["shapes"]:
         assert s["times"]["cvt_fused"]["fused"] and not s["times"]["pairs_asm"]["fused"]
         assert s["times"]["bf16_fused"]["fused"]
+        # the switch holds for its variant's plans only, and is put back after
+        assert s["times"]["cvt_vstrides"]["kv_same"] is False
+        assert s["times"]["cvt_fused"]["kv_same"] is True and s["times"]["kmma"]["kv_same"] is True
+    assert res["variants"]["cvt_vstrides"]["switches"] == {"KV_SAME_DEFAULT": False}
+    assert res["variants"]["kmma"]["fp8_compute"] == "kmma"
+    assert decode_fp8.KV_SAME_DEFAULT is True
