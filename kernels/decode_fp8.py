@@ -119,14 +119,16 @@ def _fp8_pairs_cvt(w, ASM: tl.constexpr):
 @triton.jit
 def _q_fp8_split(q, EMULATE: tl.constexpr):
     """``q`` ``[heads, dims]`` -> ``(hi, lo, mul)``: e4m3 terms with ``16 * q * mul ~ hi + lo``
-    per head row, where ``mul`` ``[heads]`` is a power of two putting the row's largest
-    ``|q * mul|`` in [4, 16). ``hi`` is ``q * mul`` rounded to e4m3, times 16 (exact: at most
-    256); ``lo`` is the residual times 16 (at most 16). The pair keeps about 8 significant bits,
-    as bf16 does, where one e4m3 term keeps 4; both terms on one scale let the two MMAs share an
+    per head row, where ``mul`` ``[heads]`` is the power of two putting the row's largest
+    ``|q * mul|`` in [8, 16) (made from the exponent bits, so exact on the GPU as in the
+    interpreter). ``hi`` is ``q * mul`` rounded to e4m3, times 16 (exact: at most 256); ``lo``
+    is the residual times 16 (at most 8). The pair keeps about 8 significant bits, as bf16
+    does, where one e4m3 term keeps 4; both terms on one scale let the two MMAs share an
     accumulator. An all-zero row stays zero."""
     q = q.to(tl.float32)
-    amax = tl.max(tl.abs(q), 1)
-    mul = tl.exp2(2.0 - tl.floor(tl.log2(tl.maximum(amax, 1e-30))))
+    amax = tl.maximum(tl.max(tl.abs(q), 1), 1e-30)
+    e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2(amax))
+    mul = ((130 - e) << 23).to(tl.float32, bitcast=True)  # 2^(3 - e)
     qs = q * mul[:, None]
     hi = to_e4m3(qs, EMULATE).to(tl.float32)
     return to_e4m3(hi * 16.0, EMULATE), to_e4m3((qs - hi) * 16.0, EMULATE), mul

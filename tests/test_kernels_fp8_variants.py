@@ -120,8 +120,8 @@ def test_e4m3_rounding_is_round_to_nearest_even_everywhere() -> None:
 @needs_device
 def test_q_split_holds_a_bf16_query_exactly_within_e4m3s_range() -> None:
     """kmma's Q terms: (hi + lo) / (16 mul) gives back a bf16 query row (8 significant bits in
-    two 4-bit terms), |hi| <= 256 and |lo| <= 16 (e4m3 holds 448), rows of any magnitude, a zero
-    row stays zero."""
+    two 4-bit terms), |hi| <= 256 and |lo| <= 8 (e4m3 holds 448), mul a power of two putting
+    the row's largest in [8, 16), rows of any magnitude, a zero row stays zero."""
     g = torch.Generator().manual_seed(6)
     rows = [torch.randn(1, 128, generator=g) * s for s in (1, 1e3, 1e-3, 3.7, 0.02, 60, 1)]
     rows.append(torch.zeros(1, 128))
@@ -130,7 +130,10 @@ def test_q_split_holds_a_bf16_query_exactly_within_e4m3s_range() -> None:
     hi, lo = torch.empty(8, 128, device=DEV), torch.empty(8, 128, device=DEV)
     mul = torch.empty(8, device=DEV)
     _split_q[(1,)](q, hi, lo, mul, H=8, D=128, EMULATE=INTERPRET)
-    assert hi.abs().max() <= 256 and lo.abs().max() <= 16
+    assert hi.abs().max() <= 256 and lo.abs().max() <= 8
+    top_scaled = (q.float().abs().amax(1) * mul)[:-1]  # the zero row aside
+    assert ((top_scaled >= 8) & (top_scaled < 16)).all()
+    assert torch.equal(torch.exp2(torch.log2(mul).round()), mul)  # powers of two
     back, qf = (hi + lo) / (16 * mul[:, None]), q.float()
     top = qf.abs().amax(1, keepdim=True)
     # e4m3's normal range holds both terms of an element down to 1/64 of its row's largest;
