@@ -90,6 +90,9 @@ class TmaConfig(DecodeConfig):
 # unsupported_reason accepts): off until the H200 says they are faster than the Triton ones
 # (bench/NOTES-kernels.md, session 16; `bash bench/device_decode_tma.sh`).
 TMA_DEFAULT = False
+# Whether those default TMA plans also put the L2 evict-first hint on their copies (l2_hint.py):
+# off until the H200 has timed it (bench/NOTES-kernels.md, session 19).
+L2_HINT_DEFAULT = False
 
 
 # The cache viewed as rows of tokens x (KV heads x HEAD_DIM) for the TMA descriptor: its row
@@ -505,7 +508,7 @@ def default_for(base: DecodeConfig, capability: tuple[int, int] | None) -> Decod
     """The config a plan without one runs: ``base`` (the Triton default for its KV type), as a
     :class:`TmaConfig` where :data:`TMA_DEFAULT` is on and the GPU is an sm_90."""
     if TMA_DEFAULT and gluon is not None and capability == (9, 0):
-        return TmaConfig(**asdict(base))
+        return TmaConfig(**asdict(base), l2_evict_first=L2_HINT_DEFAULT)
     return base
 
 

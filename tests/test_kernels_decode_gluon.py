@@ -131,7 +131,8 @@ def test_a_plan_takes_it_where_it_runs(fp8, monkeypatch) -> None:
 
 def test_the_default_switch(monkeypatch) -> None:
     """With TMA_DEFAULT on, a plan made without a config on an sm_90 (stood in for) is given
-    the TmaConfig of its KV type's default; elsewhere, or with it off, the Triton default."""
+    the TmaConfig of its KV type's default (with L2_HINT_DEFAULT, asking for the L2 hint);
+    elsewhere, or with it off, the Triton default."""
     from kdash.kernels import decode_plan
     from kdash.kernels.decode_attention import default_config
 
@@ -142,6 +143,12 @@ def test_the_default_switch(monkeypatch) -> None:
     cfg = plan_for(q, kc, pt, sl, None).config
     if decode_gluon.gluon is not None:
         assert isinstance(cfg, TmaConfig) and cfg.block_n == default_config(kc.dtype).block_n
+        assert cfg.l2_evict_first is False
+        monkeypatch.setattr(decode_gluon, "L2_HINT_DEFAULT", True)
+        monkeypatch.setattr(decode_gluon.l2_hint, "install", lambda: None)  # no hook installed
+        monkeypatch.setattr(decode_gluon, "unsupported_reason", lambda *a, **k: None)
+        hinted = plan_for(q, kc, pt, sl, None)
+        assert hinted.config.l2_evict_first and hinted._meta1["L2_HINT"] is True
     monkeypatch.setattr(decode_plan, "capability_of", lambda _d: (8, 0))
     assert type(plan_for(q, kc, pt, sl, None).config) is DecodeConfig
 
