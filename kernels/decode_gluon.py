@@ -89,7 +89,9 @@ class TmaConfig(DecodeConfig):
 # Whether a plan made without a config takes these kernels where they run (sm_90, and what
 # unsupported_reason accepts): off until the H200 says they are faster than the Triton ones
 # (bench/NOTES-kernels.md, session 16; `bash bench/device_decode_tma.sh`).
-TMA_DEFAULT = False
+# True: every KV type the kernels read; or a set of KV dtypes (the H200 timed fp8 on TMA slower,
+# session 18, and bf16's read-ahead form not yet).
+TMA_DEFAULT: bool | frozenset = False
 # Whether those default TMA plans also put the L2 evict-first hint on their copies (l2_hint.py):
 # off until the H200 has timed it (bench/NOTES-kernels.md, session 19).
 L2_HINT_DEFAULT = False
@@ -504,10 +506,14 @@ def check_caches(k_cache, v_cache, page_size: int, head_dim: int) -> None:
             raise ValueError(why)
 
 
-def default_for(base: DecodeConfig, capability: tuple[int, int] | None) -> DecodeConfig:
+def default_for(
+    base: DecodeConfig, capability: tuple[int, int] | None, kv_dtype: torch.dtype | None = None
+) -> DecodeConfig:
     """The config a plan without one runs: ``base`` (the Triton default for its KV type), as a
-    :class:`TmaConfig` where :data:`TMA_DEFAULT` is on and the GPU is an sm_90."""
-    if TMA_DEFAULT and gluon is not None and capability == (9, 0):
+    :class:`TmaConfig` where :data:`TMA_DEFAULT` is on for ``kv_dtype`` and the GPU is an
+    sm_90."""
+    on = TMA_DEFAULT if isinstance(TMA_DEFAULT, bool) else kv_dtype in TMA_DEFAULT
+    if on and gluon is not None and capability == (9, 0):
         return TmaConfig(**asdict(base), l2_evict_first=L2_HINT_DEFAULT)
     return base
 

@@ -201,7 +201,7 @@ class DecodePlan:
         dev = seq_lens.device
         self.device = dev
         cap = capability_of(dev)
-        config = config or decode_gluon.default_for(default_config(kv_dtype), cap)
+        config = config or decode_gluon.default_for(default_config(kv_dtype), cap, kv_dtype)
         self.config = config = runnable_config(config, cap)
         self.batch, self.q_heads, self.kv_heads = batch, num_q_heads, num_kv_heads
         self.head_dim, self.page_size = head_dim, page_size

@@ -130,9 +130,9 @@ def test_a_plan_takes_it_where_it_runs(fp8, monkeypatch) -> None:
 
 
 def test_the_default_switch(monkeypatch) -> None:
-    """With TMA_DEFAULT on, a plan made without a config on an sm_90 (stood in for) is given
-    the TmaConfig of its KV type's default (with L2_HINT_DEFAULT, asking for the L2 hint);
-    elsewhere, or with it off, the Triton default."""
+    """With TMA_DEFAULT on (for every KV type, or for the plan's), a plan made without a config
+    on an sm_90 (stood in for) is given the TmaConfig of its KV type's default (with
+    L2_HINT_DEFAULT, asking for the L2 hint); elsewhere, or with it off, the Triton default."""
     from kdash.kernels import decode_plan
     from kdash.kernels.decode_attention import default_config
 
@@ -149,6 +149,11 @@ def test_the_default_switch(monkeypatch) -> None:
         monkeypatch.setattr(decode_gluon, "unsupported_reason", lambda *a, **k: None)
         hinted = plan_for(q, kc, pt, sl, None)
         assert hinted.config.l2_evict_first and hinted._meta1["L2_HINT"] is True
+    monkeypatch.setattr(decode_gluon, "TMA_DEFAULT", frozenset({torch.float8_e4m3fn}))
+    assert type(plan_for(q, kc, pt, sl, None).config) is DecodeConfig  # bf16 KV: not in it
+    monkeypatch.setattr(decode_gluon, "TMA_DEFAULT", frozenset({torch.bfloat16}))
+    if decode_gluon.gluon is not None:
+        assert isinstance(plan_for(q, kc, pt, sl, None).config, TmaConfig)
     monkeypatch.setattr(decode_plan, "capability_of", lambda _d: (8, 0))
     assert type(plan_for(q, kc, pt, sl, None).config) is DecodeConfig
 
