@@ -314,6 +314,11 @@ def test_a_gpu_without_the_conversion_instruction_runs_the_integer_op_kernel(cap
     for mode in ("pairs_asm", "pairs", "fp16", "bf16"):
         cfg = DecodeConfig(fp8_compute=mode)
         assert decode_plan.runnable_config(cfg, capability) is cfg
+    # kmma's e4m3 operands are sm_89+ as well
+    kmma = DecodeConfig(fp8_compute="kmma")
+    assert decode_plan.runnable_config(kmma, capability).fp8_compute == (
+        "kmma" if runs == "cvt" else "pairs_asm"
+    )
 
 
 # --------------------------------------------------------------------------- GPU gates
