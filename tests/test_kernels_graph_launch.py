@@ -176,6 +176,60 @@ def _libcuda_loads() -> bool:
     return True
 
 
+# A stand-in libcuda for the ctypes layer (the real one needs a GPU): the driver calls a slot
+# makes, with the capture status and the launch's result set from the test, launches counted.
+_STAND_IN_C = r"""
+static int status, launch_rc, status_rc, launches;
+void set(int s, int lrc, int src) { status = s; launch_rc = lrc; status_rc = src; }
+int count(void) { return launches; }
+int cuStreamBeginCapture_v2(void *s, int m) { return 0; }
+int cuStreamEndCapture(void *s, void **g) { *g = (void *)1; return 0; }
+int cuGraphInstantiateWithFlags(void **e, void *g, unsigned long long f)
+{ *e = (void *)0x7f0000001000ULL; return 0; }
+int cuGraphDestroy(void *g) { return 0; }
+int cuGraphExecDestroy(void *e) { return 0; }
+int cuStreamIsCapturing(void *s, int *st) { *st = status; return status_rc; }
+int cuGraphLaunch(void *e, void *s)
+{ if (e != (void *)0x7f0000001000ULL) return 400; launches++; return launch_rc; }
+"""
+
+
+@pytest.fixture
+def stand_in_libcuda(tmp_path):
+    import ctypes
+    import shutil
+    import subprocess
+
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler for the stand-in libcuda")
+    (tmp_path / "c.c").write_text(_STAND_IN_C)
+    lib = tmp_path / "libcuda-stand-in.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "c.c")], check=True)
+    return ctypes.CDLL(str(lib))
+
+
+def test_the_ctypes_driver_starts_a_graph_unless_the_stream_is_captured(stand_in_libcuda):
+    """Driver.start on a stand-in libcuda: a stream not being captured gets the launch (a
+    64-bit exec handle and stream passed whole); a captured stream, or one whose status cannot
+    be read, gets none and False; a failed launch is a DriverError naming the call and code."""
+    lib = stand_in_libcuda
+    drv = graph_launch.Driver(lib)
+    exe = drv.capture(0x7F0000002000, lambda s: None)
+    assert exe == 0x7F0000001000
+    lib.set(0, 0, 0)
+    assert drv.start(exe, 0x7F0000002000) is True and lib.count() == 1
+    lib.set(1, 0, 0)  # CU_STREAM_CAPTURE_STATUS_ACTIVE
+    assert drv.start(exe, 0x7F0000002000) is False and lib.count() == 1
+    assert drv.capturing(0x7F0000002000)
+    lib.set(0, 0, 906)  # the status could not be read (another thread's global capture)
+    assert drv.start(exe, 0x7F0000002000) is False and lib.count() == 1
+    lib.set(0, 700, 0)
+    with pytest.raises(graph_launch.DriverError, match="cuGraphLaunch returned CUDA error 700"):
+        drv.start(exe, 0x7F0000002000)
+    assert lib.count() == 2
+
+
 @pytest.mark.skipif(_libcuda_loads(), reason="this machine has a CUDA driver")
 def test_driver_refusal_is_kept_as_a_reason(monkeypatch) -> None:
     monkeypatch.setattr(graph_launch, "_driver", None)
