@@ -18,7 +18,9 @@ byte for byte as Triton made them; ``L2_HINT`` is a constexpr, so hinted and pla
 never share a cache entry.
 
 The hook is installed only when a plan asks for the hint (:func:`install`), so no other
-kernel's compile goes through it.
+kernel's compile goes through it before then. After it, Triton 3.7 and later fold the hook's
+key into every kernel's cache key (and ask for it at every launch through Triton's own path),
+so a kernel launched that way compiles once more; the plans' pointer launchers do not ask.
 """
 
 from __future__ import annotations
