@@ -83,27 +83,37 @@ def _plan(case: bench.DecodeCase, cfg, fused: bool | str) -> DecodePlan:
     )
 
 
-# The driver calls a graph slot makes, as functions that return CUDA_SUCCESS and write nothing
-# but a zero capture status.
-_STAND_IN_C = """
+# The driver calls a graph slot makes: the capture status, its call's result and the launch's
+# result set by ``set`` (zero: not capturing, success), launches counted by ``count``; the exec
+# handle a 64-bit address, which a launch checks (a handle cut to 32 bits fails with 400).
+_STAND_IN_C = r"""
+static int status, launch_rc, status_rc, launches;
+void set(int s, int lrc, int src) { status = s; launch_rc = lrc; status_rc = src; }
+int count(void) { return launches; }
 int cuStreamBeginCapture_v2(void *s, int m) { return 0; }
 int cuStreamEndCapture(void *s, void **g) { *g = (void *)1; return 0; }
 int cuGraphInstantiateWithFlags(void **e, void *g, unsigned long long f)
-{ *e = (void *)2; return 0; }
+{ *e = (void *)0x7f0000001000ULL; return 0; }
 int cuGraphDestroy(void *g) { return 0; }
 int cuGraphExecDestroy(void *e) { return 0; }
-int cuStreamIsCapturing(void *s, int *st) { *st = 0; return 0; }
-int cuGraphLaunch(void *e, void *s) { return 0; }
+int cuStreamIsCapturing(void *s, int *st) { *st = status; return status_rc; }
+int cuGraphLaunch(void *e, void *s)
+{ if (e != (void *)0x7f0000001000ULL) return 400; launches++; return launch_rc; }
 """
 
 
-def stand_in_driver() -> graph_launch.Driver:
-    """A :class:`graph_launch.Driver` on a stand-in libcuda compiled here."""
+def stand_in_libcuda(cc: str = "cc") -> ctypes.CDLL:
+    """The stand-in libcuda above, compiled here with ``cc``."""
     d = Path(tempfile.mkdtemp(prefix="kdash-cuda-stand-in-"))
     (d / "c.c").write_text(_STAND_IN_C)
-    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(d / "s.so"), str(d / "c.c")],
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(d / "s.so"), str(d / "c.c")],
                    check=True)  # fmt: skip
-    return graph_launch.Driver(ctypes.CDLL(str(d / "s.so")))
+    return ctypes.CDLL(str(d / "s.so"))
+
+
+def stand_in_driver() -> graph_launch.Driver:
+    """A :class:`graph_launch.Driver` on the stand-in libcuda."""
+    return graph_launch.Driver(stand_in_libcuda())
 
 
 def measure(fused: bool | str, fp8: bool, profile: bool, drv=None) -> tuple[float, float]:

@@ -176,37 +176,22 @@ def _libcuda_loads() -> bool:
     return True
 
 
-# A stand-in libcuda for the ctypes layer (the real one needs a GPU): the driver calls a slot
-# makes, with the capture status and the launch's result set from the test, launches counted.
-_STAND_IN_C = r"""
-static int status, launch_rc, status_rc, launches;
-void set(int s, int lrc, int src) { status = s; launch_rc = lrc; status_rc = src; }
-int count(void) { return launches; }
-int cuStreamBeginCapture_v2(void *s, int m) { return 0; }
-int cuStreamEndCapture(void *s, void **g) { *g = (void *)1; return 0; }
-int cuGraphInstantiateWithFlags(void **e, void *g, unsigned long long f)
-{ *e = (void *)0x7f0000001000ULL; return 0; }
-int cuGraphDestroy(void *g) { return 0; }
-int cuGraphExecDestroy(void *e) { return 0; }
-int cuStreamIsCapturing(void *s, int *st) { *st = status; return status_rc; }
-int cuGraphLaunch(void *e, void *s)
-{ if (e != (void *)0x7f0000001000ULL) return 400; launches++; return launch_rc; }
-"""
-
-
 @pytest.fixture
-def stand_in_libcuda(tmp_path):
-    import ctypes
+def stand_in_libcuda():
+    """bench/decode_host_cpu.py's stand-in libcuda (the real one needs a GPU): the driver calls
+    a slot makes, the capture status and the results set from the test, launches counted."""
+    import importlib.util
     import shutil
-    import subprocess
+    from pathlib import Path
 
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         pytest.skip("no C compiler for the stand-in libcuda")
-    (tmp_path / "c.c").write_text(_STAND_IN_C)
-    lib = tmp_path / "libcuda-stand-in.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "c.c")], check=True)
-    return ctypes.CDLL(str(lib))
+    path = Path(__file__).resolve().parent.parent / "bench" / "decode_host_cpu.py"
+    spec = importlib.util.spec_from_file_location("decode_host_cpu", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.stand_in_libcuda(cc)
 
 
 def test_the_ctypes_driver_starts_a_graph_unless_the_stream_is_captured(stand_in_libcuda):
