@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import torch
 
@@ -536,14 +535,14 @@ def plan_choice(
     return why is None, why
 
 
-def l2_meta(config: TmaConfig, plan: Any) -> dict:
-    """The kernels' compile-time values for ``config.l2_evict_first``: the hint where the
-    compile-stage hook could be installed; else none, and ``plan.l2_refused`` says why."""
-    plan.l2_refused = None
+def l2_meta(config: TmaConfig) -> tuple[dict, str | None]:
+    """The kernels' compile-time values for ``config.l2_evict_first``, and why the hint was
+    asked for but cannot be given (None otherwise): the hint where the compile-stage hook
+    could be installed, else none."""
     if not config.l2_evict_first:
-        return {}
-    plan.l2_refused = l2_hint.install()
-    return {} if plan.l2_refused else {"L2_HINT": True}
+        return {}, None
+    why = l2_hint.install()
+    return ({}, why) if why else ({"L2_HINT": True}, None)
 
 
 def scratch(grid: tuple[int, ...], device: torch.device) -> torch.Tensor:

@@ -377,7 +377,8 @@ class DecodePlan:
         if self.tma:
             fp8 = self.is_fp8
             meta.update(STAGES=config.stages, KV_LAYOUT=decode_gluon.kv_layout(fp8), IS_FP8=fp8)
-            meta.update(decode_gluon.l2_meta(config, self))
+            hint, self.l2_refused = decode_gluon.l2_meta(config)
+            meta.update(hint)
             if self.fused:
                 return decode_gluon._decode_fused_gluon
             return decode_gluon._decode_stage1_gluon
