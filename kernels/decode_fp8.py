@@ -53,8 +53,8 @@ CVT_MIN_CAPABILITY = (8, 9)
 
 
 def runnable_config(config: DecodeConfig, capability: tuple[int, int] | None) -> DecodeConfig:
-    """``config`` as a GPU of compute ``capability`` can run it: a hardware-conversion config
-    (``fp8_compute="cvt"``) becomes the same launch config on the integer-op conversion
+    """``config`` as a GPU of compute ``capability`` can run it: a config of this module's
+    kernels (``fp8_compute`` "cvt" or "kmma", both e4m3 instructions of sm_89+) becomes the same launch config on the integer-op conversion
     (``"pairs_asm"``: the same layout, both conversions exact) below
     :data:`CVT_MIN_CAPABILITY`. ``None`` (the CPU interpreter, which runs no PTX and takes
     Triton ops for either): unchanged."""
