@@ -54,10 +54,10 @@ CVT_MIN_CAPABILITY = (8, 9)
 
 def runnable_config(config: DecodeConfig, capability: tuple[int, int] | None) -> DecodeConfig:
     """``config`` as a GPU of compute ``capability`` can run it: a config of this module's
-    kernels (``fp8_compute`` "cvt" or "kmma", both e4m3 instructions of sm_89+) becomes the same launch config on the integer-op conversion
-    (``"pairs_asm"``: the same layout, both conversions exact) below
-    :data:`CVT_MIN_CAPABILITY`. ``None`` (the CPU interpreter, which runs no PTX and takes
-    Triton ops for either): unchanged."""
+    kernels (``fp8_compute`` "cvt" or "kmma", both on e4m3 instructions of sm_89+) becomes the
+    same launch config on the integer-op conversion (``"pairs_asm"``: the same layout, both
+    conversions exact) below :data:`CVT_MIN_CAPABILITY`. ``None`` (the CPU interpreter, which
+    runs no PTX and takes Triton ops for either): unchanged."""
     below = capability is not None and tuple(capability) < CVT_MIN_CAPABILITY
     if below and config.fp8_compute in CVT_MODES:
         return replace(config, fp8_compute="pairs_asm")
