@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from . import decode_fp8, decode_gluon, decode_persist, graph_launch, residency
+from . import decode_choice, decode_gluon, decode_persist, graph_launch, residency
 from ._common import capability_of, cdiv, interpreting, next_pow2, sm_count
 from .decode_attention import (
     DEFAULT_CONFIG,
@@ -25,16 +25,13 @@ from .decode_attention import (
     MAX_DEVICE_PLAN_BATCH,
     WAVES_MAX,
     DecodeConfig,
-    _decode_stage1,
-    _decode_stage1_fp8_pairs,
     _decode_stage2,
     _plan,
     default_config,
     merge_tokens,
     split_class,
 )
-from .decode_fp8 import CVT_MODES, _decode_stage1_fp8_cvt, runnable_config
-from .decode_fused import _decode_fused, merge_chunk
+from .decode_fp8 import CVT_MODES, runnable_config
 from .kv_cache import scale_per_head
 from .launch import BoundKernel, hooks_installed
 from .residency import MAX_BLOCKS_PER_SM, Residency
@@ -157,8 +154,10 @@ class DecodePlan:
     ``config`` (default :func:`default_config` of ``kv_dtype``) is kept as the GPU can run it
     (:func:`runnable_config`): ``config`` on the plan says what runs. A
     :class:`~kdash.kernels.decode_gluon.TmaConfig` asks for the Gluon kernels that read the
-    cache by TMA (``tma``; ``tma_refused`` says why a plan could not take them; ``l2_refused``
-    why its copies could not take the L2 hint it asked for).
+    cache by TMA (``tma``; ``tma_refused`` says why a plan could not take them). A config's
+    ``evict_first`` (``l2_evict_first`` of a TmaConfig) asks for an L2 evict-first hint on the
+    K/V copies (:mod:`kdash.kernels.l2_hint`), given where the compiler can encode it;
+    ``l2_refused`` says why a plan's copies could not take it.
     """
 
     l2_refused: str | None = None
@@ -233,7 +232,7 @@ class DecodePlan:
         self.cvt = self.pairs and config.fp8_compute in CVT_MODES  # decode_fp8's kernel
         self.path = self._launch_path(fused, total_tokens, num_splits)
         self.fused, self.persistent = self.path != "two", self.path == "persistent"
-        self._kern1 = self._choose_kernel(meta)
+        self._kern1 = decode_choice.choose_kernel(self, meta)
         programs = max(1, batch * num_kv_heads)
         meta.update(
             PREFETCH=config.prefetch_pages,
@@ -253,7 +252,7 @@ class DecodePlan:
             num_warps=config.num_warps,
             num_stages=config.num_stages,
         )
-        self._finish_meta(meta)
+        decode_choice.finish_meta(self, meta)
         self._meta1 = meta
         if out is None:
             out = torch.empty(batch, num_q_heads, head_dim, device=dev, dtype=q_dtype)
@@ -352,57 +351,6 @@ class DecodePlan:
             return "fused"
         return "persistent" if decode_persist.PERSISTENT_DEFAULT and not why else "two"
 
-    def _finish_meta(self, meta: dict) -> None:
-        """The launch options that depend on the kernel chosen: the TMA kernel runs one warp
-        and its ring's depth is the config's (no software pipeline, no prefetch switch); the
-        one-launch kernels' merge shape; decode_fp8.Fp8Config's register cap (the persistent fp8
-        kernel's own by default) is a compile option, so not for the interpreter."""
-        if self.tma:
-            del meta["PREFETCH"], meta["num_stages"]
-            meta["num_warps"] = 1
-        if self.persistent:
-            meta.update(decode_persist.merge_meta(meta["GROUP"], meta["HEAD_DIM"]))
-        elif self.fused:
-            meta["CHUNK"] = merge_chunk(meta["HEAD_DIM"])
-        maxnreg = getattr(self.config, "maxnreg", None)
-        if self.persistent and self.is_fp8:
-            maxnreg = maxnreg or decode_persist.FP8_MAXNREG
-        if maxnreg and not self.upcast:
-            meta["maxnreg"] = int(maxnreg)
-
-    def _choose_kernel(self, meta: dict):
-        """The stage-1 kernel (or the fused one) for this plan, its KV-dtype constexprs added to
-        ``meta``."""
-        config = self.config
-        if self.tma:
-            fp8 = self.is_fp8
-            meta.update(STAGES=config.stages, KV_LAYOUT=decode_gluon.kv_layout(fp8), IS_FP8=fp8)
-            hint, self.l2_refused = decode_gluon.l2_meta(config)
-            meta.update(hint)
-            if self.fused:
-                return decode_gluon._decode_fused_gluon
-            return decode_gluon._decode_stage1_gluon
-        asm = self.pairs and config.fp8_compute in ("pairs_asm", *CVT_MODES) and not self.upcast
-        fp16 = config.fp8_compute != "bf16"
-        meta.update(EVICT="evict_first" if config.evict_first else "", UPCAST=self.upcast)
-        if self.persistent:
-            meta.update(IS_FP8=self.is_fp8, ASM=asm)
-            return decode_persist._decode_persistent
-        kmma = self.cvt and config.fp8_compute == "kmma"
-        if self.fused:
-            meta.update(PAIRS=self.pairs, IS_FP8=self.is_fp8, FP8_FP16=fp16, ASM=asm)
-            if self.cvt:  # KV_SAME: as the plan's residency compile assumes (_bind checks)
-                meta.update(CVT=True, KMMA=kmma, KV_SAME=decode_fp8.KV_SAME_DEFAULT)
-            return _decode_fused
-        if self.cvt:
-            meta.update(ASM=asm, KMMA=kmma, KV_SAME=decode_fp8.KV_SAME_DEFAULT)
-            return _decode_stage1_fp8_cvt
-        if self.pairs:
-            meta["ASM"] = asm
-            return _decode_stage1_fp8_pairs
-        meta.update(IS_FP8=self.is_fp8, FP8_FP16=fp16)
-        return _decode_stage1
-
     def _plan_waves(
         self,
         batch: int,
@@ -496,37 +444,7 @@ class DecodePlan:
             return None
         if torch.cuda.is_current_stream_capturing():
             return None  # no module is loaded inside a capture; the config's figure stays
-        d = self.head_dim
-        ks = (self.page_size * self.kv_heads * d, self.kv_heads * d, d)
-        if self.pairs:
-            ks = tuple(x // 2 for x in ks)
-        scale_t = torch.float32 if self.is_fp8 else torch.int32
-        outs: tuple = ()
-        if self.fused:
-            outs = (self.q_dtype, torch.float32, torch.int32)
-        args = (
-            self.q_dtype,
-            self.kv_dtype,
-            self.kv_dtype,
-            self.page_table,
-            self.seq_lens,
-            scale_t,
-            scale_t,
-            torch.float32,
-            torch.float32,
-            *outs,
-            self.sm_scale * LOG2E,
-            splits,
-            split_len,
-            self._sms,
-            self.q_heads * d,
-            d,
-            *ks,
-            *ks,
-            self.page_table.stride(0),
-            *((self.out.stride(0), self.out.stride(1)) if self.fused else ()),
-            *self._sizes(),
-        )
+        args = decode_choice.warmup_args(self, splits, split_len)
         grid = (self.batch, self.kv_heads, splits)
         try:
             with torch.cuda.device(self.device):

@@ -1,4 +1,5 @@
-"""An L2 evict-first hint on the TMA tile copies of the Gluon decode kernels.
+"""An L2 evict-first hint on the decode kernels' K/V copies: the Gluon kernels' TMA tile copies
+and the Triton kernels' ``cp.async``.
 
 Decode reads every K/V byte once. ``triton.testing.do_bench`` (the bench's ``decode_bw_ratio``)
 flushes L2 before each call by zeroing 256 MiB, so a call starts with L2 full of dirty lines,
@@ -7,15 +8,25 @@ sessions 13 and 18). A server's decode meets the same thing after any kernel tha
 than L2 holds. With an evict-first policy the streamed lines are the first L2 gives up, so the
 dirty ones (and whatever else L2 holds that others still want) stay.
 
-Triton's ``cp.async`` lowering drops eviction policies, and ``cp.async`` with a cache hint hits
-a ptxas fault on sm_90 (session 13). The TMA tile copy takes a hint without trouble (its SASS,
-``UTMALDG ... desc[URn]``, carries the policy in a uniform register pair), but Gluon in Triton
-3.6 (the H200's) has no parameter for it. So this module rewrites the PTX: a compile-stage
-hook adds ``.L2::cache_hint`` and an evict-first policy (made once at the kernel's entry) to
-every ``cp.async.bulk.tensor`` load of a kernel that carries :data:`MARKER` (the Gluon kernels
-emit it, as a PTX comment, when compiled with ``L2_HINT``). Kernels without the marker are left
-byte for byte as Triton made them; ``L2_HINT`` is a constexpr, so hinted and plain binaries
-never share a cache entry.
+Neither copy gets the hint from Triton: Gluon in Triton 3.6 (the H200's) has no cache-policy
+parameter for TMA, and Triton's ``cp.async`` lowering drops eviction policies. So a
+compile-stage hook rewrites the PTX:
+
+- TMA: every ``cp.async.bulk.tensor`` load of a kernel that carries :data:`MARKER` (the Gluon
+  kernels emit it, as a PTX comment, when compiled with ``L2_HINT``, a constexpr, so hinted and
+  plain binaries never share a cache entry) gets ``.L2::cache_hint`` and an evict-first policy;
+- ``cp.async``: in the kernels named in :data:`CP_ASYNC_KERNELS` whose GPU IR asked for
+  ``evict_first`` on their async copies (the ``EVICT`` constexpr), every global-to-shared
+  ``cp.async`` gets the same.
+
+A hinted ``cp.async`` needs a ptxas that encodes it: ptxas releases before 13.4 (Triton 3.6
+bundles 12.8, 3.9 bundles 12.9, CUDA 13.0 to 13.3 alike) give the hinted ``LDGSTS`` whose shared
+address is a register plus a uniform register the uniform-register field 0: the instruction
+reads UR0 and UR1, which nothing wrote, and the GPU stops with an illegal instruction (session
+13's fault; Triton's PR 11660 stopped emitting such policies for the same reason). The policy and
+the address are made right, in the pair the field should name. :func:`cp_async_refusal` compiles
+a small probe with the ptxas Triton will use and reads the field back, so a plan asks for the
+hint only where the binary will be right (``TRITON_PTXAS_PATH`` can name a ptxas 13.4 or later).
 
 The hook is installed only when a plan asks for the hint (:func:`install`), so no other
 kernel's compile goes through it before then. After it, Triton 3.7 and later fold the hook's
@@ -25,7 +36,12 @@ so a kernel launched that way compiles once more; the plans' pointer launchers d
 
 from __future__ import annotations
 
+import functools
 import re
+import struct
+import subprocess
+import tempfile
+from pathlib import Path
 from typing import Any
 
 MARKER = "// kdash:l2-evict-first"
@@ -41,7 +57,21 @@ _TMA_LOAD = re.compile(
     r"\.mbarrier::complete_tx::bytes(\s+[^;]*);"
 )
 _ENTRY_OPEN = re.compile(r"^\.(?:visible\s+)?\.entry\b[^{]*?^\{[ \t]*$", re.M | re.S)
-_HOOK_KEY = ("kdash.kernels.l2_hint", "tma-evict-first-v1")
+_HOOK_KEY = ("kdash.kernels.l2_hint", "tma-and-cp-async-evict-first-v2")
+# The Triton decode kernels whose cp.async copies the hook hints when their GPU IR asked for it.
+CP_ASYNC_KERNELS = frozenset(
+    {
+        "_decode_stage1",
+        "_decode_stage1_fp8_pairs",
+        "_decode_stage1_fp8_cvt",
+        "_decode_fused",
+        "_decode_persistent",
+    }
+)
+# A global -> shared cp.async without a cache hint, optionally predicated.
+_CP_ASYNC = re.compile(r"(@!?%\w+\s+)?\bcp\.async\.(ca|cg)\.shared\.global(\s+[^;]*);")
+_ASYNC_COPY = "async_copy_global_to_local"
+_ASKED = "kdash_l2_cp_async_asked"
 
 
 def hint_ptx(ptx: str) -> tuple[str, int]:
@@ -68,16 +98,55 @@ def hint_ptx(ptx: str) -> tuple[str, int]:
     return f"{ptx[:at]}\n\t.reg .b64 \t{POLICY_REG};\n\t{_MAKE}{body}", count
 
 
+def wants_evict_first(ttgir: str) -> bool:
+    """Whether any async copy of the GPU IR (after pipelining) asked for evict-first (Triton 3.6
+    prints ``evictionPolicy = evict_first``, 3.9 a cache-policy attribute)."""
+    return any(_ASYNC_COPY in line and "evict_first" in line for line in ttgir.splitlines())
+
+
+def hint_cp_async(ptx: str) -> tuple[str, int]:
+    """``ptx`` with every global -> shared ``cp.async`` carrying the evict-first policy, and how
+    many were rewritten. The policy is made on the line before each copy (a uniform value:
+    ptxas makes it once; one made at the entry and kept across the loop cost stage 1 35
+    registers in session 13); a predicated copy keeps its predicate. PTX without such a copy,
+    or with other than one kernel entry, is returned unchanged, with 0."""
+    entries = list(_ENTRY_OPEN.finditer(ptx))
+    if len(entries) != 1 or not _CP_ASYNC.search(ptx):
+        return ptx, 0
+    at = entries[0].end()
+
+    def hinted(m: re.Match) -> str:
+        pred, level, operands = m.group(1) or "", m.group(2), m.group(3)
+        copy = f"{pred}cp.async.{level}.shared.global.L2::cache_hint{operands}, {POLICY_REG};"
+        return f"{_MAKE}\n\t{copy}"
+
+    body, count = _CP_ASYNC.subn(hinted, ptx[at:])
+    decl = f"\n\t.reg .b64 \t{POLICY_REG};"
+    return f"{ptx[:at]}{'' if decl in ptx else decl}{body}", count
+
+
 def _hook(*args: Any) -> Any:
     if not args:  # Triton >= 3.7 asks every launch for a key of the custom stages
         return _HOOK_KEY[0], _HOOK_KEY[1]
     stages = args[1]
-    make_ptx = stages.get("ptx")
+    make_llir, make_ptx = stages.get("llir"), stages.get("ptx")
     if make_ptx is None:
         return None
+    if make_llir is not None:
+
+        def llir(src, metadata):
+            # The stage's input is the GPU IR after pipelining: the last place the ask shows.
+            if wants_evict_first(str(src)):
+                metadata[_ASKED] = True
+            return make_llir(src, metadata)
+
+        stages["llir"] = llir
 
     def ptx(src, metadata):
         out, count = hint_ptx(make_ptx(src, metadata))
+        if metadata.pop(_ASKED, False) and metadata.get("name") in CP_ASYNC_KERNELS:
+            out, copies = hint_cp_async(out)
+            count += copies
         if count:
             metadata[META_KEY] = count
         return out
@@ -115,6 +184,133 @@ def uninstall() -> None:
 
 
 def hinted(compiled: Any) -> int:
-    """How many TMA loads of a compiled kernel carry the policy (0: none, or not hinted)."""
+    """How many copies (TMA loads or ``cp.async``) of a compiled kernel carry the policy (0:
+    none, or compiled without the hook)."""
     meta = getattr(compiled, "metadata", None)
     return max(0, int(getattr(meta, META_KEY, 0) or 0))
+
+
+# -- whether a ptxas encodes a hinted cp.async -----------------------------------------------
+
+# One hinted copy a thread in a loop: the shared address is the thread's offset plus the
+# array's base, which ptxas keeps in a uniform register, the form it encodes wrongly before 13.4.
+_PROBE_PTX = """.version 8.0
+.target sm_90
+.address_size 64
+.extern .shared .align 16 .b8 kdash_smem[];
+.visible .entry kdash_l2_probe(.param .u64 src, .param .u32 n)
+{
+\t.reg .b64 %rd<8>;
+\t.reg .b32 %r<8>;
+\t.reg .pred %p<2>;
+\tld.param.u64 %rd1, [src];
+\tld.param.u32 %r1, [n];
+\tmov.u32 %r2, %tid.x;
+\tshl.b32 %r3, %r2, 4;
+\tmov.u32 %r4, kdash_smem;
+\tadd.u32 %r5, %r4, %r3;
+\tcvt.u64.u32 %rd2, %r3;
+\tadd.u64 %rd3, %rd1, %rd2;
+\tcreatepolicy.fractional.L2::evict_first.b64 %rd5, 1.0;
+\tmov.u32 %r6, 0;
+LOOP:
+\tcp.async.cg.shared.global.L2::cache_hint [%r5], [%rd3], 16, %rd5;
+\tcp.async.commit_group;
+\tcp.async.wait_group 0;
+\tadd.u64 %rd3, %rd3, 4096;
+\tadd.u32 %r6, %r6, 1;
+\tsetp.lt.u32 %p1, %r6, %r1;
+\t@%p1 bra LOOP;
+\tret;
+}
+"""
+_RZ = 255
+
+
+def text_sections(cubin: bytes) -> dict[str, bytes]:
+    """The code of each kernel of a 64-bit CUDA ELF, by name (the ``.text.<name>`` sections);
+    empty for bytes that are not one."""
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
+        return {}
+    (shoff,) = struct.unpack_from("<Q", cubin, 0x28)
+    size, count, names_at = struct.unpack_from("<HHH", cubin, 0x3A)
+    heads = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * size) for i in range(count)]
+    strtab = heads[names_at][4]
+    out = {}
+    for h in heads:
+        name = cubin[strtab + h[0] : cubin.index(b"\0", strtab + h[0])].decode()
+        if name.startswith(".text."):
+            out[name[6:]] = cubin[h[4] : h[4] + h[5]]
+    return out
+
+
+def ldgsts(code: bytes) -> list[tuple[bool, int, int]]:
+    """The sm_90 ``LDGSTS`` (cp.async) instructions of a kernel's code, each as ``(hinted,
+    shared address register, uniform field)``. An instruction is 16 bytes; ``LDGSTS`` is the
+    one whose low 9 bits are 0x1ae (checked against cuobjdump on 400 Hopper cubins, 8,540 of
+    them), bit 9 clear in the form that carries a cache policy, where bits 64-69 name the
+    uniform pair: the shared address's uniform part, then the policy."""
+    out = []
+    for at in range(0, len(code) - 15, 16):
+        lo, hi = struct.unpack_from("<QQ", code, at)
+        if lo & 0x1FF == 0x1AE:
+            out.append((not lo & 0x200, (lo >> 16) & 0xFF, hi & 0x3F))
+    return out
+
+
+def misencoded(code: bytes) -> int:
+    """How many hinted ``LDGSTS`` of a kernel's code address shared memory as a register plus
+    a uniform register while naming uniform field 0: what ptxas before 13.4 emits for them."""
+    return sum(1 for h, reg, field in ldgsts(code) if h and reg != _RZ and field == 0)
+
+
+def triton_ptxas() -> tuple[str, str] | None:
+    """``(path, release)`` of the ptxas Triton compiles sm_90 kernels with, or None."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+    except ImportError:
+        return None
+    try:
+        tool = get_ptxas(90)
+    except Exception:  # noqa: BLE001 - a Triton whose tool lookup fails has no ptxas to ask
+        return None
+    return (tool.path, tool.version) if tool is not None else None
+
+
+@functools.lru_cache(maxsize=8)
+def probe(ptxas: str) -> str | None:
+    """None when ``ptxas`` encodes a hinted cp.async whose shared address is a register plus a
+    uniform register, else why not (the probe compiled and its fields read back)."""
+    with tempfile.TemporaryDirectory(prefix="kdash-l2-") as d:
+        src, out = Path(d) / "probe.ptx", Path(d) / "probe.cubin"
+        src.write_text(_PROBE_PTX)
+        try:
+            res = subprocess.run(
+                [ptxas, "--gpu-name=sm_90", str(src), "-o", str(out)],
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+        except (OSError, subprocess.SubprocessError) as e:
+            return f"ptxas could not be run ({e})"
+        if res.returncode != 0:
+            return f"ptxas failed on the probe: {(res.stderr or res.stdout).strip()[-200:]}"
+        code = text_sections(out.read_bytes()).get("kdash_l2_probe", b"")
+    copies = [c for c in ldgsts(code) if c[0]]
+    if not copies:
+        return "the probe's cp.async did not compile to a hinted LDGSTS"
+    if misencoded(code):
+        return "it encodes a hinted cp.async with the wrong uniform register (fixed in ptxas 13.4)"
+    return None
+
+
+def cp_async_refusal() -> str | None:
+    """None when the Triton kernels' cp.async may carry the hint here (Triton's ptxas encodes
+    it and the hook is in), else why not."""
+    tool = triton_ptxas()
+    if tool is None:
+        return "this Triton has no ptxas for sm_90 to ask"
+    why = probe(tool[0])
+    if why:
+        return (
+            f"ptxas {tool[1]} ({tool[0]}): {why}; TRITON_PTXAS_PATH can name a ptxas 13.4 or later"
+        )
+    return install()

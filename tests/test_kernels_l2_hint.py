@@ -1,0 +1,289 @@
+"""The L2 evict-first hint on the Triton decode kernels' ``cp.async`` copies (kernels/l2_hint.py).
+
+What is checked without a GPU:
+- the SASS reader against cuobjdump, on cubins recorded from the H200;
+- the two probe cubins recorded here (tests/data/l2-probe: the probe PTX compiled by Triton
+  3.6's ptxas 12.8, the H200's, and by ptxas 13.4.59 from NVIDIA's ``nvidia-cuda-nvcc`` wheel):
+  the first names uniform field 0 in every hinted copy, the second the pair it made;
+- the PTX rewrite, the hook's choice of kernels (Triton's stages stood in for by functions that
+  return fixed text, said where used), and the plan's ask;
+- the plan's stage 1, compiled for sm_90 by this Triton in a child process with the hint on: every
+  copy carries the policy and the binary names the uniform pair ptxas made (or, where this
+  Triton's ptxas cannot encode it, the plan did not ask).
+Whether the hint pays is the GPU's to say (bench/gpu_decode_evict.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+import decode_cases as cases  # noqa: E402
+from kdash.kernels import l2_hint  # noqa: E402
+from kdash.kernels.decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig  # noqa: E402
+from kdash.kernels.decode_plan import DecodePlan  # noqa: E402
+
+DATA = Path(__file__).parent / "data"
+PROBES = DATA / "l2-probe"
+
+
+@pytest.fixture
+def no_stage_hook():
+    """The compile-stage hook slot empty before and after (the hook is process-wide state)."""
+    from triton import knobs
+
+    saved = knobs.runtime.add_stages_inspection_hook
+    knobs.runtime.add_stages_inspection_hook = None
+    yield knobs.runtime
+    knobs.runtime.add_stages_inspection_hook = saved
+
+
+def _cuobjdump() -> str | None:
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return str(tool) if tool.exists() else shutil.which("cuobjdump")
+
+
+# --------------------------------------------------------------------------- reading SASS
+@pytest.mark.parametrize("name", ["_decode_stage1", "_decode_stage2", "_extend_kernel"])
+def test_ldgsts_are_the_instructions_cuobjdump_names(name) -> None:
+    """On cubins the H200's Triton compiled: the reader finds every LDGSTS cuobjdump lists, at
+    the same offsets, and nothing else (stage 2 has none)."""
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump (Triton's wheel carries one)")
+    path = DATA / "h200-cubins" / f"{name}.cubin"
+    sass = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, check=True)
+    want = [
+        int(m.group(1), 16)
+        for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+[^;]*\bLDGSTS\b", sass.stdout)
+    ]
+    code = l2_hint.text_sections(path.read_bytes())[name]
+    import struct
+
+    got = [
+        at
+        for at in range(0, len(code), 16)
+        if struct.unpack_from("<Q", code, at)[0] & 0x1FF == 0x1AE
+    ]
+    assert got == want
+    assert len(l2_hint.ldgsts(code)) == len(want)
+    assert (len(want) > 0) is (name != "_decode_stage2")
+    # none of them carries a policy: Triton drops the kernels' eviction hints
+    assert not any(h for h, _, _ in l2_hint.ldgsts(code))
+
+
+def test_ptxas_before_13_4_names_uniform_field_0_in_a_hinted_copy() -> None:
+    """The probe (a hinted copy to a register-plus-uniform shared address, in a loop) as ptxas
+    12.8 and 13.4.59 compiled it: both hint every copy and put the same address register in it;
+    12.8 names uniform pair 0, which nothing in the kernel writes, 13.4 the pair (UR6, UR7) it
+    made the shared base and the policy in."""
+    old = l2_hint.text_sections((PROBES / "probe-ptxas-12.8.cubin").read_bytes())
+    new = l2_hint.text_sections((PROBES / "probe-ptxas-13.4.cubin").read_bytes())
+    a, b = old["kdash_l2_probe"], new["kdash_l2_probe"]
+    assert (
+        [c[:2] for c in l2_hint.ldgsts(a)] == [c[:2] for c in l2_hint.ldgsts(b)] == [(True, 11)] * 8
+    )
+    assert {c[2] for c in l2_hint.ldgsts(a)} == {0} and l2_hint.misencoded(a) == 8
+    assert {c[2] for c in l2_hint.ldgsts(b)} == {6} and l2_hint.misencoded(b) == 0
+    assert l2_hint.text_sections(b"not an ELF") == {}
+
+
+def test_the_probe_asks_the_ptxas_it_is_given(tmp_path) -> None:
+    """A ptxas that cannot run, or fails, is a reason; this Triton's own ptxas answers as its
+    release says (13.4 and later encode the copy)."""
+    assert "could not be run" in l2_hint.probe(str(tmp_path / "no-ptxas"))
+    fails = tmp_path / "ptxas"
+    fails.write_text("#!/bin/sh\necho 'ptxas fatal: no' >&2\nexit 1\n")
+    fails.chmod(0o755)
+    assert l2_hint.probe(str(fails)) == "ptxas failed on the probe: ptxas fatal: no"
+    tool = l2_hint.triton_ptxas()
+    if tool is None:
+        pytest.skip("this Triton has no ptxas for sm_90")
+    major, minor = (int(x) for x in tool[1].split(".")[:2])
+    why = l2_hint.probe(tool[0])
+    assert (why is None) is ((major, minor) >= (13, 4)), (tool, why)
+
+
+# --------------------------------------------------------------------------- the rewrite
+PTX = """
+.visible .entry _decode_stage1(
+\t.param .u64 p0
+)
+{
+\t.reg .b32 \t%r<9>;
+\t@%p3 cp.async.cg.shared.global [ %r1 + 0 ], [ %rd2 + 0 ], 0x10, %r4;
+\tcp.async.ca.shared.global [ %r5 + 0 ], [ %rd6 + 0 ], 0x4;
+\tcp.async.commit_group;
+\tret;
+}
+"""
+
+
+def test_each_copy_gets_the_policy_made_before_it() -> None:
+    out, n = l2_hint.hint_cp_async(PTX)
+    assert n == 2 and out.count(".L2::cache_hint") == 2
+    assert out.count(f".reg .b64 \t{l2_hint.POLICY_REG};") == 1
+    assert out.count("createpolicy.fractional.L2::evict_first") == 2
+    copy = "cp.async.cg.shared.global.L2::cache_hint [ %r1 + 0 ], [ %rd2 + 0 ], 0x10, %r4"
+    assert f"@%p3 {copy}, {l2_hint.POLICY_REG};" in out
+    assert f"0x4, {l2_hint.POLICY_REG};" in out
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        if "cp.async." in line and "commit" not in line:
+            assert "createpolicy" in lines[i - 1]
+    # hinted copies are not hinted again; two entries, or none, are left alone
+    assert l2_hint.hint_cp_async(out) == (out, 0)
+    two = PTX + PTX.replace("entry _decode_stage1(", "entry k2(")
+    assert l2_hint.hint_cp_async(two) == (two, 0)
+
+
+@pytest.mark.parametrize(
+    ("name", "asked", "hinted"),
+    [("_decode_stage1", True, 2), ("_decode_stage1", False, 0), ("someone_elses", True, 0)],
+)
+def test_the_hook_hints_the_decode_kernels_that_asked(name, asked, hinted, no_stage_hook) -> None:
+    """Triton's llir and ptx stages stood in for by functions returning fixed text (the real
+    compile is the test below): a decode kernel whose GPU IR asked for evict-first gets every
+    copy hinted and the count in its metadata; one that did not, or another kernel, is left."""
+    ask = "evictionPolicy = evict_first" if asked else ""
+    ttgir = f"%1 = ttg.async_copy_global_to_local %a, %b mask %c other %d {ask} : x"
+    stages = {
+        "llir": lambda src, md: md.update(name=name) or "llvm",
+        "ptx": lambda src, md: PTX,
+    }
+    assert l2_hint._hook() == l2_hint._HOOK_KEY
+    l2_hint._hook(None, stages, None, None, 90)
+    md: dict = {}
+    stages["llir"](ttgir, md)
+    out = stages["ptx"]("llvm", md)
+    assert out.count(".L2::cache_hint") == hinted
+    assert md.get(l2_hint.META_KEY, 0) == hinted and l2_hint._ASKED not in md
+
+
+def test_what_the_two_tritons_print_is_an_ask() -> None:
+    three6 = "ttg.async_copy_global_to_local %1, %2 mask %3 other %4 evictionPolicy = evict_first"
+    three9 = (
+        "ttg.async_copy_global_to_local %1, %2 {cachePolicy = #tt.cache_policy<cache_modifier"
+        " = none, eviction_policy = evict_first>, contiguity = 8 : i32}"
+    )
+    assert l2_hint.wants_evict_first(three6) and l2_hint.wants_evict_first(three9)
+    assert not l2_hint.wants_evict_first("tt.load %1 evictionPolicy = evict_first")
+    assert not l2_hint.wants_evict_first("ttg.async_copy_global_to_local %1, %2")
+
+
+# --------------------------------------------------------------------------- the plan's ask
+def _plan(config: DecodeConfig, fp8: bool = False) -> DecodePlan:
+    """fp8 on the one-launch path, bf16 on two launches (the two stage-1 forms of 1 x 64k)."""
+    q, kc, vc, pt, sl, sc = cases.make_case([300], 32, 8, 128, 16, fp8, seed=1)
+    return DecodePlan(
+        pt, sl, 32, 8, 128, 16, max_seq_len=300, kv_dtype=kc.dtype, config=config, fused=fp8,
+        **sc,
+    )  # fmt: skip
+
+
+def test_a_plan_asks_only_where_the_copies_will_be_right(no_stage_hook, monkeypatch) -> None:
+    """``evict_first``: the kernels get ``EVICT`` and the hook goes in where the probe passes;
+    where it does not, no ask and the plan says why; without ``evict_first`` neither."""
+    plain = _plan(DecodeConfig())
+    assert plain._meta1["EVICT"] == "" and plain.l2_refused is None
+    assert no_stage_hook.add_stages_inspection_hook is None
+    monkeypatch.setattr(l2_hint, "triton_ptxas", lambda: ("/x/ptxas", "12.8"))
+    monkeypatch.setattr(l2_hint, "probe", lambda path: "it encodes it wrong")
+    refused = _plan(DecodeConfig(evict_first=True))
+    assert refused._meta1["EVICT"] == ""
+    assert refused.l2_refused.startswith("ptxas 12.8 (/x/ptxas): it encodes it wrong;")
+    assert "TRITON_PTXAS_PATH" in refused.l2_refused
+    assert no_stage_hook.add_stages_inspection_hook is None
+    monkeypatch.setattr(l2_hint, "probe", lambda path: None)
+    for config, fp8 in ((DecodeConfig(evict_first=True), False), (
+        DecodeConfig(**{**DEFAULT_FP8_CONFIG.__dict__, "fp8_compute": "cvt", "evict_first": True}),
+        True,
+    )):  # fmt: skip
+        asked = _plan(config, fp8)
+        assert asked._meta1["EVICT"] == "evict_first" and asked.l2_refused is None
+        assert no_stage_hook.add_stages_inspection_hook is l2_hint._hook
+
+
+COMPILE_SM90 = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kdash.kernels import decode_choice, l2_hint
+
+meta, name, kv, fused = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+if meta.get("EVICT"):
+    assert l2_hint.install() is None
+fn = next(f for f in (getattr(decode_choice, n, None) for n in dir(decode_choice))
+          if getattr(f, "__name__", "") == name)
+opts = {k: meta.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in meta}
+scale = "*fp32" if kv != "*bf16" else "*i32"
+ptrs = ["*bf16", kv, kv, "*i32", "*i32", scale, scale, "*fp32", "*fp32"]
+ptrs += ["*bf16", "*fp32", "*i32"] if fused else []
+names = [p.name for p in fn.params if not p.is_constexpr]
+sig = {n: (ptrs[i] if i < len(ptrs) else ("fp32" if n == "qk_scale" else "i32"))
+       for i, n in enumerate(names)}
+const = {p.name: meta.get(p.name, p.default) for p in fn.params if p.is_constexpr}
+sig.update({k: "constexpr" for k in const})
+div = [i for i, n in enumerate(sig) if sig[n].startswith("*") or n.startswith("stride")]
+src = ASTSource(fn, sig, const, attrs={(i,): [["tt.divisibility", 16]] for i in div})
+k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+code = l2_hint.text_sections(k.asm["cubin"])[k.metadata.name]
+print(json.dumps({"ptx": k.asm["ptx"], "hinted": l2_hint.hinted(k),
+                  "ldgsts": l2_hint.ldgsts(code), "misencoded": l2_hint.misencoded(code)}))
+"""
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8-cvt-fused"])
+def test_stage1_compiled_for_sm90_carries_a_hint_ptxas_encodes(fp8, tmp_path, no_stage_hook):
+    """The plan's stage 1 (bf16, two launches; fp8 ``cvt``, one launch), compiled for sm_90 by
+    this Triton with ``evict_first``: where this Triton's ptxas passes the probe (Triton 3.9's,
+    13.4), every global -> shared copy of the PTX carries the policy, the kernel's metadata
+    counts the ones the hook added, and every hinted LDGSTS of the cubin names a uniform pair
+    other than 0; where it does not (Triton 3.6's 12.8), the plan did not ask, and its PTX
+    has no hint."""
+    if fp8:
+        config = DecodeConfig(
+            **{**DEFAULT_FP8_CONFIG.__dict__, "fp8_compute": "cvt", "evict_first": True}
+        )
+    else:
+        config = DecodeConfig(evict_first=True)
+    plan = _plan(config, fp8)
+    meta = dict(plan._meta1, UPCAST=False)
+    if fp8:
+        meta["ASM"] = True
+    name = plan._kern1.__name__
+    assert name == ("_decode_fused" if fp8 else "_decode_stage1")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    res = subprocess.run(
+        [sys.executable, "-c", COMPILE_SM90, json.dumps(meta), name,
+         "*fp8e4nv" if fp8 else "*bf16", "1" if plan.fused else "0"],
+        capture_output=True, text=True, env=env, timeout=900, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    copies = len(re.findall(r"\bcp\.async\.c[ag]\.shared\.global", got["ptx"]))
+    assert copies >= 16 and len(got["ldgsts"]) == copies
+    if plan.l2_refused is None:
+        # Triton 3.9 writes the hint itself for PTX 9.4 and later (its PR 11848); 3.6 leaves it
+        # to the hook, which counts what it added
+        assert got["ptx"].count(".L2::cache_hint") == copies and got["hinted"] in (0, copies)
+        assert all(h for h, _, _ in got["ldgsts"]) and got["misencoded"] == 0
+    else:
+        assert meta["EVICT"] == "" and "13.4" in plan.l2_refused
+        assert ".L2::cache_hint" not in got["ptx"] and got["hinted"] == 0
+        assert not any(h for h, _, _ in got["ldgsts"])
