@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from . import decode_persist
+from .bench_occupancy import occ, occupancy_or_error, stage1_occupancy  # noqa: F401
 from .bench_summary import (
     AT_MOST,
     FLOORS,
@@ -360,21 +361,6 @@ def paths_line(row: dict) -> str:
     return " | ".join(parts)
 
 
-def occupancy_or_error(plan: DecodePlan) -> dict[str, Any]:
-    """:func:`stage1_occupancy`, or why it could not be read (the timings matter more)."""
-    try:
-        return stage1_occupancy(plan)
-    except Exception as e:  # noqa: BLE001 - reported in the JSON; the row's timings stay
-        return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-
-
-def occ(side: dict) -> str:
-    o = side.get("stage1") or {}
-    if "registers" not in o:
-        return "?"
-    return f"{o['registers']}/{o['waves']:.2f}"
-
-
 # A plan's launch path (DecodePlan.path) -> its key in the decode rows, and the plan's ``fused``
 # argument that asks for it.
 PATH_KEYS = {"two": "two_launch", "fused": "fused", "persistent": "persistent"}
@@ -460,38 +446,9 @@ def time_path(case: DecodeCase, cfg: DecodeConfig, fused: bool | str | None, cop
     # not, why.
     fig["graph_launch"] = slot is not None and bool(slot.graphs)
     fig["graph_refused"] = case.last_plan.graph_refused
+    # The L2 hint on the K/V copies the config asked for (kernels/l2_hint.py), if it was refused.
+    fig["l2_refused"] = case.last_plan.l2_refused
     return fig, fn
-
-
-def stage1_occupancy(plan: DecodePlan) -> dict[str, Any]:
-    """Registers, spills and shared memory of the plan's compiled stage-1 kernel, the programs
-    that fit one SM by each limit, and the grid in waves of resident programs."""
-    ck = plan._s1._compiled if plan._s1 is not None else None
-    if ck is None:
-        return {}
-    p = torch.cuda.get_device_properties(0)
-    warps = plan.config.num_warps
-    regs = int(getattr(ck, "n_regs", 0))
-    smem = int(ck.metadata.shared)
-    per_warp = -(-regs * 32 // 256) * 256  # registers are allocated per warp, 256 at a time
-    regs_sm = getattr(p, "regs_per_multiprocessor", 65536)
-    smem_sm = getattr(p, "shared_memory_per_multiprocessor", 233472)
-    by = {
-        "registers": regs_sm // max(1, warps * per_warp),
-        "shared_memory": smem_sm // max(1, smem + 1024),  # 1 KB reserved per block
-        "threads": getattr(p, "max_threads_per_multi_processor", 2048) // (32 * warps),
-    }
-    resident = max(1, min(32, *by.values()))
-    programs = math.prod(plan._grid1)
-    return {
-        "registers": regs,
-        "spills": int(getattr(ck, "n_spills", 0)),
-        "shared_bytes": smem,
-        "resident_per_sm_by": by,
-        "resident_per_sm": resident,
-        "programs": programs,
-        "waves": programs / (resident * p.multi_processor_count),
-    }
 
 
 # ------------------------------------------------------------------------------------ prefill
@@ -693,6 +650,12 @@ def main(argv: list[str] | None = None) -> int:
         "decode configs the run uses; a plan that cannot take it keeps the Triton kernel)",
     )
     ap.add_argument(
+        "--evict-first",
+        action="store_true",
+        help="decode's configs ask for the L2 evict-first hint on the K/V copies (a plan whose "
+        "ptxas cannot encode it runs without and says why: row[kv]['l2_refused'])",
+    )
+    ap.add_argument(
         "--persistent",
         action="store_true",
         help="default plans take the persistent one-launch kernel where the fused one does not "
@@ -744,6 +707,9 @@ def main(argv: list[str] | None = None) -> int:
         result["sweep"]["decode"] = sd
     if args.decode_tma:
         best_dec = {k: TmaConfig(**asdict(v)) for k, v in best_dec.items()}
+    if args.evict_first:
+        hint = "l2_evict_first" if args.decode_tma else "evict_first"
+        best_dec = {k: replace(v, **{hint: True}) for k, v in best_dec.items()}
     if args.sweep in ("all", "prefill") and args.only != "decode":
         log("sweep: prefill configs")
         sp, best_pre = sweep_prefill()

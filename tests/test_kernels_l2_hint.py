@@ -287,3 +287,85 @@ def test_stage1_compiled_for_sm90_carries_a_hint_ptxas_encodes(fp8, tmp_path, no
         assert meta["EVICT"] == "" and "13.4" in plan.l2_refused
         assert ".L2::cache_hint" not in got["ptx"] and got["hinted"] == 0
         assert not any(h for h, _, _ in got["ldgsts"])
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the CPU wiring check")
+@pytest.mark.parametrize("encodes", [True, False], ids=["ptxas-encodes", "ptxas-cannot"])
+def test_the_gpu_script_times_both_plans_on_the_cpu(encodes, monkeypatch, no_stage_hook):
+    """bench/gpu_decode_evict.py's rows on a tiny CPU case in the interpreter: real plans and
+    outputs; only the GPU timers are stood in for by one timed call each (they need CUDA), and
+    the probe's answer is given. The hinted plan asks only where the probe passes, and its
+    output equals the plain one (the interpreter has no cache to hint)."""
+    import time
+
+    from kdash.kernels import bench as kbench
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    import gpu_decode_evict as script
+
+    monkeypatch.setattr(kbench, "DEVICE", "cpu")
+    monkeypatch.setattr(l2_hint, "triton_ptxas", lambda: ("/x/ptxas", "13.4"))
+    monkeypatch.setattr(l2_hint, "probe", lambda path: None if encodes else "it cannot")
+
+    def one_call_ms(fn, **_):
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+
+    for name in ("bench_ms", "bench_graph_ms", "bench_readflush_ms"):
+        monkeypatch.setattr(script, name, one_call_ms)
+    for fp8 in (False, True):
+        row = script.row_for("2x130", "4/2", fp8, copy_gbs=100.0)
+        plain, evict = row["plain"], row["evict"]
+        assert "error" not in plain and "error" not in evict, row
+        assert plain["evict"] == "" and plain["l2_refused"] is None
+        assert evict["evict"] == ("evict_first" if encodes else "")
+        assert (evict["l2_refused"] is None) is encodes
+        assert evict["max_abs_diff_vs_plain"] == 0.0
+        assert set(row["delta_us"]) == {"us", "us_graph", "us_readflush"}
+
+
+# --------------------------------------------------------------------------- GPU gates
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    INTERPRET or not torch.cuda.is_available(), reason="needs CUDA (and TRITON_INTERPRET=0)"
+)
+@pytest.mark.parametrize("fused", [False, True], ids=["two-launch", "fused"])
+@pytest.mark.parametrize(
+    ("fp8", "page", "lens", "heads"),
+    [
+        (False, 16, [16384, 3001, 77], (32, 8)),
+        (False, 1, [4099, 1], (64, 8)),
+        (True, 16, [16384, 3001, 77], (32, 8)),
+        (True, 1, [4099, 1], (64, 8)),
+    ],
+    ids=["bf16-p16", "bf16-p1-gqa8", "fp8-p16", "fp8-p1-gqa8"],
+)
+def test_gpu_hinted_plans_pass_the_decode_gates(fp8, page, lens, heads, fused) -> None:
+    """With ``evict_first`` where this process's ptxas encodes it (TRITON_PTXAS_PATH on the
+    H200, whose Triton bundles 12.8): the decode gate against the fp32 reference (NaN in every
+    slot no request owns, odd lengths, GQA, pages of 1 and 16, fp8 scales), the copies hinted,
+    and two hundred runs without a fault, equal to the first."""
+    q, kc, vc, pt, sl, sc = cases.make_case(lens, *heads, 128, page, fp8, seed=3)
+    base = DEFAULT_FP8_CONFIG if fp8 else DecodeConfig()
+    config = DecodeConfig(**{**base.__dict__, "evict_first": True})
+    plan = DecodePlan(
+        pt, sl, heads[0], heads[1], 128, page, max_seq_len=max(lens), kv_dtype=kc.dtype,
+        config=config, fused=fused, **sc,
+    )  # fmt: skip
+    if plan.l2_refused:
+        pytest.skip(f"no hint here: {plan.l2_refused}")
+    out = plan.run(q, kc, vc).clone()
+    cases.check(out, q, kc, vc, pt, sl, sc)
+    ptx = plan._s1._compiled.asm["ptx"]
+    copies = len(re.findall(r"\bcp\.async\.c[ag]\.shared\.global", ptx))
+    assert copies and ptx.count(".L2::cache_hint") == copies
+    code = l2_hint.text_sections(plan._s1._compiled.asm["cubin"])
+    assert not any(l2_hint.misencoded(c) for c in code.values())
+    for _ in range(200):
+        plan.run(q, kc, vc)
+    torch.cuda.synchronize()
+    assert torch.equal(plan.out, out)

@@ -1,35 +1,51 @@
 #!/usr/bin/env bash
-# Device-tool calls prepared in session 19 (which had no device) for the H200; the steps, by
-# name, as arguments, each with its own timeout (at most 8 files come back from a call; these
-# calls return 7, 5 and 5). Three calls of under 10 minutes each, on one warm machine:
-#   bash bench/device_s19.sh gates fp8     (~7-9 min)
-#   bash bench/device_s19.sh tma pcs probe (~6-8 min)
-#   bash bench/device_s19.sh table demo    (~5-6 min)
+# The device-tool calls that decide what sessions 19 and 20 built without a device, for the
+# H200; the steps, by name, as arguments, each with its own timeout (at most 8 files come back
+# from a call). In order of what they can move (bench/NOTES-kernels.md, sessions 19 and 20):
+#   bash bench/device_decode_next.sh gates evict        (~9 min)
+#   bash bench/device_decode_next.sh fp8 tma            (~9 min)
+#   bash bench/device_decode_next.sh table table-evict  (~9 min; demo, pcs, probe if time is left)
 #   gates  the plans' graph launch with a graph per layer, the plan's graph/host/capture tests,
 #          the workload's GPU tests, and fp8_compute="kmma" (K's bytes to the fp8 tensor cores)
 #          through the fp8-variant and decode gates (pytest -m gpu); a failure skips the rest;
-#   fp8    bench/gpu_fp8_variants.py: the default cvt (V's addresses from K's row offsets, new)
+#   evict  the L2 evict-first hint on the Triton kernels' cp.async (kernels/l2_hint.py), which
+#          needs a ptxas 13.4 or later (Triton 3.6's 12.8 misencodes it: session 13's fault):
+#          ptxas 13.4.59 carried as .whl/ptxas-13.4.59.xz (from NVIDIA's nvidia-cuda-nvcc
+#          13.4.59 wheel, nvidia/cu13/bin/ptxas, xz -9), unpacked to /tmp/ptxas134; the hinted
+#          plans' GPU gates with it, then bench/gpu_decode_evict.py with Triton's ptxas and with
+#          it -> $OUT/gpu-gates-evict.xml, evict-ptxas128.json, evict-ptxas134.json;
+#   fp8    bench/gpu_fp8_variants.py: the default cvt (V's addresses from K's row offsets)
 #          against cvt_vstrides (as before), and kmma (two launches, fused, 128/3 and 64/3
 #          stages) -> $OUT/fp8-variants-kmma.json;
+#   tma    bench/gpu_decode_gluon.py, bf16 and fp8, ring depth 4, the plan's split count (the
+#          Gluon stage 1 with its page indices read ahead, never timed before), with and without
+#          the L2 evict-first hint on its copies, read-flushed figures too
+#          -> $OUT/decode-gluon-h200.json;
+#   table  the decode table under the defaults, each shape's default path
+#          -> $OUT/kernels-h200-decode.json;
+#   table-evict  the same with --evict-first under ptxas 13.4.59
+#          -> $OUT/kernels-h200-decode-evict.json;
 #   pcs    kdash's own PC sampling on the fp8 stage 1, cvt and kmma, at 1 x 64k
 #          (bench/gpu_fp8_pcs.py: hot lines in $OUT/fp8-pcs.json, captures fp8-*-pcs.kdash);
 #   probe  bench/gpu_decode_graph_launch.py at 1 x 64k and 64 lognormal
 #          -> $OUT/decode-graph-launch-h200.json;
-#   tma    bench/gpu_decode_gluon.py, bf16 and fp8, ring depth 4, the plan's split count (the
-#          Gluon stage 1 with its page indices read ahead, never timed before), with and without
-#          the L2 evict-first hint on its copies (kernels/l2_hint.py), read-flushed figures too
-#          -> $OUT/decode-gluon-h200.json;
 #   demo   `kdash demo` in tmux at 200x50 and 80x24 (graph-replayed decode; the help on `?`)
-#          -> $OUT/tmux-demo-*.txt;
-#   table  the decode table under the defaults, each shape's default path
-#          -> $OUT/kernels-h200-decode.json.
-# Log: $OUT/s19.log. Before the call, rebuild the kdash wheel and carry `.whl`:
+#          -> $OUT/tmux-demo-*.txt.
+# Log: $OUT/decode-next.log. Before the call, rebuild the kdash wheel and carry `.whl`:
 #   rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH=/tmp/site PYTHONSAFEPATH=1
 bash bench/device_setup.sh > /dev/null || exit 1
 steps=" $* "
-log=$OUT/s19.log
+log=$OUT/decode-next.log
+ptxas134() {  # the carried ptxas 13.4.59, unpacked once; prints its path
+  if [[ ! -x /tmp/ptxas134 ]]; then
+    python3 -c "import lzma, shutil, sys
+shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+      .whl/ptxas-13.4.59.xz /tmp/ptxas134 && chmod +x /tmp/ptxas134
+  fi
+  echo /tmp/ptxas134
+}
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
   if [[ $steps == *" gates "* ]]; then
@@ -44,6 +60,25 @@ log=$OUT/s19.log
       --junitxml "$OUT/gpu-gates-kmma.xml" > /tmp/gates-kmma.log 2>&1
     echo "kmma gates rc=$?"; grep -E "passed|failed|FAILED|Error" /tmp/gates-kmma.log | tail -8
     if [[ $rc != 0 ]]; then echo "== the rest skipped: the gates failed"; exit 0; fi
+  fi
+  if [[ $steps == *" evict "* ]]; then
+    P=$(ptxas134)
+    "$P" --version | tail -1
+    echo "== hinted plans' GPU gates (ptxas 13.4.59)"
+    TRITON_PTXAS_PATH=$P timeout -k 5 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider \
+      tests/test_kernels_l2_hint.py --junitxml "$OUT/gpu-gates-evict.xml" > /tmp/gates-evict.log 2>&1
+    rc=$?; echo "rc=$rc"; grep -E "passed|failed|FAILED|Error|SKIP" /tmp/gates-evict.log | tail -10
+    if [[ $rc != 0 ]]; then
+      echo "== evict timings skipped: the gates failed"
+    else
+      for v in 128 134; do
+        echo "== evict-first against none, ptxas $v"
+        if [[ $v == 134 ]]; then export TRITON_PTXAS_PATH=$P; fi
+        (cd bench && PYTHONSAFEPATH= timeout -k 5 200 python3 gpu_decode_evict.py \
+          --out "$OUT/evict-ptxas$v.json" 2>&1 | grep -v Warning | cut -c1-400)
+        unset TRITON_PTXAS_PATH
+      done
+    fi
   fi
   if [[ $steps == *" fp8 "* ]]; then
     echo "== fp8: kmma against cvt"
@@ -83,5 +118,12 @@ log=$OUT/s19.log
     timeout -k 5 300 python3 -m kdash.kernels.bench --sweep none --only decode \
       --default-path-only --out "$OUT/kernels-h200-decode.json" > /tmp/bench.log 2>&1
     echo "rc=$?"; grep -E "summary|Error|error" /tmp/bench.log | cut -c1-300
+  fi
+  if [[ $steps == *" table-evict "* ]]; then
+    echo "== decode table, defaults, evict-first (ptxas 13.4.59)"
+    TRITON_PTXAS_PATH=$(ptxas134) timeout -k 5 300 python3 -m kdash.kernels.bench --sweep none \
+      --only decode --default-path-only --evict-first \
+      --out "$OUT/kernels-h200-decode-evict.json" > /tmp/bench-evict.log 2>&1
+    echo "rc=$?"; grep -E "summary|Error|error" /tmp/bench-evict.log | cut -c1-300
   fi
 } 2>&1 | tee "$log"

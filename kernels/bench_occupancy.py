@@ -1,0 +1,58 @@
+"""The stage-1 kernel's registers, shared memory and residency as the decode bench reports them
+(:mod:`kdash.kernels.bench` and the scripts in bench/ read them from here)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from .decode_plan import DecodePlan
+
+
+def stage1_occupancy(plan: DecodePlan) -> dict[str, Any]:
+    """Registers, spills and shared memory of the plan's compiled stage-1 kernel, the programs
+    that fit one SM by each limit, and the grid in waves of resident programs."""
+    ck = plan._s1._compiled if plan._s1 is not None else None
+    if ck is None:
+        return {}
+    p = torch.cuda.get_device_properties(0)
+    warps = plan.config.num_warps
+    regs = int(getattr(ck, "n_regs", 0))
+    smem = int(ck.metadata.shared)
+    per_warp = -(-regs * 32 // 256) * 256  # registers are allocated per warp, 256 at a time
+    regs_sm = getattr(p, "regs_per_multiprocessor", 65536)
+    smem_sm = getattr(p, "shared_memory_per_multiprocessor", 233472)
+    by = {
+        "registers": regs_sm // max(1, warps * per_warp),
+        "shared_memory": smem_sm // max(1, smem + 1024),  # 1 KB reserved per block
+        "threads": getattr(p, "max_threads_per_multi_processor", 2048) // (32 * warps),
+    }
+    resident = max(1, min(32, *by.values()))
+    programs = math.prod(plan._grid1)
+    return {
+        "registers": regs,
+        "spills": int(getattr(ck, "n_spills", 0)),
+        "shared_bytes": smem,
+        "resident_per_sm_by": by,
+        "resident_per_sm": resident,
+        "programs": programs,
+        "waves": programs / (resident * p.multi_processor_count),
+    }
+
+
+def occupancy_or_error(plan: DecodePlan) -> dict[str, Any]:
+    """:func:`stage1_occupancy`, or why it could not be read (the timings matter more)."""
+    try:
+        return stage1_occupancy(plan)
+    except Exception as e:  # noqa: BLE001 - reported in the JSON; the row's timings stay
+        return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+
+
+def occ(side: dict) -> str:
+    o = side.get("stage1") or {}
+    if "registers" not in o:
+        return "?"
+    return f"{o['registers']}/{o['waves']:.2f}"
