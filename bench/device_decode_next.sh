@@ -12,8 +12,9 @@
 #          needs a ptxas 13.4 or later (Triton 3.6's 12.8 misencodes it: session 13's fault):
 #          ptxas 13.4.59 carried as .whl/ptxas-13.4.59.xz (from NVIDIA's nvidia-cuda-nvcc
 #          13.4.59 wheel, nvidia/cu13/bin/ptxas, xz -9), unpacked to /tmp/ptxas134; the hinted
-#          plans' GPU gates with it, then bench/gpu_decode_evict.py with Triton's ptxas and with
-#          it -> $OUT/gpu-gates-evict.xml, evict-ptxas128.json, evict-ptxas134.json;
+#          plans' GPU gates with it, then bench/gpu_decode_evict.py with it (hint off and on in
+#          one process; EVICT_PTXAS="128 134" adds a run with Triton's own ptxas, where the
+#          hint is refused) -> $OUT/gpu-gates-evict.xml, evict-ptxas134.json;
 #   fp8    bench/gpu_fp8_variants.py: the default cvt (V's addresses from K's row offsets)
 #          against cvt_vstrides (as before), and kmma (two launches, fused, 128/3 and 64/3
 #          stages) -> $OUT/fp8-variants-kmma.json;
@@ -71,7 +72,7 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
     if [[ $rc != 0 ]]; then
       echo "== evict timings skipped: the gates failed"
     else
-      for v in 128 134; do
+      for v in ${EVICT_PTXAS:-134}; do  # EVICT_PTXAS="128 134": Triton's own ptxas too
         echo "== evict-first against none, ptxas $v"
         if [[ $v == 134 ]]; then export TRITON_PTXAS_PATH=$P; fi
         (cd bench && PYTHONSAFEPATH= timeout -k 5 200 python3 gpu_decode_evict.py \
