@@ -779,8 +779,12 @@ del math, weakref, residency, interpreting, next_pow2, BoundKernel, MAX_BLOCKS_P
 # eager and graph-replayed, at the same accuracy (bench/NOTES-kernels.md). The integer-op
 # config, which every GPU runs, stays as PAIRS_FP8_CONFIG; a plan on a GPU without the
 # instruction runs that (decode_fp8.runnable_config).
+# It asks for the L2 evict-first hint on its copies, granted only where ptxas encodes it
+# (kernels/l2_hint.py): -4 us by do_bench at 1 x 64k on the H100, -1 to -2 replayed (session 20).
 PAIRS_FP8_CONFIG = DEFAULT_FP8_CONFIG
-DEFAULT_FP8_CONFIG = DecodeConfig(**{**vars(PAIRS_FP8_CONFIG), "fp8_compute": "cvt"})
+DEFAULT_FP8_CONFIG = DecodeConfig(
+    **{**vars(PAIRS_FP8_CONFIG), "fp8_compute": "cvt", "evict_first": True}
+)
 
 _PLAN_NAMES = frozenset({"DecodePlan", "decode_attention", "max_splits_for"})
 
