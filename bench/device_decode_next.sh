@@ -24,8 +24,8 @@
 #          -> $OUT/decode-gluon-h200.json;
 #   table  the decode table under the defaults, each shape's default path
 #          -> $OUT/kernels-h200-decode.json;
-#   table-evict  the same under ptxas 13.4.59, where the fp8 default's L2 hint is granted
-#          (bf16 takes it only with --evict-first) -> $OUT/kernels-h200-decode-evict.json;
+#   table-evict  the same under ptxas 13.4.59 with --evict-first (the L2 hint on both dtypes'
+#          copies; fp8's default asks for it) -> $OUT/kernels-h200-decode-evict.json;
 #   pcs    kdash's own PC sampling on the fp8 stage 1, cvt and kmma, at 1 x 64k
 #          (bench/gpu_fp8_pcs.py: hot lines in $OUT/fp8-pcs.json, captures fp8-*-pcs.kdash);
 #   probe  bench/gpu_decode_graph_launch.py at 1 x 64k and 64 lognormal
@@ -121,9 +121,9 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
     echo "rc=$?"; grep -E "summary|Error|error" /tmp/bench.log | cut -c1-300
   fi
   if [[ $steps == *" table-evict "* ]]; then
-    echo "== decode table, defaults under ptxas 13.4.59 (fp8's L2 hint granted)"
+    echo "== decode table, defaults and the L2 hint on both dtypes, ptxas 13.4.59"
     TRITON_PTXAS_PATH=$(ptxas134) timeout -k 5 300 python3 -m kdash.kernels.bench --sweep none \
-      --only decode --default-path-only \
+      --only decode --default-path-only --evict-first \
       --out "$OUT/kernels-h200-decode-evict.json" > /tmp/bench-evict.log 2>&1
     echo "rc=$?"; grep -E "summary|Error|error" /tmp/bench-evict.log | cut -c1-300
   fi
