@@ -347,3 +347,14 @@ def kind_of(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(getattr(pytest.mark, kind_of(item)))
+
+
+@pytest.fixture
+def no_stage_hook():
+    """The compile-stage hook slot empty before and after (the hook is process-wide state)."""
+    from triton import knobs
+
+    saved = knobs.runtime.add_stages_inspection_hook
+    knobs.runtime.add_stages_inspection_hook = None
+    yield knobs.runtime
+    knobs.runtime.add_stages_inspection_hook = saved

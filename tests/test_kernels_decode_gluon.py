@@ -306,17 +306,6 @@ def test_l2_hint_rewrites_each_tile_copy_of_a_marked_kernel_only() -> None:
     assert l2_hint.hint_ptx(two) == (two, 0)
 
 
-@pytest.fixture
-def no_stage_hook():
-    """The compile-stage hook slot empty before and after (the hook is process-wide state)."""
-    from triton import knobs
-
-    saved = knobs.runtime.add_stages_inspection_hook
-    knobs.runtime.add_stages_inspection_hook = None
-    yield knobs.runtime
-    knobs.runtime.add_stages_inspection_hook = saved
-
-
 @needs_gluon
 def test_a_plan_asking_for_the_hint_installs_the_hook_or_says_why(no_stage_hook, monkeypatch):
     """l2_evict_first: the kernels get L2_HINT and the hook is in; another hook already there

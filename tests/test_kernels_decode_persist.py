@@ -13,10 +13,7 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
 
-import json
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -29,6 +26,7 @@ from decode_cases import check  # noqa: E402
 from kdash.kernels import decode_persist, decode_plan  # noqa: E402
 from kdash.kernels.decode_attention import DecodeConfig  # noqa: E402
 from kdash.kernels.decode_plan import DecodePlan  # noqa: E402
+from sm90_compile import compile_sm90  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 needs_device = pytest.mark.skipif(
@@ -178,28 +176,6 @@ def test_a_plan_sized_for_longer_lengths_gives_the_same_results(fp8) -> None:
 
 
 # --------------------------------------------------------------------------- sm_90 compile
-COMPILE_SM90 = r"""
-import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from kdash.kernels import decode_persist as dp
-
-meta, kv = json.loads(sys.argv[1]), sys.argv[2]
-fn = dp._decode_persistent
-opts = {k: meta.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in meta}
-ptrs = ["*bf16", kv, kv, "*i32", "*i32", "*fp32", "*fp32", "*fp32", "*fp32", "*bf16", "*fp32",
-        "*i32"]
-names = [p.name for p in fn.params if not p.is_constexpr]
-sig = {n: (ptrs[i] if i < len(ptrs) else ("fp32" if n == "qk_scale" else "i32"))
-       for i, n in enumerate(names)}
-const = {p.name: meta.get(p.name, p.default) for p in fn.params if p.is_constexpr}
-sig.update({k: "constexpr" for k in const})
-div = [i for i, n in enumerate(sig) if sig[n].startswith("*") or n.startswith("stride")]
-src = ASTSource(fn, sig, const, attrs={(i,): [["tt.divisibility", 16]] for i in div})
-k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
-print(json.dumps({"shared": k.metadata.shared, "ptx": k.asm["ptx"]}))
-"""
 
 
 @needs_device
@@ -216,14 +192,10 @@ def test_compiles_for_sm90_with_its_loop_pipelined_and_its_protocol(fp8, tmp_pat
     if fp8:
         meta["ASM"] = True
         meta.setdefault("maxnreg", decode_persist.FP8_MAXNREG)  # the interpreter plan omits it
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)
-    res = subprocess.run(
-        [sys.executable, "-c", COMPILE_SM90, json.dumps(meta), "*fp8e4nv" if fp8 else "*bf16"],
-        capture_output=True, text=True, env=env, timeout=600, check=False,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-2000:]
-    ptx = json.loads(res.stdout.strip().splitlines()[-1])["ptx"]
+    kv = "*fp8e4nv" if fp8 else "*bf16"
+    ptrs = ["*bf16", kv, kv, "*i32", "*i32"] + ["*fp32"] * 4 + ["*bf16", "*fp32", "*i32"]
+    where = "kdash.kernels.decode_persist:_decode_persistent"
+    ptx = compile_sm90(where, meta, ptrs, tmp_path)["ptx"]
     assert "cp.async" in ptx and "mma.sync.aligned" in ptx
     assert ptx.count("atom.global.gpu.relaxed.add") == 2  # the first take, the next take
     # the publish's result is unused: Triton 3.9 makes it a reduction (red), 3.6 an atom

@@ -19,11 +19,9 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
 
-import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -35,20 +33,10 @@ import decode_cases as cases  # noqa: E402
 from kdash.kernels import l2_hint  # noqa: E402
 from kdash.kernels.decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig  # noqa: E402
 from kdash.kernels.decode_plan import DecodePlan  # noqa: E402
+from sm90_compile import compile_sm90  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 PROBES = DATA / "l2-probe"
-
-
-@pytest.fixture
-def no_stage_hook():
-    """The compile-stage hook slot empty before and after (the hook is process-wide state)."""
-    from triton import knobs
-
-    saved = knobs.runtime.add_stages_inspection_hook
-    knobs.runtime.add_stages_inspection_hook = None
-    yield knobs.runtime
-    knobs.runtime.add_stages_inspection_hook = saved
 
 
 def _cuobjdump() -> str | None:
@@ -217,36 +205,6 @@ def test_a_plan_asks_only_where_the_copies_will_be_right(no_stage_hook, monkeypa
         assert no_stage_hook.add_stages_inspection_hook is l2_hint._hook
 
 
-COMPILE_SM90 = r"""
-import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from kdash.kernels import decode_choice, l2_hint
-
-meta, name, kv, fused = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "1"
-if meta.get("EVICT"):
-    assert l2_hint.install() is None
-fn = next(f for f in (getattr(decode_choice, n, None) for n in dir(decode_choice))
-          if getattr(f, "__name__", "") == name)
-opts = {k: meta.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in meta}
-scale = "*fp32" if kv != "*bf16" else "*i32"
-ptrs = ["*bf16", kv, kv, "*i32", "*i32", scale, scale, "*fp32", "*fp32"]
-ptrs += ["*bf16", "*fp32", "*i32"] if fused else []
-names = [p.name for p in fn.params if not p.is_constexpr]
-sig = {n: (ptrs[i] if i < len(ptrs) else ("fp32" if n == "qk_scale" else "i32"))
-       for i, n in enumerate(names)}
-const = {p.name: meta.get(p.name, p.default) for p in fn.params if p.is_constexpr}
-sig.update({k: "constexpr" for k in const})
-div = [i for i, n in enumerate(sig) if sig[n].startswith("*") or n.startswith("stride")]
-src = ASTSource(fn, sig, const, attrs={(i,): [["tt.divisibility", 16]] for i in div})
-k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
-code = l2_hint.text_sections(k.asm["cubin"])[k.metadata.name]
-print(json.dumps({"ptx": k.asm["ptx"], "hinted": l2_hint.hinted(k),
-                  "ldgsts": l2_hint.ldgsts(code), "misencoded": l2_hint.misencoded(code)}))
-"""
-
-
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8-cvt-fused"])
 def test_stage1_compiled_for_sm90_carries_a_hint_ptxas_encodes(fp8, tmp_path, no_stage_hook):
     """The plan's stage 1 (bf16, two launches; fp8 ``cvt``, one launch), compiled for sm_90 by
@@ -267,15 +225,13 @@ def test_stage1_compiled_for_sm90_carries_a_hint_ptxas_encodes(fp8, tmp_path, no
         meta["ASM"] = True
     name = plan._kern1.__name__
     assert name == ("_decode_fused" if fp8 else "_decode_stage1")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)
-    res = subprocess.run(
-        [sys.executable, "-c", COMPILE_SM90, json.dumps(meta), name,
-         "*fp8e4nv" if fp8 else "*bf16", "1" if plan.fused else "0"],
-        capture_output=True, text=True, env=env, timeout=900, check=False,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-2000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    kv = "*fp8e4nv" if fp8 else "*bf16"
+    scale = "*fp32" if fp8 else "*i32"
+    ptrs = ["*bf16", kv, kv, "*i32", "*i32", scale, scale, "*fp32", "*fp32"]
+    ptrs += ["*bf16", "*fp32", "*i32"] if plan.fused else []
+    module = "decode_fused" if fp8 else "decode_attention"
+    hint = bool(meta.get("EVICT"))
+    got = compile_sm90(f"kdash.kernels.{module}:{name}", meta, ptrs, tmp_path, hint=hint)
     copies = len(re.findall(r"\bcp\.async\.c[ag]\.shared\.global", got["ptx"]))
     assert copies >= 16 and len(got["ldgsts"]) == copies
     if plan.l2_refused is None:
