@@ -14,7 +14,8 @@
 #          13.4.59 wheel, nvidia/cu13/bin/ptxas, xz -9), unpacked to /tmp/ptxas134; the hinted
 #          plans' GPU gates with it, then bench/gpu_decode_evict.py with it (hint off and on in
 #          one process; EVICT_PTXAS="128 134" adds a run with Triton's own ptxas, where the
-#          hint is refused) -> $OUT/gpu-gates-evict.xml, evict-ptxas134.json;
+#          hint is refused; EVICT_SHAPES="1x65536" times fewer shapes) -> $OUT/gpu-gates-evict.xml,
+#          evict-ptxas134.json;
 #   fp8    bench/gpu_fp8_variants.py: the default cvt (V's addresses from K's row offsets)
 #          against cvt_vstrides (as before), and kmma (two launches, fused, 128/3 and 64/3
 #          stages) -> $OUT/fp8-variants-kmma.json;
@@ -76,6 +77,7 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
         echo "== evict-first against none, ptxas $v"
         if [[ $v == 134 ]]; then export TRITON_PTXAS_PATH=$P; fi
         (cd bench && PYTHONSAFEPATH= timeout -k 5 200 python3 gpu_decode_evict.py \
+          --shapes "${EVICT_SHAPES:-1x65536,1x131072,8x16384}" \
           --out "$OUT/evict-ptxas$v.json" 2>&1 | grep -v Warning | cut -c1-400)
         unset TRITON_PTXAS_PATH
       done
