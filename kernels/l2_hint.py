@@ -42,7 +42,7 @@ import struct
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 MARKER = "// kdash:l2-evict-first"
 # The Gluon kernels' inline PTX for the marker: a comment and a move ptxas drops.
@@ -244,24 +244,32 @@ def text_sections(cubin: bytes) -> dict[str, bytes]:
     return out
 
 
-def ldgsts(code: bytes) -> list[tuple[bool, int, int]]:
-    """The sm_90 ``LDGSTS`` (cp.async) instructions of a kernel's code, each as ``(hinted,
-    shared address register, uniform field)``. An instruction is 16 bytes; ``LDGSTS`` is the
-    one whose low 9 bits are 0x1ae (checked against cuobjdump on 400 Hopper cubins, 8,540 of
-    them), bit 9 clear in the form that carries a cache policy, where bits 64-69 name the
-    uniform pair: the shared address's uniform part, then the policy."""
+class Copy(NamedTuple):
+    """One ``LDGSTS`` of a kernel's code."""
+
+    offset: int  # bytes from the kernel's first instruction
+    hinted: bool  # the form that carries a cache policy
+    address_reg: int  # the shared address's register (255: none, a uniform address alone)
+    field: int  # the uniform pair: the shared address's uniform part, then the policy
+
+
+def ldgsts(code: bytes) -> list[Copy]:
+    """The sm_90 ``LDGSTS`` (cp.async) instructions of a kernel's code. An instruction is 16
+    bytes; ``LDGSTS`` is the one whose low 9 bits are 0x1ae (checked against cuobjdump on 400
+    Hopper cubins, 8,540 of them), bit 9 clear in the form that carries a cache policy, bits
+    16-23 its shared address register, bits 64-69 its uniform field."""
     out = []
     for at in range(0, len(code) - 15, 16):
         lo, hi = struct.unpack_from("<QQ", code, at)
         if lo & 0x1FF == 0x1AE:
-            out.append((not lo & 0x200, (lo >> 16) & 0xFF, hi & 0x3F))
+            out.append(Copy(at, not lo & 0x200, (lo >> 16) & 0xFF, hi & 0x3F))
     return out
 
 
 def misencoded(code: bytes) -> int:
     """How many hinted ``LDGSTS`` of a kernel's code address shared memory as a register plus
     a uniform register while naming uniform field 0: what ptxas before 13.4 emits for them."""
-    return sum(1 for h, reg, field in ldgsts(code) if h and reg != _RZ and field == 0)
+    return sum(1 for c in ldgsts(code) if c.hinted and c.address_reg != _RZ and c.field == 0)
 
 
 def triton_ptxas() -> tuple[str, str] | None:
@@ -294,7 +302,7 @@ def probe(ptxas: str) -> str | None:
         if res.returncode != 0:
             return f"ptxas failed on the probe: {(res.stderr or res.stdout).strip()[-200:]}"
         code = text_sections(out.read_bytes()).get("kdash_l2_probe", b"")
-    copies = [c for c in ldgsts(code) if c[0]]
+    copies = [c for c in ldgsts(code) if c.hinted]
     if not copies:
         return "the probe's cp.async did not compile to a hinted LDGSTS"
     if misencoded(code):

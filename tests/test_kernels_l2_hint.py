@@ -59,18 +59,11 @@ def test_ldgsts_are_the_instructions_cuobjdump_names(name) -> None:
         for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+[^;]*\bLDGSTS\b", sass.stdout)
     ]
     code = l2_hint.text_sections(path.read_bytes())[name]
-    import struct
-
-    got = [
-        at
-        for at in range(0, len(code), 16)
-        if struct.unpack_from("<Q", code, at)[0] & 0x1FF == 0x1AE
-    ]
-    assert got == want
-    assert len(l2_hint.ldgsts(code)) == len(want)
+    copies = l2_hint.ldgsts(code)
+    assert [c.offset for c in copies] == want
     assert (len(want) > 0) is (name != "_decode_stage2")
     # none of them carries a policy: Triton drops the kernels' eviction hints
-    assert not any(h for h, _, _ in l2_hint.ldgsts(code))
+    assert not any(c.hinted for c in copies)
 
 
 def test_ptxas_before_13_4_names_uniform_field_0_in_a_hinted_copy() -> None:
@@ -81,11 +74,11 @@ def test_ptxas_before_13_4_names_uniform_field_0_in_a_hinted_copy() -> None:
     old = l2_hint.text_sections((PROBES / "probe-ptxas-12.8.cubin").read_bytes())
     new = l2_hint.text_sections((PROBES / "probe-ptxas-13.4.cubin").read_bytes())
     a, b = old["kdash_l2_probe"], new["kdash_l2_probe"]
-    assert (
-        [c[:2] for c in l2_hint.ldgsts(a)] == [c[:2] for c in l2_hint.ldgsts(b)] == [(True, 11)] * 8
-    )
-    assert {c[2] for c in l2_hint.ldgsts(a)} == {0} and l2_hint.misencoded(a) == 8
-    assert {c[2] for c in l2_hint.ldgsts(b)} == {6} and l2_hint.misencoded(b) == 0
+    old_copies, new_copies = l2_hint.ldgsts(a), l2_hint.ldgsts(b)
+    assert [(c.hinted, c.address_reg) for c in old_copies] == [(True, 11)] * 8
+    assert [(c.hinted, c.address_reg) for c in new_copies] == [(True, 11)] * 8
+    assert {c.field for c in old_copies} == {0} and l2_hint.misencoded(a) == 8
+    assert {c.field for c in new_copies} == {6} and l2_hint.misencoded(b) == 0
     assert l2_hint.text_sections(b"not an ELF") == {}
 
 
@@ -238,11 +231,11 @@ def test_stage1_compiled_for_sm90_carries_a_hint_ptxas_encodes(fp8, tmp_path, no
         # Triton 3.9 writes the hint itself for PTX 9.4 and later (its PR 11848); 3.6 leaves it
         # to the hook, which counts what it added
         assert got["ptx"].count(".L2::cache_hint") == copies and got["hinted"] in (0, copies)
-        assert all(h for h, _, _ in got["ldgsts"]) and got["misencoded"] == 0
+        assert all(hinted for _, hinted, _, _ in got["ldgsts"]) and got["misencoded"] == 0
     else:
         assert meta["EVICT"] == "" and "13.4" in plan.l2_refused
         assert ".L2::cache_hint" not in got["ptx"] and got["hinted"] == 0
-        assert not any(h for h, _, _ in got["ldgsts"])
+        assert not any(hinted for _, hinted, _, _ in got["ldgsts"])
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the CPU wiring check")
