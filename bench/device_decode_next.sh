@@ -8,14 +8,15 @@
 #   gates  the plans' graph launch with a graph per layer, the plan's graph/host/capture tests,
 #          the workload's GPU tests, and fp8_compute="kmma" (K's bytes to the fp8 tensor cores)
 #          through the fp8-variant and decode gates (pytest -m gpu); a failure skips the rest;
-#   evict  the L2 evict-first hint on the Triton kernels' cp.async (kernels/l2_hint.py), which
-#          needs a ptxas 13.4 or later (Triton 3.6's 12.8 misencodes it: session 13's fault):
-#          ptxas 13.4.59 carried as .whl/ptxas-13.4.59.xz (from NVIDIA's nvidia-cuda-nvcc
-#          13.4.59 wheel, nvidia/cu13/bin/ptxas, xz -9), unpacked to /tmp/ptxas134; the hinted
-#          plans' GPU gates with it, then bench/gpu_decode_evict.py with it (hint off and on in
-#          one process; EVICT_PTXAS="128 134" adds a run with Triton's own ptxas, where the
-#          hint is refused; EVICT_SHAPES="1x65536" times fewer shapes) -> $OUT/gpu-gates-evict.xml,
-#          evict-ptxas134.json;
+#   evict  the L2 evict-first hint on the Triton kernels' cp.async (kernels/l2_hint.py), for
+#          each ptxas in EVICT_PTXAS (default "128 134"): 128 is Triton's own (12.8 on the H200;
+#          the rewrite makes the shared base opaque there, as ptxas before 13.4 misencodes the
+#          other form: session 13's fault), 134 is ptxas 13.4.59 carried as
+#          .whl/ptxas-13.4.59.xz (from NVIDIA's nvidia-cuda-nvcc 13.4.59 wheel,
+#          nvidia/cu13/bin/ptxas, xz -9), unpacked to /tmp/ptxas134; the hinted plans' GPU
+#          gates, then bench/gpu_decode_evict.py (hint off and on in one process;
+#          EVICT_SHAPES="1x65536" times fewer shapes) -> $OUT/gpu-gates-evict-ptxas<v>.xml,
+#          evict-ptxas<v>.json;
 #   fp8    bench/gpu_fp8_variants.py: the default cvt (V's addresses from K's row offsets)
 #          against cvt_vstrides (as before), and kmma (two launches, fused, 128/3 and 64/3
 #          stages) -> $OUT/fp8-variants-kmma.json;
@@ -25,8 +26,9 @@
 #          -> $OUT/decode-gluon-h200.json;
 #   table  the decode table under the defaults, each shape's default path
 #          -> $OUT/kernels-h200-decode.json;
-#   table-evict  the same under ptxas 13.4.59 with --evict-first (the L2 hint on both dtypes'
-#          copies; fp8's default asks for it) -> $OUT/kernels-h200-decode-evict.json;
+#   table-evict  the same with --evict-first (the L2 hint on both dtypes' copies; fp8's default
+#          asks for it), Triton's ptxas (TABLE_PTXAS=134: the carried 13.4.59)
+#          -> $OUT/kernels-h200-decode-evict.json;
 #   pcs    kdash's own PC sampling on the fp8 stage 1, cvt and kmma, at 1 x 64k
 #          (bench/gpu_fp8_pcs.py: hot lines in $OUT/fp8-pcs.json, captures fp8-*-pcs.kdash);
 #   probe  bench/gpu_decode_graph_launch.py at 1 x 64k and 64 lognormal
@@ -64,24 +66,24 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
     if [[ $rc != 0 ]]; then echo "== the rest skipped: the gates failed"; exit 0; fi
   fi
   if [[ $steps == *" evict "* ]]; then
-    P=$(ptxas134)
-    "$P" --version | tail -1
-    echo "== hinted plans' GPU gates (ptxas 13.4.59)"
-    TRITON_PTXAS_PATH=$P timeout -k 5 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider \
-      tests/test_kernels_l2_hint.py --junitxml "$OUT/gpu-gates-evict.xml" > /tmp/gates-evict.log 2>&1
-    rc=$?; echo "rc=$rc"; grep -E "passed|failed|FAILED|Error|SKIP" /tmp/gates-evict.log | tail -10
-    if [[ $rc != 0 ]]; then
-      echo "== evict timings skipped: the gates failed"
-    else
-      for v in ${EVICT_PTXAS:-134}; do  # EVICT_PTXAS="128 134": Triton's own ptxas too
+    for v in ${EVICT_PTXAS:-128 134}; do  # 128: Triton's own ptxas (the shared base made opaque)
+      unset TRITON_PTXAS_PATH
+      if [[ $v == 134 ]]; then export TRITON_PTXAS_PATH=$(ptxas134); fi
+      echo "== hinted plans' GPU gates, ptxas $v"
+      timeout -k 5 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider \
+        tests/test_kernels_l2_hint.py --junitxml "$OUT/gpu-gates-evict-ptxas$v.xml" \
+        > /tmp/gates-evict.log 2>&1
+      rc=$?; echo "rc=$rc"; grep -E "passed|failed|FAILED|Error|SKIP" /tmp/gates-evict.log | tail -10
+      if [[ $rc != 0 ]]; then
+        echo "== evict timings skipped: the gates failed"
+      else
         echo "== evict-first against none, ptxas $v"
-        if [[ $v == 134 ]]; then export TRITON_PTXAS_PATH=$P; fi
         (cd bench && PYTHONSAFEPATH= timeout -k 5 200 python3 gpu_decode_evict.py \
           --shapes "${EVICT_SHAPES:-1x65536,1x131072,8x16384}" \
           --out "$OUT/evict-ptxas$v.json" 2>&1 | grep -v Warning | cut -c1-400)
-        unset TRITON_PTXAS_PATH
-      done
-    fi
+      fi
+    done
+    unset TRITON_PTXAS_PATH
   fi
   if [[ $steps == *" fp8 "* ]]; then
     echo "== fp8: kmma against cvt"
@@ -123,10 +125,13 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
     echo "rc=$?"; grep -E "summary|Error|error" /tmp/bench.log | cut -c1-300
   fi
   if [[ $steps == *" table-evict "* ]]; then
-    echo "== decode table, defaults and the L2 hint on both dtypes, ptxas 13.4.59"
-    TRITON_PTXAS_PATH=$(ptxas134) timeout -k 5 300 python3 -m kdash.kernels.bench --sweep none \
+    v=${TABLE_PTXAS:-128}  # 134: the carried ptxas 13.4.59
+    echo "== decode table, defaults and the L2 hint on both dtypes, ptxas $v"
+    if [[ $v == 134 ]]; then export TRITON_PTXAS_PATH=$(ptxas134); fi
+    timeout -k 5 300 python3 -m kdash.kernels.bench --sweep none \
       --only decode --default-path-only --evict-first \
       --out "$OUT/kernels-h200-decode-evict.json" > /tmp/bench-evict.log 2>&1
     echo "rc=$?"; grep -E "summary|Error|error" /tmp/bench-evict.log | cut -c1-300
+    unset TRITON_PTXAS_PATH
   fi
 } 2>&1 | tee "$log"

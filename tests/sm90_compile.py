@@ -38,15 +38,17 @@ div = [i for i, n in enumerate(sig) if sig[n].startswith("*") or n.startswith("s
 src = ASTSource(fn, sig, const, attrs={(i,): [["tt.divisibility", 16]] for i in div})
 k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 code = l2_hint.text_sections(k.asm["cubin"])[k.metadata.name]
+dropped = getattr(k.metadata, l2_hint.DROPPED_KEY, 0) or 0
 print(json.dumps({"shared": k.metadata.shared, "ptx": k.asm["ptx"], "hinted": l2_hint.hinted(k),
-                  "ldgsts": l2_hint.ldgsts(code), "misencoded": l2_hint.misencoded(code)}))
+                  "ldgsts": l2_hint.ldgsts(code), "misencoded": l2_hint.misencoded(code),
+                  "dropped": dropped}))
 """
 
 
 def compile_sm90(
     where: str, meta: dict, ptrs: list[str], cache: Path, *, hint: bool = False
 ) -> dict:
-    """``{"shared", "ptx", "hinted", "ldgsts", "misencoded"}`` of kernel ``where``
+    """``{"shared", "ptx", "hinted", "ldgsts", "misencoded", "dropped"}`` of kernel ``where``
     (``"module:function"``) compiled with ``meta``; the child's stderr tail on failure."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(cache)

@@ -62,8 +62,9 @@ def test_ldgsts_are_the_instructions_cuobjdump_names(name) -> None:
     copies = l2_hint.ldgsts(code)
     assert [c.offset for c in copies] == want
     assert (len(want) > 0) is (name != "_decode_stage2")
-    # none of them carries a policy: Triton drops the kernels' eviction hints
-    assert not any(c.hinted for c in copies)
+    # none of them adds a uniform register to its shared address (Triton dropped the kernels'
+    # eviction hints; ptxas chose that form for hinted copies only)
+    assert not any(c.uniform_base for c in copies)
 
 
 def test_ptxas_before_13_4_names_uniform_field_0_in_a_hinted_copy() -> None:
@@ -75,8 +76,8 @@ def test_ptxas_before_13_4_names_uniform_field_0_in_a_hinted_copy() -> None:
     new = l2_hint.text_sections((PROBES / "probe-ptxas-13.4.cubin").read_bytes())
     a, b = old["kdash_l2_probe"], new["kdash_l2_probe"]
     old_copies, new_copies = l2_hint.ldgsts(a), l2_hint.ldgsts(b)
-    assert [(c.hinted, c.address_reg) for c in old_copies] == [(True, 11)] * 8
-    assert [(c.hinted, c.address_reg) for c in new_copies] == [(True, 11)] * 8
+    assert [(c.uniform_base, c.address_reg) for c in old_copies] == [(True, 11)] * 8
+    assert [(c.uniform_base, c.address_reg) for c in new_copies] == [(True, 11)] * 8
     assert {c.field for c in old_copies} == {0} and l2_hint.misencoded(a) == 8
     assert {c.field for c in new_copies} == {6} and l2_hint.misencoded(b) == 0
     assert l2_hint.text_sections(b"not an ELF") == {}
@@ -96,6 +97,29 @@ def test_the_probe_asks_the_ptxas_it_is_given(tmp_path) -> None:
     major, minor = (int(x) for x in tool[1].split(".")[:2])
     why = l2_hint.probe(tool[0])
     assert (why is None) is ((major, minor) >= (13, 4)), (tool, why)
+    assert l2_hint.probe(tool[0], opaque_base=True) is None
+
+
+def _release(ptxas: Path) -> tuple[int, int]:
+    out = subprocess.run([str(ptxas), "--version"], capture_output=True, text=True, check=True)
+    major, minor = re.search(r"release (\d+)\.(\d+)", out.stdout).groups()
+    return int(major), int(minor)
+
+
+def test_every_bundled_ptxas_encodes_the_copy_once_the_base_is_opaque() -> None:
+    """Each ptxas this Triton's wheel carries (3.9: 12.9 as ``ptxas``, 13.4 as
+    ``ptxas-blackwell``; 3.6: 12.8): the probe as the plain rewrite hints it is misencoded
+    exactly where the release is before 13.4, and the rewrite that makes the shared base opaque
+    is encoded right by all of them; so the form chosen is the opaque one exactly there."""
+    tools = sorted((Path(triton.__file__).parent / "backends" / "nvidia" / "bin").glob("ptxas*"))
+    if not tools:
+        pytest.skip("this Triton's wheel carries no ptxas")
+    for tool in tools:
+        old = _release(tool) < (13, 4)
+        why = l2_hint.probe(str(tool))
+        assert (why is not None) is old, (tool, why)
+        assert l2_hint.probe(str(tool), opaque_base=True) is None, tool
+        assert l2_hint.cp_async_form(str(tool)) == (old, None)
 
 
 # --------------------------------------------------------------------------- the rewrite
@@ -129,21 +153,57 @@ def test_each_copy_gets_the_policy_made_before_it() -> None:
     assert l2_hint.hint_cp_async(out) == (out, 0)
     two = PTX + PTX.replace("entry _decode_stage1(", "entry k2(")
     assert l2_hint.hint_cp_async(two) == (two, 0)
+    # and the policy comes off again, the copies as they were
+    assert l2_hint.unhint_cp_async(out).count(".L2::cache_hint") == 0
+    assert "@%p3 cp.async.cg.shared.global [ %r1 + 0 ], [ %rd2 + 0 ], 0x10, %r4;" in (
+        l2_hint.unhint_cp_async(out)
+    )
 
 
+SMEM_PTX = ".extern .shared .align 16 .b8 global_smem[];\n" + PTX.replace(
+    "\t@%p3", "\tmov.b32 \t%r1, global_smem;\n\tadd.s32 \t%r5, %r1, 64;\n\t@%p3"
+)
+
+
+def test_the_opaque_base_ors_each_move_of_the_shared_array_with_a_zero() -> None:
+    """With ``opaque_base``: the shared array's address, right after it is moved into a
+    register, is ORed with z, which the entry makes (dynamic shared size >> 31, ANDed with the
+    thread index) before anything uses it; nothing else changes, and it is done once."""
+    out, n = l2_hint.hint_cp_async(SMEM_PTX, opaque_base=True)
+    plain, _ = l2_hint.hint_cp_async(SMEM_PTX)
+    assert n == 2 and out.count(".L2::cache_hint") == 2
+    z = "%rkdashl2z"
+    lines = [line.strip() for line in out.splitlines()]
+    at = lines.index("mov.b32 \t%r1, global_smem;")
+    assert lines[at + 1] == f"or.b32 \t%r1, %r1, {z};"
+    made = lines.index(f"and.b32 \t{z}, {z}, %rkdashl2w;")
+    assert lines.index(f"mov.u32 \t{z}, %dynamic_smem_size;") < made < at
+    assert lines.index(f"shr.u32 \t{z}, {z}, 31;") < made
+    kept = [x for x in lines if z not in x and "%rkdashl2w" not in x]
+    assert kept == [x.strip() for x in plain.splitlines()]
+    assert l2_hint.hint_cp_async(out, opaque_base=True) == (out, 0)
+    # PTX without an extern shared array gets the hint alone
+    assert l2_hint.hint_cp_async(PTX, opaque_base=True) == l2_hint.hint_cp_async(PTX)
+
+
+@pytest.mark.parametrize("opaque", [False, True], ids=["ptxas-13.4", "ptxas-12.8"])
 @pytest.mark.parametrize(
     ("name", "asked", "hinted"),
     [("_decode_stage1", True, 2), ("_decode_stage1", False, 0), ("someone_elses", True, 0)],
 )
-def test_the_hook_hints_the_decode_kernels_that_asked(name, asked, hinted, no_stage_hook) -> None:
+def test_the_hook_hints_the_decode_kernels_that_asked(
+    name, asked, hinted, opaque, no_stage_hook, monkeypatch
+) -> None:
     """Triton's llir and ptx stages stood in for by functions returning fixed text (the real
     compile is the test below): a decode kernel whose GPU IR asked for evict-first gets every
-    copy hinted and the count in its metadata; one that did not, or another kernel, is left."""
+    copy hinted, in the form this ptxas needs (its answer given), and the count in its
+    metadata; one that did not, or another kernel, is left."""
+    monkeypatch.setattr(l2_hint, "cp_async_form", lambda path: (opaque, None))
     ask = "evictionPolicy = evict_first" if asked else ""
     ttgir = f"%1 = ttg.async_copy_global_to_local %a, %b mask %c other %d {ask} : x"
     stages = {
         "llir": lambda src, md: md.update(name=name) or "llvm",
-        "ptx": lambda src, md: PTX,
+        "ptx": lambda src, md: SMEM_PTX,
     }
     assert l2_hint._hook() == l2_hint._HOOK_KEY
     l2_hint._hook(None, stages, None, None, 90)
@@ -151,7 +211,37 @@ def test_the_hook_hints_the_decode_kernels_that_asked(name, asked, hinted, no_st
     stages["llir"](ttgir, md)
     out = stages["ptx"]("llvm", md)
     assert out.count(".L2::cache_hint") == hinted
+    assert ("%dynamic_smem_size" in out) is (opaque and hinted > 0)
     assert md.get(l2_hint.META_KEY, 0) == hinted and l2_hint._ASKED not in md
+
+
+def test_a_cubin_whose_copies_would_trap_is_made_again_without_the_hint(no_stage_hook) -> None:
+    """Triton's cubin stage stood in for by a function that returns the probe as ptxas 12.8
+    compiled it (recorded; its copies name field 0) for hinted PTX, and as 13.4 did otherwise:
+    the hook reads the cubin back, compiles the PTX again without the policy, takes the copies
+    off the kernel's count and says how many it dropped; a right cubin is kept as it is."""
+    bad = (PROBES / "probe-ptxas-12.8.cubin").read_bytes()
+    good = (PROBES / "probe-ptxas-13.4.cubin").read_bytes()
+    seen: list[str] = []
+
+    def make_cubin(src, md):
+        seen.append(src)
+        return bad if ".L2::cache_hint" in src else good
+
+    stages = {"ptx": lambda src, md: src, "cubin": make_cubin}
+    l2_hint._hook(None, stages, None, None, 90)
+    hinted, _ = l2_hint.hint_cp_async(l2_hint._PROBE_PTX)
+    md = {"name": "kdash_l2_probe", l2_hint.META_KEY: 1, l2_hint._CP_HINTED: 1}
+    assert stages["cubin"](hinted, md) == good
+    assert len(seen) == 2 and ".L2::cache_hint" not in seen[1]
+    assert md[l2_hint.DROPPED_KEY] == 1 and l2_hint.META_KEY not in md
+    # a kernel ptxas encoded right is compiled once and keeps its count
+    seen.clear()
+    md = {"name": "kdash_l2_probe", l2_hint.META_KEY: 1, l2_hint._CP_HINTED: 1}
+    stages["cubin"] = make_cubin
+    l2_hint._hook(None, stages, None, None, 90)
+    assert stages["cubin"](l2_hint._PROBE_PTX, md) == good
+    assert len(seen) == 1 and md[l2_hint.META_KEY] == 1 and l2_hint.DROPPED_KEY not in md
 
 
 def test_what_the_two_tritons_print_is_an_ask() -> None:
@@ -182,13 +272,22 @@ def test_a_plan_asks_only_where_the_copies_will_be_right(no_stage_hook, monkeypa
     assert plain._meta1["EVICT"] == "" and plain.l2_refused is None
     assert no_stage_hook.add_stages_inspection_hook is None
     monkeypatch.setattr(l2_hint, "triton_ptxas", lambda: ("/x/ptxas", "12.8"))
-    monkeypatch.setattr(l2_hint, "probe", lambda path: "it encodes it wrong")
+    monkeypatch.setattr(l2_hint, "probe", lambda path, opaque_base=False: "it is wrong")
     refused = _plan(DecodeConfig(evict_first=True))
     assert refused._meta1["EVICT"] == ""
-    assert refused.l2_refused.startswith("ptxas 12.8 (/x/ptxas): it encodes it wrong;")
+    assert refused.l2_refused.startswith("ptxas 12.8 (/x/ptxas): it is wrong;")
     assert "TRITON_PTXAS_PATH" in refused.l2_refused
     assert no_stage_hook.add_stages_inspection_hook is None
-    monkeypatch.setattr(l2_hint, "probe", lambda path: None)
+    # a ptxas that is right once the shared base is opaque (12.8 to 13.3) is asked
+    monkeypatch.setattr(
+        l2_hint, "probe", lambda path, opaque_base=False: None if opaque_base else "it is wrong"
+    )
+    assert l2_hint.cp_async_form("/x/ptxas") == (True, None)
+    opaque = _plan(DecodeConfig(evict_first=True))
+    assert opaque._meta1["EVICT"] == "evict_first" and opaque.l2_refused is None
+    assert no_stage_hook.add_stages_inspection_hook is l2_hint._hook
+    l2_hint.uninstall()
+    monkeypatch.setattr(l2_hint, "probe", lambda path, opaque_base=False: None)
     for config, fp8 in ((DecodeConfig(evict_first=True), False), (
         DecodeConfig(**{**DEFAULT_FP8_CONFIG.__dict__, "fp8_compute": "cvt", "evict_first": True}),
         True,
@@ -201,11 +300,11 @@ def test_a_plan_asks_only_where_the_copies_will_be_right(no_stage_hook, monkeypa
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8-cvt-fused"])
 def test_stage1_compiled_for_sm90_carries_a_hint_ptxas_encodes(fp8, tmp_path, no_stage_hook):
     """The plan's stage 1 (bf16, two launches; fp8 ``cvt``, one launch), compiled for sm_90 by
-    this Triton with ``evict_first``: where this Triton's ptxas passes the probe (Triton 3.9's,
-    13.4), every global -> shared copy of the PTX carries the policy, the kernel's metadata
-    counts the ones the hook added, and every hinted LDGSTS of the cubin names a uniform pair
-    other than 0; where it does not (Triton 3.6's 12.8), the plan did not ask, and its PTX
-    has no hint."""
+    this Triton with ``evict_first``: every global -> shared copy of the PTX carries the policy,
+    the kernel's metadata counts the ones the hook added, and no LDGSTS of the cubin names
+    field 0 with a register-plus-uniform address. Where this Triton's ptxas is before 13.4
+    (Triton 3.6's 12.8) the shared base is opaque and every copy addresses shared memory by a
+    register alone; where it is 13.4 or later (Triton 3.9's) the base is left as it was."""
     if fp8:
         config = DecodeConfig(
             **{**DEFAULT_FP8_CONFIG.__dict__, "fp8_compute": "cvt", "evict_first": True}
@@ -227,15 +326,16 @@ def test_stage1_compiled_for_sm90_carries_a_hint_ptxas_encodes(fp8, tmp_path, no
     got = compile_sm90(f"kdash.kernels.{module}:{name}", meta, ptrs, tmp_path, hint=hint)
     copies = len(re.findall(r"\bcp\.async\.c[ag]\.shared\.global", got["ptx"]))
     assert copies >= 16 and len(got["ldgsts"]) == copies
-    if plan.l2_refused is None:
-        # Triton 3.9 writes the hint itself for PTX 9.4 and later (its PR 11848); 3.6 leaves it
-        # to the hook, which counts what it added
-        assert got["ptx"].count(".L2::cache_hint") == copies and got["hinted"] in (0, copies)
-        assert all(hinted for _, hinted, _, _ in got["ldgsts"]) and got["misencoded"] == 0
-    else:
-        assert meta["EVICT"] == "" and "13.4" in plan.l2_refused
-        assert ".L2::cache_hint" not in got["ptx"] and got["hinted"] == 0
-        assert not any(hinted for _, hinted, _, _ in got["ldgsts"])
+    assert plan.l2_refused is None and meta["EVICT"] == "evict_first"
+    opaque = l2_hint.cp_async_form(l2_hint.triton_ptxas()[0])[0]
+    # Triton 3.9 writes the hint itself for PTX 9.4 and later (its PR 11848); 3.6 leaves it to
+    # the hook, which counts what it added
+    assert got["ptx"].count(".L2::cache_hint") == copies and got["hinted"] in (0, copies)
+    assert got["misencoded"] == 0 and got["dropped"] == 0
+    assert ("%dynamic_smem_size" in got["ptx"]) is opaque
+    if opaque:
+        assert got["hinted"] == copies
+        assert not any(c[1] for c in got["ldgsts"])  # no uniform part in any shared address
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the CPU wiring check")
@@ -254,7 +354,9 @@ def test_the_gpu_script_times_both_plans_on_the_cpu(encodes, monkeypatch, no_sta
 
     monkeypatch.setattr(kbench, "DEVICE", "cpu")
     monkeypatch.setattr(l2_hint, "triton_ptxas", lambda: ("/x/ptxas", "13.4"))
-    monkeypatch.setattr(l2_hint, "probe", lambda path: None if encodes else "it cannot")
+    monkeypatch.setattr(
+        l2_hint, "probe", lambda path, opaque_base=False: None if encodes else "it cannot"
+    )
 
     def one_call_ms(fn, **_):
         t = time.perf_counter()
@@ -294,10 +396,11 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
     ids=["bf16-p16", "bf16-p1-gqa8", "fp8-p16", "fp8-p1-gqa8"],
 )
 def test_gpu_hinted_plans_pass_the_decode_gates(fp8, page, lens, heads, fused) -> None:
-    """With ``evict_first`` where this process's ptxas encodes it (TRITON_PTXAS_PATH on the
-    H200, whose Triton bundles 12.8): the decode gate against the fp32 reference (NaN in every
-    slot no request owns, odd lengths, GQA, pages of 1 and 16, fp8 scales), the copies hinted,
-    and two hundred runs without a fault, equal to the first."""
+    """With ``evict_first`` (Triton 3.6's ptxas 12.8 gets the shared base made opaque, a 13.4
+    or later named by TRITON_PTXAS_PATH the plain rewrite): the decode gate against the fp32
+    reference (NaN in every slot no request owns, odd lengths, GQA, pages of 1 and 16, fp8
+    scales), the copies hinted, none dropped, and two hundred runs without a fault, equal to
+    the first."""
     q, kc, vc, pt, sl, sc = cases.make_case(lens, *heads, 128, page, fp8, seed=3)
     base = DEFAULT_FP8_CONFIG if fp8 else DecodeConfig()
     config = DecodeConfig(**{**base.__dict__, "evict_first": True})
@@ -314,6 +417,7 @@ def test_gpu_hinted_plans_pass_the_decode_gates(fp8, page, lens, heads, fused) -
     assert copies and ptx.count(".L2::cache_hint") == copies
     code = l2_hint.text_sections(plan._s1._compiled.asm["cubin"])
     assert not any(l2_hint.misencoded(c) for c in code.values())
+    assert not getattr(plan._s1._compiled.metadata, l2_hint.DROPPED_KEY, 0)
     for _ in range(200):
         plan.run(q, kc, vc)
     torch.cuda.synchronize()
