@@ -4,7 +4,7 @@
 # from a call). In order of what they can move (bench/NOTES-kernels.md, sessions 19 and 20):
 #   bash bench/device_decode_next.sh gates evict        (~9 min)
 #   bash bench/device_decode_next.sh fp8 tma            (~9 min)
-#   bash bench/device_decode_next.sh table table-evict  (~9 min; demo, pcs, probe if time is left)
+#   bash bench/device_decode_next.sh table table-plain  (~3 min; demo, pcs, probe if time is left)
 #   gates  the plans' graph launch with a graph per layer, the plan's graph/host/capture tests,
 #          the workload's GPU tests, and fp8_compute="kmma" (K's bytes to the fp8 tensor cores)
 #          through the fp8-variant and decode gates (pytest -m gpu); a failure skips the rest;
@@ -26,9 +26,9 @@
 #          -> $OUT/decode-gluon-h200.json;
 #   table  the decode table under the defaults, each shape's default path
 #          -> $OUT/kernels-h200-decode.json;
-#   table-evict  the same with --evict-first (the L2 hint on both dtypes' copies; fp8's default
-#          asks for it), Triton's ptxas (TABLE_PTXAS=134: the carried 13.4.59)
-#          -> $OUT/kernels-h200-decode-evict.json;
+#   table-plain  the same with --no-evict-first (the defaults ask for the L2 hint on both
+#          dtypes' copies since session 21; this is the baseline without it)
+#          -> $OUT/kernels-h200-decode-plain.json;
 #   pcs    kdash's own PC sampling on the fp8 stage 1, cvt and kmma, at 1 x 64k
 #          (bench/gpu_fp8_pcs.py: hot lines in $OUT/fp8-pcs.json, captures fp8-*-pcs.kdash);
 #   probe  bench/gpu_decode_graph_launch.py at 1 x 64k and 64 lognormal
@@ -124,14 +124,11 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
       --default-path-only --out "$OUT/kernels-h200-decode.json" > /tmp/bench.log 2>&1
     echo "rc=$?"; grep -E "summary|Error|error" /tmp/bench.log | cut -c1-300
   fi
-  if [[ $steps == *" table-evict "* ]]; then
-    v=${TABLE_PTXAS:-128}  # 134: the carried ptxas 13.4.59
-    echo "== decode table, defaults and the L2 hint on both dtypes, ptxas $v"
-    if [[ $v == 134 ]]; then export TRITON_PTXAS_PATH=$(ptxas134); fi
+  if [[ $steps == *" table-plain "* ]]; then
+    echo "== decode table, the defaults without the L2 hint"
     timeout -k 5 300 python3 -m kdash.kernels.bench --sweep none \
-      --only decode --default-path-only --evict-first \
-      --out "$OUT/kernels-h200-decode-evict.json" > /tmp/bench-evict.log 2>&1
-    echo "rc=$?"; grep -E "summary|Error|error" /tmp/bench-evict.log | cut -c1-300
-    unset TRITON_PTXAS_PATH
+      --only decode --default-path-only --no-evict-first \
+      --out "$OUT/kernels-h200-decode-plain.json" > /tmp/bench-plain.log 2>&1
+    echo "rc=$?"; grep -E "summary|Error|error" /tmp/bench-plain.log | cut -c1-300
   fi
 } 2>&1 | tee "$log"

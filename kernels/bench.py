@@ -649,11 +649,18 @@ def main(argv: list[str] | None = None) -> int:
         help="decode's stage 1 is the TMA kernel, bf16 and fp8 (decode_gluon.TmaConfig on the "
         "decode configs the run uses; a plan that cannot take it keeps the Triton kernel)",
     )
-    ap.add_argument(
+    hint = ap.add_mutually_exclusive_group()
+    hint.add_argument(
         "--evict-first",
         action="store_true",
-        help="decode's configs ask for the L2 evict-first hint on the K/V copies (a plan whose "
-        "ptxas cannot encode it runs without and says why: row[kv]['l2_refused'])",
+        help="decode's configs ask for the L2 evict-first hint on the K/V copies, the TMA "
+        "kernel's too (the Triton kernels' defaults ask already; a plan whose ptxas cannot "
+        "encode it runs without and says why: row[kv]['l2_refused'])",
+    )
+    hint.add_argument(
+        "--no-evict-first",
+        action="store_true",
+        help="decode's configs do not ask for the L2 evict-first hint (the baseline without it)",
     )
     ap.add_argument(
         "--persistent",
@@ -707,9 +714,9 @@ def main(argv: list[str] | None = None) -> int:
         result["sweep"]["decode"] = sd
     if args.decode_tma:
         best_dec = {k: TmaConfig(**asdict(v)) for k, v in best_dec.items()}
-    if args.evict_first:
+    if args.evict_first or args.no_evict_first:
         hint = "l2_evict_first" if args.decode_tma else "evict_first"
-        best_dec = {k: replace(v, **{hint: True}) for k, v in best_dec.items()}
+        best_dec = {k: replace(v, **{hint: args.evict_first}) for k, v in best_dec.items()}
     if args.sweep in ("all", "prefill") and args.only != "decode":
         log("sweep: prefill configs")
         sp, best_pre = sweep_prefill()

@@ -85,7 +85,7 @@ class DecodeConfig:
     min_tokens_per_split: int = 256
     max_splits: int = 256
     fp8_compute: str = "pairs_asm"
-    evict_first: bool = False  # streaming hint on the K/V loads (they are read once)
+    evict_first: bool = True  # L2 evict-first on the K/V copies, where l2_hint grants it
     # Software-pipeline the page-table reads: each tile's page indices are loaded one iteration
     # ahead, so the K/V address math no longer waits on a just-issued index load (PC sampling on
     # the H200 put 41.5% of stage 1's samples, 98% long-scoreboard, on that wait at num_stages=2).
@@ -779,12 +779,10 @@ del math, weakref, residency, interpreting, next_pow2, BoundKernel, MAX_BLOCKS_P
 # eager and graph-replayed, at the same accuracy (bench/NOTES-kernels.md). The integer-op
 # config, which every GPU runs, stays as PAIRS_FP8_CONFIG; a plan on a GPU without the
 # instruction runs that (decode_fp8.runnable_config).
-# It asks for the L2 evict-first hint on its copies, granted only where ptxas encodes it
-# (kernels/l2_hint.py): -4 us by do_bench at 1 x 64k on the H100, -1 to -2 replayed (session 20).
+# Both dtypes ask for the L2 evict-first hint on their copies (kernels/l2_hint.py): fp8 -4 us by
+# do_bench at 1 x 64k on the H100, every shape -1 to -2.7 us replayed (sessions 20 and 21).
 PAIRS_FP8_CONFIG = DEFAULT_FP8_CONFIG
-DEFAULT_FP8_CONFIG = DecodeConfig(
-    **{**vars(PAIRS_FP8_CONFIG), "fp8_compute": "cvt", "evict_first": True}
-)
+DEFAULT_FP8_CONFIG = DecodeConfig(**{**vars(PAIRS_FP8_CONFIG), "fp8_compute": "cvt"})
 
 _PLAN_NAMES = frozenset({"DecodePlan", "decode_attention", "max_splits_for"})
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import decode_fp8, decode_gluon, decode_persist, l2_hint
+from ._common import capability_of
 from .decode_attention import LOG2E, _decode_stage1, _decode_stage1_fp8_pairs
 from .decode_fp8 import CVT_MODES, _decode_stage1_fp8_cvt
 from .decode_fused import _decode_fused, merge_chunk
@@ -62,6 +63,11 @@ def _evict(plan: DecodePlan) -> str:
     the reason in the plan's ``l2_refused``. Triton drops the policy from the pipelined copies,
     so the ask is only worth compiling where the hook puts it back."""
     if not plan.config.evict_first:
+        return ""
+    cap = capability_of(plan.device)
+    if cap is not None and cap[0] != 9:
+        # the probe and the SASS reader are sm_90's: elsewhere nothing says the copies are right
+        plan.l2_refused = f"the hint is checked for sm_90 only, not sm_{cap[0]}{cap[1]}"
         return ""
     plan.l2_refused = l2_hint.cp_async_refusal()
     return "" if plan.l2_refused else "evict_first"

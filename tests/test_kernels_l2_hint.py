@@ -268,7 +268,7 @@ def _plan(config: DecodeConfig, fp8: bool = False) -> DecodePlan:
 def test_a_plan_asks_only_where_the_copies_will_be_right(no_stage_hook, monkeypatch) -> None:
     """``evict_first``: the kernels get ``EVICT`` and the hook goes in where the probe passes;
     where it does not, no ask and the plan says why; without ``evict_first`` neither."""
-    plain = _plan(DecodeConfig())
+    plain = _plan(DecodeConfig(evict_first=False))
     assert plain._meta1["EVICT"] == "" and plain.l2_refused is None
     assert no_stage_hook.add_stages_inspection_hook is None
     monkeypatch.setattr(l2_hint, "triton_ptxas", lambda: ("/x/ptxas", "12.8"))
@@ -278,6 +278,13 @@ def test_a_plan_asks_only_where_the_copies_will_be_right(no_stage_hook, monkeypa
     assert refused.l2_refused.startswith("ptxas 12.8 (/x/ptxas): it is wrong;")
     assert "TRITON_PTXAS_PATH" in refused.l2_refused
     assert no_stage_hook.add_stages_inspection_hook is None
+    # a GPU other than sm_90 is not asked: the probe and the SASS reader are sm_90's
+    from kdash.kernels import decode_choice
+
+    monkeypatch.setattr(decode_choice, "capability_of", lambda device: (8, 0))
+    ampere = _plan(DecodeConfig(evict_first=True))
+    assert ampere._meta1["EVICT"] == "" and "not sm_80" in ampere.l2_refused
+    monkeypatch.setattr(decode_choice, "capability_of", lambda device: None)  # the CPU's answer
     # a ptxas that is right once the shared base is opaque (12.8 to 13.3) is asked
     monkeypatch.setattr(
         l2_hint, "probe", lambda path, opaque_base=False: None if opaque_base else "it is wrong"
