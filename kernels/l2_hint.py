@@ -91,7 +91,7 @@ _OPAQUE_HEAD = (
 _EXTERN_SHARED = re.compile(r"^\.extern\s+\.shared\s+(?:\.align\s+\d+\s+)?\.b8\s+(\w+)\[\]", re.M)
 _HINTED_CP_ASYNC = re.compile(
     r"\bcp\.async\.(ca|cg)\.shared\.global\.L2::cache_hint(\s+[^;]*), "
-    + re.escape("%rdkdashl2")
+    + re.escape(POLICY_REG)
     + ";"
 )
 
