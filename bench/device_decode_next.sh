@@ -24,6 +24,9 @@
 #          Gluon stage 1 with its page indices read ahead, never timed before), with and without
 #          the L2 evict-first hint on its copies, read-flushed figures too
 #          -> $OUT/decode-gluon-h200.json;
+#   splits bench/gpu_decode_splits.py: the default plan at 1 x 64k against forced split counts
+#          below its own (the fused grid's merge programs counted in the wave) and the
+#          two-launch path -> $OUT/decode-splits.json;
 #   table  the decode table under the defaults, each shape's default path
 #          -> $OUT/kernels-h200-decode.json;
 #   table-plain  the same with --no-evict-first (the defaults ask for the L2 hint on both
@@ -84,6 +87,11 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
       fi
     done
     unset TRITON_PTXAS_PATH
+  fi
+  if [[ $steps == *" splits "* ]]; then
+    echo "== split counts and paths at 1 x 64k"
+    (cd bench && PYTHONSAFEPATH= timeout -k 5 240 python3 gpu_decode_splits.py \
+      --kv bf16 --out "$OUT/decode-splits.json" 2>&1 | grep -v Warning | cut -c1-330)
   fi
   if [[ $steps == *" fp8 "* ]]; then
     echo "== fp8: kmma against cvt"

@@ -1,0 +1,156 @@
+"""Split counts and launch paths of the default decode plan at one long request. (GPU machine)
+
+At 1 x 64k the one-launch (fused) grid is stage 1's splits plus GROUP merge programs per KV
+head; the default plan cuts one wave of the compiled kernel's residency and does not count the
+merge programs. On the H100 (session 21), the hinted bf16 fused kernel at 32/8 took 155
+registers (3 programs an SM, 49 splits) and ran 97.6 us replayed, where 64/8 took 124 (4 an SM,
+64 splits) and ran 98.9. This times the plan at forced split counts below the default (the
+kernel's device-side cut takes ``min(its own count, the grid's)``, so a smaller grid is honoured)
+and the two-launch path at the default count, per head layout and KV dtype: do_bench us (L2
+flushed by writing 256 MiB, the bench's ``decode_bw_ratio``), graph-replay us, read-flushed us,
+registers, and the output against the default plan's. Every variant is timed in two passes, in
+turn, so the spread between the passes shows the noise. The JSON (command, machine, rows) is
+rewritten after every variant.
+Run: python bench/gpu_decode_splits.py [--out FILE] [--shape 1x65536] [--heads 32/8,64/8]
+     [--splits 40,44,48,49,52,56,58,60] [--kv bf16,fp8] [--configs b128,b128_w8,st3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from gpu_decode_persist import lens_of
+from kdash.kernels import bench
+from kdash.kernels.bench_timing import bench_graph_ms, bench_ms, bench_readflush_ms
+from kdash.kernels.decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
+from kdash.kernels.decode_plan import DecodePlan
+
+# Launch configs timed beside the default at its own split count (bf16 only; fp8 has its own
+# sweep in gpu_fp8_variants.py): 128-token tiles read the cache ~2% faster in the loads-only
+# kernel (session 13), and the decode sweep never timed them for bf16.
+CONFIGS = {
+    "b128": DecodeConfig(block_n=128),
+    "b128_w8": DecodeConfig(block_n=128, num_warps=8),
+    "st3": DecodeConfig(num_stages=3),
+}
+
+
+def make_plan(
+    case: bench.DecodeCase,
+    splits: int | None,
+    fused: bool | None,
+    cfg: DecodeConfig | None = None,
+) -> DecodePlan:
+    if cfg is None:
+        cfg = DEFAULT_FP8_CONFIG if case.fp8 else DecodeConfig()
+    return DecodePlan(
+        case.page_table,
+        case.seq_lens,
+        case.hq,
+        case.hkv,
+        case.d,
+        case.k.shape[1],
+        max_seq_len=max(case.lens),
+        total_tokens=None if splits is not None else sum(case.lens),
+        num_splits=splits,
+        kv_dtype=case.k.dtype,
+        config=cfg,
+        out=case.out,
+        fused=fused,
+        **case.scales,
+    )
+
+
+def figures(case: bench.DecodeCase, plan: DecodePlan, copy_gbs: float) -> tuple[dict, object]:
+    q, k, v = case.q, case.k, case.v
+
+    def fn() -> None:
+        plan.run(q, k, v)
+
+    fn()
+    torch.cuda.synchronize()
+    out = case.out.float().clone()
+    ms, ms_g, ms_r = bench_ms(fn), bench_graph_ms(fn), bench_readflush_ms(fn)
+    nbytes = case.bytes_needed()
+    occ = bench.occupancy_or_error(plan)
+    return {
+        "path": plan.path,
+        "splits": plan.num_splits,
+        "split_len": plan.split_len,
+        "registers": occ.get("registers"),
+        "resident_per_sm": occ.get("resident_per_sm"),
+        "programs": occ.get("programs"),
+        "l2_refused": plan.l2_refused,
+        "us": ms * 1e3,
+        "us_graph": ms_g * 1e3,
+        "us_readflush": ms_r * 1e3,
+        "bw_ratio": nbytes / (ms * 1e-3) / 1e9 / copy_gbs,
+        "bw_ratio_graph": nbytes / (ms_g * 1e-3) / 1e9 / copy_gbs,
+    }, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "splits.json")
+    ap.add_argument("--shape", default="1x65536")
+    ap.add_argument("--heads", default="32/8,64/8")
+    ap.add_argument("--splits", default="33,40,44,48,49,52,56,58,60")
+    ap.add_argument("--kv", default="bf16,fp8")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="bf16 configs beside the default")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_decode_splits.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    result: dict = {
+        "command": "python bench/gpu_decode_splits.py " + " ".join(argv or sys.argv[1:]),
+        "machine": bench.machine(),
+        "ceilings": bench.ceilings(),
+        "rows": [],
+    }
+    copy_gbs = result["ceilings"]["copy_GBps"]
+    forced = [int(s) for s in a.splits.split(",") if s]
+    for heads in a.heads.split(","):
+        hq, hkv = (int(x) for x in heads.split("/"))
+        for kv in a.kv.split(","):
+            case = bench.DecodeCase(lens_of(a.shape), hq, hkv, 128, kv == "fp8")
+            default = make_plan(case, None, None)
+            variants: list[tuple[str, int | None, bool | None, DecodeConfig | None]] = [
+                ("default", None, None, None),
+                ("two", None, False, None),
+            ]
+            variants += [(f"s{s}", s, True, None) for s in forced if s < default.num_splits]
+            if kv == "bf16":
+                variants += [(n, None, None, CONFIGS[n]) for n in a.configs.split(",") if n]
+            plans = {}
+            for name, s, f, c in variants:
+                try:
+                    plans[name] = make_plan(case, s, f, c)
+                except Exception as e:  # noqa: BLE001 - a config that cannot plan is a finding
+                    print(f"{name}: no plan: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            want = None
+            for pass_no in (1, 2):
+                for name, plan in plans.items():
+                    row = {"shape": a.shape, "heads": heads, "kv": kv, "variant": name}
+                    row["pass"] = pass_no
+                    try:
+                        fig, out = figures(case, plan, copy_gbs)
+                        want = out if want is None else want
+                        fig["max_abs_diff_vs_default"] = float((out - want).abs().max())
+                    except Exception as e:  # noqa: BLE001 - one variant's failure is a finding
+                        fig = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                    row.update(fig)
+                    result["rows"].append(row)
+                    a.out.write_text(json.dumps(result, indent=1))
+                    print(json.dumps(row)[:420], flush=True)
+            del case, plans, default
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
