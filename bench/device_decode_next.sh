@@ -29,6 +29,8 @@
 #          two-launch path -> $OUT/decode-splits.json;
 #   table  the decode table under the defaults, each shape's default path
 #          -> $OUT/kernels-h200-decode.json;
+#   table-cap3  the same with --max-resident 3 (at most 3 stage-1 programs an SM)
+#          -> $OUT/kernels-h200-decode-cap3.json;
 #   table-plain  the same with --no-evict-first (the defaults ask for the L2 hint on both
 #          dtypes' copies since session 21; this is the baseline without it)
 #          -> $OUT/kernels-h200-decode-plain.json;
@@ -91,7 +93,8 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
   if [[ $steps == *" splits "* ]]; then
     echo "== split counts and paths at 1 x 64k"
     (cd bench && PYTHONSAFEPATH= timeout -k 5 240 python3 gpu_decode_splits.py \
-      --kv bf16 --out "$OUT/decode-splits.json" 2>&1 | grep -v Warning | cut -c1-330)
+      --kv bf16 --splits 48,49 --configs cap3,cap3_two,cap2 \
+      --out "$OUT/decode-splits.json" 2>&1 | grep -v Warning | cut -c1-330)
   fi
   if [[ $steps == *" fp8 "* ]]; then
     echo "== fp8: kmma against cvt"
@@ -131,6 +134,13 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
     timeout -k 5 300 python3 -m kdash.kernels.bench --sweep none --only decode \
       --default-path-only --out "$OUT/kernels-h200-decode.json" > /tmp/bench.log 2>&1
     echo "rc=$?"; grep -E "summary|Error|error" /tmp/bench.log | cut -c1-300
+  fi
+  if [[ $steps == *" table-cap3 "* ]]; then
+    echo "== decode table, the defaults at most 3 programs an SM"
+    timeout -k 5 300 python3 -m kdash.kernels.bench --sweep none --only decode \
+      --default-path-only --max-resident 3 \
+      --out "$OUT/kernels-h200-decode-cap3.json" > /tmp/bench-cap3.log 2>&1
+    echo "rc=$?"; grep -E "summary|Error|error" /tmp/bench-cap3.log | cut -c1-300
   fi
   if [[ $steps == *" table-plain "* ]]; then
     echo "== decode table, the defaults without the L2 hint"

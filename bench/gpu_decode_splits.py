@@ -12,7 +12,7 @@ registers, and the output against the default plan's. Every variant is timed in 
 turn, so the spread between the passes shows the noise. The JSON (command, machine, rows) is
 rewritten after every variant.
 Run: python bench/gpu_decode_splits.py [--out FILE] [--shape 1x65536] [--heads 32/8,64/8]
-     [--splits 40,44,48,49,52,56,58,60] [--kv bf16,fp8] [--configs b128,b128_w8,st3]
+     [--splits 40,44,48,49,52,56,58,60] [--kv bf16,fp8] [--configs cap3,cap3_two,cap2,b128]
 """
 
 from __future__ import annotations
@@ -30,13 +30,16 @@ from kdash.kernels.bench_timing import bench_graph_ms, bench_ms, bench_readflush
 from kdash.kernels.decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
 from kdash.kernels.decode_plan import DecodePlan
 
-# Launch configs timed beside the default at its own split count (bf16 only; fp8 has its own
-# sweep in gpu_fp8_variants.py): 128-token tiles read the cache ~2% faster in the loads-only
-# kernel (session 13), and the decode sweep never timed them for bf16.
-CONFIGS = {
-    "b128": DecodeConfig(block_n=128),
-    "b128_w8": DecodeConfig(block_n=128, num_warps=8),
-    "st3": DecodeConfig(num_stages=3),
+# Launch configs timed beside the default at their own split counts (bf16 only; fp8 has its
+# own sweep in gpu_fp8_variants.py), with the launch path (None: the plan's choice). Session 22's
+# first call: 128-token tiles and 3 stages were 1-3 us slower; the plans holding 3 programs an
+# SM (153-155 registers) were the fastest, so the cap (DecodeConfig.max_resident_per_sm) asks
+# whether that is the residency or the code.
+CONFIGS: dict[str, tuple[DecodeConfig, bool | None]] = {
+    "cap3": (DecodeConfig(max_resident_per_sm=3), None),
+    "cap3_two": (DecodeConfig(max_resident_per_sm=3), False),
+    "cap2": (DecodeConfig(max_resident_per_sm=2), None),
+    "b128": (DecodeConfig(block_n=128), None),
 }
 
 
@@ -83,6 +86,8 @@ def figures(case: bench.DecodeCase, plan: DecodePlan, copy_gbs: float) -> tuple[
         "splits": plan.num_splits,
         "split_len": plan.split_len,
         "registers": occ.get("registers"),
+        "shared_asked": occ.get("shared_asked"),
+        "shared_refused": occ.get("shared_refused"),
         "resident_per_sm": occ.get("resident_per_sm"),
         "programs": occ.get("programs"),
         "l2_refused": plan.l2_refused,
@@ -125,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             ]
             variants += [(f"s{s}", s, True, None) for s in forced if s < default.num_splits]
             if kv == "bf16":
-                variants += [(n, None, None, CONFIGS[n]) for n in a.configs.split(",") if n]
+                named = [(n, *CONFIGS[n]) for n in a.configs.split(",") if n]
+                variants += [(n, None, fused, cfg) for n, cfg, fused in named]
             plans = {}
             for name, s, f, c in variants:
                 try:

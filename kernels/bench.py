@@ -663,6 +663,14 @@ def main(argv: list[str] | None = None) -> int:
         help="decode's configs do not ask for the L2 evict-first hint (the baseline without it)",
     )
     ap.add_argument(
+        "--max-resident",
+        type=int,
+        default=None,
+        metavar="N",
+        help="decode's configs hold at most N stage-1 programs an SM "
+        "(DecodeConfig.max_resident_per_sm; 0: as many as fit)",
+    )
+    ap.add_argument(
         "--persistent",
         action="store_true",
         help="default plans take the persistent one-launch kernel where the fused one does not "
@@ -675,6 +683,9 @@ def main(argv: list[str] | None = None) -> int:
         "the decode table's time; row['paths'] then holds that path alone)",
     )
     args = ap.parse_args(argv)
+    if args.max_resident is not None and args.max_resident < 0:
+        print("--max-resident must be 0 or more", file=sys.stderr)
+        return 2
     if args.default_path_only:
         global OTHER_PATHS
         OTHER_PATHS = False
@@ -717,6 +728,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.evict_first or args.no_evict_first:
         hint = "l2_evict_first" if args.decode_tma else "evict_first"
         best_dec = {k: replace(v, **{hint: args.evict_first}) for k, v in best_dec.items()}
+    if args.max_resident is not None:
+        cap = {"max_resident_per_sm": args.max_resident}
+        best_dec = {k: replace(v, **cap) for k, v in best_dec.items()}
     if args.sweep in ("all", "prefill") and args.only != "decode":
         log("sweep: prefill configs")
         sp, best_pre = sweep_prefill()

@@ -82,14 +82,14 @@ class DecodeConfig:
     # longest request off the critical path.
     programs_per_sm: int = 4
     programs_per_sm_varlen: int = 12
+    max_resident_per_sm: int = 0  # at most this many an SM (0: what fits), padded shared memory
     min_tokens_per_split: int = 256
     max_splits: int = 256
     fp8_compute: str = "pairs_asm"
     evict_first: bool = True  # L2 evict-first on the K/V copies, where l2_hint grants it
-    # Software-pipeline the page-table reads: each tile's page indices are loaded one iteration
-    # ahead, so the K/V address math no longer waits on a just-issued index load (PC sampling on
-    # the H200 put 41.5% of stage 1's samples, 98% long-scoreboard, on that wait at num_stages=2).
-    # On: run 4's H200 sweep picked it for bf16 and fp8 alike (``--sweep decode`` times both).
+    # Page indices loaded a tile ahead, so the K/V address math waits on no just-issued load (PC
+    # sampling on the H200 put 41.5% of stage 1's samples, 98% long-scoreboard, on that wait at
+    # num_stages=2). On: run 4's H200 sweep picked it for bf16 and fp8 alike (``--sweep decode``).
     prefetch_pages: bool = True
 
 

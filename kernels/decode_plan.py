@@ -345,6 +345,7 @@ class DecodePlan:
         if choice != "auto":
             return "fused" if choice else "two"
         per_sm, sms = max(1, self.config.programs_per_sm), self._sms
+        per_sm = min(per_sm, self.config.max_resident_per_sm or per_sm)
         est = (self.batch, self.kv_heads, self.max_seq_len, total_tokens, num_splits, per_sm)
         programs = self.batch * self.kv_heads * self._splits(*est)[0]
         if fused_pays(self.batch, self.q_heads, programs, per_sm * sms, sms):
@@ -363,7 +364,8 @@ class DecodePlan:
         variant, else compiled here), else the config's ``programs_per_sm``. A split count of
         another specialisation class is another kernel, so the figure is read again for the
         chosen count until it stops changing (there are 3 classes)."""
-        per_sm = min(MAX_BLOCKS_PER_SM, max(1, self.config.programs_per_sm))
+        cap = self.config.max_resident_per_sm or MAX_BLOCKS_PER_SM
+        per_sm = min(MAX_BLOCKS_PER_SM, cap, max(1, self.config.programs_per_sm))
         self.residency_source = "config"
         self.residency: Residency | None = None
         plan_args = (batch, kv_heads, max_len, total_tokens, num_splits)
@@ -373,10 +375,17 @@ class DecodePlan:
             if found is None:
                 break
             self.residency = found
-            if found.per_sm == per_sm:
+            if min(found.per_sm, cap) == per_sm:
                 break
-            per_sm = found.per_sm
+            per_sm = min(found.per_sm, cap)
             splits, split_len = self._splits(*plan_args, per_sm)
+        # The config's cap, where the kernel would fit more: its launches ask for the shared
+        # memory that leaves room for no more (residency.shared_for_cap).
+        self._shared = 0
+        capped = self.residency is not None and self.residency.per_sm > per_sm
+        if capped and self.device.type == "cuda":
+            smem_sm = torch.cuda.get_device_properties(self.device).shared_memory_per_multiprocessor
+            self._shared = residency.shared_for_cap(per_sm, self.residency.shared_bytes, smem_sm)
         self.resident_per_sm = per_sm
         self.capacity = per_sm * self._sms  # stage-1 programs resident at once, as planned
         return splits, split_len
@@ -508,7 +517,12 @@ class DecodePlan:
         if meta.get("KV_SAME") and ks != vs:  # V's own strides, then
             meta = {**meta, "KV_SAME": False}
         self._s1 = BoundKernel(
-            self._kern1, self._grid1, meta, self._scratch, decode_gluon.SCRATCH_PER_PROGRAM
+            self._kern1,
+            self._grid1,
+            meta,
+            self._scratch,
+            decode_gluon.SCRATCH_PER_PROGRAM,
+            shared=self._shared,
         )
         self._fire = None
         if self._slot is not None:

@@ -23,6 +23,7 @@ as integers (``data_ptr()``), which every Triton CUDA launcher accepts: it then 
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -74,18 +75,29 @@ class BoundKernel:
 
     __slots__ = (
         "fn", "grid", "meta", "_compiled", "_tail", "_stream", "_device", "_g", "_direct",
-        "scratch", "scratch_per_program",
+        "scratch", "scratch_per_program", "shared", "shared_refused", "_packed",
     )  # fmt: skip
 
     def __init__(
-        self, fn, grid: tuple[int, ...], meta: dict[str, Any], scratch=None, per_program: int = 0
+        self,
+        fn,
+        grid: tuple[int, ...],
+        meta: dict[str, Any],
+        scratch=None,
+        per_program: int = 0,
+        shared: int = 0,
     ) -> None:
         """``scratch``: a device buffer of ``per_program`` bytes for each program of the grid,
         for a kernel that needs global scratch memory (in-kernel TMA descriptors): the direct
         launches pass it instead of Triton allocating one per launch. A kernel needing more
-        than ``per_program`` keeps Triton's path."""
+        than ``per_program`` keeps Triton's path. ``shared``: dynamic shared memory each launch
+        after the first asks for at least (bytes), which caps the programs an SM holds
+        (:func:`kdash.kernels.residency.shared_for_cap`); where the driver refuses it,
+        ``shared_refused`` says why and the kernel's own figure stays."""
         self.fn, self.grid, self.meta = fn, tuple(grid), dict(meta)
         self.scratch, self.scratch_per_program = scratch, per_program
+        self.shared, self.shared_refused = int(shared), None
+        self._packed = None
         g = (*self.grid, 1, 1)
         self._g = (int(g[0]), int(g[1]), int(g[2]))
         self._compiled = None
@@ -130,7 +142,7 @@ class BoundKernel:
                 g2,
                 self._stream(self._device),
                 ck.function,
-                ck.packed_metadata,
+                self._packed,
                 None,
                 None,
                 None,
@@ -153,12 +165,24 @@ class BoundKernel:
             self._stream = triton.runtime.driver.active.get_current_stream
             compiled.run  # noqa: B018 - loads the module now, not inside a later capture
             compiled.function  # noqa: B018
-            compiled.packed_metadata  # noqa: B018
+            packed = compiled.packed_metadata
         except Exception:  # noqa: BLE001 - a Triton without these attributes keeps the JIT path
             return
+        self._packed = self._padded(compiled, packed)
         self._tail = tail
         self._compiled = compiled
-        self._direct = _direct_entry(compiled, self._g, tail, self._scratch_ptr())
+        self._direct = _direct_entry(compiled, self._g, tail, self._scratch_ptr(), self._packed)
+
+    def _padded(self, compiled, packed: tuple) -> tuple:
+        """``packed`` (Triton's (warps, CTAs, shared bytes)) asking for :attr:`shared` bytes,
+        once the driver allows that much dynamic shared memory; else as it is, and why."""
+        if self.shared <= int(compiled.metadata.shared):
+            return packed
+        if len(packed) != 3:
+            self.shared_refused = f"launch metadata of {len(packed)} fields, not 3"
+            return packed
+        self.shared_refused = allow_dynamic_shared(compiled.function, self.shared)
+        return packed if self.shared_refused else (packed[0], packed[1], self.shared)
 
     def _scratch_ptr(self) -> tuple[int, int] | None:
         """``(pointer, bytes a program)`` of the caller's scratch buffer, if any."""
@@ -182,7 +206,8 @@ class BoundKernel:
         """
         if self._compiled is None or self._direct is None:
             return None
-        return _direct_entry(self._compiled, self._g, (*fixed, *self._tail), self._scratch_ptr())
+        tail = (*fixed, *self._tail)
+        return _direct_entry(self._compiled, self._g, tail, self._scratch_ptr(), self._packed)
 
     def stream_reader(self) -> Callable[[], int]:
         """A callable giving the current stream of the device this kernel was armed on (call
@@ -203,14 +228,38 @@ hooks_installed = _hooks_installed
 _DIRECT_VERSIONS = ("3.6.", "3.9.")
 
 
+# CUfunction_attribute: the most dynamic shared memory a launch of the function may ask for.
+_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+def allow_dynamic_shared(function: int, nbytes: int, lib: Any = None) -> str | None:
+    """Let launches of the CUDA ``function`` ask for ``nbytes`` of dynamic shared memory (past
+    48 KiB the driver wants this said first; Triton says it only for kernels that need it).
+    None when done, else why not. ``lib``: the driver library (``libcuda`` when None)."""
+    try:
+        lib = lib if lib is not None else ctypes.CDLL("libcuda.so.1")
+        rc = lib.cuFuncSetAttribute(
+            ctypes.c_void_p(function),
+            ctypes.c_int(_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES),
+            ctypes.c_int(nbytes),
+        )
+    except (OSError, AttributeError) as e:
+        return f"libcuda: {e}"
+    return None if rc == 0 else f"cuFuncSetAttribute({nbytes} bytes of shared memory): error {rc}"
+
+
 def _direct_entry(
-    compiled, grid: tuple[int, int, int], tail: tuple, scratch: tuple[int, int] | None = None
+    compiled,
+    grid: tuple[int, int, int],
+    tail: tuple,
+    scratch: tuple[int, int] | None = None,
+    packed: tuple | None = None,
 ) -> Callable[..., None] | None:
     """``fire(stream, *head)``: the launcher object's C ``launch`` called with what the object
     itself would add (global scratch: ``scratch``'s buffer, ``(pointer, bytes a program)``,
     when the kernel needs some and it is large enough, else None is returned; no profile
     scratch, launch metadata or hooks), for the runtime arguments ``head + tail``; None when the
-    layout is not known."""
+    layout is not known. ``packed``: the launch metadata, the kernel's own when None."""
     if not triton.__version__.startswith(_DIRECT_VERSIONS):
         return None
     try:
@@ -228,7 +277,7 @@ def _direct_entry(
             return None
         function = compiled.function
         coop, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
-        packed = compiled.packed_metadata
+        packed = packed if packed is not None else compiled.packed_metadata
         annotations = getattr(launcher, "arg_annotations", None)
         signature = getattr(launcher, "kernel_signature", None)
     except AttributeError:

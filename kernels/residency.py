@@ -53,6 +53,16 @@ def programs_per_sm(
     return max(1, min(MAX_BLOCKS_PER_SM, *by.values())), by
 
 
+def shared_for_cap(cap: int, shared_bytes: int, shared_per_sm: int = 233472) -> int:
+    """The shared memory a program asks for so that an SM holds at most ``cap`` of them: its
+    own ``shared_bytes``, or more, up to the least amount that leaves no room for ``cap + 1``
+    (the SM's ``shared_per_sm``, less the driver's reserve per block). Fewer programs than
+    the registers allow can be faster: each then has more of the SM's memory pipeline
+    (bench/NOTES-kernels.md, session 22)."""
+    need = shared_per_sm // (max(1, cap) + 1) - SHARED_RESERVED_PER_BLOCK + 1
+    return max(shared_bytes, need)
+
+
 def of_compiled(compiled: Any, num_warps: int, device_index: int = 0) -> Residency:
     """The residency of a Triton ``CompiledKernel`` on CUDA device ``device_index``.
 
