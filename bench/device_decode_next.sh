@@ -93,7 +93,7 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
   if [[ $steps == *" splits "* ]]; then
     echo "== split counts and paths at 1 x 64k"
     (cd bench && PYTHONSAFEPATH= timeout -k 5 240 python3 gpu_decode_splits.py \
-      --kv bf16 --splits 48,49 --configs cap3,cap3_two,cap2 \
+      --kv bf16 ${SPLITS_ARGS:---splits 48,49 --configs cap3,cap3_two,cap2} \
       --out "$OUT/decode-splits.json" 2>&1 | grep -v Warning | cut -c1-330)
   fi
   if [[ $steps == *" fp8 "* ]]; then

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from . import decode_persist
+from . import bench_configs, decode_persist
 from .bench_occupancy import occ, occupancy_or_error, stage1_occupancy  # noqa: F401
 from .bench_summary import (
     AT_MOST,
@@ -59,7 +59,6 @@ from .bench_timing import (
     log,
 )
 from .decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
-from .decode_gluon import TmaConfig
 from .decode_plan import DecodePlan, decode_attention
 from .kv_cache import fp8_scales, quantize_fp8
 from .prefill_attention import PrefillConfig, chosen_config, extend_attention
@@ -671,6 +670,14 @@ def main(argv: list[str] | None = None) -> int:
         "(DecodeConfig.max_resident_per_sm; 0: as many as fit)",
     )
     ap.add_argument(
+        "--max-registers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="bf16 decode's stage 1 compiled with at most N registers a thread (Triton's "
+        "maxnreg; fp8's kernel keeps its own)",
+    )
+    ap.add_argument(
         "--persistent",
         action="store_true",
         help="default plans take the persistent one-launch kernel where the fused one does not "
@@ -683,8 +690,9 @@ def main(argv: list[str] | None = None) -> int:
         "the decode table's time; row['paths'] then holds that path alone)",
     )
     args = ap.parse_args(argv)
-    if args.max_resident is not None and args.max_resident < 0:
-        print("--max-resident must be 0 or more", file=sys.stderr)
+    bad = bench_configs.flag_error(args)
+    if bad:
+        print(bad, file=sys.stderr)
         return 2
     if args.default_path_only:
         global OTHER_PATHS
@@ -723,14 +731,7 @@ def main(argv: list[str] | None = None) -> int:
         sd = sweep_decode(copy)
         best_dec = {k: DecodeConfig(**v["best"]) for k, v in sd.items()}
         result["sweep"]["decode"] = sd
-    if args.decode_tma:
-        best_dec = {k: TmaConfig(**asdict(v)) for k, v in best_dec.items()}
-    if args.evict_first or args.no_evict_first:
-        hint = "l2_evict_first" if args.decode_tma else "evict_first"
-        best_dec = {k: replace(v, **{hint: args.evict_first}) for k, v in best_dec.items()}
-    if args.max_resident is not None:
-        cap = {"max_resident_per_sm": args.max_resident}
-        best_dec = {k: replace(v, **cap) for k, v in best_dec.items()}
+    best_dec = bench_configs.apply_flags(args, best_dec)
     if args.sweep in ("all", "prefill") and args.only != "decode":
         log("sweep: prefill configs")
         sp, best_pre = sweep_prefill()

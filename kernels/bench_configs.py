@@ -1,0 +1,38 @@
+"""The decode configs the bench's flags ask for (``--decode-tma``, ``--evict-first``,
+``--no-evict-first``, ``--max-resident``, ``--max-registers``), and what is wrong with a
+combination of them: kept apart from :mod:`kdash.kernels.bench`, whose ``main`` only reads them."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, replace
+
+from .decode_attention import DecodeConfig
+from .decode_fp8 import Fp8Config
+from .decode_gluon import TmaConfig
+
+
+def flag_error(args: argparse.Namespace) -> str | None:
+    """One line saying what is wrong with the decode flags, or None."""
+    if args.max_resident is not None and args.max_resident < 0:
+        return "--max-resident must be 0 or more"
+    if args.max_registers is not None and not 24 <= args.max_registers <= 255:
+        return "--max-registers must be from 24 to 255"
+    if args.max_registers is not None and args.decode_tma:
+        return "--max-registers is for the Triton kernels, not --decode-tma"
+    return None
+
+
+def apply_flags(args: argparse.Namespace, best: dict[str, DecodeConfig]) -> dict[str, DecodeConfig]:
+    """``best`` (per KV dtype) with the flags' changes."""
+    if args.decode_tma:
+        best = {k: TmaConfig(**asdict(v)) for k, v in best.items()}
+    if args.evict_first or args.no_evict_first:
+        hint = "l2_evict_first" if args.decode_tma else "evict_first"
+        best = {k: replace(v, **{hint: args.evict_first}) for k, v in best.items()}
+    if args.max_resident is not None:
+        best = {k: replace(v, max_resident_per_sm=args.max_resident) for k, v in best.items()}
+    if args.max_registers is not None:  # bf16 only: fp8's kernel needs its 168 (3 an SM)
+        capped = Fp8Config(**{**asdict(best["bf16"]), "maxnreg": args.max_registers})
+        best = {**best, "bf16": capped}
+    return best
