@@ -12,7 +12,7 @@ registers, and the output against the default plan's. Every variant is timed in 
 turn, so the spread between the passes shows the noise. The JSON (command, machine, rows) is
 rewritten after every variant.
 Run: python bench/gpu_decode_splits.py [--out FILE] [--shape 1x65536] [--heads 32/8,64/8]
-     [--splits 40,44,48,49,52,56,58,60] [--kv bf16,fp8] [--configs cap3,cap3_two,cap2,b128]
+     [--splits 40,44,48,49,52,56,58,60] [--kv bf16,fp8] [--configs r128,cap3,b128]
 """
 
 from __future__ import annotations
@@ -32,13 +32,11 @@ from kdash.kernels.decode_fp8 import Fp8Config
 from kdash.kernels.decode_plan import DecodePlan
 
 # Launch configs timed beside the default at their own split counts (bf16 only; fp8 has its
-# own sweep in gpu_fp8_variants.py), with the launch path (None: the plan's choice). Session 22's
-# first call: 128-token tiles and 3 stages were 1-3 us slower; the plans holding 3 programs an
-# SM (153-155 registers) were the fastest, so the cap (DecodeConfig.max_resident_per_sm) asks
-# whether that is the residency or the code.
+# own sweep in gpu_fp8_variants.py), with the launch path (None: the plan's choice). The plans
+# that held 3 programs an SM through their 153-155 registers were the fastest on the H100, so
+# the cap (DecodeConfig.max_resident_per_sm) and the register cap (maxnreg) ask whether that is
+# the residency or the code (session 22: the code; see bench/NOTES-kernels.md).
 CONFIGS: dict[str, tuple[DecodeConfig, bool | None]] = {
-    # Triton's register cap (maxnreg) on stage 1: on the H200 the hinted fused kernel at 32/8
-    # took 155 registers (3 an SM) and was ~1 us slower than the 4 an SM of two launches.
     "r128": (Fp8Config(maxnreg=128), None),
     "r128_two": (Fp8Config(maxnreg=128), False),
     "cap3": (DecodeConfig(max_resident_per_sm=3), None),

@@ -56,9 +56,9 @@ def programs_per_sm(
 def shared_for_cap(cap: int, shared_bytes: int, shared_per_sm: int = 233472) -> int:
     """The shared memory a program asks for so that an SM holds at most ``cap`` of them: its
     own ``shared_bytes``, or more, up to the least amount that leaves no room for ``cap + 1``
-    (the SM's ``shared_per_sm``, less the driver's reserve per block). Fewer programs than
-    the registers allow can be faster: each then has more of the SM's memory pipeline
-    (bench/NOTES-kernels.md, session 22)."""
+    (the SM's ``shared_per_sm``, less the driver's reserve per block). The way to hold fewer
+    programs than the registers allow; at the decode defaults it did not pay on an H100 or an
+    H200 (bench/NOTES-kernels.md, session 22)."""
     need = shared_per_sm // (max(1, cap) + 1) - SHARED_RESERVED_PER_BLOCK + 1
     return max(shared_bytes, need)
 
