@@ -34,7 +34,6 @@ from types import SimpleNamespace
 
 from kdash.kernels import bench, graph_launch
 from kdash.kernels.decode_attention import DecodeConfig
-from kdash.kernels.decode_plan import DecodePlan
 from kdash.kernels.launch import BoundKernel
 
 RUNS, REPS = 20_000, 7
@@ -63,24 +62,6 @@ def stand_in(bk: BoundKernel, n_runtime: int) -> None:
     bk._compiled, bk._tail = compiled, tail
     bk._stream, bk._device = (lambda _d: 0), 0
     bk._direct = launch._direct_entry(compiled, bk._g, tail)
-
-
-def _plan(case: bench.DecodeCase, cfg, fused: bool | str) -> DecodePlan:
-    return DecodePlan(
-        case.page_table,
-        case.seq_lens,
-        case.hq,
-        case.hkv,
-        case.d,
-        case.k.shape[1],
-        max_seq_len=max(case.lens),
-        total_tokens=sum(case.lens),
-        kv_dtype=case.k.dtype,
-        config=cfg,
-        out=case.out,
-        fused=fused,
-        **case.scales,
-    )
 
 
 # The driver calls a graph slot makes: the capture status, its call's result and the launch's
@@ -118,7 +99,7 @@ def stand_in_driver() -> graph_launch.Driver:
 
 def measure(fused: bool | str, fp8: bool, profile: bool, drv=None) -> tuple[float, float]:
     case = bench.DecodeCase([300, 40, 77, 5], 32, 8, 128, fp8)
-    plan = _plan(case, None if fp8 else DecodeConfig(block_n=64), fused)
+    plan = case.plan(None if fp8 else DecodeConfig(block_n=64), fused)
     q, k, v = case.q, case.k, case.v
     saved = BoundKernel.__call__
     BoundKernel.__call__ = lambda self, *a: None  # the binding run, without interpreting

@@ -54,22 +54,7 @@ def make_plan(
 ) -> DecodePlan:
     if cfg is None:
         cfg = DEFAULT_FP8_CONFIG if case.fp8 else DecodeConfig()
-    return DecodePlan(
-        case.page_table,
-        case.seq_lens,
-        case.hq,
-        case.hkv,
-        case.d,
-        case.k.shape[1],
-        max_seq_len=max(case.lens),
-        total_tokens=None if splits is not None else sum(case.lens),
-        num_splits=splits,
-        kv_dtype=case.k.dtype,
-        config=cfg,
-        out=case.out,
-        fused=fused,
-        **case.scales,
-    )
+    return case.plan(cfg, fused, splits)
 
 
 def figures(case: bench.DecodeCase, plan: DecodePlan, copy_gbs: float) -> tuple[dict, object]:

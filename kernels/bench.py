@@ -208,9 +208,12 @@ class DecodeCase:
         kv = 2 * sum(self.lens) * self.hkv * self.d * elem
         return kv + 2 * self.q.numel() * self.q.element_size()
 
-    def plan(self, cfg: DecodeConfig, fused: bool | str | None = None) -> DecodePlan:
+    def plan(
+        self, cfg: DecodeConfig, fused: bool | str | None = None, num_splits: int | None = None
+    ) -> DecodePlan:
         """The plan for these lengths (host-known: no sync), as a server makes it per batch;
-        ``fused``: one launch or two (None: the plan's default)."""
+        ``fused``: one launch or two (None: the plan's default); ``num_splits``: the grid's
+        split count instead of the plan's own."""
         return DecodePlan(
             self.page_table,
             self.seq_lens,
@@ -219,7 +222,8 @@ class DecodeCase:
             self.d,
             self.k.shape[1],
             max_seq_len=max(self.lens),
-            total_tokens=sum(self.lens),
+            total_tokens=sum(self.lens) if num_splits is None else None,
+            num_splits=num_splits,
             kv_dtype=self.k.dtype,
             config=cfg,
             out=self.out,

@@ -358,3 +358,20 @@ def no_stage_hook():
     knobs.runtime.add_stages_inspection_hook = None
     yield knobs.runtime
     knobs.runtime.add_stages_inspection_hook = saved
+
+
+@pytest.fixture
+def residency_entry():
+    """``put(key, per_sm)``: an entry written by hand into the decode plans' residency cache (the
+    interpreter compiles nothing, so nothing fills it there), removed again after the test."""
+    from kdash.kernels import residency
+
+    keys: list = []
+
+    def put(key, per_sm: int) -> None:
+        keys.append(key)
+        residency.record(key, residency.Residency(per_sm, 152, 0, 38912))
+
+    yield put
+    for k in keys:
+        residency.forget(k)

@@ -752,23 +752,6 @@ def test_the_device_cut_is_the_host_wave_plan(q_heads, kv_heads, page_size, fp8,
     assert used_splits(plan) == want
 
 
-@pytest.fixture
-def residency_entry():
-    """Entries written by hand into the residency cache (the interpreter compiles nothing, so
-    nothing fills it here): removed again after the test."""
-    from kdash.kernels import residency
-
-    keys: list = []
-
-    def put(key, per_sm: int) -> None:
-        keys.append(key)
-        residency.record(key, residency.Residency(per_sm, 152, 0, 38912))
-
-    yield put
-    for k in keys:
-        residency.forget(k)
-
-
 @needs_device
 def test_a_filled_residency_cache_sets_the_waves(residency_entry) -> None:
     """One program per SM (set by hand for this variant) makes a wave 8 programs: 2 splits of

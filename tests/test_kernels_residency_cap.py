@@ -118,21 +118,6 @@ def test_without_a_driver_the_reason_names_libcuda() -> None:
     assert why is not None and why.startswith("libcuda")
 
 
-@pytest.fixture
-def residency_entry():
-    """Entries written by hand into the residency cache (the interpreter compiles nothing, so
-    nothing fills it here): removed again after the test."""
-    keys: list = []
-
-    def put(key, per_sm: int) -> None:
-        keys.append(key)
-        residency.record(key, residency.Residency(per_sm, 120, 0, 38912))
-
-    yield put
-    for k in keys:
-        residency.forget(k)
-
-
 @pytest.mark.skipif(not INTERPRET, reason="the interpreter's plan (8 SMs, nothing compiled)")
 @pytest.mark.parametrize("fused", [False, True], ids=["two-launch", "fused"])
 def test_a_capped_plan_cuts_its_waves_at_the_cap(fused, residency_entry) -> None:
