@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import torch
+from kdash.kernels.decode_plan import DecodePlan
 from kdash.kernels.kv_cache import FP8, build_paged_cache, fp8_scales
 from kdash.kernels.reference import baseline_for, decode_reference, error_gate
 
@@ -47,3 +48,19 @@ def check(out, q, kc, vc, pt, sl, scales) -> None:
     base = decode_reference(q, kc, vc, pt, sl, fn=baseline_for(q.device), **scales)
     ok, msg = error_gate(out, ref, base, max_factor=4.0, mean_factor=3.0)
     assert ok, msg
+
+
+def plan_for(pt, sl, q, kc, **kw) -> DecodePlan:
+    """A plan for a case of :func:`make_case` (heads, head size, page size and dtypes read off
+    ``q`` and the cache); ``kw`` go to :class:`DecodePlan`."""
+    return DecodePlan(
+        pt,
+        sl,
+        q.shape[1],
+        kc.shape[2],
+        q.shape[2],
+        kc.shape[1],
+        kv_dtype=kc.dtype,
+        q_dtype=q.dtype,
+        **kw,
+    )

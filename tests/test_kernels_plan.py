@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+import decode_cases  # noqa: E402
 from decode_cases import check, make_case  # noqa: E402
 from kdash.kernels import decode_attention as da  # noqa: E402
 from kdash.kernels import decode_plan  # noqa: E402
@@ -48,17 +49,7 @@ def path(request, monkeypatch) -> bool | str:
 
 def plan_for(pt, sl, q, kc, **kw) -> DecodePlan:
     kw.setdefault("config", SMALL)
-    return DecodePlan(
-        pt,
-        sl,
-        q.shape[1],
-        kc.shape[2],
-        q.shape[2],
-        kc.shape[1],
-        kv_dtype=kc.dtype,
-        q_dtype=q.dtype,
-        **kw,
-    )
+    return decode_cases.plan_for(pt, sl, q, kc, **kw)
 
 
 @needs_device

@@ -21,6 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+import decode_cases  # noqa: E402
 from decode_cases import check, make_case  # noqa: E402
 from kdash.kernels import launch, residency  # noqa: E402
 from kdash.kernels.decode_attention import DecodeConfig, DecodePlan  # noqa: E402
@@ -31,18 +32,7 @@ SMALL = DecodeConfig(block_n=64)
 
 
 def plan_for(pt, sl, q, kc, config: DecodeConfig, **kw) -> DecodePlan:
-    return DecodePlan(
-        pt,
-        sl,
-        q.shape[1],
-        kc.shape[2],
-        q.shape[2],
-        kc.shape[1],
-        kv_dtype=kc.dtype,
-        q_dtype=q.dtype,
-        config=config,
-        **kw,
-    )
+    return decode_cases.plan_for(pt, sl, q, kc, config=config, **kw)
 
 
 @pytest.mark.parametrize("smem_sm", [233472, 167936, 102400], ids=["h100", "a100", "sm86"])
