@@ -92,6 +92,25 @@ def _stream(K, V, PT, n_rows, row_elems, pages_per_split, head_cols,
         mbarrier.invalidate(ready.index(i))
 
 
+def per_head_reader(case: bench.DecodeCase, splits: int, p: int, stages: int, warps: int):
+    """``fn()``: the copy-only TMA reader of ``case``'s cache, a program per (KV head, split),
+    ``p`` pages a ring slot, ``stages`` slots (bf16 KV, one request: as :func:`tma_rows`)."""
+    k, v, pt = case.k, case.v, case.page_table[0].to(torch.int32).contiguous()
+    page, hkv, d = k.shape[1], k.shape[2], k.shape[3]
+    n_pages = -(-case.lens[0] // page)
+    assert n_pages % splits == 0 and (n_pages // splits) % p == 0, (n_pages, splits, p)
+    rows, cols, nbox = n_pages * page, hkv * d, d * 2 // 128
+    layout = gl.NVMMASharedLayout.get_default_for([page, 64], gl.bfloat16)
+    kk, vv = k.reshape(-1, cols), v.reshape(-1, cols)
+    meta = dict(USE_PT=True, P=p, STAGES=stages, NBOX=nbox, PAGE_ROWS=page, BOX_R=page,
+                BOX_C=64, ELT=2, LAYOUT=layout, num_warps=warps)  # fmt: skip
+
+    def fn() -> None:
+        _stream[(hkv, splits)](kk, vv, pt, rows, cols, n_pages // splits, d, **meta)
+
+    return fn
+
+
 def tma_rows(fp8: bool, record) -> None:
     tokens, hkv, d = 65536, 8, 128
     case = bench.DecodeCase([tokens], 32, hkv, d, fp8)
