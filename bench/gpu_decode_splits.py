@@ -97,6 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv", default="bf16,fp8")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="bf16 configs beside the default")
     a = ap.parse_args(argv)
+    unknown = [n for n in a.configs.split(",") if n and n not in CONFIGS]
+    if unknown:
+        print(f"unknown config {unknown[0]!r}: one of {', '.join(CONFIGS)}", file=sys.stderr)
+        return 2
+    try:
+        forced = [int(s) for s in a.splits.split(",") if s]
+    except ValueError:
+        print(f"--splits takes whole numbers, not {a.splits!r}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("gpu_decode_splits.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -107,7 +116,6 @@ def main(argv: list[str] | None = None) -> int:
         "rows": [],
     }
     copy_gbs = result["ceilings"]["copy_GBps"]
-    forced = [int(s) for s in a.splits.split(",") if s]
     for heads in a.heads.split(","):
         hq, hkv = (int(x) for x in heads.split("/"))
         for kv in a.kv.split(","):
