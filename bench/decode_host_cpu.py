@@ -66,11 +66,18 @@ def stand_in(bk: BoundKernel, n_runtime: int) -> None:
 
 # The driver calls a graph slot makes: the capture status, its call's result and the launch's
 # result set by ``set`` (zero: not capturing, success), launches counted by ``count``; the exec
-# handle a 64-bit address, which a launch checks (a handle cut to 32 bits fails with 400).
+# handle a 64-bit address, which a launch checks (a handle cut to 32 bits fails with 400). The
+# function attribute call's result is set by ``set_attr_rc``, its last arguments read by
+# ``attr_call`` (function, attribute, value).
 _STAND_IN_C = r"""
-static int status, launch_rc, status_rc, launches;
+static int status, launch_rc, status_rc, launches, attr_rc;
+static long long attr_args[3];
 void set(int s, int lrc, int src) { status = s; launch_rc = lrc; status_rc = src; }
 int count(void) { return launches; }
+void set_attr_rc(int rc) { attr_rc = rc; }
+long long attr_call(int i) { return attr_args[i]; }
+int cuFuncSetAttribute(void *f, int a, int v)
+{ attr_args[0] = (long long)f; attr_args[1] = a; attr_args[2] = v; return attr_rc; }
 int cuStreamBeginCapture_v2(void *s, int m) { return 0; }
 int cuStreamEndCapture(void *s, void **g) { *g = (void *)1; return 0; }
 int cuGraphInstantiateWithFlags(void **e, void *g, unsigned long long f)

@@ -28,7 +28,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("gpu_decode_tma_profile.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    from gpu_kv_tma import per_head_reader  # Gluon: imported only where a GPU is
+    from gpu_kv_tma import reader  # Gluon: imported only where a GPU is
 
     hq, hkv = (int(x) for x in heads.split("/"))
     case = bench.DecodeCase([65536], hq, hkv, 128, False)
@@ -38,11 +38,11 @@ def main() -> int:
     if not tma_plan.tma:
         print(f"no TMA plan here: {tma_plan.tma_refused}", file=sys.stderr)
         return 2
-    reader = per_head_reader(case, 64, 1, 4, 1)
+    copies = reader(case, "per_head", 64, 1, 4, 1)[0]
     runs = {
         "triton": lambda: triton_plan.run(q, k, v),
         "tma": lambda: tma_plan.run(q, k, v),
-        "copies": reader,
+        "copies": copies,
     }
     for name, fn in runs.items():
         for _ in range(4):

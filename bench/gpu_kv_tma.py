@@ -92,67 +92,48 @@ def _stream(K, V, PT, n_rows, row_elems, pages_per_split, head_cols,
         mbarrier.invalidate(ready.index(i))
 
 
-def per_head_reader(case: bench.DecodeCase, splits: int, p: int, stages: int, warps: int):
-    """``fn()``: the copy-only TMA reader of ``case``'s cache, a program per (KV head, split),
-    ``p`` pages a ring slot, ``stages`` slots (bf16 KV, one request: as :func:`tma_rows`)."""
+def reader(case: bench.DecodeCase, mode: str, splits: int, p: int, stages: int, warps: int):
+    """``(fn, smem_bytes, programs)``: the copy-only TMA reader of ``case``'s cache (one
+    request) in ``mode`` (module docstring), ``p`` pages a ring slot, ``stages`` slots."""
     k, v, pt = case.k, case.v, case.page_table[0].to(torch.int32).contiguous()
     page, hkv, d = k.shape[1], k.shape[2], k.shape[3]
     n_pages = -(-case.lens[0] // page)
-    assert n_pages % splits == 0 and (n_pages // splits) % p == 0, (n_pages, splits, p)
-    rows, cols, nbox = n_pages * page, hkv * d, d * 2 // 128
-    layout = gl.NVMMASharedLayout.get_default_for([page, 64], gl.bfloat16)
-    kk, vv = k.reshape(-1, cols), v.reshape(-1, cols)
-    meta = dict(USE_PT=True, P=p, STAGES=stages, NBOX=nbox, PAGE_ROWS=page, BOX_R=page,
-                BOX_C=64, ELT=2, LAYOUT=layout, num_warps=warps)  # fmt: skip
+    if case.fp8:  # TMA copies bytes: read the fp8 cache as uint8
+        k, v = k.view(torch.uint8), v.view(torch.uint8)
+    elt = k.element_size()
+    gdt = gl.uint8 if case.fp8 else gl.bfloat16
+    box_c = 128 // elt
+    if mode == "per_head":
+        rows, cols, box_r = n_pages * page, hkv * d, page
+        nbox, page_rows, head_cols, grid0 = d * elt // 128, page, d, hkv
+    else:  # every head of a page: one box of rows of 128 bytes
+        rows, cols = n_pages * page * hkv * d // box_c, box_c
+        box_r = page_rows = page * hkv * d // box_c
+        nbox, head_cols, grid0 = 1, 0, 1
+    assert n_pages % splits == 0 and (n_pages // splits) % p == 0, (mode, splits, p)
+    pps = n_pages // splits
+    layout = gl.NVMMASharedLayout.get_default_for([box_r, box_c], gdt)
+    kk, vv = k.reshape(rows, cols), v.reshape(rows, cols)
+    meta = dict(USE_PT=mode != "flat", P=p, STAGES=stages, NBOX=nbox, PAGE_ROWS=page_rows,
+                BOX_R=box_r, BOX_C=box_c, ELT=elt, LAYOUT=layout, num_warps=warps)  # fmt: skip
+    grid = (grid0, splits)
 
     def fn() -> None:
-        _stream[(hkv, splits)](kk, vv, pt, rows, cols, n_pages // splits, d, **meta)
+        _stream[grid](kk, vv, pt, rows, cols, pps, head_cols, **meta)
 
-    return fn
+    return fn, 2 * stages * p * nbox * box_r * box_c * elt, grid0 * splits
 
 
 def tma_rows(fp8: bool, record) -> None:
     tokens, hkv, d = 65536, 8, 128
     case = bench.DecodeCase([tokens], 32, hkv, d, fp8)
-    k, v, pt = case.k, case.v, case.page_table[0].to(torch.int32).contiguous()
-    page = k.shape[1]
-    n_pages = tokens // page
     tag = "fp8" if fp8 else "bf16"
-    if fp8:  # TMA copies bytes: read the fp8 cache as uint8
-        k, v = k.view(torch.uint8), v.view(torch.uint8)
-    elt = k.element_size()
-    nbytes = 2 * tokens * hkv * d * elt
-    gdt = gl.uint8 if fp8 else gl.bfloat16
+    nbytes = 2 * tokens * hkv * d * (1 if fp8 else 2)
 
     def run(mode: str, splits: int, p: int, stages: int, warps: int) -> None:
-        if mode == "per_head":
-            rows, cols = n_pages * page, hkv * d
-            box_r, box_c = page, 128 // elt
-            nbox, page_rows, head_cols, grid0 = d * elt // 128, page, d, hkv
-        else:  # every head of a page: one box of rows of 128 bytes
-            box_c = 128 // elt
-            rows, cols = n_pages * page * hkv * d // box_c, box_c
-            box_r, nbox, page_rows, head_cols, grid0 = (
-                page * hkv * d // box_c,
-                1,
-                page * hkv * d // box_c,
-                0,
-                1,
-            )
-        assert n_pages % splits == 0 and (n_pages // splits) % p == 0, (mode, splits, p)
-        pps = n_pages // splits
-        layout = gl.NVMMASharedLayout.get_default_for([box_r, box_c], gdt)
-        kk, vv = k.reshape(rows, cols), v.reshape(rows, cols)
-        smem = 2 * stages * p * nbox * box_r * box_c * elt
-        meta = dict(USE_PT=mode != "flat", P=p, STAGES=stages, NBOX=nbox, PAGE_ROWS=page_rows,
-                    BOX_R=box_r, BOX_C=box_c, ELT=elt, LAYOUT=layout, num_warps=warps)  # fmt: skip
-        grid = (grid0, splits)
-
-        def fn():
-            _stream[grid](kk, vv, pt, rows, cols, pps, head_cols, **meta)
-
+        fn, smem, programs = reader(case, mode, splits, p, stages, warps)
         row = {"kv": tag, "mode": mode, "splits": splits, "pages_per_stage": p, "stages": stages,
-               "warps": warps, "smem_KiB": smem / 1024, "programs": grid0 * splits}  # fmt: skip
+               "warps": warps, "smem_KiB": smem / 1024, "programs": programs}  # fmt: skip
         try:
             record({**row, "tma": measure(fn, nbytes)})
         except Exception as exc:  # noqa: BLE001 - one variant that fails must not cost the others

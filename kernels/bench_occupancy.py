@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from . import residency
+
 if TYPE_CHECKING:
     from .decode_plan import DecodePlan
 
@@ -18,32 +20,23 @@ def stage1_occupancy(plan: DecodePlan) -> dict[str, Any]:
     ck = plan._s1._compiled if plan._s1 is not None else None
     if ck is None:
         return {}
-    p = torch.cuda.get_device_properties(0)
-    warps = plan.config.num_warps
-    regs = int(getattr(ck, "n_regs", 0))
     smem = int(ck.metadata.shared)
     # a capped plan's launches ask for more (the config's max_resident_per_sm)
     asked = smem if plan._s1.shared_refused else max(smem, plan._s1.shared)
-    per_warp = -(-regs * 32 // 256) * 256  # registers are allocated per warp, 256 at a time
-    regs_sm = getattr(p, "regs_per_multiprocessor", 65536)
-    smem_sm = getattr(p, "shared_memory_per_multiprocessor", 233472)
-    by = {
-        "registers": regs_sm // max(1, warps * per_warp),
-        "shared_memory": smem_sm // max(1, asked + 1024),  # 1 KB reserved per block
-        "threads": getattr(p, "max_threads_per_multi_processor", 2048) // (32 * warps),
-    }
-    resident = max(1, min(32, *by.values()))
+    res = residency.of_compiled(ck, plan.config.num_warps, 0, asked)
+    regs, resident, by = res.registers, res.per_sm, dict(res.limits)
     programs = math.prod(plan._grid1)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     return {
         "registers": regs,
-        "spills": int(getattr(ck, "n_spills", 0)),
+        "spills": res.spills,
         "shared_bytes": smem,
         "shared_asked": asked,
         "shared_refused": plan._s1.shared_refused,
         "resident_per_sm_by": by,
         "resident_per_sm": resident,
         "programs": programs,
-        "waves": programs / (resident * p.multi_processor_count),
+        "waves": programs / (resident * sms),
     }
 
 

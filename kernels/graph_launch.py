@@ -44,8 +44,13 @@ class DriverError(RuntimeError):
     """A CUDA driver call failed: its name and result code."""
 
 
+# CUfunction_attribute: the most dynamic shared memory a launch of the function may ask for.
+_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
 class Driver:
-    """The few CUDA driver calls a graph slot makes, through ctypes."""
+    """The few CUDA driver calls kdash's kernels make, through ctypes: a graph slot's, and the
+    shared-memory limit a residency cap raises (:class:`kdash.kernels.launch.BoundKernel`)."""
 
     def __init__(self, lib: Any = None) -> None:
         lib = lib if lib is not None else ctypes.CDLL("libcuda.so.1")
@@ -64,6 +69,7 @@ class Driver:
         self._exec_destroy = fn("cuGraphExecDestroy", vp)
         self._is_capturing = fn("cuStreamIsCapturing", vp, ctypes.POINTER(ctypes.c_int))
         self._launch = fn("cuGraphLaunch", vp, vp)
+        self._set_attribute = fn("cuFuncSetAttribute", vp, ctypes.c_int, ctypes.c_int)
         self._status = ctypes.c_int(0)
         self._status_ref = ctypes.byref(self._status)
 
@@ -109,6 +115,13 @@ class Driver:
 
     def destroy(self, exe: int) -> None:
         self._exec_destroy(exe)
+
+    def allow_dynamic_shared(self, function: int, nbytes: int) -> None:
+        """Let launches of the CUDA ``function`` ask for ``nbytes`` of dynamic shared memory
+        (past 48 KiB the driver wants this said first; Triton says it only for kernels that
+        need it)."""
+        rc = self._set_attribute(function, _MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
+        self._check(f"cuFuncSetAttribute({nbytes} bytes of shared memory)", rc)
 
 
 _driver: Driver | None = None

@@ -23,7 +23,6 @@ as integers (``data_ptr()``), which every Triton CUDA launcher accepts: it then 
 
 from __future__ import annotations
 
-import ctypes
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -181,8 +180,18 @@ class BoundKernel:
         if len(packed) != 3:
             self.shared_refused = f"launch metadata of {len(packed)} fields, not 3"
             return packed
-        self.shared_refused = allow_dynamic_shared(compiled.function, self.shared)
-        return packed if self.shared_refused else (packed[0], packed[1], self.shared)
+        from . import graph_launch  # the process's ctypes driver
+
+        drv = graph_launch.driver()
+        if drv is None:
+            self.shared_refused = graph_launch.driver_refused()
+            return packed
+        try:
+            drv.allow_dynamic_shared(compiled.function, self.shared)
+        except graph_launch.DriverError as e:
+            self.shared_refused = str(e)
+            return packed
+        return (packed[0], packed[1], self.shared)
 
     def _scratch_ptr(self) -> tuple[int, int] | None:
         """``(pointer, bytes a program)`` of the caller's scratch buffer, if any."""
@@ -226,26 +235,6 @@ hooks_installed = _hooks_installed
 # launch metadata, enter hook, exit hook, global scratch, profile scratch, annotations,
 # signature, kernel args as one tuple).
 _DIRECT_VERSIONS = ("3.6.", "3.9.")
-
-
-# CUfunction_attribute: the most dynamic shared memory a launch of the function may ask for.
-_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
-
-
-def allow_dynamic_shared(function: int, nbytes: int, lib: Any = None) -> str | None:
-    """Let launches of the CUDA ``function`` ask for ``nbytes`` of dynamic shared memory (past
-    48 KiB the driver wants this said first; Triton says it only for kernels that need it).
-    None when done, else why not. ``lib``: the driver library (``libcuda`` when None)."""
-    try:
-        lib = lib if lib is not None else ctypes.CDLL("libcuda.so.1")
-        rc = lib.cuFuncSetAttribute(
-            ctypes.c_void_p(function),
-            ctypes.c_int(_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES),
-            ctypes.c_int(nbytes),
-        )
-    except (OSError, AttributeError) as e:
-        return f"libcuda: {e}"
-    return None if rc == 0 else f"cuFuncSetAttribute({nbytes} bytes of shared memory): error {rc}"
 
 
 def _direct_entry(

@@ -63,8 +63,11 @@ def shared_for_cap(cap: int, shared_bytes: int, shared_per_sm: int = 233472) -> 
     return max(shared_bytes, need)
 
 
-def of_compiled(compiled: Any, num_warps: int, device_index: int = 0) -> Residency:
-    """The residency of a Triton ``CompiledKernel`` on CUDA device ``device_index``.
+def of_compiled(
+    compiled: Any, num_warps: int, device_index: int = 0, shared: int | None = None
+) -> Residency:
+    """The residency of a Triton ``CompiledKernel`` on CUDA device ``device_index``, its
+    launches asking for ``shared`` bytes of shared memory (None: the kernel's own figure).
 
     Loads the kernel's module if it is not loaded yet (the register count is only known then):
     call it at plan time, never inside a CUDA-graph capture.
@@ -73,7 +76,7 @@ def of_compiled(compiled: Any, num_warps: int, device_index: int = 0) -> Residen
 
     compiled.run  # noqa: B018 - loading the module fills n_regs and n_spills
     regs = int(compiled.n_regs)
-    shared = int(compiled.metadata.shared)
+    shared = int(compiled.metadata.shared) if shared is None else shared
     p = torch.cuda.get_device_properties(device_index)
     per_sm, by = programs_per_sm(
         regs,

@@ -375,3 +375,21 @@ def residency_entry():
     yield put
     for k in keys:
         residency.forget(k)
+
+
+@pytest.fixture
+def stand_in_libcuda():
+    """bench/decode_host_cpu.py's stand-in libcuda (the real one needs a GPU), compiled here:
+    the driver calls kdash makes, their results set from the test, launches counted and the
+    function attribute call's arguments kept; skipped without a C compiler."""
+    import importlib.util
+    import shutil
+
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler for the stand-in libcuda")
+    path = Path(__file__).resolve().parent.parent / "bench" / "decode_host_cpu.py"
+    spec = importlib.util.spec_from_file_location("decode_host_cpu", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.stand_in_libcuda(cc)

@@ -176,24 +176,6 @@ def _libcuda_loads() -> bool:
     return True
 
 
-@pytest.fixture
-def stand_in_libcuda():
-    """bench/decode_host_cpu.py's stand-in libcuda (the real one needs a GPU): the driver calls
-    a slot makes, the capture status and the results set from the test, launches counted."""
-    import importlib.util
-    import shutil
-    from pathlib import Path
-
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler for the stand-in libcuda")
-    path = Path(__file__).resolve().parent.parent / "bench" / "decode_host_cpu.py"
-    spec = importlib.util.spec_from_file_location("decode_host_cpu", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.stand_in_libcuda(cc)
-
-
 def test_the_ctypes_driver_starts_a_graph_unless_the_stream_is_captured(stand_in_libcuda):
     """Driver.start on a stand-in libcuda: a stream not being captured gets the launch (a
     64-bit exec handle and stream passed whole); a captured stream, or one whose status cannot

@@ -4,12 +4,14 @@ The plan cuts its splits for the capped residency and its launches ask for the s
 that leaves room for no more programs (:func:`kdash.kernels.residency.shared_for_cap`). CPU CI
 runs the plans in Triton's interpreter, which compiles nothing: there the cap sets the waves
 and no launch is padded. The launcher's padding is checked against stand-ins for Triton's
-compiled kernel and for the CUDA driver, which this machine does not have (each test says so);
+compiled kernel and for the CUDA driver (bench/decode_host_cpu.py's libcuda, compiled here),
+which this machine does not have (each test says so);
 the ``gpu`` test runs a capped plan on a real kernel and reads its residency back.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 from dataclasses import replace
 from types import SimpleNamespace
@@ -23,7 +25,7 @@ pytest.importorskip("triton")
 
 import decode_cases  # noqa: E402
 from decode_cases import check, make_case  # noqa: E402
-from kdash.kernels import launch, residency  # noqa: E402
+from kdash.kernels import graph_launch, residency  # noqa: E402
 from kdash.kernels.decode_attention import DecodeConfig, DecodePlan  # noqa: E402
 from kdash.kernels.launch import BoundKernel  # noqa: E402
 
@@ -55,57 +57,54 @@ def compiled_stand_in(shared: int = 38912) -> SimpleNamespace:
     return SimpleNamespace(metadata=SimpleNamespace(shared=shared), function=0x1234)
 
 
-def test_launches_ask_for_the_padded_shared_memory_once_the_driver_allows(monkeypatch) -> None:
+@pytest.fixture
+def driver(stand_in_libcuda, monkeypatch):
+    """The process's ctypes driver on the stand-in libcuda (this machine has no CUDA driver)."""
+    drv = graph_launch.Driver(stand_in_libcuda)
+    monkeypatch.setattr(graph_launch, "_driver", drv)
+    stand_in_libcuda.attr_call.restype = ctypes.c_longlong
+    stand_in_libcuda.set_attr_rc(0)
+    return stand_in_libcuda
+
+
+def attr_call(lib) -> tuple[int, int, int]:
+    """The last ``cuFuncSetAttribute(function, attribute, value)`` the stand-in saw."""
+    return tuple(lib.attr_call(i) for i in range(3))
+
+
+def test_launches_ask_for_the_padded_shared_memory_once_the_driver_allows(driver) -> None:
     """The launch metadata's shared bytes become the bound kernel's figure after the driver
-    (a stand-in here: no libcuda on this machine) allowed that much for the function."""
-    calls: list[tuple[int, int]] = []
-
-    def allow(function, nbytes):
-        calls.append((function, nbytes))
-        return None
-
-    monkeypatch.setattr(launch, "allow_dynamic_shared", allow)
+    allowed that much for the function (MAX_DYNAMIC_SHARED_SIZE_BYTES is attribute 8)."""
     bk = BoundKernel(None, (1,), {}, shared=57345)
     assert bk._padded(compiled_stand_in(), (4, 1, 38912)) == (4, 1, 57345)
-    assert calls == [(0x1234, 57345)] and bk.shared_refused is None
+    assert attr_call(driver) == (0x1234, 8, 57345) and bk.shared_refused is None
     # no padding asked, or less than the kernel's own: no driver call, the metadata as it is
     for shared in (0, 38912):
-        calls.clear()
         plain = BoundKernel(None, (1,), {}, shared=shared)
-        assert plain._padded(compiled_stand_in(), (4, 1, 38912)) == (4, 1, 38912)
-        assert calls == [] and plain.shared_refused is None
+        kernel = compiled_stand_in()
+        kernel.function = 0x5678
+        assert plain._padded(kernel, (4, 1, 38912)) == (4, 1, 38912)
+        assert attr_call(driver)[0] == 0x1234 and plain.shared_refused is None
 
 
-def test_a_refused_padding_keeps_the_kernels_own_figure_and_says_why(monkeypatch) -> None:
-    monkeypatch.setattr(launch, "allow_dynamic_shared", lambda f, n: "error 1")
+def test_a_refused_padding_keeps_the_kernels_own_figure_and_says_why(driver) -> None:
+    driver.set_attr_rc(1)
     bk = BoundKernel(None, (1,), {}, shared=57345)
     assert bk._padded(compiled_stand_in(), (4, 1, 38912)) == (4, 1, 38912)
-    assert bk.shared_refused == "error 1"
+    assert bk.shared_refused == (
+        "cuFuncSetAttribute(57345 bytes of shared memory) returned CUDA error 1"
+    )
     other = BoundKernel(None, (1,), {}, shared=57345)  # a Triton whose metadata is not 3 fields
     assert other._padded(compiled_stand_in(), (4, 1, 38912, 0)) == (4, 1, 38912, 0)
     assert "not 3" in other.shared_refused
 
 
-def test_the_driver_call_names_the_attribute_and_reports_an_error() -> None:
-    """``cuFuncSetAttribute(function, MAX_DYNAMIC_SHARED_SIZE_BYTES, n)`` through a stand-in
-    driver library: its arguments, success, and an error code turned into a reason."""
-    seen: list = []
-
-    def set_attribute(function, attribute, value, rc):
-        seen.append((function.value, attribute.value, value.value))
-        return rc
-
-    ok = SimpleNamespace(cuFuncSetAttribute=lambda f, a, v: set_attribute(f, a, v, 0))
-    assert launch.allow_dynamic_shared(0x1234, 57345, ok) is None
-    assert seen == [(0x1234, 8, 57345)]
-    bad = SimpleNamespace(cuFuncSetAttribute=lambda f, a, v: set_attribute(f, a, v, 1))
-    assert "error 1" in launch.allow_dynamic_shared(0x1234, 57345, bad)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where no driver is")
-def test_without_a_driver_the_reason_names_libcuda() -> None:
-    why = launch.allow_dynamic_shared(0x1234, 57345)
-    assert why is not None and why.startswith("libcuda")
+def test_without_a_driver_the_reason_is_the_drivers(monkeypatch) -> None:
+    monkeypatch.setattr(graph_launch, "_driver", None)
+    monkeypatch.setattr(graph_launch, "_driver_refused", "libcuda: not found")
+    bk = BoundKernel(None, (1,), {}, shared=57345)
+    assert bk._padded(compiled_stand_in(), (4, 1, 38912)) == (4, 1, 38912)
+    assert bk.shared_refused == "libcuda: not found"
 
 
 @pytest.mark.skipif(not INTERPRET, reason="the interpreter's plan (8 SMs, nothing compiled)")
@@ -158,3 +157,30 @@ def test_gpu_a_capped_plan_holds_at_most_its_cap(fused) -> None:
     assert occ["shared_asked"] == capped._shared and occ["resident_per_sm_by"]["shared_memory"] == 2
     check(got, q, kc, vc, pt, sl, sc)
     assert (got.float() - want).abs().max().item() < 2e-2
+
+
+def test_the_bench_reads_a_capped_plans_residency_from_what_it_asks(monkeypatch) -> None:
+    """stage1_occupancy on a plan whose bound kernel pads to 57345 bytes: 3 programs an SM by
+    shared memory (4 by registers), the grid in waves of 3 x 132. The compiled kernel and the
+    device's properties are stand-ins (no GPU here), with an H100's figures."""
+    from kdash.kernels.bench_occupancy import stage1_occupancy
+
+    props = SimpleNamespace(
+        regs_per_multiprocessor=65536,
+        shared_memory_per_multiprocessor=233472,
+        max_threads_per_multi_processor=2048,
+        multi_processor_count=132,
+    )
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _i: props)
+    kernel = compiled_stand_in()
+    kernel.run, kernel.n_regs, kernel.n_spills = object(), 124, 0
+    bound = BoundKernel(None, (1, 8, 57), {}, shared=57345)
+    bound._compiled = kernel
+    plan = SimpleNamespace(_s1=bound, _grid1=(1, 8, 57), config=DecodeConfig())
+    occ = stage1_occupancy(plan)
+    assert occ["shared_asked"] == 57345 and occ["shared_bytes"] == 38912
+    assert occ["resident_per_sm_by"]["registers"] == 4
+    assert occ["resident_per_sm_by"]["shared_memory"] == 3 and occ["resident_per_sm"] == 3
+    assert occ["waves"] == pytest.approx(456 / 396)
+    bound.shared_refused = "refused"  # the launches kept the kernel's own figure
+    assert stage1_occupancy(plan)["resident_per_sm"] == 4
