@@ -27,4 +27,21 @@ for r in csv.DictReader(open(sys.argv[1])):
     if r['Metric Name'] in keep:
         print(r['Kernel Name'][:28], '|', r['Metric Name'], r['Metric Value'], r['Metric Unit'])
 " "$OUT/ncu-decode-$kernel.csv"
+  # The raw page holds the stall reasons behind WarpStateStats' chart: the largest eight.
+  ncu --import "/tmp/ncu-$kernel.ncu-rep" --page raw --csv > "/tmp/ncu-raw-$kernel.csv" 2> /dev/null
+  python3 -c "import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+head, val = rows[0], rows[-1]
+stalls = []
+for name, v in zip(head, val):
+    if 'issue_stalled' in name and 'not_issued' not in name and name.endswith(('.ratio', '.pct')):
+        try:
+            stalls.append((float(v.replace(',', '')), name))
+        except ValueError:
+            continue
+for v, name in sorted(stalls, reverse=True)[:8]:
+    print(sys.argv[2], '| stall', name.split('issue_stalled_')[1], round(v, 2))
+" "/tmp/ncu-raw-$kernel.csv" "$kernel"
 done
+tar czf "$OUT/ncu-decode-raw.tgz" -C /tmp ncu-raw-_decode_stage1.csv ncu-raw-_decode_stage1_gluon.csv \
+  ncu-raw-_stream.csv 2> /dev/null
