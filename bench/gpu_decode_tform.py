@@ -11,6 +11,7 @@ plan's paths; at 1 x 64k the copy-only TMA reader of bench/gpu_kv_tma.py (64 spl
 The TMA kernels carry the L2 evict-first hint where the hook installs, as the Triton defaults do.
 Writes $OUT/decode-tform.json after every row; one line a row on stdout.
 Run: python bench/gpu_decode_tform.py [--stages 3,4] [--factors 1,1.5,2] [--no-timing]
+     [--no-hint] [--only-64k]
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ def main() -> int:
     ap.add_argument("--factors", default="1,1.5,2", help="split counts timed, x the plan's")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--no-hint", action="store_true", help="no L2 evict-first hint")
+    ap.add_argument("--only-64k", action="store_true", help="time the 1 x 64k shapes only")
     args = ap.parse_args()
     try:
         stages_list = [int(s) for s in args.stages.split(",")]
@@ -185,6 +187,8 @@ def main() -> int:
         save()
         return 0 if res["gates_pass"] else 1
     shapes = [([65536], 32, 8), ([65536], 64, 8), ([16384] * 8, 32, 8), ([131072], 32, 8)]
+    if args.only_64k:
+        shapes = shapes[:2]
     for lens, hq, hkv in shapes:
         try:
             row = timing(lens, hq, hkv, stages_list, factors, hint)
