@@ -13,7 +13,10 @@ Per shape (default plans, as the bench makes them): the GPU us a call (graph rep
 us of each of 400 calls in a row after a drain (medians over windows of the run, the first call
 over 3x the first 20's median), the bench's figure at 10, 25, 50 and 100 calls a run (twice
 each), and the drained figure (`bench_host_us`). Writes $OUT/decode-hostq.json.
-Run: python bench/gpu_decode_hostq.py
+With ``--probe N``: one shape (1 x 64k bf16, 32/8), N runs of 100 calls, each run's mean host
+us beside the CPU the thread ran on before and after it (/proc/self/stat), to see whether the
+two levels the runs show (~4.5 and ~8 us a call on the H100's host, session 23) follow the CPU.
+Run: python bench/gpu_decode_hostq.py [--probe N]
 """
 
 from __future__ import annotations
@@ -81,9 +84,39 @@ def row_for(lens, hq, hkv, fp8) -> dict:
     return row
 
 
+def this_cpu() -> int:
+    """The CPU this process last ran on (field 39 of /proc/self/stat)."""
+    stat = Path("/proc/self/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[36])
+
+
+def probe(runs: int) -> int:
+    case = bench.DecodeCase([65536], 32, 8, 128, False)
+    fn, _ = case.fn(DecodeConfig())
+    for _ in range(5):
+        fn()
+    got = []
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        before = this_cpu()
+        t0 = time.perf_counter()
+        for _ in range(100):
+            fn()
+        us = (time.perf_counter() - t0) / 100 * 1e6
+        got.append({"us": round(us, 2), "cpu_before": before, "cpu_after": this_cpu()})
+    torch.cuda.synchronize()
+    print(json.dumps({"affinity": sorted(os.sched_getaffinity(0)), "runs": got}))
+    return 0
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("gpu_decode_hostq.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    if len(sys.argv) == 3 and sys.argv[1] == "--probe" and sys.argv[2].isdigit():
+        return probe(int(sys.argv[2]))
+    if len(sys.argv) > 1:
+        print("usage: gpu_decode_hostq.py [--probe N]", file=sys.stderr)
         return 2
     res: dict = {"command": "python bench/gpu_decode_hostq.py",
                  "gpu": torch.cuda.get_device_name(0), "rows": []}  # fmt: skip
