@@ -13,9 +13,11 @@ Per shape (default plans, as the bench makes them): the GPU us a call (graph rep
 us of each of 400 calls in a row after a drain (medians over windows of the run, the first call
 over 3x the first 20's median), the bench's figure at 10, 25, 50 and 100 calls a run (twice
 each), and the drained figure (`bench_host_us`). Writes $OUT/decode-hostq.json.
-With ``--probe N``: one shape (1 x 64k bf16, 32/8), N runs of 100 calls, each run's mean host
-us beside the CPU the thread ran on before and after it (/proc/self/stat), to see whether the
-two levels the runs show (~4.5 and ~8 us a call on the H100's host, session 23) follow the CPU.
+With ``--probe N``: one shape (1 x 64k bf16, 32/8), N runs of 100 calls, each run's mean,
+median and slowest call, its calls over 50 us, the CPU the thread ran on before and after it
+(/proc/self/stat) and the steal ticks the hypervisor took meanwhile (/proc/stat): whether a run
+whose mean jumps (to 80 us a call on the H100's host, session 23) has every call slow (the GPU
+holding the host back) or a few very slow ones (the host's thread not running).
 Run: python bench/gpu_decode_hostq.py [--probe N]
 """
 
@@ -46,7 +48,8 @@ WINDOWS = [(0, 20), (20, 50), (50, 100), (100, 200), (200, 400)]
 
 
 def per_call_us(fn, calls: int = 400) -> list[float]:
-    """Host us of each of ``calls`` calls in a row, the GPU drained before the first."""
+    """Host us of each of ``calls`` calls in a row, the GPU drained before the first (and after
+    the last, untimed)."""
     torch.cuda.synchronize()
     got = []
     for _ in range(calls):
@@ -90,6 +93,12 @@ def this_cpu() -> int:
     return int(stat.rsplit(")", 1)[1].split()[36])
 
 
+def steal_ticks() -> int:
+    """Ticks the hypervisor took from this machine's CPUs (/proc/stat's ``steal``)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return int(fields[8]) if len(fields) > 8 else 0
+
+
 def probe(runs: int) -> int:
     case = bench.DecodeCase([65536], 32, 8, 128, False)
     fn, _ = case.fn(DecodeConfig())
@@ -98,13 +107,13 @@ def probe(runs: int) -> int:
     got = []
     for _ in range(runs):
         torch.cuda.synchronize()
-        before = this_cpu()
-        t0 = time.perf_counter()
-        for _ in range(100):
-            fn()
-        us = (time.perf_counter() - t0) / 100 * 1e6
-        got.append({"us": round(us, 2), "cpu_before": before, "cpu_after": this_cpu()})
-    torch.cuda.synchronize()
+        before, steal = this_cpu(), steal_ticks()
+        times = per_call_us(fn, 100)
+        got.append({
+            "mean": round(statistics.fmean(times), 2), "median": round(statistics.median(times), 2),
+            "max": round(max(times), 1), "over_50us": sum(t > 50 for t in times),
+            "cpu_before": before, "cpu_after": this_cpu(), "steal_ticks": steal_ticks() - steal,
+        })  # fmt: skip
     print(json.dumps({"affinity": sorted(os.sched_getaffinity(0)), "runs": got}))
     return 0
 

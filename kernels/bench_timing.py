@@ -93,3 +93,39 @@ def bench_graph_ms(fn, *, rep: int = 100) -> float:
     import triton.testing
 
     return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+
+
+def bench_host_calls(fn, *, calls: int = 100, reps: int = 7) -> dict[str, float]:
+    """Host us of each call of ``fn`` over ``reps`` runs of ``calls`` calls in a row with no
+    synchronisation between them (the GPU drained between runs, untimed).
+
+    ``per_call_us`` is the median over every call: the cost of one call. ``run_mean_us`` is
+    :func:`bench_host_nosync_us`'s figure (the median of the runs' means), which a single
+    stalled call moves by its whole stall over ``calls``: on the GPU machine's virtual CPUs a run
+    of 100 calls reads 80 us a call now and then while its median call reads 8
+    (bench/NOTES-kernels.md, session 23). Both are kept, with the slowest call and the calls
+    over 50 us, so a stall is seen rather than averaged in.
+    """
+    for _ in range(5):
+        fn()
+    every: list[float] = []
+    means = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        run = []
+        for _ in range(calls):
+            t0 = time.perf_counter_ns()
+            fn()
+            run.append((time.perf_counter_ns() - t0) / 1e3)
+        means.append(sum(run) / calls)
+        every += run
+    torch.cuda.synchronize()
+    every.sort()
+    means.sort()
+    return {
+        "per_call_us": every[len(every) // 2],
+        "run_mean_us": means[len(means) // 2],
+        "p90_us": every[int(0.9 * len(every))],
+        "max_us": every[-1],
+        "calls_over_50us": sum(t > 50 for t in every),
+    }

@@ -7,6 +7,7 @@ tests; ``gpu`` tests repeat the essentials compiled, with a real CUDA-graph capt
 from __future__ import annotations
 
 import os
+import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
 
@@ -517,7 +518,13 @@ def test_bench_decode_row_times_every_launch_path(monkeypatch) -> None:
     monkeypatch.setattr(bench, "bench_graph_ms", timed(0.09))
     monkeypatch.setattr(bench, "bench_readflush_ms", timed(0.095))
     monkeypatch.setattr(bench, "bench_host_us", lambda fn: host[plans[-1].path] + 4)
-    monkeypatch.setattr(bench, "bench_host_nosync_us", lambda fn: host[plans[-1].path])
+
+    def calls(fn):  # the median call, and a median run's mean that a stall has moved
+        mid = host[plans[-1].path]
+        return {"per_call_us": mid, "run_mean_us": mid + 5, "p90_us": mid + 1, "max_us": 900.0,
+                "calls_over_50us": 1}  # fmt: skip
+
+    monkeypatch.setattr(bench, "bench_host_calls", calls)
     row = {"long_context": True}
     bench.decode_row(row, [300, 40], 8, 2, 64, 3000.0, {"bf16": SMALL, "fp8": SMALL})
     d = plans[0].path  # the path a default plan takes for this batch
@@ -525,7 +532,8 @@ def test_bench_decode_row_times_every_launch_path(monkeypatch) -> None:
     others = [p for p in ("two", "fused", "persistent") if p != d]
     assert [p.path for p in plans] == [d, *others] * 2  # the default path first, bf16 then fp8
     assert row["bf16"]["path"] == bench.PATH_KEYS[d] and row["bf16"]["fused"] is (d != "two")
-    assert row["bf16"]["host_us_nosync"] == host[d]
+    assert row["bf16"]["host_us_call"] == host[d] and row["bf16"]["host_us_nosync"] == host[d] + 5
+    assert row["bf16"]["host_calls"]["max_us"] == 900.0
     two, fused, pers = (row["paths"][k] for k in ("two_launch", "fused", "persistent"))
     assert fused["bf16"]["us"] == pytest.approx(100.0) and two["bf16"]["us"] == pytest.approx(110.0)
     assert pers["bf16"]["us"] == pytest.approx(105.0)
@@ -541,7 +549,8 @@ def test_bench_decode_row_times_every_launch_path(monkeypatch) -> None:
     assert by["fused"]["decode_host_us"] == 8.0 and by["two_launch"]["decode_host_us"] == 10.0
     assert by["persistent"]["decode_host_us"] == 7.0
     # One row: the top-level keys are those of the path its default plan took.
-    assert s["decode_host_us"] == by[bench.PATH_KEYS[d]]["decode_host_us"]
+    assert s["decode_host_us"] == by[bench.PATH_KEYS[d]]["decode_host_us"] == host[d]
+    assert s["decode_host_us_runs"] == host[d] + 5  # kept beside it, not the key
     assert by["fused"]["decode_bw_ratio"] > by["persistent"]["decode_bw_ratio"]
     assert by["persistent"]["decode_bw_ratio"] > by["two_launch"]["decode_bw_ratio"]
     assert by["persistent"]["status"]["decode_host_us"] == "pass"
@@ -781,3 +790,32 @@ def test_a_replay_plan_follows_the_wave_plan_of_its_lengths(residency_entry) -> 
     sl.copy_(torch.tensor([300, 201], dtype=torch.int32))  # shorter: one split of 320 tokens
     check(plan.run(q, kc, vc), q, kc, vc, pt, sl, sc)
     assert used_splits(plan) == [1, 1]
+
+
+def test_bench_summary_takes_the_median_call_and_keeps_the_run_means() -> None:
+    from kdash.kernels import bench
+
+    row = _decode_row(65536, 0.82, 0.91, 25.0, 1.55)  # run means moved by a stall
+    row["bf16"]["host_us_call"], row["fp8"]["host_us_call"] = 6.0, 7.5
+    s = bench.summarize([row], [])
+    assert s["decode_host_us"] == 7.5 and s["status"]["decode_host_us"] == "pass"
+    assert s["decode_host_us_runs"] == 25.0
+
+
+def test_host_calls_tell_a_stalled_call_from_the_cost_of_one(monkeypatch) -> None:
+    """bench_host_calls on the CPU (the GPU drain stood in for: there is no GPU here): one call
+    in a hundred stalls 2 ms, so each run's mean carries ~20 us of it while the median call
+    does not; the stalls are counted. The margins hold on a loaded machine."""
+    from kdash.kernels import bench_timing
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    n = [0]
+
+    def call() -> None:
+        n[0] += 1
+        if n[0] % 100 == 50:
+            time.sleep(0.002)
+
+    got = bench_timing.bench_host_calls(call, calls=100, reps=7)
+    assert got["calls_over_50us"] >= 7 and got["max_us"] >= 2000
+    assert got["run_mean_us"] >= 20 > got["per_call_us"]
