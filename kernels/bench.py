@@ -332,7 +332,7 @@ def decode_table(
                 f"decode {row['heads']:>10} B={batch:<4} ctx={str(ctx):<9} "
                 f"bf16 {b['us']:8.1f}us {b['GBps']:7.0f}GB/s {b['bw_ratio']:.2f} "
                 f"(graph {b['us_graph']:7.1f}us {b['bw_ratio_graph']:.2f}, "
-                f"readflush {b['bw_ratio_readflush']:.2f}, host {b['host_us_call']:.1f}us) | "
+                f"readflush {b['bw_ratio_readflush']:.2f}, host {b['host_us_nosync']:.1f}us) | "
                 f"fp8 {f['us']:8.1f}us {f['bw_ratio']:.2f} (graph {f['us_graph']:7.1f}us, "
                 f"readflush {f['us_readflush']:7.1f}us) | fp8 x{row['fp8_speedup']:.2f} "
                 f"(graph x{row['fp8_speedup_graph']:.2f}) | stage-1 regs/waves bf16 "
@@ -359,7 +359,7 @@ def paths_line(row: dict) -> str:
                 continue
             parts.append(
                 f"{name} {tag} {x['us']:7.1f}us {x['bw_ratio']:.2f} graph {x['us_graph']:7.1f}us "
-                f"{x['bw_ratio_graph']:.2f} host {x['host_us_call']:5.1f}us {occ(x)}"
+                f"{x['bw_ratio_graph']:.2f} host {x['host_us_nosync']:5.1f}us {occ(x)}"
             )
     return " | ".join(parts)
 
@@ -425,9 +425,9 @@ def decode_row(row: dict, lens, hq, hkv, d, copy_gbs: float, best: dict[str, Dec
 
 
 def host_figures(calls: dict[str, float]) -> dict[str, Any]:
-    """A row's host figures from :func:`bench_timing.bench_host_calls`: the median call
-    (``host_us_call``, what ``decode_host_us`` takes), the median run mean (``host_us_nosync``,
-    what it took before session 23) and the rest of the spread."""
+    """A row's host figures from :func:`bench_timing.bench_host_calls`: the median run's mean
+    per call (``host_us_nosync``, what ``decode_host_us`` takes), the median call
+    (``host_us_call``) and the rest of the spread."""
     return {"host_us_call": calls["per_call_us"], "host_us_nosync": calls["run_mean_us"],
             "host_calls": calls}  # fmt: skip
 

@@ -28,13 +28,6 @@ LONG_CONTEXT = 16384  # decode shapes with context >= this count as long-context
 CUDNN_MIN_SEQ = 4096  # prefill shapes with S >= this decide prefill_vs_sdpa_cudnn
 
 
-def host_us(fig: dict) -> float | None:
-    """A path's host us per call: the median call, or, in a row timed before the calls were
-    timed one by one, the median run's mean."""
-    got = fig.get("host_us_call")
-    return fig.get("host_us_nosync") if got is None else got
-
-
 def summarize(decode: list[dict], prefill: list[dict]) -> dict[str, Any]:
     decode = [r for r in decode if "error" not in r]
     prefill = [r for r in prefill if "error" not in r]
@@ -46,17 +39,17 @@ def summarize(decode: list[dict], prefill: list[dict]) -> dict[str, Any]:
 
     flash = [r.get("vs_sdpa_flash") for r in prefill if r["seq"] >= 2048]
     cudnn = [r.get("vs_sdpa_cudnn") for r in prefill if r["seq"] >= CUDNN_MIN_SEQ]
-    hosts = [host_us(r[t]) for r in decode for t in ("bf16", "fp8")]
+    hosts = [r[t].get("host_us_nosync") for r in decode for t in ("bf16", "fp8")]
     hosts = [h for h in hosts if h is not None]
-    runs = [r[t].get("host_us_nosync") for r in decode for t in ("bf16", "fp8")]
-    runs = [h for h in runs if h is not None]
+    calls = [r[t].get("host_us_call") for r in decode for t in ("bf16", "fp8")]
+    calls = [h for h in calls if h is not None]
     s: dict[str, Any] = {
         "decode_bw_ratio": lowest(r["bf16"]["bw_ratio"] for r in long_rows),
         "decode_bw_ratio_graph": lowest(r["bf16"]["bw_ratio_graph"] for r in long_rows),
         "decode_bw_ratio_readflush": lowest(r["bf16"]["bw_ratio_readflush"] for r in long_rows),
         "decode_bw_ratio_fp8": lowest(r["fp8"]["bw_ratio"] for r in long_rows),
         "decode_host_us": max(hosts) if hosts else None,
-        "decode_host_us_runs": max(runs) if runs else None,
+        "decode_host_us_call": max(calls) if calls else None,
         "prefill_vs_sdpa_flash": lowest(flash),
         "prefill_vs_sdpa_cudnn": lowest(cudnn),
         "fp8_speedup": lowest(r["fp8_speedup"] for r in long_rows),
@@ -72,10 +65,10 @@ def summarize(decode: list[dict], prefill: list[dict]) -> dict[str, Any]:
             "decode_bw_ratio_graph": "the same, timed by replaying the run from a CUDA graph "
             "(do_bench_cudagraph median)",
             "decode_host_us": "highest host us per DecodePlan.run over every decode shape and KV "
-            "dtype: each call timed over 7 runs of 100 calls in a row without synchronisation, "
-            "the median call",
-            "decode_host_us_runs": "the same with each run's mean per call, the median run (the "
-            "definition before session 23: one stalled call moves a run by its stall / 100)",
+            "dtype: a CPU timer over 100 calls in a row without synchronisation (median of 7)",
+            "decode_host_us_call": "the same shapes with each call timed: the highest median "
+            "call (a diagnostic: a run's mean also carries its slow calls, which a serving loop "
+            "pays too)",
             "prefill_vs_sdpa_flash": "lowest SDPA-FLASH time / our time over prefill shapes "
             "with S >= 2048",
             "prefill_vs_sdpa_cudnn": "lowest SDPA-cuDNN time (sdpa_kernel(SDPBackend."
@@ -110,7 +103,7 @@ def path_summary(decode: list[dict], name: str, lowest) -> dict[str, Any]:
 
     rows = [r["paths"][name] for r in decode if timed(r)]
     long_rows = [r["paths"][name] for r in decode if timed(r) and r["long_context"]]
-    hosts = [host_us(p[t]) for p in rows for t in ("bf16", "fp8")]
+    hosts = [p[t].get("host_us_nosync") for p in rows for t in ("bf16", "fp8")]
     hosts = [h for h in hosts if h is not None]
     out = {
         "decode_host_us": max(hosts) if hosts else None,

@@ -99,12 +99,12 @@ def bench_host_calls(fn, *, calls: int = 100, reps: int = 7) -> dict[str, float]
     """Host us of each call of ``fn`` over ``reps`` runs of ``calls`` calls in a row with no
     synchronisation between them (the GPU drained between runs, untimed).
 
-    ``per_call_us`` is the median over every call: the cost of one call. ``run_mean_us`` is
-    :func:`bench_host_nosync_us`'s figure (the median of the runs' means), which a single
-    stalled call moves by its whole stall over ``calls``: on the GPU machine's virtual CPUs a run
-    of 100 calls reads 80 us a call now and then while its median call reads 8
-    (bench/NOTES-kernels.md, session 23). Both are kept, with the slowest call and the calls
-    over 50 us, so a stall is seen rather than averaged in.
+    ``run_mean_us`` is :func:`bench_host_nosync_us`'s figure (the median of the runs' means,
+    what a serving loop pays a call, slow calls included); ``per_call_us`` the median call, with
+    the 90th percentile, the slowest call and the calls over 50 us beside it, so what moves a
+    run's mean is seen: on the GPU machine's virtual CPUs a fresh process's calls run at 40-80
+    us each for its first second or so, and single calls take up to ~400 us
+    (bench/NOTES-kernels.md, session 23).
     """
     for _ in range(5):
         fn()
