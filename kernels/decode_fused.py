@@ -64,6 +64,27 @@ def _fenced(x, GPU: tl.constexpr):
 
 
 @triton.jit
+def _flags_up(FLAGS, row0, s, have, GPU: tl.constexpr, ACQUIRE: tl.constexpr):
+    """The flags of splits ``s`` (1 where ``have`` is off): a volatile load, or with
+    ``ACQUIRE`` a GPU-scope acquire load, after which this thread's later loads see what the
+    flag's release published (no separate fence)."""
+    if GPU and ACQUIRE:
+        # A lane past the last split reads the first split's flag (always a valid address).
+        ptrs = FLAGS + tl.where(have, row0 + s, row0)
+        up = tl.inline_asm_elementwise(
+            asm="ld.acquire.gpu.global.b32 $0, [$1];",
+            constraints="=r,l",
+            args=[ptrs],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+        return tl.where(have, up, 1)
+    else:
+        return tl.load(FLAGS + row0 + s, mask=have, other=1, volatile=True)
+
+
+@triton.jit
 def _pause(x, NS: tl.constexpr, GPU: tl.constexpr):
     """``x`` after a sleep of about ``NS`` ns."""
     return _after(x, tl.full([], NS, tl.int32), "nanosleep.u32 $2;\n\tmov.b32 $0, $1;", GPU)
@@ -87,6 +108,7 @@ def _merge_online(
     POLL_NS: tl.constexpr,
     GPU: tl.constexpr,
     EMULATE_RTNE: tl.constexpr,
+    ACQUIRE: tl.constexpr = False,
 ):
     """Merge head ``head`` of request ``b`` over its splits as their flags come up."""
     offs_c = tl.arange(0, CHUNK)
@@ -98,13 +120,17 @@ def _merge_online(
     for s0 in range(0, num_splits, CHUNK):
         s = s0 + offs_c
         have = s < num_splits
-        up = tl.load(FLAGS + row0 + s, mask=have, other=1, volatile=True)
+        up = _flags_up(FLAGS, row0, s, have, GPU, ACQUIRE)
         while tl.min(up, 0) == 0:
             wait = _pause(tl.min(up, 0), POLL_NS, GPU)
-            up = tl.load(FLAGS + row0 + s + wait, mask=have, other=1, volatile=True)
-        # The flags seen up, then a GPU-scope fence, then the partials (from L2, past L1): the
-        # loads' addresses come from the fence's result, so none is issued before it.
-        base = _fenced(tl.min(up, 0), GPU) - 1 + row0
+            up = _flags_up(FLAGS, row0 + wait, s, have, GPU, ACQUIRE)
+        # The flags seen up, then (volatile polls) a GPU-scope fence, then the partials (from
+        # L2, past L1): the loads' addresses come from the flags (and the fence's result), so
+        # none is issued before them.
+        seen = tl.min(up, 0)
+        if not ACQUIRE:
+            seen = _fenced(seen, GPU)
+        base = seen - 1 + row0
         # Both loads at once (one round trip): an empty split wrote no partial output, so what
         # its row holds is dropped by the select below, never weighted.
         lse_c = tl.load(LSEP + base + s, mask=have, other=float("-inf"), cache_modifier=".cg")
@@ -189,10 +215,14 @@ def _decode_fused(
     POLL_NS: tl.constexpr = 64,
     KMMA: tl.constexpr = False,
     KV_SAME: tl.constexpr = False,
+    PUBLISH_FENCE: tl.constexpr = True,
+    ACQUIRE_POLL: tl.constexpr = False,
 ):
     """Grid ``(B, Hkv, num_splits + GROUP)``: stage 1 for split ``z < num_splits``, else the
     merge of query head ``kvh * GROUP + z - num_splits``. ``FLAGS``: ``[B, Hq, num_splits]``
-    int32, zero before the launch and after it."""
+    int32, zero before the launch and after it. ``PUBLISH_FENCE``: every stage-1 thread fences
+    at GPU scope before the CTA barrier (else the barrier and the flags' release, cumulative,
+    order the partials); ``ACQUIRE_POLL``: the merge polls with acquire loads and no fence."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     z = tl.program_id(2)
@@ -223,10 +253,17 @@ def _decode_fused(
                 IS_FP8, FP8_FP16, EVICT, UPCAST, PREFETCH, DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT,
                 BLOCK_B, MAX_SPLITS, MERGE, SEARCH,
             )  # fmt: skip
-        # Every thread's partial stores, then its GPU-scope fence, then the CTA barrier, then
-        # the flags (release): a merge program that sees a flag up sees the partial.
+        # Every thread's partial stores, (its GPU-scope fence,) the CTA barrier, then the
+        # flags (release, cumulative over what the barrier ordered before it): a merge program
+        # that sees a flag up sees the partial.
         offs_h = tl.arange(0, BLOCK_H)
-        base = _fenced(b * q_heads + kvh * GROUP, not UPCAST)
+        base = b * q_heads + kvh * GROUP
+        if PUBLISH_FENCE:
+            base = _fenced(base, not UPCAST)
+        else:
+            # Opaque all the same: computed before stage 1, the flags' addresses would hold
+            # registers through it (118 -> 154-157 at 32/8 and 64/8 on sm_90).
+            base = _after(base, base, "mov.b32 $0, $1;", not UPCAST)
         tl.debug_barrier()
         rows = (base + offs_h).to(tl.int64) * num_splits + z
         ones = tl.full([BLOCK_H], 1, tl.int32)
@@ -249,4 +286,5 @@ def _decode_fused(
             POLL_NS,
             not UPCAST,
             UPCAST,
+            ACQUIRE_POLL,
         )
