@@ -37,6 +37,8 @@ sig.update({k: "constexpr" for k in const})
 div = [i for i, n in enumerate(sig) if sig[n].startswith("*") or n.startswith("stride")]
 src = ASTSource(fn, sig, const, attrs={(i,): [["tt.divisibility", 16]] for i in div})
 k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+if len(sys.argv) > 5:
+    open(sys.argv[5], "wb").write(k.asm["cubin"])
 code = l2_hint.text_sections(k.asm["cubin"])[k.metadata.name]
 dropped = getattr(k.metadata, l2_hint.DROPPED_KEY, 0) or 0
 print(json.dumps({"shared": k.metadata.shared, "ptx": k.asm["ptx"], "hinted": l2_hint.hinted(k),
@@ -46,15 +48,22 @@ print(json.dumps({"shared": k.metadata.shared, "ptx": k.asm["ptx"], "hinted": l2
 
 
 def compile_sm90(
-    where: str, meta: dict, ptrs: list[str], cache: Path, *, hint: bool = False
+    where: str,
+    meta: dict,
+    ptrs: list[str],
+    cache: Path,
+    *,
+    hint: bool = False,
+    cubin: Path | None = None,
 ) -> dict:
     """``{"shared", "ptx", "hinted", "ldgsts", "misencoded", "dropped"}`` of kernel ``where``
-    (``"module:function"``) compiled with ``meta``; the child's stderr tail on failure."""
+    (``"module:function"``) compiled with ``meta`` (the cubin written to ``cubin`` if given);
+    the child's stderr tail on failure."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(cache)
     res = subprocess.run(
         [sys.executable, "-c", SCRIPT, json.dumps(meta), where, json.dumps(ptrs),
-         "1" if hint else "0"],
+         "1" if hint else "0", *([str(cubin)] if cubin is not None else [])],
         capture_output=True, text=True, env=env, timeout=900, check=False,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]

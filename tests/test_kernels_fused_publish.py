@@ -1,0 +1,69 @@
+"""The one-launch decode's publish and poll (kernels/decode_fused.py), compiled for sm_90.
+
+The partials are published by a CTA barrier and a GPU-scope release exchange of the flags, and
+the merge polls them with GPU-scope acquire loads: no fence on either side. The form before
+(a fence in every stage-1 thread, volatile polls and a fence after them) stays behind
+``PUBLISH_FENCE`` / ``ACQUIRE_POLL`` for the A/B in bench/gpu_decode_publish.py, which timed the
+new form 0.8-1.5 us a step faster on an H100 and gated both (bench/NOTES-kernels.md, session
+23). Triton's real compiler runs for sm_90 in a child process (no GPU needed).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+
+import pytest
+
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import decode_cases  # noqa: E402
+from kdash.kernels.decode_attention import DecodeConfig  # noqa: E402
+from sm90_compile import compile_sm90  # noqa: E402
+
+WHERE = "kdash.kernels.decode_fused:_decode_fused"
+PTRS = ["*bf16", "*bf16", "*bf16", "*i32", "*i32"] + ["*fp32"] * 4 + ["*bf16", "*fp32", "*i32"]
+
+
+def _registers(cubin: Path) -> int | None:
+    """Registers a thread of the cubin's kernel, from ``cuobjdump -res-usage`` (None where no
+    cuobjdump is found)."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    exe = str(tool) if tool.exists() else shutil.which("cuobjdump")
+    if exe is None:
+        return None
+    out = subprocess.run([exe, "-res-usage", str(cubin)], capture_output=True, text=True)
+    found = re.search(r"REG:(\d+)", out.stdout)
+    return int(found.group(1)) if found else None
+
+
+def test_the_default_publishes_and_polls_without_a_fence_and_keeps_its_registers(tmp_path):
+    """The fused plan's own compile-time values (GPU ones), at its defaults and in the fenced
+    form: the default carries no ``fence.acq_rel.gpu`` and no volatile poll, only the release
+    exchange and acquire loads; the fenced form has both fences and volatile polls; and both
+    take as many registers (the flags' addresses are kept out of stage 1's live range, which
+    without an opaque value took 118 -> 154-157 registers on Triton 3.6)."""
+    q, kc, _, pt, sl, _ = decode_cases.make_case([1000], 32, 8, 128, 16, device="cpu")
+    plan = decode_cases.plan_for(pt, sl, q, kc, config=DecodeConfig(), fused=True, max_seq_len=1000)
+    assert plan.fused
+    meta = {k: v for k, v in plan._meta1.items() if k != "EVICT"}
+    meta.update(UPCAST=False, EVICT="")
+    new = compile_sm90(WHERE, meta, PTRS, tmp_path / "a", cubin=tmp_path / "new.cubin")["ptx"]
+    old_meta = dict(meta, PUBLISH_FENCE=True, ACQUIRE_POLL=False)
+    old = compile_sm90(WHERE, old_meta, PTRS, tmp_path / "b", cubin=tmp_path / "old.cubin")["ptx"]
+    assert "fence.acq_rel.gpu" not in new and "ld.volatile" not in new
+    assert "ld.acquire.gpu" in new and re.search(r"atom\.global\.gpu\.release\.exch", new)
+    assert old.count("fence.acq_rel.gpu") == 2 and "ld.volatile" in old
+    assert "ld.acquire.gpu" not in old
+    regs_new, regs_old = _registers(tmp_path / "new.cubin"), _registers(tmp_path / "old.cubin")
+    if regs_new is None:
+        pytest.skip("no cuobjdump to read the registers with (the PTX checks above passed)")
+    assert regs_new == regs_old
