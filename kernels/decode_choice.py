@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import decode_fp8, decode_gluon, decode_persist, l2_hint
+from . import decode_fp8, decode_fused, decode_gluon, decode_persist, l2_hint
 from ._common import capability_of
 from .decode_attention import LOG2E, _decode_stage1, _decode_stage1_fp8_pairs
 from .decode_fp8 import CVT_MODES, _decode_stage1_fp8_cvt
@@ -85,6 +85,9 @@ def finish_meta(plan: DecodePlan, meta: dict) -> None:
         meta.update(decode_persist.merge_meta(meta["GROUP"], meta["HEAD_DIM"]))
     elif plan.fused:
         meta["CHUNK"] = merge_chunk(meta["HEAD_DIM"])
+        if not plan.tma:
+            fenced = decode_fused.FENCED_MERGE
+            meta.update(PUBLISH_FENCE=fenced, ACQUIRE_POLL=not fenced)
     maxnreg = getattr(plan.config, "maxnreg", None)
     if plan.persistent and plan.is_fp8:
         maxnreg = maxnreg or decode_persist.FP8_MAXNREG

@@ -38,6 +38,11 @@ from ._common import to_bf16
 from .decode_attention import _decode_stage1, _decode_stage1_fp8_pairs
 from .decode_fp8 import _decode_stage1_fp8_cvt
 
+# The fenced publish and poll (a GPU-scope fence in every stage-1 thread, volatile polls and a
+# fence after them) in place of the default's release and acquire: the bench's --fenced-merge,
+# for an A/B on one machine (plans made after the switch take it).
+FENCED_MERGE = False
+
 
 def merge_chunk(head_dim: int) -> int:
     """Splits a merge program folds per step. On the H200 at 1 x 64k (64 splits) 32 left no

@@ -67,3 +67,24 @@ def test_the_default_publishes_and_polls_without_a_fence_and_keeps_its_registers
     if regs_new is None:
         pytest.skip("no cuobjdump to read the registers with (the PTX checks above passed)")
     assert regs_new == regs_old
+
+
+def test_the_bench_switch_reaches_one_launch_plans_only(monkeypatch) -> None:
+    """decode_fused.FENCED_MERGE (the bench's --fenced-merge) gives plans made after it the
+    fenced form; two-launch plans have no merge protocol and take neither value."""
+    from kdash.kernels import decode_fused
+
+    q, kc, _, pt, sl, _ = decode_cases.make_case([1000], 32, 8, 128, 16, device="cpu")
+
+    def meta(fused: bool) -> dict:
+        plan = decode_cases.plan_for(
+            pt, sl, q, kc, config=DecodeConfig(), fused=fused, max_seq_len=1000
+        )
+        return plan._meta1
+
+    got = meta(True)
+    assert (got["PUBLISH_FENCE"], got["ACQUIRE_POLL"]) == (False, True)
+    monkeypatch.setattr(decode_fused, "FENCED_MERGE", True)
+    got = meta(True)
+    assert (got["PUBLISH_FENCE"], got["ACQUIRE_POLL"]) == (True, False)
+    assert "PUBLISH_FENCE" not in meta(False) and "ACQUIRE_POLL" not in meta(False)
