@@ -1,4 +1,4 @@
-"""The transposed TMA stage 1 (kernels/decode_gluon_t.py) against the one-warp TMA stage 1, the
+"""The transposed TMA stage 1 (bench/decode_gluon_t.py) against the one-warp TMA stage 1, the
 Triton stage 1 and the copies alone. (GPU machine, sm_90, Triton with Gluon)
 
 Gates first: each case's two-launch Triton plan gives the reference output (unused cache slots
@@ -26,11 +26,11 @@ import torch
 import triton
 from kdash.kernels import bench, l2_hint
 from kdash.kernels import decode_gluon as dg
-from kdash.kernels import decode_gluon_t as dt
 from kdash.kernels._common import ensure_allocator
 from kdash.kernels.decode_attention import DecodeConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import decode_gluon_t as dt
 from gpu_decode_gluon import STRIP, nan_fill_unused, splits_plan, time_us
 
 KERNELS = {"one": "one warp, S = Q K^T", "t": "transposed, S^T = K Q^T"}

@@ -1,5 +1,9 @@
 """Decode stage 1 for Hopper in Gluon, the products transposed: ``S^T = K Q^T``, ``O^T += V^T P^T``.
 
+An experiment, timed by bench/gpu_decode_tform.py (session 23): on an H100 it ran no faster
+than the one-warp TMA kernel or the Triton stage 1 (bench/NOTES-kernels.md), so it stays here,
+outside the library.
+
 :func:`kdash.kernels.decode_gluon._decode_stage1_gluon` computes ``S = Q K^T`` with the query
 heads of a KV head as the ``mma.sync`` rows, padded to 16: at 4 query heads a KV head three
 quarters of its tensor-core work, of its Q registers and of its ``O`` accumulator (64 fp32
@@ -22,14 +26,10 @@ indices read a chunk ahead, the tail page's masking) is ``_decode_stage1_gluon``
 
 from __future__ import annotations
 
-from .decode_gluon import gluon
+from kdash.kernels.decode_gluon import gluon
 
 if gluon is not None:
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
-
-    from .decode_gluon import (
+    from kdash.kernels.decode_gluon import (
         L2_MARKER_ASM,
         ROWS_MAX,
         _after,
@@ -37,6 +37,9 @@ if gluon is not None:
         _device_split_len,
         _issue,
     )
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
     @gluon.jit
     def _decode_stage1_t(
