@@ -87,6 +87,22 @@ def gluon_fn(case: bench.DecodeCase, plan, stages: int, host_cut: bool = False):
     return both, stage1
 
 
+def run_gates(cases, gate_fn, res: dict, save) -> bool:
+    """``gate_fn(*case)`` for each case into ``res["gates"]``, one line each, saved after each
+    (an exception is recorded as the row: one failing gate must not hide the others); whether
+    all passed (also ``res["gates_pass"]``)."""
+    for case in cases:
+        try:
+            row = gate_fn(*case)
+        except Exception as exc:  # noqa: BLE001 - recorded; the other gates still run
+            row = {"lens": str(case[0])[:60], "error": f"{type(exc).__name__}: {exc}"[:500]}
+        print(json.dumps(row), flush=True)
+        res["gates"].append(row)
+        save()
+    res["gates_pass"] = all(r.get("pass") for r in res["gates"])
+    return res["gates_pass"]
+
+
 def time_us(fn, readflush: bool = False) -> dict:
     fn()
     torch.cuda.synchronize()
@@ -224,15 +240,8 @@ def main() -> int:
         ([1, 15, 16, 17, 1000, 4097], 32, 8, True, 2),
         ([65531], 64, 8, True, 2),
     ]
-    for lens, hq, hkv, nan, *factor in gates:
-        try:
-            row = gate(lens, hq, hkv, args.stages, nan, *factor)
-        except Exception as exc:  # noqa: BLE001 - one failing gate must not hide the others
-            row = {"lens": str(lens)[:60], "error": f"{type(exc).__name__}: {exc}"[:500]}
-        print(json.dumps(row), flush=True)
-        res["gates"].append(row)
-        save()
-    res["gates_pass"] = all(r.get("pass") for r in res["gates"])
+    cases = [(lens, hq, hkv, args.stages, nan, *factor) for lens, hq, hkv, nan, *factor in gates]
+    run_gates(cases, gate, res, save)
     if args.no_timing or not res["gates_pass"]:
         save()
         return 0 if res["gates_pass"] else 1

@@ -27,12 +27,16 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 from kdash.kernels import bench
-from kdash.kernels.bench_timing import bench_graph_ms, bench_host_nosync_us, bench_host_us
+from kdash.kernels.bench_timing import (
+    bench_graph_ms,
+    bench_host_nosync_us,
+    bench_host_us,
+    host_call_times,
+)
 from kdash.kernels.decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
 
 SHAPES = [
@@ -47,19 +51,6 @@ SHAPES = [
 WINDOWS = [(0, 20), (20, 50), (50, 100), (100, 200), (200, 400)]
 
 
-def per_call_us(fn, calls: int = 400) -> list[float]:
-    """Host us of each of ``calls`` calls in a row, the GPU drained before the first (and after
-    the last, untimed)."""
-    torch.cuda.synchronize()
-    got = []
-    for _ in range(calls):
-        t0 = time.perf_counter_ns()
-        fn()
-        got.append((time.perf_counter_ns() - t0) / 1e3)
-    torch.cuda.synchronize()
-    return got
-
-
 def row_for(lens, hq, hkv, fp8) -> dict:
     case = bench.DecodeCase(lens, hq, hkv, 128, fp8)
     fn, splits = case.fn(DEFAULT_FP8_CONFIG if fp8 else DecodeConfig())
@@ -69,7 +60,7 @@ def row_for(lens, hq, hkv, fp8) -> dict:
     row: dict = {"lens": f"{len(lens)} x {lens[0]}", "heads": f"{hq}/{hkv}",
                  "kv": "fp8" if fp8 else "bf16", "path": case.last_plan.path, "splits": splits,
                  "gpu_us_graph": bench_graph_ms(fn) * 1e3}  # fmt: skip
-    runs = [per_call_us(fn) for _ in range(3)]
+    runs = [host_call_times(fn, 400) for _ in range(3)]
     row["per_call"] = []
     for times in runs:
         base = statistics.median(times[:20])
@@ -108,7 +99,7 @@ def probe(runs: int) -> int:
     for _ in range(runs):
         torch.cuda.synchronize()
         before, steal = this_cpu(), steal_ticks()
-        times = per_call_us(fn, 100)
+        times = host_call_times(fn, 100)
         got.append({
             "mean": round(statistics.fmean(times), 2), "median": round(statistics.median(times), 2),
             "max": round(max(times), 1), "over_50us": sum(t > 50 for t in times),

@@ -35,7 +35,7 @@ from kdash.kernels.bench_timing import bench_graph_ms, bench_ms
 from kdash.kernels.decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_decode_gluon import nan_fill_unused
+from gpu_decode_gluon import nan_fill_unused, run_gates
 
 # (PUBLISH_FENCE, ACQUIRE_POLL): the current kernel first
 VARIANTS = {
@@ -163,15 +163,7 @@ def main() -> int:
         ([1, 15, 16, 17, 1000, 4097], 32, 8, True),
         ([65531], 64, 8, True),
     ]
-    for lens, hq, hkv, fp8 in gates:
-        try:
-            row = gate(lens, hq, hkv, fp8)
-        except Exception as exc:  # noqa: BLE001 - one failing gate must not hide the others
-            row = {"lens": str(lens)[:60], "error": f"{type(exc).__name__}: {exc}"[:500]}
-        print(json.dumps(row), flush=True)
-        res["gates"].append(row)
-        save()
-    res["gates_pass"] = all(r.get("pass") for r in res["gates"])
+    run_gates(gates, gate, res, save)
     if args.no_timing or not res["gates_pass"]:
         save()
         return 0 if res["gates_pass"] else 1

@@ -95,6 +95,19 @@ def bench_graph_ms(fn, *, rep: int = 100) -> float:
     return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
 
 
+def host_call_times(fn, calls: int) -> list[float]:
+    """Host us of each of ``calls`` calls of ``fn`` in a row with no synchronisation between
+    them, the GPU drained before the first and after the last (untimed)."""
+    torch.cuda.synchronize()
+    run = []
+    for _ in range(calls):
+        t0 = time.perf_counter_ns()
+        fn()
+        run.append((time.perf_counter_ns() - t0) / 1e3)
+    torch.cuda.synchronize()
+    return run
+
+
 def bench_host_calls(fn, *, calls: int = 100, reps: int = 7) -> dict[str, float]:
     """Host us of each call of ``fn`` over ``reps`` runs of ``calls`` calls in a row with no
     synchronisation between them (the GPU drained between runs, untimed).
@@ -111,15 +124,9 @@ def bench_host_calls(fn, *, calls: int = 100, reps: int = 7) -> dict[str, float]
     every: list[float] = []
     means = []
     for _ in range(reps):
-        torch.cuda.synchronize()
-        run = []
-        for _ in range(calls):
-            t0 = time.perf_counter_ns()
-            fn()
-            run.append((time.perf_counter_ns() - t0) / 1e3)
+        run = host_call_times(fn, calls)
         means.append(sum(run) / calls)
         every += run
-    torch.cuda.synchronize()
     every.sort()
     means.sort()
     return {
