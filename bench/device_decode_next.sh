@@ -5,6 +5,7 @@
 #   bash bench/device_decode_next.sh gates evict        (~9 min)
 #   bash bench/device_decode_next.sh fp8 tma            (~9 min)
 #   bash bench/device_decode_next.sh table table-plain  (~3 min; demo, pcs, probe if time is left)
+#   bash bench/device_decode_next.sh table table-fenced publish table  (~7 min: session 23's A/B)
 #   gates  the plans' graph launch with a graph per layer, the plan's graph/host/capture tests,
 #          the workload's GPU tests, and fp8_compute="kmma" (K's bytes to the fp8 tensor cores)
 #          through the fp8-variant and decode gates (pytest -m gpu); a failure skips the rest;
@@ -34,6 +35,10 @@
 #   table-plain  the same with --no-evict-first (the defaults ask for the L2 hint on both
 #          dtypes' copies since session 21; this is the baseline without it)
 #          -> $OUT/kernels-h200-decode-plain.json;
+#   table-fenced  the same with --fenced-merge (one-launch plans publish and poll with fences,
+#          the form before session 23) -> $OUT/kernels-h200-decode-fenced.json;
+#   publish  bench/gpu_decode_publish.py: the one-launch decode's publish and poll four ways,
+#          gates, 200 replays, timing -> $OUT/decode-publish.json;
 #   pcs    kdash's own PC sampling on the fp8 stage 1, cvt and kmma, at 1 x 64k
 #          (bench/gpu_fp8_pcs.py: hot lines in $OUT/fp8-pcs.json, captures fp8-*-pcs.kdash);
 #   probe  bench/gpu_decode_graph_launch.py at 1 x 64k and 64 lognormal
@@ -148,5 +153,17 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
       --only decode --default-path-only --no-evict-first \
       --out "$OUT/kernels-h200-decode-plain.json" > /tmp/bench-plain.log 2>&1
     echo "rc=$?"; grep -E "summary|Error|error" /tmp/bench-plain.log | cut -c1-300
+  fi
+  if [[ $steps == *" table-fenced "* ]]; then
+    echo "== decode table, one-launch plans in the fenced form"
+    timeout -k 5 300 python3 -m kdash.kernels.bench --sweep none \
+      --only decode --default-path-only --fenced-merge \
+      --out "$OUT/kernels-h200-decode-fenced.json" > /tmp/bench-fenced.log 2>&1
+    echo "rc=$?"; grep -E "summary|Error|error" /tmp/bench-fenced.log | cut -c1-300
+  fi
+  if [[ $steps == *" publish "* ]]; then
+    echo "== the one-launch decode's publish and poll, four ways"
+    timeout -k 5 420 python3 bench/gpu_decode_publish.py > /tmp/publish.log 2>&1
+    echo "rc=$?"; grep -v '"pass": true' /tmp/publish.log | cut -c1-400
   fi
 } 2>&1 | tee "$log"
