@@ -69,23 +69,13 @@ def bench_host_us(fn, *, iters: int = 200) -> float:
 
 def bench_host_nosync_us(fn, *, calls: int = 100, reps: int = 7) -> float:
     """Host us per call of ``fn`` over ``calls`` calls in a row with no synchronisation between
-    them (median of ``reps`` such runs; the GPU is drained between runs, untimed).
+    them (median of ``reps`` such runs; the GPU is drained between runs, untimed): the
+    ``run_mean_us`` of :func:`bench_host_calls`.
 
     This is what a serving loop pays per decode call on its CPU. ``calls`` is small enough that
     the launch queue (about a thousand kernels) never fills, so no call waits on the GPU.
     """
-    for _ in range(5):
-        fn()
-    per = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per.append((time.perf_counter() - t0) / calls)
-    torch.cuda.synchronize()
-    per.sort()
-    return per[len(per) // 2] * 1e6
+    return bench_host_calls(fn, calls=calls, reps=reps)["run_mean_us"]
 
 
 def bench_graph_ms(fn, *, rep: int = 100) -> float:
@@ -112,8 +102,8 @@ def bench_host_calls(fn, *, calls: int = 100, reps: int = 7) -> dict[str, float]
     """Host us of each call of ``fn`` over ``reps`` runs of ``calls`` calls in a row with no
     synchronisation between them (the GPU drained between runs, untimed).
 
-    ``run_mean_us`` is :func:`bench_host_nosync_us`'s figure (the median of the runs' means,
-    what a serving loop pays a call, slow calls included); ``per_call_us`` the median call, with
+    ``run_mean_us`` is the median of the runs' means (what a serving loop pays a call, slow
+    calls included; :func:`bench_host_nosync_us`); ``per_call_us`` the median call, with
     the 90th percentile, the slowest call and the calls over 50 us beside it, so what moves a
     run's mean is seen: on the GPU machine's virtual CPUs a fresh process's calls run at 40-80
     us each for its first second or so, and single calls take up to ~400 us

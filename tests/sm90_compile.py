@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,11 @@ def compile_sm90(
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def cuobjdump() -> str | None:
+    """Triton's bundled cuobjdump, or one on the PATH, or None."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return str(tool) if tool.exists() else shutil.which("cuobjdump")

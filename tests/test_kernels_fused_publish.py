@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ triton = pytest.importorskip("triton")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import decode_cases  # noqa: E402
 from kdash.kernels.decode_attention import DecodeConfig  # noqa: E402
-from sm90_compile import compile_sm90  # noqa: E402
+from sm90_compile import compile_sm90, cuobjdump  # noqa: E402
 
 WHERE = "kdash.kernels.decode_fused:_decode_fused"
 PTRS = ["*bf16", "*bf16", "*bf16", "*i32", "*i32"] + ["*fp32"] * 4 + ["*bf16", "*fp32", "*i32"]
@@ -36,8 +35,7 @@ PTRS = ["*bf16", "*bf16", "*bf16", "*i32", "*i32"] + ["*fp32"] * 4 + ["*bf16", "
 def _registers(cubin: Path) -> int | None:
     """Registers a thread of the cubin's kernel, from ``cuobjdump -res-usage`` (None where no
     cuobjdump is found)."""
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    exe = str(tool) if tool.exists() else shutil.which("cuobjdump")
+    exe = cuobjdump()
     if exe is None:
         return None
     out = subprocess.run([exe, "-res-usage", str(cubin)], capture_output=True, text=True)

@@ -20,7 +20,6 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -33,15 +32,10 @@ import decode_cases as cases  # noqa: E402
 from kdash.kernels import l2_hint  # noqa: E402
 from kdash.kernels.decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig  # noqa: E402
 from kdash.kernels.decode_plan import DecodePlan  # noqa: E402
-from sm90_compile import compile_sm90  # noqa: E402
+from sm90_compile import compile_sm90, cuobjdump  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 PROBES = DATA / "l2-probe"
-
-
-def _cuobjdump() -> str | None:
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return str(tool) if tool.exists() else shutil.which("cuobjdump")
 
 
 # --------------------------------------------------------------------------- reading SASS
@@ -49,7 +43,7 @@ def _cuobjdump() -> str | None:
 def test_ldgsts_are_the_instructions_cuobjdump_names(name) -> None:
     """On cubins the H200's Triton compiled: the reader finds every LDGSTS cuobjdump lists, at
     the same offsets, and nothing else (stage 2 has none)."""
-    tool = _cuobjdump()
+    tool = cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump (Triton's wheel carries one)")
     path = DATA / "h200-cubins" / f"{name}.cubin"
