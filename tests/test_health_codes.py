@@ -185,6 +185,10 @@ def test_tree_codes_and_what_the_app_and_kernel_pane_make_of_them():
     tree = _tree_with(SAMPLING)
     assert (tree.health.state, tree.health.code) == ("ok", "sampling")
     assert activity_label(tree.health) == "sampled"
+    # recording, but no kernel yet (a target still compiling): not the advice to add an agent
+    line = kernel_line(tree.health)
+    assert line.startswith("Kernel timeline: no kernels yet — the agent is recording (")
+    assert tree.health.reason in line and "kdash run" not in line
     tree = _tree_with(CONTINUOUS)
     assert tree.health.code == "continuous" and activity_label(tree.health) == "continuous"
     tree = _tree_with(NO_DRIVER)

@@ -86,6 +86,8 @@ NO_KERNELS = (
 )
 # the agent tree's codes for an agent that is there but does not record (yet)
 AGENT_FOUND_CODES = ("injecting", "agent_starting", "agent_degraded", "agent_unavailable")
+# the codes of an agent tree that records kernels (healthy)
+RECORDING_CODES = ("sampling", "continuous")
 ANALYSIS_EVERY_S = 1.0
 TABLE_ROWS = 50
 NAME_MAX = 200  # the longest label the name column ever asks for
@@ -139,8 +141,9 @@ def analysis_notes(
 def empty_line(agent_health: Health | str) -> str:
     """The pane's one line before any kernel arrived: the generic "needs the agent" advice,
     except under `attach --no-inject`, where the agent source's own reason ("no agent in pid
-    N (injection off: --no-inject); ...") says the pane is empty by the user's choice, and
-    where the source says why no agent could be had (a failed injection's precondition)."""
+    N (injection off: --no-inject); ...") says the pane is empty by the user's choice, where
+    the source says why no agent could be had (a failed injection's precondition), and where
+    an agent records but has seen no kernel yet."""
     h = as_health(agent_health, "agent")
     # empty by choice (the user's --no-inject, or a graph process left alone by design): its
     # reason, never "yet"
@@ -154,6 +157,10 @@ def empty_line(agent_health: Health | str) -> str:
     # reason, not the advice to start one
     if h.code in AGENT_FOUND_CODES and "pid" in h.fields:
         return f"Kernel timeline: no kernels yet — agent {h.reason}"
+    # an agent records, but the target has launched no kernel since (a server still loading
+    # its model, or compiling its kernels): the advice to start an agent would be wrong
+    if h.code in RECORDING_CODES:
+        return f"Kernel timeline: no kernels yet — the agent is recording ({h.reason}), none seen"
     return NO_KERNELS
 
 

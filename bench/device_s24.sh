@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Session 24's device call: the keys of record on whichever card is lent, in one command.
+#   H200: the whole bench (decode and prefill) under the defaults, the decode table in the
+#         fenced form (session 23's A/B on this card), both twice, in turn;
+#   H100: the whole bench twice (prefill keys never taken on an H100), the kernels' GPU gates,
+#         and `kdash demo` in tmux.
+# Files: $OUT/kernels-<card>-s24-*.json, gpu-gates-<card>-s24.xml, tmux-demo-*.txt, s24.log.
+# Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
+set -uo pipefail
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH=/tmp/site PYTHONSAFEPATH=1
+bash bench/device_setup.sh > /dev/null || exit 1
+name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+case $name in *H200*) card=h200 ;; *H100*) card=h100 ;; *) card=gpu ;; esac
+bench() {  # $1: file stem, the rest: bench flags
+  local stem=$1; shift
+  echo "== bench $stem: $*"
+  timeout -k 5 240 python3 -m kdash.kernels.bench --sweep none --default-path-only "$@" \
+    --out "$OUT/kernels-$card-s24-$stem.json" > "/tmp/$stem.log" 2>&1
+  echo "rc=$? $(date +%T)"; grep -E "Error|error" "/tmp/$stem.log" | cut -c1-300
+  python3 - "$OUT/kernels-$card-s24-$stem.json" <<'PY'
+import json, sys
+try:
+    s = json.load(open(sys.argv[1]))["summary"]
+except (OSError, ValueError, KeyError) as e:
+    sys.exit(f"no summary: {e}")
+keys = ("decode_bw_ratio", "decode_bw_ratio_graph", "decode_host_us", "fp8_speedup",
+        "prefill_vs_sdpa_flash", "prefill_vs_sdpa_cudnn")
+print({k: (round(s[k], 3) if isinstance(s.get(k), float) else s.get(k)) for k in keys})
+print("status", s.get("status"), "short_by", s.get("short_by"))
+PY
+}
+{
+  echo "$name $(date +%T)"
+  nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
+  if [[ $card == h200 ]]; then
+    bench full-1
+    bench fenced-1 --only decode --fenced-merge
+    bench full-2
+    bench fenced-2 --only decode --fenced-merge
+  else
+    bench full-1
+    bench full-2
+    echo "== GPU gates: decode, plan, fused publish, prefill, L2 hint"
+    timeout -k 5 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider \
+      tests/test_kernels_plan.py tests/test_kernels_decode.py tests/test_kernels_prefill.py \
+      tests/test_kernels_fused_publish.py tests/test_kernels_graph_launch.py tests/test_kernels_l2_hint.py \
+      --junitxml "$OUT/gpu-gates-$card-s24.xml" > /tmp/gates.log 2>&1
+    echo "rc=$? $(date +%T)"; grep -E "passed|failed|FAILED|Error" /tmp/gates.log | tail -8
+    if command -v tmux > /dev/null; then
+      for size in "200 50" "80 24"; do
+        set -- $size
+        tmux new -d -s d -x "$1" -y "$2" "python3 -m kdash.cli demo"
+        sleep 20; tmux capture-pane -p -t d > "$OUT/tmux-demo-$1x$2-s24.txt"
+        tmux send-keys -t d '?'; sleep 1; tmux capture-pane -p -t d >> "$OUT/tmux-demo-$1x$2-s24.txt"
+        tmux send-keys -t d Escape q; sleep 3; tmux kill-server 2> /dev/null
+      done
+      echo "== demo captured $(date +%T)"
+    fi
+  fi
+} 2>&1 | tee "$OUT/s24.log"
