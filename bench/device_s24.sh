@@ -17,18 +17,7 @@ bench() {  # $1: file stem, the rest: bench flags
   echo "== bench $stem: $*"
   timeout -k 5 240 python3 -m kdash.kernels.bench --sweep none --default-path-only "$@" \
     --out "$OUT/kernels-$card-s24-$stem.json" > "/tmp/$stem.log" 2>&1
-  echo "rc=$? $(date +%T)"; grep -E "Error|error" "/tmp/$stem.log" | cut -c1-300
-  python3 - "$OUT/kernels-$card-s24-$stem.json" <<'PY'
-import json, sys
-try:
-    s = json.load(open(sys.argv[1]))["summary"]
-except (OSError, ValueError, KeyError) as e:
-    sys.exit(f"no summary: {e}")
-keys = ("decode_bw_ratio", "decode_bw_ratio_graph", "decode_host_us", "fp8_speedup",
-        "prefill_vs_sdpa_flash", "prefill_vs_sdpa_cudnn")
-print({k: (round(s[k], 3) if isinstance(s.get(k), float) else s.get(k)) for k in keys})
-print("status", s.get("status"), "short_by", s.get("short_by"))
-PY
+  echo "rc=$? $(date +%T)"; grep -E "summary|Error|error" "/tmp/$stem.log" | cut -c1-300
 }
 {
   echo "$name $(date +%T)"
