@@ -1,26 +1,47 @@
 #!/usr/bin/env bash
-# Session 25's device call: how much of the K/V stream the L2 evict-first hint should cover
-# (bench/gpu_decode_l2frac.py), on whichever card is lent. Each policy runs in its own process
-# and Triton cache (Triton 3.6 does not key its cache on the hook); two cycles over the
-# policies, the kernels compiled in the first. Files: $OUT/l2frac-<card>-s25.jsonl, s25.log.
+# Session 25's device calls, on whichever card is lent (CALL picks):
+#   CALL=l2frac: how much of the K/V stream the L2 evict-first hint should cover
+#     (bench/gpu_decode_l2frac.py), each policy in its own process and Triton cache (Triton 3.6
+#     does not key its cache on the hook), two cycles; -> l2frac-<card>-s25.jsonl;
+#   CALL=clocks (default): SM clock, power and throttle reasons under each decode workload
+#     (bench/gpu_decode_clocks.py) -> clocks-<card>-s25.jsonl; then the whole bench (H200: twice
+#     and the decode table in the fenced form; H100: once) -> kernels-<card>-s25-*.json.
 # Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH=/tmp/site PYTHONSAFEPATH=1
 bash bench/device_setup.sh > /dev/null || exit 1
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case $name in *H200*) card=h200 ;; *H100*) card=h100 ;; *) card=gpu ;; esac
-out="$OUT/l2frac-$card-s25.jsonl"
+bench() {  # $1: file stem, the rest: bench flags
+  local stem=$1; shift
+  echo "== bench $stem: $*"
+  timeout -k 5 240 python3 -m kdash.kernels.bench --sweep none --default-path-only "$@" \
+    --out "$OUT/kernels-$card-s25-$stem.json" > "/tmp/$stem.log" 2>&1
+  echo "rc=$? $(date +%T)"; grep -E "summary|Error|error" "/tmp/$stem.log" | cut -c1-300
+}
 {
   echo "$name $(date +%T)"
-  nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
-  copy=$(python3 -c "from kdash.kernels import bench; print(bench.ceilings()['copy_GBps'])")
-  echo "copy $copy GB/s"
-  for cycle in 1 2; do
-    for pol in ${POLICIES:-plain first:1.0 first:0.5 first:0.25 first:0.75 normal:1.0}; do
-      [[ $cycle == 2 && $pol == normal:1.0 ]] && continue
-      TRITON_CACHE_DIR="/tmp/tc-${pol/:/-}" timeout -k 5 150 python3 bench/gpu_decode_l2frac.py \
-        --policy "$pol" --copy-gbs "$copy" --rounds 1 --out "$out" 2>&1 | grep -v Warning
-      echo "rc=$? cycle $cycle $pol $(date +%T)"
+  nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem,temperature.gpu,power.limit --format=csv
+  if [[ ${CALL:-clocks} == l2frac ]]; then
+    out="$OUT/l2frac-$card-s25.jsonl"
+    copy=$(python3 -c "from kdash.kernels import bench; print(bench.ceilings()['copy_GBps'])")
+    echo "copy $copy GB/s"
+    for cycle in 1 2; do
+      for pol in plain first:1.0 first:0.5 first:0.25 first:0.75 normal:1.0; do
+        [[ $cycle == 2 && $pol == normal:1.0 ]] && continue
+        TRITON_CACHE_DIR="/tmp/tc-${pol/:/-}" timeout -k 5 150 python3 bench/gpu_decode_l2frac.py \
+          --policy "$pol" --copy-gbs "$copy" --rounds 1 --out "$out" 2>&1 | grep -v Warning
+        echo "rc=$? cycle $cycle $pol $(date +%T)"
+      done
     done
-  done
-} 2>&1 | tee "$OUT/s25.log"
+  else
+    timeout -k 5 120 python3 bench/gpu_decode_clocks.py --out "$OUT/clocks-$card-s25.jsonl" \
+      2>&1 | grep -v Warning | cut -c1-600
+    echo "clocks rc=$? $(date +%T)"
+    bench full-1
+    if [[ $card == h200 ]]; then
+      bench fenced-1 --only decode --fenced-merge
+      bench full-2
+    fi
+  fi
+} 2>&1 | tee "$OUT/s25-${CALL:-clocks}.log"

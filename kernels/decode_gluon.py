@@ -66,8 +66,6 @@ PAGE = 16
 BLOCK_H = 16  # query heads of a KV head, padded to one mma.sync tile of rows
 # Ring slots (a page each): 6 x 16 tokens x (K + V) x 256 B = 48 KiB of shared memory a program.
 STAGES = 6
-# Warps a program may run (TmaConfig.warps).
-WARPS = (1, 2, 4)
 # Global scratch a program needs: its two descriptors, 128 bytes each (DecodePlan allocates it
 # once; a compiled kernel asking for more takes Triton's allocating launch instead).
 SCRATCH_PER_PROGRAM = 256
@@ -85,13 +83,6 @@ class TmaConfig(DecodeConfig):
     stages: int = STAGES
     # The tile copies ask L2 to evict their lines first (kernels/l2_hint.py).
     l2_evict_first: bool = False
-    # Warps a program (1, 2 or 4): each computes S and its softmax in full and O for
-    # HEAD_DIM / warps columns (bench/NOTES-kernels.md, session 25).
-    warps: int = 1
-
-    def __post_init__(self) -> None:
-        if self.warps not in WARPS:
-            raise ValueError(f"TmaConfig.warps must be one of {WARPS} (got {self.warps!r})")
 
 
 # Whether a plan made without a config takes these kernels where they run (sm_90, and what
@@ -176,10 +167,8 @@ if gluon is not None:
 
     @gluon.jit
     def _operands(k_slot, v_slot, t0, end, offs_v, B_OP: gl.constexpr, B_OP4: gl.constexpr,
-                  B_OPO: gl.constexpr, VBLK: gl.constexpr, PAGE: gl.constexpr,
-                  IS_FP8: gl.constexpr):  # fmt: skip
-        """A ring slot's K^T and V as ``mma.sync`` B operands (``B_OP`` for ``S = Q K^T``,
-        ``B_OPO`` for ``O += P V``). fp8: widened to fp16 in
+                  VBLK: gl.constexpr, PAGE: gl.constexpr, IS_FP8: gl.constexpr):  # fmt: skip
+        """A ring slot's K^T and V as ``mma.sync`` B operands. fp8: widened to fp16 in
         registers (K^T read four bytes a register by ldmatrix on byte pairs; V byte by byte,
         its tokens being the reduction axis). On the tail page V's rows at or past ``end`` are
         zeroed (they may hold anything, NaN included)."""
@@ -191,9 +180,9 @@ if gluon is not None:
         if t0 + PAGE > end:
             vb = _op_type(v_slot.load(VBLK), IS_FP8)
             vb = gl.where((t0 + offs_v)[:, None] < end, vb, gl.zeros_like(vb))
-            v_op = gl.convert_layout(vb, B_OPO)
+            v_op = gl.convert_layout(vb, B_OP)
         else:
-            v_op = _op_type(v_slot.load(B_OPO), IS_FP8)
+            v_op = _op_type(v_slot.load(B_OP), IS_FP8)
         return k_op, v_op
 
     @gluon.jit
@@ -205,7 +194,7 @@ if gluon is not None:
         TARGET_VARLEN: gl.constexpr, MIN_SPLIT: gl.constexpr, BLOCK_B: gl.constexpr,
         MAX_SPLITS: gl.constexpr, MERGE: gl.constexpr, SEARCH: gl.constexpr,
         KV_LAYOUT: gl.constexpr, CHUNK: gl.constexpr, IS_FP8: gl.constexpr,
-        L2_HINT: gl.constexpr = False, W: gl.constexpr = 1,
+        L2_HINT: gl.constexpr = False,
     ):  # fmt: skip
         """Split ``split`` of KV head ``kvh`` of request ``b``: its partial output and LSE
         (``CHUNK``: page indices read at a time; ``L2_HINT``: the kernel carries
@@ -213,34 +202,19 @@ if gluon is not None:
         fp8 KV (e4m3, a scale per KV head in KS and VS) is converted to fp16 in registers on
         its way from shared memory to the tensor cores (K's byte pairs by ldmatrix, V's bytes
         one by one: V's tokens are the reduction axis), and Q and P are rounded to fp16, as the
-        Triton kernels' fp16 path does.
-
-        ``W`` warps a program: each computes the whole of ``S = Q K^T`` and its softmax (the
-        same values in every warp, so no exchange between warps a page) and ``O += P V`` for
-        its own ``HEAD_DIM / W`` columns, so its accumulator is ``W`` times smaller than one
-        warp's; one thread issues the copies, after a CTA barrier says every warp has read
-        the slot."""
-        L1: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
-        # S: the warps along its 16 rows, which a 16-row tile does not fill: each warp holds
-        # all of it. O: the warps along the head dim.
+        Triton kernels' fp16 path does."""
+        L1: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
         MMA: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8]
-        )
-        MMA_O: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[2, 0], warps_per_cta=[1, W], instr_shape=[16, 8]
+            version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8]
         )
         A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-        A_OPO: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_O, k_width=2)
-        B_OPO: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA_O, k_width=2)
         # fp8 K^T read four bytes a register (ldmatrix on byte pairs), then widened
         B_OP4: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=4)
         ELT: gl.constexpr = 1 if IS_FP8 else 2
         ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
         COLS: gl.constexpr = gl.SliceLayout(0, MMA)
-        ROWS_O: gl.constexpr = gl.SliceLayout(1, MMA_O)
-        COLS_O: gl.constexpr = gl.SliceLayout(0, MMA_O)
-        VBLK: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [W, 1], [1, 0])
+        VBLK: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [1, 1], [1, 0])
 
         q_heads = gl.num_programs(1) * GROUP
         seq_len = gl.load(LENS + b)
@@ -308,7 +282,7 @@ if gluon is not None:
             q_op = gl.convert_layout(_op_type(q, IS_FP8), A_OP)
             m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, ROWS)
             l_i = gl.zeros([BLOCK_H], gl.float32, ROWS)
-            acc = gl.zeros([BLOCK_H, HEAD_DIM], gl.float32, MMA_O)
+            acc = gl.zeros([BLOCK_H, HEAD_DIM], gl.float32, MMA)
             offs_t = gl.arange(0, PAGE, layout=COLS)
             offs_v = gl.arange(0, PAGE, layout=gl.SliceLayout(1, VBLK))
             for i in range(n_tiles):
@@ -316,8 +290,8 @@ if gluon is not None:
                 t0 = start + i * PAGE
                 mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
                 k_op, v_op = _operands(
-                    k_smem.index(slot), v_smem.index(slot), t0, end, offs_v, B_OP, B_OP4, B_OPO,
-                    VBLK, PAGE, IS_FP8,
+                    k_smem.index(slot), v_smem.index(slot), t0, end, offs_v, B_OP, B_OP4, VBLK,
+                    PAGE, IS_FP8,
                 )  # fmt: skip
                 # Every read of the slot is in registers: it may be filled again.
                 _cta_barrier()
@@ -337,22 +311,17 @@ if gluon is not None:
                 alpha = gl.exp2(m_i - m_new)
                 p = gl.exp2(s - m_new[:, None])
                 l_i = l_i * alpha + gl.sum(p, 1)
-                p_op = gl.convert_layout(_op_type(p, IS_FP8), A_OPO)
-                alpha_o = gl.convert_layout(alpha, ROWS_O)
-                acc = mma_v2(p_op, v_op, acc * alpha_o[:, None])
+                p_op = gl.convert_layout(_op_type(p, IS_FP8), A_OP)
+                acc = mma_v2(p_op, v_op, acc * alpha[:, None])
                 m_i = m_new
             for i in gl.static_range(STAGES):
                 mbarrier.invalidate(ready.index(i))
             if IS_FP8:
                 acc = acc * gl.load(VS + kvh)
             l_safe = gl.where(l_i > 0, l_i, 1.0)
-            out = acc / gl.convert_layout(l_safe, ROWS_O)[:, None]
+            out = acc / l_safe[:, None]
             lse = gl.where(l_i > 0, m_i + gl.log2(l_safe), float("-inf"))
-            offs_ho = gl.arange(0, BLOCK_H, layout=ROWS_O)
-            row_o = (b * q_heads + kvh * GROUP + offs_ho).to(gl.int64) * num_splits + split
-            offs_do = gl.arange(0, HEAD_DIM, layout=COLS_O)
-            gl.store(OP + row_o[:, None] * HEAD_DIM + offs_do[None, :], out,
-                     mask=(offs_ho < GROUP)[:, None])  # fmt: skip
+            gl.store(OP + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=hmask[:, None])
             gl.store(LSEP + row, lse, mask=hmask)
 
     @gluon.jit
@@ -364,16 +333,16 @@ if gluon is not None:
         DEVICE_PLAN: gl.constexpr, TARGET_VARLEN: gl.constexpr, MIN_SPLIT: gl.constexpr,
         BLOCK_B: gl.constexpr, MAX_SPLITS: gl.constexpr, MERGE: gl.constexpr,
         SEARCH: gl.constexpr, KV_LAYOUT: gl.constexpr, IS_FP8: gl.constexpr = False,
-        PT_CHUNK: gl.constexpr = 32, L2_HINT: gl.constexpr = False, W: gl.constexpr = 1,
+        PT_CHUNK: gl.constexpr = 32, L2_HINT: gl.constexpr = False,
     ):  # fmt: skip
         """Stage 1 of split-KV decode, arguments as ``_decode_stage1``'s; ``BLOCK_N`` is the
-        plan's split granularity; ``W`` the program's warps (``num_warps`` must match)."""
+        plan's split granularity."""
         _stage1(
             Q, K, V, PT, LENS, KS, VS, OP, LSEP, qk_scale, num_splits, split_len_hint, capacity,
             stride_qb, stride_qh, stride_ks, stride_vs, stride_ptb, gl.program_id(0),
             gl.program_id(1), gl.program_id(2), GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, STAGES,
             DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT, BLOCK_B, MAX_SPLITS, MERGE, SEARCH, KV_LAYOUT,
-            PT_CHUNK, IS_FP8, L2_HINT, W,
+            PT_CHUNK, IS_FP8, L2_HINT,
         )  # fmt: skip
 
     @gluon.jit
@@ -387,11 +356,11 @@ if gluon is not None:
     @gluon.jit
     def _merge(OP, LSEP, Out, LSE, FLAGS, b, head, q_heads, num_splits, stride_outb,
                stride_outh, HEAD_DIM: gl.constexpr, CHUNK: gl.constexpr,
-               POLL_NS: gl.constexpr, W: gl.constexpr = 1):  # fmt: skip
-        """decode_fused._merge_online in Gluon (``W`` warps): query head ``head`` of request
+               POLL_NS: gl.constexpr):  # fmt: skip
+        """decode_fused._merge_online in Gluon (one warp): query head ``head`` of request
         ``b`` merged over its splits ``CHUNK`` at a time as their flags come up; the flags
         lowered after."""
-        MB: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [W, 1], [1, 0])
+        MB: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [1, 1], [1, 0])
         offs_c = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, MB))
         offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, MB))
         row0 = (b * q_heads + head).to(gl.int64) * num_splits
@@ -448,7 +417,7 @@ if gluon is not None:
         BLOCK_B: gl.constexpr, MAX_SPLITS: gl.constexpr, MERGE: gl.constexpr,
         SEARCH: gl.constexpr, KV_LAYOUT: gl.constexpr, CHUNK: gl.constexpr,
         IS_FP8: gl.constexpr = False, PT_CHUNK: gl.constexpr = 32, POLL_NS: gl.constexpr = 64,
-        L2_HINT: gl.constexpr = False, W: gl.constexpr = 1,
+        L2_HINT: gl.constexpr = False,
     ):  # fmt: skip
         """decode_fused._decode_fused's protocol around this module's stage 1: grid ``(B, Hkv,
         num_splits + GROUP)``, stage 1 for split ``z < num_splits``, else the merge of query
@@ -464,11 +433,10 @@ if gluon is not None:
                 capacity, stride_qb, stride_qh, stride_ks, stride_vs, stride_ptb, b, kvh, z,
                 GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, STAGES, DEVICE_PLAN, TARGET_VARLEN,
                 MIN_SPLIT, BLOCK_B, MAX_SPLITS, MERGE, SEARCH, KV_LAYOUT, PT_CHUNK, IS_FP8, L2_HINT,
-                W,
             )  # fmt: skip
             # Every thread's partial stores, its GPU-scope fence, the CTA barrier, then the
             # flags (release): a merge program that sees a flag up sees the partial.
-            L1: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
+            L1: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
             first = b * q_heads + kvh * GROUP
             base = _after(first, first, "fence.acq_rel.gpu;\n\tmov.b32 $0, $1;")
             _cta_barrier()
@@ -479,7 +447,7 @@ if gluon is not None:
         else:
             _merge(
                 OP, LSEP, Out, LSE, FLAGS, b, kvh * GROUP + z - num_splits, q_heads, num_splits,
-                stride_outb, stride_outh, HEAD_DIM, CHUNK, POLL_NS, W,
+                stride_outb, stride_outh, HEAD_DIM, CHUNK, POLL_NS,
             )  # fmt: skip
 
 

@@ -206,7 +206,6 @@ from kdash.kernels import decode_gluon as dg
 from kdash.kernels import l2_hint
 
 meta, fused, kv = json.loads(sys.argv[1]), sys.argv[2] == "fused", sys.argv[3]
-warps = meta.pop("num_warps", 1)
 if meta.get("L2_HINT"):
     assert l2_hint.install() is None
 fn = dg._decode_fused_gluon if fused else dg._decode_stage1_gluon
@@ -226,7 +225,7 @@ for k in const:
 const = {(list(sig).index(k),): v for k, v in const.items()}
 attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(ptrs))}
 src = GluonASTSource(fn, sig, const, attrs=attrs)
-k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
 if len(sys.argv) > 4:
     open(sys.argv[4], "wb").write(k.asm["cubin"])
 print(json.dumps({"num_warps": k.metadata.num_warps, "shared": k.metadata.shared,
