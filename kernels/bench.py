@@ -10,7 +10,8 @@ One run measures, in order:
    the copy bandwidth, eagerly (median of ``do_bench``, L2 flushed) and replayed from a CUDA graph;
    bf16 and fp8 KV, hence the fp8 speed-up;
 4. prefill (no prefix; packed varlen with equal lengths, 16k tokens per launch): TFLOP/s and the
-   ratio to torch SDPA forced to the FLASH_ATTENTION and CUDNN_ATTENTION backends.
+   ratio to torch SDPA forced to the FLASH_ATTENTION and CUDNN_ATTENTION backends, the three
+   timed in turn (medians of three rounds).
 
 Decode is timed as a server runs it: a :class:`~kdash.kernels.decode_plan.DecodePlan` made
 once per shape, then ``plan.run`` per call. Besides the GPU time, the host time of one ``run``
@@ -44,17 +45,13 @@ import torch
 
 from . import bench_configs, decode_fused, decode_persist
 from .bench_occupancy import occ, occupancy_or_error, stage1_occupancy  # noqa: F401
-from .bench_summary import (
-    AT_MOST,
-    FLOORS,
-    LONG_CONTEXT,
-    summarize,
-)
+from .bench_summary import AT_MOST, FLOORS, LONG_CONTEXT, summarize
 from .bench_timing import (
     bench_graph_ms,
     bench_host_calls,
     bench_host_us,
     bench_ms,
+    bench_ms_rounds,
     bench_readflush_ms,
     log,
 )
@@ -581,33 +578,35 @@ def prefill_table(best: dict[str, AnyPrefillConfig]) -> list[dict[str, Any]]:
 
 
 def prefill_row(name, hq, hkv, d, causal, s, best: dict[str, AnyPrefillConfig]) -> dict[str, Any]:
-    """Time one prefill shape against SDPA's FLASH_ATTENTION and CUDNN_ATTENTION backends."""
+    """Time one prefill shape against SDPA's FLASH_ATTENTION and CUDNN_ATTENTION backends, the
+    three in turn over three rounds (medians; each round's figure kept in ``rounds_us``)."""
     from torch.nn.attention import SDPBackend
 
     case = PrefillCase(s, hq, hkv, d, causal)
     cfg = best[f"d{d}-{'causal' if causal else 'full'}"]
-    ms = bench_ms(case.ours(cfg))
-    row: dict[str, Any] = {
-        "shape": name,
-        "heads": f"{hq}/{hkv}/{d}",
-        "causal": causal,
-        "seq": s,
-        "batch": case.batch,
-        "kernel": prefill_config_json(cfg)["kernel"],
-        "us": ms * 1e3,
-        "TFLOPs": case.flops() / (ms * 1e-3) / 1e12,
-    }
-    for key, backend in (
-        ("sdpa_flash", SDPBackend.FLASH_ATTENTION),
-        ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
-    ):
-        try:
-            ms_b = bench_ms(case.sdpa(backend))
-            row[f"{key}_us"] = ms_b * 1e3
-            row[f"{key}_TFLOPs"] = case.flops() / (ms_b * 1e-3) / 1e12
-            row[f"vs_{key}"] = ms_b / ms
-        except Exception as e:  # noqa: BLE001 - a failing case is logged and skipped, the rest runs
-            row[f"{key}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    fns, failed = {"ours": case.ours(cfg)}, {}
+    for key, backend in (("sdpa_flash", "FLASH_ATTENTION"), ("sdpa_cudnn", "CUDNN_ATTENTION")):
+        try:  # a backend that cannot run the shape is logged and skipped, the rest runs
+            fns[key] = case.sdpa(getattr(SDPBackend, backend))
+        except Exception as e:  # noqa: BLE001 - its error goes into the row
+            failed[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    got = {**bench_ms_rounds(fns), **failed}
+    if isinstance(got["ours"], str):
+        raise RuntimeError(got["ours"])
+    ms = sorted(got["ours"])[len(got["ours"]) // 2]
+    row: dict[str, Any] = {"shape": name, "heads": f"{hq}/{hkv}/{d}", "causal": causal, "seq": s,
+                           "batch": case.batch, "kernel": prefill_config_json(cfg)["kernel"],
+                           "us": ms * 1e3, "TFLOPs": case.flops() / (ms * 1e-3) / 1e12,
+                           "rounds_us": {k: v if isinstance(v, str) else [t * 1e3 for t in v]
+                                         for k, v in got.items()}}  # fmt: skip
+    for key in ("sdpa_flash", "sdpa_cudnn"):
+        if isinstance(times := got[key], str):
+            row[f"{key}_error"] = times
+            continue
+        ms_b = sorted(times)[len(times) // 2]
+        row[f"{key}_us"] = ms_b * 1e3
+        row[f"{key}_TFLOPs"] = case.flops() / (ms_b * 1e-3) / 1e12
+        row[f"vs_{key}"] = ms_b / ms
     del case
     nan = float("nan")
     log(

@@ -19,6 +19,25 @@ def bench_ms(fn, *, rep: int = 100) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median"))
 
 
+def bench_ms_rounds(fns: dict, *, rounds: int = 3, rep: int = 40) -> dict[str, list[float] | str]:
+    """``bench_ms`` of each of ``fns`` (name -> callable) in turn, ``rounds`` times over: the ms
+    of each round per name, or the first line of the error that stopped a name (it is not timed
+    again). Taking turns puts every contender under the same clocks and temperatures: one timed
+    after the other for a whole run each, a compute-bound pair at 600-700 W can meet different
+    clock states (bench/NOTES-kernels.md, session 25)."""
+    got: dict[str, list[float] | str] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times = got[name]
+            if isinstance(times, str):
+                continue
+            try:
+                times.append(bench_ms(fn, rep=rep))
+            except Exception as e:  # noqa: BLE001 - the caller records the failing contender
+                got[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    return got
+
+
 _FLUSH: dict[str, torch.Tensor] = {}
 
 
