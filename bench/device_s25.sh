@@ -5,7 +5,9 @@
 #     does not key its cache on the hook), two cycles; -> l2frac-<card>-s25.jsonl;
 #   CALL=clocks (default): SM clock, power and throttle reasons under each decode workload
 #     (bench/gpu_decode_clocks.py) -> clocks-<card>-s25.jsonl; then the whole bench (H200: twice
-#     and the decode table in the fenced form; H100: once) -> kernels-<card>-s25-*.json.
+#     and the decode table in the fenced form; H100: once) -> kernels-<card>-s25-full-<STEP>.json;
+#   CALL=bench: the whole bench twice (STEP, STEP+1); on an H200 the clocks and the fenced table
+#     as well.
 # Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH=/tmp/site PYTHONSAFEPATH=1
@@ -35,13 +37,17 @@ bench() {  # $1: file stem, the rest: bench flags
       done
     done
   else
-    timeout -k 5 120 python3 bench/gpu_decode_clocks.py --out "$OUT/clocks-$card-s25.jsonl" \
-      2>&1 | grep -v Warning | cut -c1-600
-    echo "clocks rc=$? $(date +%T)"
-    bench full-1
+    if [[ ${CALL:-clocks} == clocks || $card == h200 ]]; then
+      timeout -k 5 120 python3 bench/gpu_decode_clocks.py --out "$OUT/clocks-$card-s25.jsonl" \
+        2>&1 | grep -v Warning | cut -c1-600
+      echo "clocks rc=$? $(date +%T)"
+    fi
+    bench "full-${STEP:-1}"
     if [[ $card == h200 ]]; then
       bench fenced-1 --only decode --fenced-merge
-      bench full-2
+    fi
+    if [[ $card == h200 || ${CALL:-clocks} == bench ]]; then
+      bench "full-$((${STEP:-1} + 1))"
     fi
   fi
 } 2>&1 | tee "$OUT/s25-${CALL:-clocks}.log"
