@@ -8,17 +8,9 @@
 # Files: $OUT/kernels-<card>-s24-*.json, gpu-gates-<card>-s24.xml, tmux-demo-*.txt, s24.log.
 # Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
 set -uo pipefail
-export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH=/tmp/site PYTHONSAFEPATH=1
-bash bench/device_setup.sh > /dev/null || exit 1
-name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-case $name in *H200*) card=h200 ;; *H100*) card=h100 ;; *) card=gpu ;; esac
-bench() {  # $1: file stem, the rest: bench flags
-  local stem=$1; shift
-  echo "== bench $stem: $*"
-  timeout -k 5 240 python3 -m kdash.kernels.bench --sweep none --default-path-only "$@" \
-    --out "$OUT/kernels-$card-s24-$stem.json" > "/tmp/$stem.log" 2>&1
-  echo "rc=$? $(date +%T)"; grep -E "summary|Error|error" "/tmp/$stem.log" | cut -c1-300
-}
+SESSION=s24
+# shellcheck source=bench/device_common.sh
+source bench/device_common.sh
 {
   echo "$name $(date +%T)"
   nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv

@@ -148,13 +148,8 @@ def run_for(fn, seconds: float, sampler: Sampler, per_call: int = 1) -> dict:
 
 def graph_of(fn, steps: int):
     """A CUDA graph of ``steps`` calls of ``fn``; its replay."""
-    fn()
+    fn()  # compiles and arms outside the capture
     torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for _ in range(steps):
