@@ -7,7 +7,7 @@
 #     (bench/gpu_decode_clocks.py) -> clocks-<card>-s25.jsonl; then the whole bench (H200: twice
 #     and the decode table in the fenced form; H100: once) -> kernels-<card>-s25-full-<STEP>.json;
 #   CALL=bench: the whole bench twice (STEP, STEP+1); on an H200 the clocks and the fenced table
-#     as well.
+#     as well; CALL=once: the whole bench once (and the clocks first on an H200).
 # Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
 set -uo pipefail
 SESSION=s25
@@ -35,10 +35,10 @@ source bench/device_common.sh
       echo "clocks rc=$? $(date +%T)"
     fi
     bench "full-${STEP:-1}"
-    if [[ $card == h200 ]]; then
+    if [[ $card == h200 && ${CALL:-clocks} != once ]]; then
       bench fenced-1 --only decode --fenced-merge
     fi
-    if [[ $card == h200 || ${CALL:-clocks} == bench ]]; then
+    if [[ ${CALL:-clocks} == bench || ($card == h200 && ${CALL:-clocks} != once) ]]; then
       bench "full-$((${STEP:-1} + 1))"
     fi
   fi
