@@ -6,6 +6,8 @@
 #   CALL=clocks (default): SM clock, power and throttle reasons under each decode workload
 #     (bench/gpu_decode_clocks.py) -> clocks-<card>-s25.jsonl; then the whole bench (H200: twice
 #     and the decode table in the fenced form; H100: once) -> kernels-<card>-s25-full-<STEP>.json;
+#   CALL=gluon: the Gluon TMA stage 1 with a page a warp (bench/gpu_decode_gluon_w.py: gates,
+#     then 1 x 64k beside the Triton stage 1 and TMA's copies) -> gluon-p-<card>-s25.jsonl;
 #   CALL=bench: the whole bench twice (STEP, STEP+1); on an H200 the clocks and the fenced table
 #     as well; CALL=once: the whole bench once (and the clocks first on an H200).
 # Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
@@ -16,7 +18,11 @@ source bench/device_common.sh
 {
   echo "$name $(date +%T)"
   nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem,temperature.gpu,power.limit --format=csv
-  if [[ ${CALL:-clocks} == l2frac ]]; then
+  if [[ ${CALL:-clocks} == gluon ]]; then
+    timeout -k 5 "${LIMIT:-230}" python3 bench/gpu_decode_gluon_w.py \
+      --out "$OUT/gluon-p-$card-s25.jsonl" 2>&1 | grep -v Warning | cut -c1-400
+    echo "gluon rc=$? $(date +%T)"
+  elif [[ ${CALL:-clocks} == l2frac ]]; then
     out="$OUT/l2frac-$card-s25.jsonl"
     copy=$(python3 -c "from kdash.kernels import bench; print(bench.ceilings()['copy_GBps'])")
     echo "copy $copy GB/s"

@@ -30,6 +30,8 @@ def choose_kernel(plan: DecodePlan, meta: dict):
     if plan.tma:
         fp8 = plan.is_fp8
         meta.update(STAGES=config.stages, KV_LAYOUT=decode_gluon.kv_layout(fp8), IS_FP8=fp8)
+        if config.warps != 1:
+            meta["W"] = config.warps
         hint, plan.l2_refused = decode_gluon.l2_meta(config)
         meta.update(hint)
         if plan.fused:
@@ -74,13 +76,14 @@ def _evict(plan: DecodePlan) -> str:
 
 
 def finish_meta(plan: DecodePlan, meta: dict) -> None:
-    """The launch options that depend on the kernel chosen: the TMA kernel runs one warp and its
-    ring's depth is the config's (no software pipeline, no prefetch switch); the one-launch
-    kernels' merge shape; decode_fp8.Fp8Config's register cap (the persistent fp8 kernel's own
-    by default) is a compile option, so not for the interpreter."""
+    """The launch options that depend on the kernel chosen: the TMA kernel runs the config's
+    warps (one unless asked) and its ring's depth is the config's (no software pipeline, no
+    prefetch switch); the one-launch kernels' merge shape; decode_fp8.Fp8Config's register cap
+    (the persistent fp8 kernel's own by default) is a compile option, so not for the
+    interpreter."""
     if plan.tma:
         del meta["PREFETCH"], meta["num_stages"]
-        meta["num_warps"] = 1
+        meta["num_warps"] = plan.config.warps
     if plan.persistent:
         meta.update(decode_persist.merge_meta(meta["GROUP"], meta["HEAD_DIM"]))
     elif plan.fused:

@@ -66,6 +66,8 @@ PAGE = 16
 BLOCK_H = 16  # query heads of a KV head, padded to one mma.sync tile of rows
 # Ring slots (a page each): 6 x 16 tokens x (K + V) x 256 B = 48 KiB of shared memory a program.
 STAGES = 6
+# Warps a program may run (TmaConfig.warps).
+WARPS = (1, 2, 4)
 # Global scratch a program needs: its two descriptors, 128 bytes each (DecodePlan allocates it
 # once; a compiled kernel asking for more takes Triton's allocating launch instead).
 SCRATCH_PER_PROGRAM = 256
@@ -83,6 +85,19 @@ class TmaConfig(DecodeConfig):
     stages: int = STAGES
     # The tile copies ask L2 to evict their lines first (kernels/l2_hint.py).
     l2_evict_first: bool = False
+    # Warps a program, and pages a ring slot (one a warp; bench/NOTES-kernels.md, session 25):
+    # 1, 2 or 4; the split granularity (block_n) must hold a slot's tokens.
+    warps: int = 1
+    # A register cap for the compile (0: none), so more programs fit an SM.
+    maxnreg: int = 0
+
+    def __post_init__(self) -> None:
+        if self.warps not in WARPS:
+            raise ValueError(f"TmaConfig.warps must be one of {WARPS} (got {self.warps!r})")
+        if self.block_n % (self.warps * PAGE):
+            raise ValueError(
+                f"TmaConfig.block_n ({self.block_n}) must hold whole steps of {self.warps} pages"
+            )
 
 
 # Whether a plan made without a config takes these kernels where they run (sm_90, and what
@@ -158,6 +173,26 @@ if gluon is not None:
         _tma_load(v_desc, [page * PAGE, col], bar, v_smem.index(slot))
 
     @gluon.jit
+    def _issue_step(k_desc, v_desc, cur, offs_c, first, k_smem, v_smem, ready, slot, col,
+                    PAGE: gl.constexpr, HEAD_DIM: gl.constexpr, ELT: gl.constexpr,
+                    W: gl.constexpr):  # fmt: skip
+        """Copy a step's ``W`` pages (``cur[first:first + W]``, indices of the page table's
+        current chunk) into ring slot ``slot``, one after the other along its rows, all
+        completing on the slot's barrier."""
+        if W == 1:
+            page = gl.sum(gl.where(offs_c == first, cur, 0), 0)
+            _issue(k_desc, v_desc, page, k_smem, v_smem, ready, slot, col, PAGE, HEAD_DIM, ELT)
+        else:
+            bar = ready.index(slot)
+            mbarrier.expect(bar, 2 * W * PAGE * HEAD_DIM * ELT)
+            k_slot = k_smem.index(slot)
+            v_slot = v_smem.index(slot)
+            for t in gl.static_range(W):
+                page = gl.sum(gl.where(offs_c == first + t, cur, 0), 0)
+                _tma_load(k_desc, [page * PAGE, col], bar, k_slot.slice(t * PAGE, PAGE))
+                _tma_load(v_desc, [page * PAGE, col], bar, v_slot.slice(t * PAGE, PAGE))
+
+    @gluon.jit
     def _op_type(x, IS_FP8: gl.constexpr):
         """``x`` in the tensor cores' operand type: fp16 beside fp8 KV, else bf16."""
         if IS_FP8:
@@ -167,17 +202,17 @@ if gluon is not None:
 
     @gluon.jit
     def _operands(k_slot, v_slot, t0, end, offs_v, B_OP: gl.constexpr, B_OP4: gl.constexpr,
-                  VBLK: gl.constexpr, PAGE: gl.constexpr, IS_FP8: gl.constexpr):  # fmt: skip
-        """A ring slot's K^T and V as ``mma.sync`` B operands. fp8: widened to fp16 in
-        registers (K^T read four bytes a register by ldmatrix on byte pairs; V byte by byte,
-        its tokens being the reduction axis). On the tail page V's rows at or past ``end`` are
-        zeroed (they may hold anything, NaN included)."""
+                  VBLK: gl.constexpr, TOKENS: gl.constexpr, IS_FP8: gl.constexpr):  # fmt: skip
+        """A ring slot's K^T and V (``TOKENS`` rows from token ``t0``) as ``mma.sync`` B
+        operands. fp8: widened to fp16 in registers (K^T read four bytes a register by ldmatrix
+        on byte pairs; V byte by byte, its tokens being the reduction axis). On the tail step
+        V's rows at or past ``end`` are zeroed (they may hold anything, NaN included)."""
         kt = k_slot.permute((1, 0))
         if IS_FP8:  # noqa: SIM108 - an if on constexprs compiles one branch
             k_op = gl.convert_layout(kt.load(B_OP4).to(gl.float16), B_OP)
         else:
             k_op = kt.load(B_OP)
-        if t0 + PAGE > end:
+        if t0 + TOKENS > end:
             vb = _op_type(v_slot.load(VBLK), IS_FP8)
             vb = gl.where((t0 + offs_v)[:, None] < end, vb, gl.zeros_like(vb))
             v_op = gl.convert_layout(vb, B_OP)
@@ -194,7 +229,7 @@ if gluon is not None:
         TARGET_VARLEN: gl.constexpr, MIN_SPLIT: gl.constexpr, BLOCK_B: gl.constexpr,
         MAX_SPLITS: gl.constexpr, MERGE: gl.constexpr, SEARCH: gl.constexpr,
         KV_LAYOUT: gl.constexpr, CHUNK: gl.constexpr, IS_FP8: gl.constexpr,
-        L2_HINT: gl.constexpr = False,
+        L2_HINT: gl.constexpr = False, W: gl.constexpr = 1,
     ):  # fmt: skip
         """Split ``split`` of KV head ``kvh`` of request ``b``: its partial output and LSE
         (``CHUNK``: page indices read at a time; ``L2_HINT``: the kernel carries
@@ -202,10 +237,15 @@ if gluon is not None:
         fp8 KV (e4m3, a scale per KV head in KS and VS) is converted to fp16 in registers on
         its way from shared memory to the tensor cores (K's byte pairs by ldmatrix, V's bytes
         one by one: V's tokens are the reduction axis), and Q and P are rounded to fp16, as the
-        Triton kernels' fp16 path does."""
-        L1: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+        Triton kernels' fp16 path does.
+
+        ``W`` warps a program: a ring slot holds ``W`` pages, a step's ``W x PAGE`` tokens, and
+        each warp computes the scores of one page (the warps along S's token axis, as the
+        Triton stage 1 lays out a tile) and ``O`` for ``HEAD_DIM / W`` columns; the softmax's
+        row max and sum and P cross the warps through shared memory, as they do there."""
+        L1: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
         MMA: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8]
+            version=[2, 0], warps_per_cta=[1, W], instr_shape=[16, 8]
         )
         A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
@@ -214,7 +254,8 @@ if gluon is not None:
         ELT: gl.constexpr = 1 if IS_FP8 else 2
         ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
         COLS: gl.constexpr = gl.SliceLayout(0, MMA)
-        VBLK: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [1, 1], [1, 0])
+        VBLK: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [W, 1], [1, 0])
+        TILE: gl.constexpr = W * PAGE  # tokens a step
 
         q_heads = gl.num_programs(1) * GROUP
         seq_len = gl.load(LENS + b)
@@ -248,8 +289,8 @@ if gluon is not None:
                 V, [ROWS_MAX, cols], [stride_vs, 1], [PAGE, HEAD_DIM], KV_LAYOUT
             )
             kv_t = K.dtype.element_ty
-            k_smem = gl.allocate_shared_memory(kv_t, [STAGES, PAGE, HEAD_DIM], KV_LAYOUT)
-            v_smem = gl.allocate_shared_memory(kv_t, [STAGES, PAGE, HEAD_DIM], KV_LAYOUT)
+            k_smem = gl.allocate_shared_memory(kv_t, [STAGES, TILE, HEAD_DIM], KV_LAYOUT)
+            v_smem = gl.allocate_shared_memory(kv_t, [STAGES, TILE, HEAD_DIM], KV_LAYOUT)
             ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
             for i in gl.static_range(STAGES):
                 mbarrier.init(ready.index(i), count=1)
@@ -257,19 +298,21 @@ if gluon is not None:
             col = kvh * HEAD_DIM
             if L2_HINT:
                 col = _after(col, col, L2_MARKER_ASM)
-            n_tiles = gl.cdiv(end - start, PAGE)
+            n_pages = gl.cdiv(end - start, PAGE)
+            n_tiles = gl.cdiv(end - start, TILE)
             # Page indices CHUNK at a time (one a lane), the next CHUNK loaded a chunk ahead: the
-            # warp that issues the copies waits on no page-table read but the first.
-            gl.static_assert(STAGES <= CHUNK)
+            # thread that issues the copies waits on no page-table read but the first. Pages
+            # past the split's last (a step's tail) read page 0, masked below.
+            gl.static_assert(STAGES * W <= CHUNK)
+            gl.static_assert(CHUNK % W == 0)
             offs_c = gl.arange(0, CHUNK, layout=L1)
             base = pt_row + start // PAGE
-            cur = gl.load(base + offs_c, mask=offs_c < n_tiles, other=0)
-            nxt = gl.load(base + CHUNK + offs_c, mask=CHUNK + offs_c < n_tiles, other=0)
+            cur = gl.load(base + offs_c, mask=offs_c < n_pages, other=0)
+            nxt = gl.load(base + CHUNK + offs_c, mask=CHUNK + offs_c < n_pages, other=0)
             for i in gl.static_range(STAGES):
                 if i < n_tiles:
-                    page = gl.sum(gl.where(offs_c == i, cur, 0), 0)
-                    _issue(k_desc, v_desc, page, k_smem, v_smem, ready, i, col, PAGE, HEAD_DIM,
-                           ELT)  # fmt: skip
+                    _issue_step(k_desc, v_desc, cur, offs_c, i * W, k_smem, v_smem, ready, i,
+                                col, PAGE, HEAD_DIM, ELT, W)  # fmt: skip
 
             q = gl.load(
                 Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
@@ -283,29 +326,29 @@ if gluon is not None:
             m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, ROWS)
             l_i = gl.zeros([BLOCK_H], gl.float32, ROWS)
             acc = gl.zeros([BLOCK_H, HEAD_DIM], gl.float32, MMA)
-            offs_t = gl.arange(0, PAGE, layout=COLS)
-            offs_v = gl.arange(0, PAGE, layout=gl.SliceLayout(1, VBLK))
+            offs_t = gl.arange(0, TILE, layout=COLS)
+            offs_v = gl.arange(0, TILE, layout=gl.SliceLayout(1, VBLK))
             for i in range(n_tiles):
                 slot = i % STAGES
-                t0 = start + i * PAGE
+                t0 = start + i * TILE
                 mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
                 k_op, v_op = _operands(
                     k_smem.index(slot), v_smem.index(slot), t0, end, offs_v, B_OP, B_OP4, VBLK,
-                    PAGE, IS_FP8,
+                    TILE, IS_FP8,
                 )  # fmt: skip
                 # Every read of the slot is in registers: it may be filled again.
                 _cta_barrier()
                 fence_async_shared()
                 j = i + STAGES
                 if j < n_tiles:
-                    if j % CHUNK == 0:
+                    pj = j * W  # the step's first page
+                    if pj % CHUNK == 0:
                         cur = nxt
-                        ahead = j + CHUNK + offs_c
-                        nxt = gl.load(base + ahead, mask=ahead < n_tiles, other=0)
-                    page = gl.sum(gl.where(offs_c == j % CHUNK, cur, 0), 0)
-                    _issue(k_desc, v_desc, page, k_smem, v_smem, ready, slot, col, PAGE, HEAD_DIM,
-                           ELT)  # fmt: skip
-                s = mma_v2(q_op, k_op, gl.zeros([BLOCK_H, PAGE], gl.float32, MMA)) * scale
+                        ahead = pj + CHUNK + offs_c
+                        nxt = gl.load(base + ahead, mask=ahead < n_pages, other=0)
+                    _issue_step(k_desc, v_desc, cur, offs_c, pj % CHUNK, k_smem, v_smem, ready,
+                                slot, col, PAGE, HEAD_DIM, ELT, W)  # fmt: skip
+                s = mma_v2(q_op, k_op, gl.zeros([BLOCK_H, TILE], gl.float32, MMA)) * scale
                 s = gl.where((t0 + offs_t)[None, :] < end, s, float("-inf"))
                 m_new = gl.maximum(m_i, gl.max(s, 1))
                 alpha = gl.exp2(m_i - m_new)
@@ -333,16 +376,16 @@ if gluon is not None:
         DEVICE_PLAN: gl.constexpr, TARGET_VARLEN: gl.constexpr, MIN_SPLIT: gl.constexpr,
         BLOCK_B: gl.constexpr, MAX_SPLITS: gl.constexpr, MERGE: gl.constexpr,
         SEARCH: gl.constexpr, KV_LAYOUT: gl.constexpr, IS_FP8: gl.constexpr = False,
-        PT_CHUNK: gl.constexpr = 32, L2_HINT: gl.constexpr = False,
+        PT_CHUNK: gl.constexpr = 32, L2_HINT: gl.constexpr = False, W: gl.constexpr = 1,
     ):  # fmt: skip
         """Stage 1 of split-KV decode, arguments as ``_decode_stage1``'s; ``BLOCK_N`` is the
-        plan's split granularity."""
+        plan's split granularity; ``W`` the program's warps (``num_warps`` must match)."""
         _stage1(
             Q, K, V, PT, LENS, KS, VS, OP, LSEP, qk_scale, num_splits, split_len_hint, capacity,
             stride_qb, stride_qh, stride_ks, stride_vs, stride_ptb, gl.program_id(0),
             gl.program_id(1), gl.program_id(2), GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, STAGES,
             DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT, BLOCK_B, MAX_SPLITS, MERGE, SEARCH, KV_LAYOUT,
-            PT_CHUNK, IS_FP8, L2_HINT,
+            PT_CHUNK, IS_FP8, L2_HINT, W,
         )  # fmt: skip
 
     @gluon.jit
@@ -356,11 +399,11 @@ if gluon is not None:
     @gluon.jit
     def _merge(OP, LSEP, Out, LSE, FLAGS, b, head, q_heads, num_splits, stride_outb,
                stride_outh, HEAD_DIM: gl.constexpr, CHUNK: gl.constexpr,
-               POLL_NS: gl.constexpr):  # fmt: skip
-        """decode_fused._merge_online in Gluon (one warp): query head ``head`` of request
+               POLL_NS: gl.constexpr, W: gl.constexpr = 1):  # fmt: skip
+        """decode_fused._merge_online in Gluon (``W`` warps): query head ``head`` of request
         ``b`` merged over its splits ``CHUNK`` at a time as their flags come up; the flags
         lowered after."""
-        MB: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [1, 1], [1, 0])
+        MB: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [W, 1], [1, 0])
         offs_c = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, MB))
         offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, MB))
         row0 = (b * q_heads + head).to(gl.int64) * num_splits
@@ -417,7 +460,7 @@ if gluon is not None:
         BLOCK_B: gl.constexpr, MAX_SPLITS: gl.constexpr, MERGE: gl.constexpr,
         SEARCH: gl.constexpr, KV_LAYOUT: gl.constexpr, CHUNK: gl.constexpr,
         IS_FP8: gl.constexpr = False, PT_CHUNK: gl.constexpr = 32, POLL_NS: gl.constexpr = 64,
-        L2_HINT: gl.constexpr = False,
+        L2_HINT: gl.constexpr = False, W: gl.constexpr = 1,
     ):  # fmt: skip
         """decode_fused._decode_fused's protocol around this module's stage 1: grid ``(B, Hkv,
         num_splits + GROUP)``, stage 1 for split ``z < num_splits``, else the merge of query
@@ -433,10 +476,11 @@ if gluon is not None:
                 capacity, stride_qb, stride_qh, stride_ks, stride_vs, stride_ptb, b, kvh, z,
                 GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE, STAGES, DEVICE_PLAN, TARGET_VARLEN,
                 MIN_SPLIT, BLOCK_B, MAX_SPLITS, MERGE, SEARCH, KV_LAYOUT, PT_CHUNK, IS_FP8, L2_HINT,
+                W,
             )  # fmt: skip
             # Every thread's partial stores, its GPU-scope fence, the CTA barrier, then the
             # flags (release): a merge program that sees a flag up sees the partial.
-            L1: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+            L1: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
             first = b * q_heads + kvh * GROUP
             base = _after(first, first, "fence.acq_rel.gpu;\n\tmov.b32 $0, $1;")
             _cta_barrier()
@@ -447,7 +491,7 @@ if gluon is not None:
         else:
             _merge(
                 OP, LSEP, Out, LSE, FLAGS, b, kvh * GROUP + z - num_splits, q_heads, num_splits,
-                stride_outb, stride_outh, HEAD_DIM, CHUNK, POLL_NS,
+                stride_outb, stride_outh, HEAD_DIM, CHUNK, POLL_NS, W,
             )  # fmt: skip
 
 

@@ -206,6 +206,8 @@ from kdash.kernels import decode_gluon as dg
 from kdash.kernels import l2_hint
 
 meta, fused, kv = json.loads(sys.argv[1]), sys.argv[2] == "fused", sys.argv[3]
+warps = meta.pop("num_warps", 1)
+meta_nreg = meta.pop("maxnreg", 0)
 if meta.get("L2_HINT"):
     assert l2_hint.install() is None
 fn = dg._decode_fused_gluon if fused else dg._decode_stage1_gluon
@@ -225,7 +227,7 @@ for k in const:
 const = {(list(sig).index(k),): v for k, v in const.items()}
 attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(ptrs))}
 src = GluonASTSource(fn, sig, const, attrs=attrs)
-k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, **({"maxnreg": meta_nreg} if meta_nreg else {})})
 if len(sys.argv) > 4:
     open(sys.argv[4], "wb").write(k.asm["cubin"])
 print(json.dumps({"num_warps": k.metadata.num_warps, "shared": k.metadata.shared,
