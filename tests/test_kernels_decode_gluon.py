@@ -227,7 +227,8 @@ for k in const:
 const = {(list(sig).index(k),): v for k, v in const.items()}
 attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(ptrs))}
 src = GluonASTSource(fn, sig, const, attrs=attrs)
-k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, **({"maxnreg": meta_nreg} if meta_nreg else {})})
+opts = {"num_warps": warps, **({"maxnreg": meta_nreg} if meta_nreg else {})}
+k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 if len(sys.argv) > 4:
     open(sys.argv[4], "wb").write(k.asm["cubin"])
 print(json.dumps({"num_warps": k.metadata.num_warps, "shared": k.metadata.shared,
@@ -275,6 +276,49 @@ def test_compiles_for_sm90_into_its_schedule(fused, fp8, tmp_path, monkeypatch) 
         assert "ld.volatile" in ptx and "nanosleep.u32" in ptx
     else:
         assert "atom." not in ptx and "fence.acq_rel.gpu" not in ptx
+
+
+def test_a_config_of_several_warps_must_fit_its_steps() -> None:
+    """``warps`` is 1, 2 or 4, and the split granularity holds whole steps of that many pages."""
+    assert TmaConfig(warps=4, stages=2).warps == 4
+    with pytest.raises(ValueError, match="one of"):
+        TmaConfig(warps=3)
+    with pytest.raises(ValueError, match="whole steps of 4 pages"):
+        TmaConfig(warps=4, block_n=32)
+
+
+@needs_gluon
+@pytest.mark.parametrize("fused", [False, True], ids=["two-launch", "fused"])
+def test_a_page_a_warp_compiles_for_sm90(fused, tmp_path, monkeypatch) -> None:
+    """``TmaConfig(warps=4, stages=2)`` through a plan, compiled by Triton for sm_90 on the CPU:
+    4 warps; a ring of 2 slots of 4 K and 4 V pages (64 KiB and a little); 8 TMA copies a step
+    into the slot's rows, one after the other (the prologue's two steps and the loop's); the
+    warps' mma.sync over a 64-token step (S's 16 tokens a warp: 2 n8 tiles x 8 k16 steps each,
+    O's 32 columns: 4 n8 tiles x 4 k16 steps); the row max and sum crossing the warps through
+    shared memory. Whether it runs and how fast is the GPU's to say
+    (bench/gpu_decode_gluon_w.py)."""
+    monkeypatch.setattr(decode_gluon, "unsupported_reason", lambda *a, **k: None)
+    q, kc, vc, pt, sl = make_case([1000], 32, 8, seed=5)
+    plan = plan_for(q, kc, pt, sl, TmaConfig(warps=4, stages=2), fused=fused)
+    meta = {k: v for k, v in plan._meta1.items() if k != "KV_LAYOUT"}
+    assert meta["W"] == 4 and meta["num_warps"] == 4 and meta["STAGES"] == 2
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    res = subprocess.run(
+        [sys.executable, "-c", COMPILE_SM90, json.dumps(meta), "fused" if fused else "two",
+         "*bf16"],
+        capture_output=True, text=True, env=env, timeout=600, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    ptx = got["ptx"]
+    assert got["num_warps"] == 4
+    ring = 2 * 2 * 4 * 16 * 128 * 2
+    assert ring <= got["shared"] <= ring + 4096
+    # 2 prologue steps + 1 in the loop, 8 copies each
+    assert ptx.count("cp.async.bulk.tensor.2d") == 3 * 8
+    assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16") == 16 + 16
+    assert "bar.sync" in ptx and "st.shared" in ptx
 
 
 _COPY = "cp.async.bulk.tensor.2d.shared::{}.global.mbarrier::complete_tx::bytes"
