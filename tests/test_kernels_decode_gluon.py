@@ -478,3 +478,28 @@ def test_gpu_tma_plan_replays_from_a_graph(fused, fp8) -> None:
     replayed = plan.out.clone()
     eager = plan.run(q, kc, vc).clone()
     assert torch.equal(replayed, eager)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize(
+    ("q_heads", "lens"),
+    [(64, [65536]), (32, [1, 15, 16, 17, 1000, 4097]), (16, [8191, 1, 40000])],
+    ids=["1x64k-gqa8", "odd", "gqa2"],
+)
+@pytest.mark.parametrize("fused", [False, True], ids=["two-launch", "fused"])
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_gpu_page_a_warp_gates(q_heads, lens, fused, fp8) -> None:
+    """``TmaConfig(warps=4, stages=2)`` (a warp a page, 4 pages a step) through a plan against
+    the fp32 reference, unowned slots NaN; the one-launch plan's flags all down after."""
+    q, kc, vc, pt, sl = make_case(lens, q_heads, 8, device="cuda", seed=8, fp8=fp8)
+    plan = plan_for(q, kc, pt, sl, TmaConfig(warps=4, stages=2), total_tokens=sum(lens),
+                    fused=fused)  # fmt: skip
+    assert plan.tma and plan._meta1["num_warps"] == 4, plan.tma_refused
+    out = plan.run(q, kc, vc).clone()
+    ref = decode_reference(q, kc, vc, pt, sl, **SCALES)
+    base = decode_reference(q, kc, vc, pt, sl, fn=baseline_for(q.device), **SCALES)
+    ok, msg = error_gate(out, ref, base, max_factor=4.0, mean_factor=3.0)
+    assert ok, msg
+    if fused:
+        assert int(plan._flags.abs().sum()) == 0
