@@ -9,11 +9,12 @@ contract (grid, arguments, partial outputs, the device-side split search) and re
 with TMA, and :func:`_decode_fused_gluon` keeps :mod:`kdash.kernels.decode_fused`'s (merge
 programs in the same grid, flags raised with release semantics and polled):
 
-- a program per (request, KV head, split), one warp: each page is one TMA copy of
-  ``[PAGE, HEAD_DIM]`` (one head's rows of the page) for K and one for V, into a ring of
-  ``STAGES`` slots whose copies complete on the slot's mbarrier; a slot is re-filled as soon as
-  its K and V are in registers; the page indices are read 32 at a time, a chunk ahead, so the
-  warp never waits on the page table but once;
+- a program per (request, KV head, split), one warp by default (``TmaConfig.warps``: W warps,
+  W pages a ring slot, a warp a page of S, as the Triton stage 1 lays out its tile): each page
+  is one TMA copy of ``[PAGE, HEAD_DIM]`` (one head's rows of the page) for K and one for V,
+  into a ring of ``STAGES`` slots whose copies complete on the slot's mbarrier; a slot is
+  re-filled as soon as its K and V are in registers; the page indices are read 32 at a time, a
+  chunk ahead, so the copies never wait on the page table but once;
 - ``S = Q K^T`` and ``O += P V`` on the tensor cores (``mma.sync``, the query heads of a KV head
   padded to 16 rows), an online softmax in between, in the log2 domain as stage 1;
 - a page past the request's last (the tail tile) is read from page 0 and masked: its scores
