@@ -449,12 +449,17 @@ def test_gpu_tma_gates(q_heads, lens, fused, fp8) -> None:
     q, kc, vc, pt, sl = make_case(lens, q_heads, 8, device="cuda", seed=6, fp8=fp8)
     plan = plan_for(q, kc, pt, sl, TmaConfig(), total_tokens=sum(lens), fused=fused)
     assert plan.tma and plan.fused is fused, plan.tma_refused
+    _gate(plan, q, kc, vc, pt, sl)
+
+
+def _gate(plan, q, kc, vc, pt, sl) -> None:
+    """``plan``'s output against the fp32 reference; a one-launch plan's flags all down."""
     out = plan.run(q, kc, vc).clone()
     ref = decode_reference(q, kc, vc, pt, sl, **SCALES)
     base = decode_reference(q, kc, vc, pt, sl, fn=baseline_for(q.device), **SCALES)
     ok, msg = error_gate(out, ref, base, max_factor=4.0, mean_factor=3.0)
     assert ok, msg
-    if fused:
+    if plan.fused:
         assert int(plan._flags.abs().sum()) == 0
 
 
@@ -496,10 +501,4 @@ def test_gpu_page_a_warp_gates(q_heads, lens, fused, fp8) -> None:
     plan = plan_for(q, kc, pt, sl, TmaConfig(warps=4, stages=2), total_tokens=sum(lens),
                     fused=fused)  # fmt: skip
     assert plan.tma and plan._meta1["num_warps"] == 4, plan.tma_refused
-    out = plan.run(q, kc, vc).clone()
-    ref = decode_reference(q, kc, vc, pt, sl, **SCALES)
-    base = decode_reference(q, kc, vc, pt, sl, fn=baseline_for(q.device), **SCALES)
-    ok, msg = error_gate(out, ref, base, max_factor=4.0, mean_factor=3.0)
-    assert ok, msg
-    if fused:
-        assert int(plan._flags.abs().sum()) == 0
+    _gate(plan, q, kc, vc, pt, sl)
