@@ -237,6 +237,18 @@ print(json.dumps({"num_warps": k.metadata.num_warps, "shared": k.metadata.shared
 """
 
 
+def _compile_sm90(meta: dict, fused: bool, kv: str, cache) -> dict:
+    """COMPILE_SM90 in a child process (a private Triton cache, no interpreter): its JSON."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(cache)
+    res = subprocess.run(
+        [sys.executable, "-c", COMPILE_SM90, json.dumps(meta), "fused" if fused else "two", kv],
+        capture_output=True, text=True, env=env, timeout=600, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 @needs_gluon
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("fused", [False, True], ids=["two-launch", "fused"])
@@ -253,15 +265,7 @@ def test_compiles_for_sm90_into_its_schedule(fused, fp8, tmp_path, monkeypatch) 
     q, kc, vc, pt, sl = make_case([1000], 32, 8, seed=5, fp8=fp8)
     plan = plan_for(q, kc, pt, sl, TmaConfig(), fused=fused)
     meta = {k: v for k, v in plan._meta1.items() if k not in ("KV_LAYOUT", "num_warps")}
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)
-    res = subprocess.run(
-        [sys.executable, "-c", COMPILE_SM90, json.dumps(meta), "fused" if fused else "two",
-         "*fp8e4nv" if fp8 else "*bf16"],
-        capture_output=True, text=True, env=env, timeout=600, check=False,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-2000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    got = _compile_sm90(meta, fused, "*fp8e4nv" if fp8 else "*bf16", tmp_path)
     ptx = got["ptx"]
     assert got["num_warps"] == 1
     ring = 2 * decode_gluon.STAGES * 16 * 128 * (1 if fp8 else 2)
@@ -302,15 +306,7 @@ def test_a_page_a_warp_compiles_for_sm90(fused, tmp_path, monkeypatch) -> None:
     plan = plan_for(q, kc, pt, sl, TmaConfig(warps=4, stages=2), fused=fused)
     meta = {k: v for k, v in plan._meta1.items() if k != "KV_LAYOUT"}
     assert meta["W"] == 4 and meta["num_warps"] == 4 and meta["STAGES"] == 2
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)
-    res = subprocess.run(
-        [sys.executable, "-c", COMPILE_SM90, json.dumps(meta), "fused" if fused else "two",
-         "*bf16"],
-        capture_output=True, text=True, env=env, timeout=600, check=False,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-2000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    got = _compile_sm90(meta, fused, "*bf16", tmp_path)
     ptx = got["ptx"]
     assert got["num_warps"] == 4
     ring = 2 * 2 * 4 * 16 * 128 * 2
