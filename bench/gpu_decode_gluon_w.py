@@ -29,10 +29,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench's sibling scripts
 
-from gpu_decode_gluon import nan_fill_unused
+from gpu_decode_gluon import nan_fill_unused, time_us
 from kdash.kernels import bench
 from kdash.kernels._common import ensure_allocator
-from kdash.kernels.bench_timing import bench_graph_ms, bench_ms, bench_readflush_ms
 from kdash.kernels.decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
 from kdash.kernels.decode_gluon import TmaConfig
 
@@ -58,13 +57,7 @@ def emit(out: Path, row: dict) -> None:
 
 
 def times(fn, nbytes: int, copy_gbs: float) -> dict:
-    fn()
-    torch.cuda.synchronize()
-    got = {
-        "us": bench_ms(fn) * 1e3,
-        "us_graph": bench_graph_ms(fn) * 1e3,
-        "us_readflush": bench_readflush_ms(fn) * 1e3,
-    }
+    got = time_us(fn, readflush=True)
     got["bw_ratio"] = nbytes / (got["us"] * 1e-6) / 1e9 / copy_gbs
     got["bw_ratio_graph"] = nbytes / (got["us_graph"] * 1e-6) / 1e9 / copy_gbs
     return got

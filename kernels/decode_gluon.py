@@ -164,34 +164,20 @@ if gluon is not None:
         return gl.where(varlen, by_work, by_waves)
 
     @gluon.jit
-    def _issue(k_desc, v_desc, page, k_smem, v_smem, ready, slot, col, PAGE: gl.constexpr,
-               HEAD_DIM: gl.constexpr, ELT: gl.constexpr):  # fmt: skip
-        """Copy one page's rows of this KV head into ring slot ``slot`` (K and V, completing on
-        the slot's barrier)."""
-        bar = ready.index(slot)
-        mbarrier.expect(bar, 2 * PAGE * HEAD_DIM * ELT)
-        _tma_load(k_desc, [page * PAGE, col], bar, k_smem.index(slot))
-        _tma_load(v_desc, [page * PAGE, col], bar, v_smem.index(slot))
-
-    @gluon.jit
     def _issue_step(k_desc, v_desc, cur, offs_c, first, k_smem, v_smem, ready, slot, col,
                     PAGE: gl.constexpr, HEAD_DIM: gl.constexpr, ELT: gl.constexpr,
                     W: gl.constexpr):  # fmt: skip
-        """Copy a step's ``W`` pages (``cur[first:first + W]``, indices of the page table's
-        current chunk) into ring slot ``slot``, one after the other along its rows, all
-        completing on the slot's barrier."""
-        if W == 1:
-            page = gl.sum(gl.where(offs_c == first, cur, 0), 0)
-            _issue(k_desc, v_desc, page, k_smem, v_smem, ready, slot, col, PAGE, HEAD_DIM, ELT)
-        else:
-            bar = ready.index(slot)
-            mbarrier.expect(bar, 2 * W * PAGE * HEAD_DIM * ELT)
-            k_slot = k_smem.index(slot)
-            v_slot = v_smem.index(slot)
-            for t in gl.static_range(W):
-                page = gl.sum(gl.where(offs_c == first + t, cur, 0), 0)
-                _tma_load(k_desc, [page * PAGE, col], bar, k_slot.slice(t * PAGE, PAGE))
-                _tma_load(v_desc, [page * PAGE, col], bar, v_slot.slice(t * PAGE, PAGE))
+        """Copy a step's ``W`` pages of this KV head (``cur[first:first + W]``, indices of the
+        page table's current chunk) into ring slot ``slot``, one after the other along its
+        rows, K and V, all completing on the slot's barrier."""
+        bar = ready.index(slot)
+        mbarrier.expect(bar, 2 * W * PAGE * HEAD_DIM * ELT)
+        k_slot = k_smem.index(slot)
+        v_slot = v_smem.index(slot)
+        for t in gl.static_range(W):
+            page = gl.sum(gl.where(offs_c == first + t, cur, 0), 0)
+            _tma_load(k_desc, [page * PAGE, col], bar, k_slot.slice(t * PAGE, PAGE))
+            _tma_load(v_desc, [page * PAGE, col], bar, v_slot.slice(t * PAGE, PAGE))
 
     @gluon.jit
     def _op_type(x, IS_FP8: gl.constexpr):
