@@ -10,11 +10,11 @@ TMA, keep that?
 
 Gates first (the Triton two-launch plan's output is the reference; unused slots NaN): odd
 lengths, GQA 2/4/8, 40 one-split requests, a 183-split plan, both paths, bf16 and fp8. Then
-per long shape: the Triton default plan and its stage 1 alone; each W's TMA plans (two launches,
-one launch) and their stage 1 alone; at 1 x 64k the copy-only TMA reader of bench/gpu_kv_tma.py
-and deeper rings. us by do_bench (L2 flushed by writing), graph replay and read-flushed.
+per long shape: the Triton default plan and its stage 1 alone; at 1 x 64k the copy-only TMA
+reader of bench/gpu_kv_tma.py; each chosen W's TMA plans (two launches, one launch) and their
+stage 1 alone. us by do_bench (L2 flushed by writing), graph replay and read-flushed.
 One JSON line a row to ``--out`` (appended).
-Run: python bench/gpu_decode_gluon_w.py [--out FILE] [--no-timing]
+Run: python bench/gpu_decode_gluon_w.py [--out FILE] [--no-timing] [--variants w4_s2 ...]
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def gate(lens, hq, hkv, fp8: bool, variants: list) -> dict:
             "max_abs_diff": diffs, "refused": refused, "pass": ok}  # fmt: skip
 
 
-def timing(lens, hq, hkv, copy_gbs: float, out: Path) -> bool:
+def timing(lens, hq, hkv, copy_gbs: float, out: Path, variants: list) -> bool:
     case = bench.DecodeCase(lens, hq, hkv, 128, False)
     nbytes = case.bytes_needed()
     q, k, v = case.q, case.k, case.v
@@ -120,7 +120,12 @@ def timing(lens, hq, hkv, copy_gbs: float, out: Path) -> bool:
     two = case.plan(DecodeConfig(), fused=False)
     two.run(q, k, v)
     row("triton_stage1", two, stage1_alone(two, case))
-    for tag, over in VARIANTS:
+    if lens == [65536]:
+        from gpu_kv_tma import reader
+
+        fn, _, _ = reader(case, "per_head", 64, 2, 3, 1)
+        row("tma_copies_only", None, fn, config="per_head 64 splits x 2 pages x 3 slots, 1 warp")
+    for tag, over in variants:
         for fused in (False, True):
             plan = case.plan(TmaConfig(**over), fused=fused)
             if not plan.tma:
@@ -130,11 +135,6 @@ def timing(lens, hq, hkv, copy_gbs: float, out: Path) -> bool:
             row(f"tma_{tag}_{path}", plan, lambda p=plan: p.run(q, k, v), **over)
             if not fused:
                 row(f"tma_{tag}_stage1", plan, stage1_alone(plan, case), **over)
-    if lens == [65536]:
-        from gpu_kv_tma import reader
-
-        fn, _, _ = reader(case, "per_head", 64, 2, 3, 1)
-        row("tma_copies_only", None, fn, config="per_head 64 splits x 2 pages x 3 slots, 1 warp")
     return True
 
 
@@ -142,7 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "gluon_w.jsonl")
     ap.add_argument("--no-timing", action="store_true")
+    names = [tag for tag, _ in VARIANTS]
+    ap.add_argument("--variants", nargs="+", choices=names, default=names, help="TMA ones to time")
     a = ap.parse_args(argv)
+    variants = [(tag, over) for tag, over in VARIANTS if tag in a.variants]
     if not torch.cuda.is_available():
         print("gpu_decode_gluon_w.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -165,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     copy_gbs = bench.ceilings()["copy_GBps"]
     emit(a.out, {"copy_GBps": copy_gbs})
     for lens, hq, hkv in SHAPES:
-        timing(lens, hq, hkv, copy_gbs, a.out)
+        timing(lens, hq, hkv, copy_gbs, a.out, variants)
         torch.cuda.empty_cache()
     return 0
 
