@@ -88,8 +88,10 @@ def finish_meta(plan: DecodePlan, meta: dict) -> None:
         meta.update(decode_persist.merge_meta(meta["GROUP"], meta["HEAD_DIM"]))
     elif plan.fused:
         meta["CHUNK"] = merge_chunk(meta["HEAD_DIM"])
-        if not plan.tma:
-            fenced = decode_fused.FENCED_MERGE
+        fenced = decode_fused.FENCED_MERGE
+        if plan.tma:
+            meta["FENCED"] = fenced
+        else:
             meta.update(PUBLISH_FENCE=fenced, ACQUIRE_POLL=not fenced)
     maxnreg = getattr(plan.config, "maxnreg", None)
     if plan.persistent and plan.is_fp8:

@@ -216,7 +216,7 @@ if gluon is not None:
         TARGET_VARLEN: gl.constexpr, MIN_SPLIT: gl.constexpr, BLOCK_B: gl.constexpr,
         MAX_SPLITS: gl.constexpr, MERGE: gl.constexpr, SEARCH: gl.constexpr,
         KV_LAYOUT: gl.constexpr, CHUNK: gl.constexpr, IS_FP8: gl.constexpr,
-        L2_HINT: gl.constexpr = False, W: gl.constexpr = 1,
+        L2_HINT: gl.constexpr = False, W: gl.constexpr = 1, FENCED: gl.constexpr = False,
     ):  # fmt: skip
         """Split ``split`` of KV head ``kvh`` of request ``b``: its partial output and LSE
         (``CHUNK``: page indices read at a time; ``L2_HINT``: the kernel carries
@@ -384,12 +384,30 @@ if gluon is not None:
         )
 
     @gluon.jit
+    def _flags_up(FLAGS, row0, s, have, FENCED: gl.constexpr):
+        """decode_fused._flags_up: the flags of splits ``s`` (1 where ``have`` is off) by
+        GPU-scope acquire loads, or with ``FENCED`` by volatile loads."""
+        if FENCED:
+            up = gl.load(FLAGS + row0 + s, mask=have, other=1, volatile=True)
+        else:
+            # A lane past the last split reads the first split's flag (always a valid address).
+            up = gl.inline_asm_elementwise(
+                asm="ld.acquire.gpu.global.b32 $0, [$1];", constraints="=r,l",
+                args=[FLAGS + gl.where(have, row0 + s, row0)], dtype=gl.int32, is_pure=False,
+                pack=1,
+            )  # fmt: skip
+            up = gl.where(have, up, 1)
+        return up
+
+    @gluon.jit
     def _merge(OP, LSEP, Out, LSE, FLAGS, b, head, q_heads, num_splits, stride_outb,
                stride_outh, HEAD_DIM: gl.constexpr, CHUNK: gl.constexpr,
-               POLL_NS: gl.constexpr, W: gl.constexpr = 1):  # fmt: skip
+               POLL_NS: gl.constexpr, W: gl.constexpr = 1,
+               FENCED: gl.constexpr = False):  # fmt: skip
         """decode_fused._merge_online in Gluon (``W`` warps): query head ``head`` of request
-        ``b`` merged over its splits ``CHUNK`` at a time as their flags come up; the flags
-        lowered after."""
+        ``b`` merged over its splits ``CHUNK`` at a time as their flags come up (GPU-scope
+        acquire loads; ``FENCED``: volatile loads and a fence after them); the flags lowered
+        after."""
         MB: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [W, 1], [1, 0])
         offs_c = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, MB))
         offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, MB))
@@ -400,14 +418,17 @@ if gluon is not None:
         for s0 in range(0, num_splits, CHUNK):
             s = s0 + offs_c
             have = s < num_splits
-            up = gl.load(FLAGS + row0 + s, mask=have, other=1, volatile=True)
+            up = _flags_up(FLAGS, row0, s, have, FENCED)
             while gl.min(up, 0) == 0:
                 wait = _after(gl.min(up, 0), POLL_NS, "nanosleep.u32 $2;\n\tmov.b32 $0, $1;")
-                up = gl.load(FLAGS + row0 + s + wait, mask=have, other=1, volatile=True)
-            # The flags seen up, then a GPU-scope fence, then the partials (from L2): their
-            # addresses come from the fence's result, so no load is issued before it.
+                up = _flags_up(FLAGS, row0 + wait, s, have, FENCED)
+            # The flags seen up (acquire, or volatile and then a GPU-scope fence), then the
+            # partials (from L2): their addresses come from the flags, so no load is issued
+            # before them.
             seen = gl.min(up, 0)
-            base = _after(seen, seen, "fence.acq_rel.gpu;\n\tmov.b32 $0, $1;") - 1 + row0
+            if FENCED:
+                seen = _after(seen, seen, "fence.acq_rel.gpu;\n\tmov.b32 $0, $1;")
+            base = seen - 1 + row0
             lse_c = gl.load(LSEP + base + s, mask=have, other=float("-inf"), cache_modifier=".cg")
             part = gl.load(
                 OP + (base + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=have[:, None],
@@ -447,7 +468,7 @@ if gluon is not None:
         BLOCK_B: gl.constexpr, MAX_SPLITS: gl.constexpr, MERGE: gl.constexpr,
         SEARCH: gl.constexpr, KV_LAYOUT: gl.constexpr, CHUNK: gl.constexpr,
         IS_FP8: gl.constexpr = False, PT_CHUNK: gl.constexpr = 32, POLL_NS: gl.constexpr = 64,
-        L2_HINT: gl.constexpr = False, W: gl.constexpr = 1,
+        L2_HINT: gl.constexpr = False, W: gl.constexpr = 1, FENCED: gl.constexpr = False,
     ):  # fmt: skip
         """decode_fused._decode_fused's protocol around this module's stage 1: grid ``(B, Hkv,
         num_splits + GROUP)``, stage 1 for split ``z < num_splits``, else the merge of query
@@ -465,11 +486,16 @@ if gluon is not None:
                 MIN_SPLIT, BLOCK_B, MAX_SPLITS, MERGE, SEARCH, KV_LAYOUT, PT_CHUNK, IS_FP8, L2_HINT,
                 W,
             )  # fmt: skip
-            # Every thread's partial stores, its GPU-scope fence, the CTA barrier, then the
-            # flags (release): a merge program that sees a flag up sees the partial.
+            # Every thread's partial stores, (its GPU-scope fence,) the CTA barrier, then the
+            # flags (release, cumulative over what the barrier ordered before it): a merge
+            # program that sees a flag up sees the partial. Opaque either way, so that the
+            # flags' addresses are not computed before stage 1 and held through it.
             L1: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
             first = b * q_heads + kvh * GROUP
-            base = _after(first, first, "fence.acq_rel.gpu;\n\tmov.b32 $0, $1;")
+            if FENCED:
+                base = _after(first, first, "fence.acq_rel.gpu;\n\tmov.b32 $0, $1;")
+            else:
+                base = _after(first, first, "mov.b32 $0, $1;")
             _cta_barrier()
             offs_h = gl.arange(0, BLOCK_H, layout=L1)
             rows = (base + offs_h).to(gl.int64) * num_splits + z
@@ -478,7 +504,7 @@ if gluon is not None:
         else:
             _merge(
                 OP, LSEP, Out, LSE, FLAGS, b, kvh * GROUP + z - num_splits, q_heads, num_splits,
-                stride_outb, stride_outh, HEAD_DIM, CHUNK, POLL_NS, W,
+                stride_outb, stride_outh, HEAD_DIM, CHUNK, POLL_NS, W, FENCED,
             )  # fmt: skip
 
 

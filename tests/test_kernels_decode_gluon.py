@@ -257,15 +257,18 @@ def test_compiles_for_sm90_into_its_schedule(fused, fp8, tmp_path, monkeypatch) 
     on the CPU: one warp; TMA tile copies completing on mbarriers; mma.sync (not the
     interpreter's fp32 dots); shared memory of the ring (6 slots of K and V pages, 48 KiB and a
     little) so 4 programs fit an H200 SM; descriptor scratch within what the plan allocates.
-    One launch: the partials published with a GPU-scope fence and a release exchange, the merge
-    programs polling with volatile loads and a sleep, fencing before they read. fp8: one copy a
+    One launch: the partials published by a release exchange after the CTA barrier, the merge
+    programs polling with GPU-scope acquire loads and a sleep, no fence on either side (the
+    bench's ``--fenced-merge``: a fence before the exchange, volatile polls and a fence after
+    them, as the Triton kernel's fenced form). fp8: one copy a
     page (128-byte rows), the bytes widened by the e4m3 -> f16 conversion, fp16 mma, half the
     ring's bytes."""
     monkeypatch.setattr(decode_gluon, "unsupported_reason", lambda *a, **k: None)
     q, kc, vc, pt, sl = make_case([1000], 32, 8, seed=5, fp8=fp8)
     plan = plan_for(q, kc, pt, sl, TmaConfig(), fused=fused)
     meta = {k: v for k, v in plan._meta1.items() if k not in ("KV_LAYOUT", "num_warps")}
-    got = _compile_sm90(meta, fused, "*fp8e4nv" if fp8 else "*bf16", tmp_path)
+    kv = "*fp8e4nv" if fp8 else "*bf16"
+    got = _compile_sm90(meta, fused, kv, tmp_path)
     ptx = got["ptx"]
     assert got["num_warps"] == 1
     ring = 2 * decode_gluon.STAGES * 16 * 128 * (1 if fp8 else 2)
@@ -276,8 +279,13 @@ def test_compiles_for_sm90_into_its_schedule(fused, fp8, tmp_path, monkeypatch) 
     assert "tensormap" in ptx  # the descriptors are made in the kernel
     assert ("cvt.rn.f16x2.e4m3x2" in ptx) is fp8
     if fused:
-        assert "atom.global.gpu.release.exch" in ptx and ptx.count("fence.acq_rel.gpu") == 2
-        assert "ld.volatile" in ptx and "nanosleep.u32" in ptx
+        assert "atom.global.gpu.release.exch" in ptx and "fence.acq_rel.gpu" not in ptx
+        assert "ld.acquire.gpu.global.b32" in ptx and "ld.volatile" not in ptx
+        assert "nanosleep.u32" in ptx
+        assert meta["FENCED"] is False
+        fenced = _compile_sm90({**meta, "FENCED": True}, fused, kv, tmp_path)["ptx"]
+        assert "atom.global.gpu.release.exch" in fenced and fenced.count("fence.acq_rel.gpu") == 2
+        assert "ld.volatile" in fenced and "ld.acquire" not in fenced
     else:
         assert "atom." not in ptx and "fence.acq_rel.gpu" not in ptx
 
