@@ -3,7 +3,8 @@
 # useful part: the whole bench (the table of record; prefill contenders timed in turn), the
 # page-a-warp Gluon TMA stage 1 against the Triton stage 1 (bench/gpu_decode_gluon_w.py), the
 # clocks under each decode workload, the fenced decode table, the whole bench again.
-#   CALL=all (default) runs all of them; CALL=bench the two whole benches only.
+#   CALL=all (default) runs all of them; CALL=bench the two whole benches only; CALL=gluon the
+#   page-a-warp run and its GPU test only.
 # Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
 set -uo pipefail
 SESSION=s26
@@ -12,19 +13,21 @@ source bench/device_common.sh
 {
   echo "$name $(date +%T)"
   nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem,temperature.gpu,power.limit --format=csv
-  bench "full-${STEP:-1}"
-  if [[ ${CALL:-all} == all ]]; then
-    timeout -k 5 "${LIMIT:-200}" python3 bench/gpu_decode_gluon_w.py --variants w1_s6 w4_s2 \
+  [[ ${CALL:-all} != gluon ]] && bench "full-${STEP:-1}"
+  if [[ ${CALL:-all} != bench ]]; then
+    timeout -k 5 "${LIMIT:-200}" python3 bench/gpu_decode_gluon_w.py --variants ${VARIANTS:-w1_s6 w4_s2} \
       --out "$OUT/gluon-p-$card-s26.jsonl" 2>&1 | grep -v Warning | cut -c1-300
     echo "gluon rc=$? $(date +%T)"
+  fi
+  if [[ ${CALL:-all} == all ]]; then
     timeout -k 5 90 python3 bench/gpu_decode_clocks.py --out "$OUT/clocks-$card-s26.jsonl" \
       2>&1 | grep -v Warning | cut -c1-400
     echo "clocks rc=$? $(date +%T)"
     bench fenced-1 --only decode --fenced-merge
   fi
-  bench "full-$((${STEP:-1} + 1))"
-  if [[ ${CALL:-all} == all ]]; then
-    timeout -k 5 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_decode_gluon.py \
-      -k page_a_warp 2>&1 | tail -3
+  [[ ${CALL:-all} != gluon ]] && bench "full-$((${STEP:-1} + 1))"
+  if [[ ${CALL:-all} != bench ]]; then
+    timeout -k 5 "${TLIMIT:-120}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+      tests/test_kernels_decode_gluon.py 2>&1 | tail -4
   fi
 } 2>&1 | tee "$OUT/s26-${CALL:-all}.log"
