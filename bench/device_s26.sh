@@ -15,7 +15,7 @@ source bench/device_common.sh
   nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem,temperature.gpu,power.limit --format=csv
   [[ ${CALL:-all} != gluon ]] && bench "full-${STEP:-1}"
   if [[ ${CALL:-all} != bench ]]; then
-    timeout -k 5 "${LIMIT:-200}" python3 bench/gpu_decode_gluon_w.py --variants ${VARIANTS:-w1_s6 w4_s2} \
+    timeout -k 5 "${LIMIT:-200}" python3 bench/gpu_decode_gluon_w.py --variants ${VARIANTS:-w4_s2 w4_s2_r168 w1_s6} \
       --out "$OUT/gluon-p-$card-s26.jsonl" 2>&1 | grep -v Warning | cut -c1-300
     echo "gluon rc=$? $(date +%T)"
   fi

@@ -45,6 +45,7 @@ SHAPES = [([65536], 32, 8), ([65536], 64, 8)]
 VARIANTS = [
     ("w1_s6", {}),
     ("w4_s2", {"warps": 4, "stages": 2}),
+    ("w4_s2_r168", {"warps": 4, "stages": 2, "maxnreg": 168}),  # 3 an SM, no spill (sm_90)
     ("w4_s2_r160", {"warps": 4, "stages": 2, "maxnreg": 160}),
     ("w2_s3", {"warps": 2, "stages": 3}),
 ]
