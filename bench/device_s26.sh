@@ -4,7 +4,7 @@
 # page-a-warp Gluon TMA stage 1 against the Triton stage 1 (bench/gpu_decode_gluon_w.py), the
 # clocks under each decode workload, the fenced decode table, the whole bench again.
 #   CALL=all (default) runs all of them; CALL=bench the two whole benches only; CALL=gluon the
-#   page-a-warp run and its GPU test only.
+#   page-a-warp run and its GPU test only; CALL=short the benches and the page-a-warp run.
 # Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
 set -uo pipefail
 SESSION=s26
@@ -26,7 +26,7 @@ source bench/device_common.sh
     bench fenced-1 --only decode --fenced-merge
   fi
   [[ ${CALL:-all} != gluon ]] && bench "full-$((${STEP:-1} + 1))"
-  if [[ ${CALL:-all} != bench ]]; then
+  if [[ ${CALL:-all} == all || ${CALL:-all} == gluon ]]; then
     timeout -k 5 "${TLIMIT:-120}" python3 -m pytest -q -m gpu -p no:cacheprovider \
       tests/test_kernels_decode_gluon.py 2>&1 | tail -4
   fi
