@@ -99,6 +99,31 @@ def _pause(x, NS: tl.constexpr, GPU: tl.constexpr):
 
 
 @triton.jit
+def _now(x):
+    """The GPU's nanosecond clock (``%globaltimer``), read once ``x`` is computed."""
+    return tl.inline_asm_elementwise(
+        asm="mov.u64 $0, %globaltimer;", constraints="=l,r", args=[x], dtype=tl.int64,
+        is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _stamp(FLAGS, b, kvh, z, num_splits, q_heads, GROUP: tl.constexpr, t0, t1, t2):
+    """A program's clock readings and its SM, 4 int64 past the flags (the buffer is made that
+    much longer by whoever asks for STAMP; bench/gpu_decode_stamps.py)."""
+    n_flags = tl.num_programs(0) * q_heads * num_splits
+    prog = (b * tl.num_programs(1) + kvh) * (num_splits + GROUP) + z
+    at = FLAGS.to(tl.pointer_type(tl.int64)) + (n_flags + 1) // 2 + prog.to(tl.int64) * 4
+    sm = tl.inline_asm_elementwise(
+        asm="mov.u32 $0, %smid;", constraints="=r,r", args=[b], dtype=tl.int32, is_pure=False,
+        pack=1,
+    )  # fmt: skip
+    offs = tl.arange(0, 4)
+    vals = tl.where(offs == 0, t0, tl.where(offs == 1, t1, tl.where(offs == 2, t2, sm)))
+    tl.store(at + offs, vals)
+
+
+@triton.jit
 def _merge_online(
     OP,
     LSEP,
@@ -225,6 +250,7 @@ def _decode_fused(
     KV_SAME: tl.constexpr = False,
     PUBLISH_FENCE: tl.constexpr = False,
     ACQUIRE_POLL: tl.constexpr = True,
+    STAMP: tl.constexpr = False,
 ):
     """Grid ``(B, Hkv, num_splits + GROUP)``: stage 1 for split ``z < num_splits``, else the
     merge of query head ``kvh * GROUP + z - num_splits``. ``FLAGS``: ``[B, Hq, num_splits]``
@@ -233,12 +259,17 @@ def _decode_fused(
     on either side; ``PUBLISH_FENCE`` adds a GPU-scope fence in every stage-1 thread before the
     barrier and ``ACQUIRE_POLL=False`` polls with volatile loads and fences after them, the
     form before session 23, 0.8-1.5 us slower a step on an H100
-    (bench/results/decode-publish-h100-s23.json)."""
+    (bench/results/decode-publish-h100-s23.json). ``STAMP`` (a diagnostic, GPU only): every
+    program writes when it started, when its stage 1 or merge was done and when it finished, and
+    its SM, past the flags (:func:`_stamp`)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     z = tl.program_id(2)
     kv_heads = tl.num_programs(1)
     q_heads = kv_heads * GROUP
+    if STAMP:
+        t_start = _now(b)
+        t_mid = t_start
     if z < num_splits:
         if PAIRS and CVT:
             _decode_stage1_fp8_cvt(
@@ -264,6 +295,8 @@ def _decode_fused(
                 IS_FP8, FP8_FP16, EVICT, UPCAST, PREFETCH, DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT,
                 BLOCK_B, MAX_SPLITS, MERGE, SEARCH,
             )  # fmt: skip
+        if STAMP:
+            t_mid = _now(b)
         # Every thread's partial stores, (its GPU-scope fence,) the CTA barrier, then the
         # flags (release, cumulative over what the barrier ordered before it): a merge program
         # that sees a flag up sees the partial.
@@ -299,3 +332,5 @@ def _decode_fused(
             UPCAST,
             ACQUIRE_POLL,
         )
+    if STAMP:
+        _stamp(FLAGS, b, kvh, z, num_splits, q_heads, GROUP, t_start, t_mid, _now(b))

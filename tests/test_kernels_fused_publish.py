@@ -86,3 +86,18 @@ def test_the_bench_switch_reaches_one_launch_plans_only(monkeypatch) -> None:
     got = meta(True)
     assert (got["PUBLISH_FENCE"], got["ACQUIRE_POLL"]) == (True, False)
     assert "PUBLISH_FENCE" not in meta(False) and "ACQUIRE_POLL" not in meta(False)
+
+
+def test_stamps_are_compiled_only_when_asked(tmp_path) -> None:
+    """STAMP (bench/gpu_decode_stamps.py's diagnostic) reads the global timer three times a
+    program and the SM id once, and stores 4 int64 a program; without it the kernel reads no
+    clock and its PTX is the same as before the switch existed (no ``globaltimer``)."""
+    q, kc, _, pt, sl, _ = decode_cases.make_case([1000], 32, 8, 128, 16, device="cpu")
+    plan = decode_cases.plan_for(pt, sl, q, kc, config=DecodeConfig(), fused=True, max_seq_len=1000)
+    meta = {k: v for k, v in plan._meta1.items() if k != "EVICT"}
+    meta.update(UPCAST=False, EVICT="")
+    plain = compile_sm90(WHERE, meta, PTRS, tmp_path / "a")["ptx"]
+    stamped = compile_sm90(WHERE, dict(meta, STAMP=True), PTRS, tmp_path / "b")["ptx"]
+    assert "globaltimer" not in plain and "%smid" not in plain
+    assert stamped.count("%globaltimer") == 3 and stamped.count("%smid") == 1
+    assert re.search(r"st\.global(\.v2)?\.b64", stamped)

@@ -1,0 +1,201 @@
+"""Where a one-launch decode step's time goes, read from the GPU's own clock. (GPU machine)
+
+At 1 x 64k the default plan's time by do_bench is ~18 us more than its share of a longer
+context's time (the slope between 64k and 128k), on the H100 and the H200 alike (bench/NOTES-
+kernels.md, session 26): a cost paid once a call, not a reading rate. This splits it. The fused
+kernel built with ``STAMP`` (kernels/decode_fused.py) has every program write its start, the end
+of its stage 1 (or merge) and its finish on ``%globaltimer``, and its SM. Per launch, relative to
+the first program's start: when the last stage-1 program started, the stage-1 ends (median,
+90th percentile, last), the last publish, the last merge's end; the launch's event-timed length
+beside the programs' span (the difference is the kernel's edges: launch, first program, drain);
+stage-1 lengths by how many stage-1 programs shared their SM.
+
+Modes: ``flush`` (do_bench's: a 256 MB memset before each launch, so ~L2's worth of dirty lines
+are written back during it), ``readflush`` (the same bytes read instead: clean lines), ``warm``
+(back to back, as a graph replays). The stamped kernel's output is checked against the plain
+run's and its flags must be down after every launch. Medians over ``--reps`` launches; the plain
+kernel's do_bench time beside the stamped one's shows what the stamps cost.
+One JSON line a row to ``--out`` (appended).
+Run: python bench/gpu_decode_stamps.py [--out FILE] [--reps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from kdash.kernels import bench
+from kdash.kernels._common import ensure_allocator
+from kdash.kernels.decode_attention import DecodeConfig
+
+SHAPES = [([65536], 64, 8), ([65536], 32, 8), ([131072], 64, 8)]
+MODES = ("flush", "readflush", "warm")
+
+
+def emit(out: Path, row: dict) -> None:
+    print(json.dumps(row), flush=True)
+    with out.open("a") as fh:
+        fh.write(json.dumps(row) + "\n")
+
+
+class Stamped:
+    """The plan's fused launch with STAMP on, its flags in a buffer long enough for the
+    stamps (4 int64 a program after the flags, rounded to 8 bytes)."""
+
+    def __init__(self, plan, case: bench.DecodeCase) -> None:
+        self.plan = plan
+        n_flags = plan._flags.numel()
+        self.first = 2 * ((n_flags + 1) // 2)
+        g = plan._grid1
+        self.programs = g[0] * g[1] * g[2]
+        self.buf = torch.zeros(self.first + 8 * self.programs, dtype=torch.int32, device="cuda")
+        rest = list(plan._rest1)
+        at = [i for i, a in enumerate(rest) if a is plan._flags]
+        assert len(at) == 1, "the plan's flags are not among its stage-1 arguments"
+        rest[at[0]] = self.buf
+        self.args = (case.q, case.k, case.v, plan.page_table, plan.seq_lens, plan._ks, plan._vs)
+        self.args = (*self.args, *rest)
+        self.meta = dict(plan._meta1, STAMP=True)
+
+    def __call__(self) -> None:
+        self.plan._kern1[self.plan._grid1](*self.args, **self.meta)
+
+    def read(self) -> dict:
+        """The last launch's stamps as lists (ns), split into stage-1 and merge programs."""
+        flags_left = int(self.buf[: self.first].abs().sum())
+        st = self.buf[self.first :].view(torch.int64).view(-1, 4).cpu()
+        g0, g1, g2 = self.plan._grid1
+        z = torch.arange(g2).repeat(g0 * g1)
+        s1 = z < self.plan.num_splits
+        return {"s1": st[s1], "merge": st[~s1], "flags_left": flags_left}
+
+
+def us(x) -> float:
+    return float(x) / 1e3
+
+
+def one_launch(stamps: dict, event_us: float) -> dict:
+    s1, mg = stamps["s1"], stamps["merge"]
+    t0 = int(s1[:, 0].min())
+    rel1 = (s1[:, :3] - t0).double()
+    ends = rel1[:, 1].sort().values
+    n = len(ends)
+    row = {
+        "last_s1_start": us(rel1[:, 0].max()),
+        "s1_end_p50": us(ends[n // 2]),
+        "s1_end_p90": us(ends[min(n - 1, (9 * n) // 10)]),
+        "s1_end_max": us(ends[-1]),
+        "publish_max": us(rel1[:, 2].max()),
+        "s1_len_p50": us((rel1[:, 1] - rel1[:, 0]).median()),
+        "event_us": event_us,
+    }
+    if len(mg):
+        relm = (mg[:, :3] - t0).double()
+        row["merge_start_min"] = us(relm[:, 0].min())
+        row["merge_end_max"] = us(relm[:, 2].max())
+        row["merge_after_last_publish"] = row["merge_end_max"] - row["publish_max"]
+    span = max(row["publish_max"], row.get("merge_end_max", 0.0))
+    row["span"] = span
+    row["edges"] = event_us - span
+    # stage-1 lengths by how many stage-1 programs ran on the SM
+    per_sm: dict[int, list[float]] = {}
+    sm = s1[:, 3].tolist()
+    load = {s: sm.count(s) for s in set(sm)}
+    lens = (rel1[:, 1] - rel1[:, 0]).tolist()
+    for s, ln in zip(sm, lens, strict=True):
+        per_sm.setdefault(load[s], []).append(ln / 1e3)
+    row["s1_len_by_sm_load"] = {k: statistics.median(v) for k, v in sorted(per_sm.items())}
+    row["sms_by_load"] = {k: sum(1 for x in load.values() if x == k) for k in sorted(per_sm)}
+    row["sms_used"] = len(load)
+    diffs = sorted({int(x) for x in s1[:, 0].tolist()})
+    steps = [b - a for a, b in zip(diffs, diffs[1:], strict=False) if b > a]
+    row["clock_step_ns_min"] = min(steps) if steps else None
+    return row
+
+
+def median_rows(rows: list[dict]) -> dict:
+    out: dict = {}
+    for k, v in rows[0].items():
+        if isinstance(v, dict):
+            keys = set().union(*(r[k] for r in rows))
+            out[k] = {kk: statistics.median(r[k][kk] for r in rows if kk in r[k]) for kk in keys}
+        elif isinstance(v, int | float):
+            vals = [r[k] for r in rows if r.get(k) is not None]
+            out[k] = statistics.median(vals) if vals else None
+    return out
+
+
+def run_mode(stamped: Stamped, mode: str, reps: int) -> tuple[dict, int]:
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    rows, left = [], 0
+    for _ in range(reps):
+        if mode == "flush":
+            flush.zero_()
+        elif mode == "readflush":
+            flush.sum(dtype=torch.int32)
+        else:
+            stamped()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        stamped()
+        b.record()
+        torch.cuda.synchronize()
+        got = stamped.read()
+        left += got["flags_left"]
+        rows.append(one_launch(got, a.elapsed_time(b) * 1e3))
+    return median_rows(rows), left
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "stamps.jsonl")
+    ap.add_argument("--reps", type=int, default=30)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_decode_stamps.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    if a.reps < 1:
+        print("--reps must be at least 1", file=sys.stderr)
+        return 2
+    ensure_allocator()
+    emit(a.out, {"command": "python bench/gpu_decode_stamps.py " + " ".join(argv or sys.argv[1:]),
+                 "machine": bench.machine()})  # fmt: skip
+    ok = True
+    for lens, hq, hkv in SHAPES:
+        case = bench.DecodeCase(lens, hq, hkv, 128, False)
+        plan = case.plan(DecodeConfig())
+        shape = f"{len(lens)}x{lens[0]} {hq}/{hkv}"
+        if not plan.fused:
+            emit(a.out, {"shape": shape, "skipped": f"the plan takes the {plan.path} path"})
+            continue
+        ref = plan.run(case.q, case.k, case.v).float().clone()
+        stamped = Stamped(plan, case)
+        plan.out.fill_(float("nan"))
+        stamped()
+        torch.cuda.synchronize()
+        diff = float((plan.out.float() - ref).abs().max())
+        check = stamped.read()
+        good = diff <= 1e-3 and check["flags_left"] == 0
+        ok = ok and good
+        facts = {"shape": shape, "splits": plan.num_splits, "per_sm": plan.resident_per_sm,
+                 "programs": stamped.programs, "bytes": case.bytes_needed()}  # fmt: skip
+        plain_us = bench.bench_ms(lambda p=plan, c=case: p.run(c.q, c.k, c.v)) * 1e3
+        emit(a.out, {**facts, "gate_max_abs_diff": diff, "gate_flags_left": check["flags_left"],
+                     "pass": good, "plain_dobench_us": plain_us,
+                     "stamped_dobench_us": bench.bench_ms(stamped) * 1e3})  # fmt: skip
+        if not good:
+            continue
+        for mode in MODES:
+            got, left = run_mode(stamped, mode, a.reps)
+            emit(a.out, {**facts, "mode": mode, "reps": a.reps, "flags_left": left, **got})
+        torch.cuda.empty_cache()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
