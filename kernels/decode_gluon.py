@@ -216,7 +216,7 @@ if gluon is not None:
         TARGET_VARLEN: gl.constexpr, MIN_SPLIT: gl.constexpr, BLOCK_B: gl.constexpr,
         MAX_SPLITS: gl.constexpr, MERGE: gl.constexpr, SEARCH: gl.constexpr,
         KV_LAYOUT: gl.constexpr, CHUNK: gl.constexpr, IS_FP8: gl.constexpr,
-        L2_HINT: gl.constexpr = False, W: gl.constexpr = 1, FENCED: gl.constexpr = False,
+        L2_HINT: gl.constexpr = False, W: gl.constexpr = 1,
     ):  # fmt: skip
         """Split ``split`` of KV head ``kvh`` of request ``b``: its partial output and LSE
         (``CHUNK``: page indices read at a time; ``L2_HINT``: the kernel carries
