@@ -4,8 +4,11 @@ so that each figure the script reports can be checked against what it must be.""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
 
 import pytest
 
