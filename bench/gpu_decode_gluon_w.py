@@ -20,7 +20,6 @@ Run: python bench/gpu_decode_gluon_w.py [--out FILE] [--no-timing] [--variants w
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -30,8 +29,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench's sibling scripts
 
 from gpu_decode_gluon import nan_fill_unused, time_us
+from jsonl_rows import emit, start
 from kdash.kernels import bench
-from kdash.kernels._common import ensure_allocator
 from kdash.kernels.decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
 from kdash.kernels.decode_gluon import TmaConfig
 
@@ -49,12 +48,6 @@ VARIANTS = [
     ("w4_s2_r160", {"warps": 4, "stages": 2, "maxnreg": 160}),
     ("w2_s3", {"warps": 2, "stages": 3}),
 ]
-
-
-def emit(out: Path, row: dict) -> None:
-    print(json.dumps(row), flush=True)
-    with out.open("a") as fh:
-        fh.write(json.dumps(row) + "\n")
 
 
 def times(fn, nbytes: int, copy_gbs: float) -> dict:
@@ -148,12 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     # timed in the order asked
     variants = [(tag, dict(VARIANTS)[tag]) for tag in dict.fromkeys(a.variants)]
-    if not torch.cuda.is_available():
-        print("gpu_decode_gluon_w.py needs a CUDA GPU", file=sys.stderr)
+    if not start(a.out, "gpu_decode_gluon_w.py", argv):
         return 2
-    ensure_allocator()
-    emit(a.out, {"command": "python bench/gpu_decode_gluon_w.py " + " ".join(argv or sys.argv[1:]),
-                 "machine": bench.machine()})  # fmt: skip
     gates_ok = True
     for lens, hq, hkv in GATES:
         for fp8 in (False, True):

@@ -22,25 +22,21 @@ Run: python bench/gpu_decode_stamps.py [--out FILE] [--reps N]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench's sibling scripts
+
+from jsonl_rows import emit, start
 from kdash.kernels import bench
-from kdash.kernels._common import ensure_allocator
 from kdash.kernels.decode_attention import DecodeConfig
 
 SHAPES = [([65536], 64, 8), ([65536], 32, 8), ([131072], 64, 8)]
 MODES = ("flush", "readflush", "warm")
-
-
-def emit(out: Path, row: dict) -> None:
-    print(json.dumps(row), flush=True)
-    with out.open("a") as fh:
-        fh.write(json.dumps(row) + "\n")
 
 
 class Stamped:
@@ -161,15 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "stamps.jsonl")
     ap.add_argument("--reps", type=int, default=30)
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("gpu_decode_stamps.py needs a CUDA GPU", file=sys.stderr)
-        return 2
     if a.reps < 1:
         print("--reps must be at least 1", file=sys.stderr)
         return 2
-    ensure_allocator()
-    emit(a.out, {"command": "python bench/gpu_decode_stamps.py " + " ".join(argv or sys.argv[1:]),
-                 "machine": bench.machine()})  # fmt: skip
+    if not start(a.out, "gpu_decode_stamps.py", argv):
+        return 2
     ok = True
     for lens, hq, hkv in SHAPES:
         case = bench.DecodeCase(lens, hq, hkv, 128, False)
