@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 26's device call, in priority order so that a call cut at its limit keeps the most
 # useful part: the whole bench (the table of record; prefill contenders timed in turn), the
-# one-launch step's programs on the GPU's clock (bench/gpu_decode_stamps.py), the page-a-warp
+# one-launch step's programs on the GPU's clock in one and two waves (bench/gpu_decode_stamps.py), the page-a-warp
 # Gluon TMA stage 1 against the Triton stage 1 (bench/gpu_decode_gluon_w.py), the clocks under
 # each decode workload, the fenced decode table, the whole bench again.
 #   CALL=all (default) runs all of them; CALL=bench the two whole benches only; CALL=gluon the
@@ -16,7 +16,8 @@ source bench/device_common.sh
   nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem,temperature.gpu,power.limit --format=csv
   [[ ${CALL:-all} != gluon ]] && bench "full-${STEP:-1}"
   if [[ ${CALL:-all} != bench ]]; then
-    timeout -k 5 90 python3 bench/gpu_decode_stamps.py --out "$OUT/stamps-$card-s26.jsonl" 2>&1 \
+    timeout -k 5 "${SLIMIT:-150}" python3 bench/gpu_decode_stamps.py --waves "${WAVES:-1,2}" \
+      --out "$OUT/stamps-$card-s26.jsonl" 2>&1 \
       | grep -v Warning | cut -c1-700
     echo "stamps rc=$? $(date +%T)"
   fi

@@ -46,3 +46,31 @@ def test_launches_are_summed_up_by_their_medians() -> None:
     got = stamps.median_rows([a, b, c])
     assert got["event_us"] == 80.0 and got["edges"] == pytest.approx(17.0)
     assert got["s1_len_by_sm_load"][2] == pytest.approx(49.5)
+
+
+def test_waves_are_parsed_with_their_bounds() -> None:
+    assert stamps.parse_waves("1,2") == [1, 2] and stamps.parse_waves(" 3 ") == [3]
+    assert stamps.parse_waves("0,2") is None and stamps.parse_waves("5") is None
+    assert stamps.parse_waves("a") is None and stamps.parse_waves("") is None
+
+
+def test_a_plan_in_two_waves_cuts_twice_the_splits_and_agrees_with_the_default(
+    monkeypatch,
+) -> None:
+    """In the interpreter (8 SMs stand in for the GPU's): the widened plan's device-side search,
+    told of twice the capacity, fills twice the splits of the default one-launch plan (a split
+    it uses writes a finite log-sum-exp, one past the cut -inf), and its output matches."""
+    from kdash.kernels import bench
+
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    case = bench.DecodeCase([20000], 8, 2, 64, False)
+    default = case.plan(bench.DecodeConfig(), fused=True)
+    ref = default.run(case.q, case.k, case.v).float().clone()
+    used = int(torch.isfinite(default.lse_part).sum()) // case.hq
+    plan = stamps.in_waves(case, default, 2)
+    assert plan.fused and plan.num_splits == 2 * default.num_splits
+    assert plan.capacity == 2 * default.capacity
+    got = plan.run(case.q, case.k, case.v).float()
+    assert int(torch.isfinite(plan.lse_part).sum()) // case.hq == 2 * used > 2
+    assert float((got - ref).abs().max()) <= 1e-3
+    assert stamps.in_waves(case, default, 1) is default
