@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Session 26's device call, in priority order so that a call cut at its limit keeps the most
 # useful part: the whole bench (the table of record; prefill contenders timed in turn), the
-# one-launch step's programs on the GPU's clock in one and two waves (bench/gpu_decode_stamps.py), the page-a-warp
-# Gluon TMA stage 1 against the Triton stage 1 (bench/gpu_decode_gluon_w.py), the clocks under
+# one-launch step's programs on the GPU's clock in one and two waves (bench/gpu_decode_stamps.py),
+# the page-a-warp Gluon TMA stage 1 against the Triton stage 1 (bench/gpu_decode_gluon_w.py), the clocks under
 # each decode workload, the fenced decode table, the whole bench again.
 #   CALL=all (default) runs all of them; CALL=bench the two whole benches only; CALL=gluon the
 #   page-a-warp run and its GPU test only; CALL=short the benches, the stamps and the page-a-warp run.

@@ -18,9 +18,9 @@ kernel's do_bench time beside the stamped one's shows what the stamps cost.
 
 ``--waves``: beside the default plan (one wave of stage-1 programs), plans cut into W waves: W
 times the splits and the device-side split search told of W times the programs an SM holds, so
-each program reads 1/W of the tokens and SMs that finish early take the next wave's programs (a
-check on whether the one wave's uneven finish is part of the fixed cost). Each plan is also timed
-plain: do_bench, replayed from a CUDA graph, read-flushed.
+each program reads 1/W of the tokens and an SM that finishes early could take more of the next
+wave (a check on whether the one wave's uneven finish is part of the fixed cost). Each plan is
+also timed plain: do_bench, replayed from a CUDA graph, read-flushed.
 One JSON line a row to ``--out`` (appended).
 Run: python bench/gpu_decode_stamps.py [--out FILE] [--reps N] [--waves 1,2]
 """
@@ -184,6 +184,36 @@ def parse_waves(text: str) -> list[int] | None:
     return got if got and all(1 <= w <= 4 for w in got) else None
 
 
+def one_plan(a, case: bench.DecodeCase, shape: str, plan, w: int, ref: torch.Tensor) -> bool:
+    """Gate ``plan`` (its own run and its stamped launch against ``ref``, flags down), time it
+    plain three ways, then read its stamps in every mode; False where the gate failed."""
+    # its own run binds its arguments (which the stamped launch borrows) and is gated too
+    plain_diff = float((plan.run(case.q, case.k, case.v).float() - ref).abs().max())
+    stamped = Stamped(plan, case)
+    plan.out.fill_(float("nan"))
+    stamped()
+    torch.cuda.synchronize()
+    diff = float((plan.out.float() - ref).abs().max())
+    check = stamped.read()
+    good = max(diff, plain_diff) <= 1e-3 and check["flags_left"] == 0
+    facts = {"shape": shape, "waves": w, "splits": plan.num_splits,
+             "per_sm": plan.resident_per_sm, "capacity": plan.capacity,
+             "programs": stamped.programs, "bytes": case.bytes_needed(),
+             "shared_cap_not_applied": stamped.shared_cap}  # fmt: skip
+    run = lambda p=plan, c=case: p.run(c.q, c.k, c.v)  # noqa: E731
+    plain = {"plain_dobench_us": bench.bench_ms(run) * 1e3,
+             "plain_graph_us": bench_graph_ms(run) * 1e3,
+             "plain_readflush_us": bench_readflush_ms(run) * 1e3}  # fmt: skip
+    emit(a.out, {**facts, "gate_max_abs_diff": diff, "gate_plain_max_abs_diff": plain_diff,
+                 "gate_flags_left": check["flags_left"], "pass": good, **plain,
+                 "stamped_dobench_us": bench.bench_ms(stamped) * 1e3})  # fmt: skip
+    if good:
+        for mode in MODES:
+            got, left = run_mode(stamped, mode, a.reps)
+            emit(a.out, {**facts, "mode": mode, "reps": a.reps, "flags_left": left, **got})
+    return good
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "stamps.jsonl")
@@ -200,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     if not start(a.out, "gpu_decode_stamps.py", argv):
         return 2
     ok = True
-    for (lens, hq, hkv), w in ((s, w) for s in SHAPES for w in waves):
+    for lens, hq, hkv in SHAPES:
+        # one cache and reference a shape, whatever the waves
         case = bench.DecodeCase(lens, hq, hkv, 128, False)
         default = case.plan(DecodeConfig())
         shape = f"{len(lens)}x{lens[0]} {hq}/{hkv}"
@@ -208,34 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             emit(a.out, {"shape": shape, "skipped": f"the plan takes the {default.path} path"})
             continue
         ref = default.run(case.q, case.k, case.v).float().clone()
-        plan = in_waves(case, default, w)
-        # its own run binds its arguments (which the stamped launch borrows) and is gated too
-        plain_diff = float((plan.run(case.q, case.k, case.v).float() - ref).abs().max())
-        stamped = Stamped(plan, case)
-        plan.out.fill_(float("nan"))
-        stamped()
-        torch.cuda.synchronize()
-        diff = float((plan.out.float() - ref).abs().max())
-        check = stamped.read()
-        good = max(diff, plain_diff) <= 1e-3 and check["flags_left"] == 0
-        ok = ok and good
-        facts = {"shape": shape, "waves": w, "splits": plan.num_splits,
-                 "per_sm": plan.resident_per_sm, "capacity": plan.capacity,
-                 "programs": stamped.programs, "bytes": case.bytes_needed(),
-                 "shared_cap_not_applied": stamped.shared_cap}  # fmt: skip
-        run = lambda p=plan, c=case: p.run(c.q, c.k, c.v)  # noqa: E731
-        plain = {"plain_dobench_us": bench.bench_ms(run) * 1e3,
-                 "plain_graph_us": bench_graph_ms(run) * 1e3,
-                 "plain_readflush_us": bench_readflush_ms(run) * 1e3}  # fmt: skip
-        emit(a.out, {**facts, "gate_max_abs_diff": diff, "gate_plain_max_abs_diff": plain_diff,
-                     "gate_flags_left": check["flags_left"],
-                     "pass": good, **plain,
-                     "stamped_dobench_us": bench.bench_ms(stamped) * 1e3})  # fmt: skip
-        if not good:
-            continue
-        for mode in MODES:
-            got, left = run_mode(stamped, mode, a.reps)
-            emit(a.out, {**facts, "mode": mode, "reps": a.reps, "flags_left": left, **got})
+        for w in waves:
+            ok = one_plan(a, case, shape, in_waves(case, default, w), w, ref) and ok
         torch.cuda.empty_cache()
     return 0 if ok else 1
 
