@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from kdash.kernels import prefill_gluon as pg
 from kdash.kernels.bench import PrefillCase
-from kdash.kernels.bench_timing import bench_ms
+from kdash.kernels.bench_timing import bench_ms_rounds
 from kdash.kernels.prefill_attention import extend_attention
 
 
@@ -94,11 +94,14 @@ def gates(smoke: bool, cfg=None) -> list[dict[str, Any]]:
 
 
 def time_shape(hq, hkv, d, causal, s, configs) -> dict[str, Any]:
+    """Every contender at one shape, timed in turns (three rounds of do_bench each, the
+    median kept; each round's figure in ``rounds_us``): the default prefill path, each Gluon
+    config, SDPA's cuDNN and FLASH backends."""
     from torch.nn.attention import SDPBackend
 
     case = PrefillCase(s, hq, hkv, d, causal)
     row: dict[str, Any] = {"heads": f"{hq}/{hkv}/{d}", "causal": causal, "seq": s}
-    row["default_us"] = bench_ms(case.ours(None)) * 1e3
+    fns = {"default": case.ours(None)}
     for cfg in configs:
 
         def run(cfg=cfg, case=case):
@@ -106,18 +109,18 @@ def time_shape(hq, hkv, d, causal, s, configs) -> dict[str, Any]:
                 case.q, case.k, case.v, case.cu, s, causal=causal, config=cfg, out=case.out
             )
 
-        try:
-            row[f"gluon {cfg!r}_us"] = bench_ms(run) * 1e3
-        except Exception as e:  # noqa: BLE001 - a config that fails is noted, the rest run
-            row[f"gluon {cfg!r}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-    for key, backend in (
-        ("cudnn", SDPBackend.CUDNN_ATTENTION),
-        ("flash", SDPBackend.FLASH_ATTENTION),
-    ):
-        try:
-            row[f"{key}_us"] = bench_ms(case.sdpa(backend)) * 1e3
-        except Exception as e:  # noqa: BLE001
-            row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        fns[f"gluon {cfg!r}"] = run
+    fns["cudnn"] = case.sdpa(SDPBackend.CUDNN_ATTENTION)
+    fns["flash"] = case.sdpa(SDPBackend.FLASH_ATTENTION)
+    got = bench_ms_rounds(fns)
+    row["rounds_us"] = {
+        k: v if isinstance(v, str) else [x * 1e3 for x in v] for k, v in got.items()
+    }
+    for name, times in got.items():
+        if isinstance(times, str):
+            row[f"{name}_error"] = times
+        else:
+            row[f"{name}_us"] = sorted(times)[len(times) // 2] * 1e3
     gl_us = [v for k, v in row.items() if k.startswith("gluon") and k.endswith("_us")]
     if gl_us and "cudnn_us" in row:
         row["best_gluon_us"] = min(gl_us)
@@ -136,6 +139,9 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=400)
     ap.add_argument("--dims", default="128,64", help="head dims to time (comma-separated)")
     ap.add_argument("--pingpong", action="store_true", help="gate and time ping-pong too")
+    ap.add_argument(
+        "--lookahead", default="", help="group sizes of the look-ahead schedule to gate and time"
+    )
     ap.add_argument("--seqs", default="4096,8192,16384", help="sequence lengths to time")
     ap.add_argument("--no-timing", action="store_true", help="the gates only, at full size")
     args = ap.parse_args()
@@ -157,6 +163,9 @@ def main() -> int:
     if args.pingpong:
         pp = pg.GluonConfig(pingpong=True)
         result["gates"] += gates(args.smoke, cfg=pp)
+    ahead = [pg.GluonConfig(lookahead=int(u)) for u in args.lookahead.split(",") if u]
+    for cfg in ahead:
+        result["gates"] += gates(args.smoke, cfg=cfg)
     save()
     if not all(r["passed"] for r in result["gates"]):
         print("gates failed: no timing", flush=True)
@@ -167,7 +176,11 @@ def main() -> int:
     result["timing"] = []
     plan = []
     by_dim = {
-        128: [C(), C(pingpong=True)] if args.pingpong else [C(), C(persistent=False)],
+        128: [C(), *ahead]
+        if ahead
+        else [C(), C(pingpong=True)]
+        if args.pingpong
+        else [C(), C(persistent=False)],
         64: [C(64, 128, 3), C(64, 128, 5), C(64, 64, 6)],
     }
     dims = {int(x) for x in args.dims.split(",")}

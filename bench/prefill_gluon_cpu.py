@@ -57,6 +57,7 @@ def compile_case(head_dim: int, causal: bool, cfg: pg.GluonConfig, group: int = 
         "STAGES": cfg.stages,
         "CAUSAL": causal,
         "PINGPONG": cfg.pingpong,
+        "AHEAD": cfg.lookahead,
         "Q_LAYOUT": q_layout,
         "KV_LAYOUT": kv_layout,
     }
