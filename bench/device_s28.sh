@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Session 28's device call: the Gluon prefill's look-ahead schedule (kernels/prefill_gluon.py,
-# GluonConfig.lookahead) gated at full size and timed against the default schedule and SDPA in
-# turns, then the whole bench with look-ahead 4 as the D=128 default, then the whole bench as it
-# stands (the table of record, and the run-to-run spread beside the first).
-#   AHEAD: the group sizes to gate and time (default 2,3,4).
+# Session 28's device call: the Gluon prefill with its softmax in FFMA form and P made bf16 in
+# its own tile (kernels/prefill_gluon.py) gated at full size and timed in turns against the
+# version before (prefill_gluon_s27.py, an untracked copy of session 27's module at the checkout's
+# root: `git show 656567d:kernels/prefill_gluon.py > prefill_gluon_s27.py`) and SDPA, its GPU
+# tests, then the whole bench twice (the table of record and its run-to-run spread).
 # Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
 set -uo pipefail
 SESSION=s28
@@ -12,13 +12,26 @@ source bench/device_common.sh
 {
   echo "$name $(date +%T)"
   nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem,temperature.gpu,power.limit --format=csv
-  timeout -k 5 "${PLIMIT:-240}" python3 bench/gpu_prefill_gluon.py --dims 128 \
-    --lookahead "${AHEAD:-2,3,4}" --budget-s 200 --out "$OUT/prefill-ahead-$card-s28.json" 2>&1 \
-    | grep -v Warning | cut -c1-400
+  timeout -k 5 "${PLIMIT:-200}" python3 bench/gpu_prefill_gluon.py --dims 128 \
+    --against prefill_gluon_s27.py --seqs 4096,8192,16384 --budget-s 180 \
+    --out "$OUT/prefill-ab-$card-s28.json" 2>&1 | grep -v Warning | grep -E '"gate"|rounds|summary|Error' \
+    | python3 -c 'import sys, json
+for line in sys.stdin:
+    try:
+        r = json.loads(line)
+    except ValueError:
+        print(line.rstrip()[:300]); continue
+    if "gate" in r:
+        print("gate", r["gate"], r["heads"], r["causal"], "passed" if r["passed"] else "FAILED", round(r["max_abs_err"], 5))
+    elif "rounds_us" in r:
+        print(r["heads"], "causal" if r["causal"] else "full", r["seq"], {k[:6]: [round(x) for x in v] if isinstance(v, list) else v[:80] for k, v in r["rounds_us"].items()})
+    else:
+        print(line.rstrip()[:300])'
   echo "prefill rc=$? $(date +%T)"
-  echo "== bench ahead4-1 (look-ahead 4 as the D=128 default)"
-  timeout -k 5 240 python3 bench/kernels_lookahead.py 4 --sweep none --default-path-only \
-    --out "$OUT/kernels-$card-s28-ahead4-1.json" > /tmp/ahead4-1.log 2>&1
-  echo "rc=$? $(date +%T)"; grep -E "summary|Error|error" /tmp/ahead4-1.log | cut -c1-300
+  timeout -k 5 "${TLIMIT:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/test_kernels_prefill.py tests/test_kernels_prefill_gluon.py \
+    --junitxml "$OUT/gpu-gates-prefill-$card-s28.xml" 2>&1 | tail -3
+  echo "tests rc=$? $(date +%T)"
   bench full-1
-} 2>&1 | tee "$OUT/s28-call1.log"
+  bench full-2
+} 2>&1 | tee "$OUT/s28-call2.log"

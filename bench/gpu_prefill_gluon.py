@@ -93,6 +93,21 @@ def gates(smoke: bool, cfg=None) -> list[dict[str, Any]]:
     return rows
 
 
+AGAINST = None  # --against's module
+
+
+def load_against(path: Path):
+    """``path`` (another version of kernels/prefill_gluon.py) as a module of kdash.kernels, so
+    that its relative imports resolve; its defaults are its own."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kdash.kernels._prefill_gluon_against", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 def time_shape(hq, hkv, d, causal, s, configs) -> dict[str, Any]:
     """Every contender at one shape, timed in turns (three rounds of do_bench each, the
     median kept; each round's figure in ``rounds_us``): the default prefill path, each Gluon
@@ -110,6 +125,12 @@ def time_shape(hq, hkv, d, causal, s, configs) -> dict[str, Any]:
             )
 
         fns[f"gluon {cfg!r}"] = run
+    if AGAINST is not None:
+
+        def other(case=case):
+            AGAINST.prefill_gluon(case.q, case.k, case.v, case.cu, s, causal=causal, out=case.out)
+
+        fns["against"] = other
     fns["cudnn"] = case.sdpa(SDPBackend.CUDNN_ATTENTION)
     fns["flash"] = case.sdpa(SDPBackend.FLASH_ATTENTION)
     got = bench_ms_rounds(fns)
@@ -140,7 +161,9 @@ def main() -> int:
     ap.add_argument("--dims", default="128,64", help="head dims to time (comma-separated)")
     ap.add_argument("--pingpong", action="store_true", help="gate and time ping-pong too")
     ap.add_argument(
-        "--lookahead", default="", help="group sizes of the look-ahead schedule to gate and time"
+        "--against",
+        type=Path,
+        help="another version of kernels/prefill_gluon.py (a file) to time beside this one",
     )
     ap.add_argument("--seqs", default="4096,8192,16384", help="sequence lengths to time")
     ap.add_argument("--no-timing", action="store_true", help="the gates only, at full size")
@@ -164,9 +187,10 @@ def main() -> int:
     if args.pingpong and not args.no_gates:
         pp = pg.GluonConfig(pingpong=True)
         result["gates"] += gates(args.smoke, cfg=pp)
-    ahead = [pg.GluonConfig(lookahead=int(u)) for u in args.lookahead.split(",") if u]
-    for cfg in [] if args.no_gates else ahead:
-        result["gates"] += gates(args.smoke, cfg=cfg)
+    if args.against:
+        global AGAINST
+        AGAINST = load_against(args.against)
+        result["against"] = str(args.against)
     save()
     if not all(r["passed"] for r in result["gates"]):
         print("gates failed: no timing", flush=True)
@@ -177,11 +201,9 @@ def main() -> int:
     result["timing"] = []
     plan = []
     by_dim = {
-        128: [C(), *ahead]
-        if ahead
-        else [C(), C(pingpong=True)]
-        if args.pingpong
-        else [C(), C(persistent=False)],
+        128: [C()]
+        if args.against
+        else [C(), C(pingpong=True) if args.pingpong else C(persistent=False)],
         64: [C(64, 128, 3), C(64, 128, 5), C(64, 64, 6)],
     }
     dims = {int(x) for x in args.dims.split(",")}

@@ -82,18 +82,6 @@ class GluonConfig:
     persistent: bool = True
     # The two consumers issue their matrix products in turns (FA3's ping-pong).
     pingpong: bool = False
-    # Key tiles in groups of this many (2 to 4), each softmax but a group's last running
-    # under a P V (:func:`_keys_ahead`); 0: one tile at a time, whose wait for P V ptxas
-    # moves ahead of the softmax. Not with ``pingpong``.
-    lookahead: int = 0
-
-    def __post_init__(self) -> None:
-        # Left-over tiles are run as one shorter group of 1 to 3: a larger group would leave
-        # tiles no code runs.
-        if not 0 <= self.lookahead <= 4:
-            raise ValueError(f"lookahead {self.lookahead}: groups of 0 to 4 key tiles")
-        if self.lookahead and self.pingpong:
-            raise ValueError("lookahead and pingpong are two schedules: pick one")
 
 
 # Where this kernel is the default, per head dim: the H200's pick (bench/NOTES-kernels.md,
@@ -300,151 +288,11 @@ if gluon is not None:
             mbarrier.arrive(turn.index(1 - HALF), count=1)
 
     @gluon.jit
-    def _keep(new, old, nil):
-        """``new``, packed so that it reads ``old`` (``nil`` is 0 at run time, which the
-        compiler cannot know). ptxas frees a register an asynchronous wgmma reads as soon as
-        the wgmma is issued, and a later write to it then waits for that wgmma: this read of
-        the in-flight P keeps the softmax out of its registers (bench/NOTES-kernels.md,
-        session 28)."""
-        return gl.inline_asm_elementwise(
-            asm="lop3.b32 $0, $1, $2, $3, 0xF8;",  # new | (old & nil)
-            constraints="=r,r,r,r",
-            args=[new, old, nil],
-            dtype=gl.bfloat16,
-            is_pure=True,
-            pack=2,
-        )
-
-    @gluon.jit
-    def _softmax_step(s, m, l_i, j, row0, q_len, mask_from, qk_scale, CAUSAL: gl.constexpr,
-                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr,
-                      P_LAYOUT: gl.constexpr):  # fmt: skip
-        """Key tile ``j``'s online softmax: its bf16 P (for P V), the factor that rescales O
-        from the last maximum to the new one, and the new maximum and row sums."""
-        if (j + 1) * BLOCK_N > mask_from:
-            s = _masked(s, j, row0, q_len, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT)
-        m_new = gl.maximum(m, gl.max(s, 1))
-        m_scaled = m_new * qk_scale
-        alpha = gl.exp2(m * qk_scale - m_scaled)
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_scaled, 1))
-        l_i = l_i * alpha + gl.sum(p, 1)
-        return gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT), alpha, m_new, l_i
-
-    @gluon.jit
-    def _issue_s(q_tile, k_smem, ready, s, c, j, STAGES: gl.constexpr):
-        """Wait for key tile ``j``'s copies and issue ``S_j = Q K_j^T`` into ``s``'s
-        registers (``use_acc=False``: their old scores are ignored)."""
-        slot = (c + j) % STAGES
-        mbarrier.wait(ready.index(slot), ((c + j) // STAGES) & 1)
-        return warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s, use_acc=False,
-                             is_async=True)  # fmt: skip
-
-    @gluon.jit
-    def _group(
-        U: gl.constexpr, q_tile, k_smem, v_smem, ready, empty, c, j0, s, acc, pa, m, l_i,
-        alpha, row0, q_len, mask_from, qk_scale, nil, BLOCK_M: gl.constexpr,
-        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-        S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr,
-    ):  # fmt: skip
-        """Key tiles ``j0 .. j0 + U - 1`` with every softmax but the last under a P V. On
-        entry O (``acc``) holds tiles before ``j0 - 1``, rescaled to the last maximum, and
-        ``pa`` is ``P_{j0-1}``; nothing is in flight. Each step issues ``S_j``, then (after the
-        first) waits for the P V two tiles back, rescales O and issues ``P_{j-1} V_{j-1}``,
-        waits for ``S_j`` and runs its softmax while ``P_{j-1} V_{j-1}`` does. ptxas moves a
-        wait for all wgmma up to the top of its block, but not past a wgmma issued before it,
-        so only the group's closing wait lands before a softmax (the last one). Nothing stays
-        in flight past the group: one that does across a loop's back edge makes ptxas
-        serialise every wgmma (C7514)."""
-        ROW_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
-        s = _issue_s(q_tile, k_smem, ready, s, c, j0, STAGES)
-        acc = warpgroup_mma(pa, v_smem.index((c + j0 - 1) % STAGES), acc, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s,))
-        pb, alpha, m, l_i = _softmax_step(s, m, l_i, j0, row0, q_len, mask_from, qk_scale,
-                                          CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT, P_LAYOUT)  # fmt: skip
-        # A real read of the P in flight after the softmax: ptxas frees a wgmma's operand
-        # registers once it is issued, and a softmax that wrote them would wait for it.
-        pb = _keep(pb, pa, nil)
-        for k in gl.static_range(1, U):
-            j = j0 + k
-            s = _issue_s(q_tile, k_smem, ready, s, c, j, STAGES)
-            o, pa = warpgroup_mma_wait(1, deps=(acc, pa))
-            mbarrier.arrive(empty.index((c + j - 2) % STAGES), count=1)
-            o = o * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
-            acc = warpgroup_mma(pb, v_smem.index((c + j - 1) % STAGES), o, is_async=True)
-            s = warpgroup_mma_wait(1, deps=(s,))
-            pa, alpha, m, l_i = _softmax_step(s, m, l_i, j, row0, q_len, mask_from,
-                                              qk_scale, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT,
-                                              P_LAYOUT)  # fmt: skip
-            pa = _keep(pa, pb, nil)
-            pa, pb = pb, pa
-        o, pa = warpgroup_mma_wait(0, deps=(acc, pa))
-        mbarrier.arrive(empty.index((c + j0 + U - 2) % STAGES), count=1)
-        o = o * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
-        return s, o, pb, m, l_i, alpha
-
-    @gluon.jit
-    def _keys_ahead(
-        q_tile, k_smem, v_smem, ready, empty, q_empty, c, n_tiles, row0, q_len, mask_from,
-        qk_scale, nil, U: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-        S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr,
-    ):  # fmt: skip
-        """One consumer's key tiles of a query tile: the first alone, the rest in
-        :func:`_group` s of ``U`` (2 to 4; the 1 to ``U - 1`` left over in one shorter group),
-        then the last P V. Returns O (not yet divided) and the row sums."""
-        s = _issue_s(q_tile, k_smem, ready, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT),
-                     c, 0, STAGES)  # fmt: skip
-        s = warpgroup_mma_wait(0, deps=(s,))
-        m = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, S_LAYOUT))
-        l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, S_LAYOUT))
-        pa, alpha, m, l_i = _softmax_step(s, m, l_i, 0, row0, q_len, mask_from, qk_scale,
-                                          CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT, P_LAYOUT)  # fmt: skip
-        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, O_LAYOUT)
-        for gi in range(0, (n_tiles - 1) // U):
-            s, acc, pa, m, l_i, alpha = _group(
-                U, q_tile, k_smem, v_smem, ready, empty, c, 1 + gi * U, s, acc, pa, m, l_i,
-                alpha, row0, q_len, mask_from, qk_scale, nil, BLOCK_M, BLOCK_N, STAGES,
-                CAUSAL, S_LAYOUT, O_LAYOUT, P_LAYOUT,
-            )  # fmt: skip
-        rest = (n_tiles - 1) % U
-        j0 = n_tiles - rest
-        if rest == 1:
-            s, acc, pa, m, l_i, alpha = _group(
-                1, q_tile, k_smem, v_smem, ready, empty, c, j0, s, acc, pa, m, l_i, alpha,
-                row0, q_len, mask_from, qk_scale, nil, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                S_LAYOUT, O_LAYOUT, P_LAYOUT,
-            )  # fmt: skip
-        # The outer tests are constexpr: a group size that cannot be left over is not compiled.
-        if U > 2:  # noqa: SIM102
-            if rest == 2:
-                s, acc, pa, m, l_i, alpha = _group(
-                    2, q_tile, k_smem, v_smem, ready, empty, c, j0, s, acc, pa, m, l_i,
-                    alpha, row0, q_len, mask_from, qk_scale, nil, BLOCK_M, BLOCK_N, STAGES,
-                    CAUSAL, S_LAYOUT, O_LAYOUT, P_LAYOUT,
-                )  # fmt: skip
-        if U > 3:  # noqa: SIM102
-            if rest == 3:
-                s, acc, pa, m, l_i, alpha = _group(
-                    3, q_tile, k_smem, v_smem, ready, empty, c, j0, s, acc, pa, m, l_i,
-                    alpha, row0, q_len, mask_from, qk_scale, nil, BLOCK_M, BLOCK_N, STAGES,
-                    CAUSAL, S_LAYOUT, O_LAYOUT, P_LAYOUT,
-                )  # fmt: skip
-        # Every Q K^T of the tile is done: the loader may bring the next tile's Q while this
-        # one's last P V and store run.
-        mbarrier.arrive(q_empty, count=1)
-        last = (c + n_tiles - 1) % STAGES
-        acc = warpgroup_mma(pa, v_smem.index(last), acc, is_async=True)
-        acc, pa = warpgroup_mma_wait(0, deps=(acc, pa))
-        mbarrier.arrive(empty.index(last), count=1)
-        return acc, l_i
-
-    @gluon.jit
     def _consumer(
         Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids, tile_bar,
         turn, total, nblk, q_heads, qk_scale, stride_ot, HALF: gl.constexpr,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
-        AHEAD: gl.constexpr,
     ):  # fmt: skip
         S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
@@ -456,7 +304,6 @@ if gluon is not None:
         ROW_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
         TILE_IDS: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         q_tile = q_smem.index(HALF)
-        nil = gl.full([BLOCK_M, BLOCK_N], 0, gl.int16, P_LAYOUT) + (total >> 31).to(gl.int16)
         it = 0
         c = 0
         mbarrier.wait(tile_bar.index(0), 0)
@@ -470,65 +317,65 @@ if gluon is not None:
             # (causal) or past the request's end.
             mask_from = gl.minimum(row0, q_len) if CAUSAL else q_len
             mbarrier.wait(q_ready, it & 1)
-            if AHEAD > 0:
-                acc, l_i = _keys_ahead(
-                    q_tile, k_smem, v_smem, ready, empty, q_empty, c, n_tiles, row0, q_len,
-                    mask_from, qk_scale, nil, AHEAD, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                    CAUSAL, S_LAYOUT, O_LAYOUT, P_LAYOUT,
-                )  # fmt: skip
-            else:
-                g = c + it  # issue points before this tile: n_tiles + 1 a tile
-                slot = c % STAGES
-                mbarrier.wait(ready.index(slot), (c // STAGES) & 1)
-                _my_turn(turn, g, HALF, PINGPONG)
-                s = warpgroup_mma(
-                    q_tile, k_smem.index(slot).permute((1, 0)),
-                    gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT),
-                    use_acc=False, is_async=True,
-                )  # fmt: skip
+            g = c + it  # issue points before this tile: n_tiles + 1 a tile
+            slot = c % STAGES
+            mbarrier.wait(ready.index(slot), (c // STAGES) & 1)
+            _my_turn(turn, g, HALF, PINGPONG)
+            s = warpgroup_mma(
+                q_tile, k_smem.index(slot).permute((1, 0)),
+                gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT),
+                use_acc=False, is_async=True,
+            )  # fmt: skip
+            _their_turn(turn, HALF, PINGPONG)
+            s = warpgroup_mma_wait(0, deps=(s,))
+            if mask_from < BLOCK_N:
+                s = _masked(s, 0, row0, q_len, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT)
+            m = gl.max(s, 1)
+            # exp2(s * scale - m * scale): one FFMA an element, where (s - m) * scale took an
+            # FADD and an FMUL.
+            p = gl.exp2(s * qk_scale - gl.expand_dims(m * qk_scale, 1))
+            l_i = gl.sum(p, 1)
+            # P is made bf16 in the tile that computed it: the loop carries 32 registers of
+            # P rather than 64 (bench/NOTES-kernels.md, session 28).
+            p16 = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
+            acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, O_LAYOUT)
+            for j in range(1, n_tiles):
+                slot = (c + j) % STAGES
+                prev = (c + j - 1) % STAGES
+                mbarrier.wait(ready.index(slot), ((c + j) // STAGES) & 1)
+                _my_turn(turn, g + j, HALF, PINGPONG)
+                # The last tile's score registers take the new scores (use_acc=False
+                # ignores them): no zero tile kept alive across the loop.
+                s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s,
+                                  use_acc=False, is_async=True)  # fmt: skip
+                acc = warpgroup_mma(p16, v_smem.index(prev), acc, is_async=True)
                 _their_turn(turn, HALF, PINGPONG)
-                s = warpgroup_mma_wait(0, deps=(s,))
-                if mask_from < BLOCK_N:
-                    s = _masked(s, 0, row0, q_len, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT)
-                m = gl.max(s, 1)
-                p = gl.exp2((s - gl.expand_dims(m, 1)) * qk_scale)
-                l_i = gl.sum(p, 1)
-                acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, O_LAYOUT)
-                for j in range(1, n_tiles):
-                    slot = (c + j) % STAGES
-                    prev = (c + j - 1) % STAGES
-                    mbarrier.wait(ready.index(slot), ((c + j) // STAGES) & 1)
-                    p16 = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
-                    _my_turn(turn, g + j, HALF, PINGPONG)
-                    # The last tile's score registers take the new scores (use_acc=False
-                    # ignores them): no zero tile kept alive across the loop.
-                    s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s,
-                                      use_acc=False, is_async=True)  # fmt: skip
-                    acc = warpgroup_mma(p16, v_smem.index(prev), acc, is_async=True)
-                    _their_turn(turn, HALF, PINGPONG)
-                    # S_j was issued first, so it completes first: P_{j-1} V_{j-1} stays in
-                    # flight while this tile's softmax runs.
-                    s = warpgroup_mma_wait(1, deps=(s,))
-                    if (j + 1) * BLOCK_N > mask_from:
-                        s = _masked(s, j, row0, q_len, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT)
-                    m_new = gl.maximum(m, gl.max(s, 1))
-                    alpha = gl.exp2((m - m_new) * qk_scale)
-                    p = gl.exp2((s - gl.expand_dims(m_new, 1)) * qk_scale)
-                    l_i = l_i * alpha + gl.sum(p, 1)
-                    m = m_new
-                    acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
-                    mbarrier.arrive(empty.index(prev), count=1)
-                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
-                # Every Q K^T of the tile is done: the loader may bring the next tile's Q
-                # while this one's last P V and store run.
-                mbarrier.arrive(q_empty, count=1)
-                last = (c + n_tiles - 1) % STAGES
-                p16 = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
-                _my_turn(turn, g + n_tiles, HALF, PINGPONG)
-                acc = warpgroup_mma(p16, v_smem.index(last), acc, is_async=True)
-                _their_turn(turn, HALF, PINGPONG)
+                # S_j was issued first, so it completes first. The wait for P_{j-1} V_{j-1}
+                # is written after the softmax, but ptxas moves it to the top of its block
+                # (checked in the SASS): the softmax does not run under that product, only
+                # under the other consumer's.
+                s = warpgroup_mma_wait(1, deps=(s,))
+                if (j + 1) * BLOCK_N > mask_from:
+                    s = _masked(s, j, row0, q_len, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT)
+                m_new = gl.maximum(m, gl.max(s, 1))
+                m_scaled = m_new * qk_scale
+                alpha = gl.exp2(m * qk_scale - m_scaled)
+                p = gl.exp2(s * qk_scale - gl.expand_dims(m_scaled, 1))
+                l_i = l_i * alpha + gl.sum(p, 1)
+                m = m_new
                 acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
-                mbarrier.arrive(empty.index(last), count=1)
+                mbarrier.arrive(empty.index(prev), count=1)
+                p16 = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
+            # Every Q K^T of the tile is done: the loader may bring the next tile's Q
+            # while this one's last P V and store run.
+            mbarrier.arrive(q_empty, count=1)
+            last = (c + n_tiles - 1) % STAGES
+            _my_turn(turn, g + n_tiles, HALF, PINGPONG)
+            acc = warpgroup_mma(p16, v_smem.index(last), acc, is_async=True)
+            _their_turn(turn, HALF, PINGPONG)
+            acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
+            mbarrier.arrive(empty.index(last), count=1)
 
             out = acc / gl.expand_dims(gl.convert_layout(l_i, ROW_O), 1)
             offs_m = row0 + gl.arange(0, BLOCK_M, layout=ROW_O)
@@ -568,7 +415,6 @@ if gluon is not None:
         STAGES: gl.constexpr,
         CAUSAL: gl.constexpr,
         PINGPONG: gl.constexpr,
-        AHEAD: gl.constexpr,
         Q_LAYOUT: gl.constexpr,
         KV_LAYOUT: gl.constexpr,
     ):
@@ -603,13 +449,13 @@ if gluon is not None:
                     _consumer,
                     (Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids,
                      tile_bar, turn, total, nblk, q_heads, qk_scale, stride_ot, 0, HEAD_DIM,
-                     BLOCK_M, BLOCK_N, STAGES, CAUSAL, PINGPONG, AHEAD),
+                     BLOCK_M, BLOCK_N, STAGES, CAUSAL, PINGPONG),
                 ),
                 (
                     _consumer,
                     (Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids,
                      tile_bar, turn, total, nblk, q_heads, qk_scale, stride_ot, 1, HEAD_DIM,
-                     BLOCK_M, BLOCK_N, STAGES, CAUSAL, PINGPONG, AHEAD),
+                     BLOCK_M, BLOCK_N, STAGES, CAUSAL, PINGPONG),
                 ),
                 (
                     _loader,
@@ -752,7 +598,6 @@ def launch(
         STAGES=cfg.stages,
         CAUSAL=causal,
         PINGPONG=cfg.pingpong,
-        AHEAD=cfg.lookahead,
         Q_LAYOUT=q_layout,
         KV_LAYOUT=kv_layout,
         num_warps=4,

@@ -13,7 +13,6 @@ gate records which path ran (``path`` in the junit properties) and ``test_varian
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
 
@@ -57,7 +56,7 @@ needs_device = pytest.mark.skipif(
 KERNELS = ("default", "pointer", *VARIANTS)
 # The Gluon kernel has no interpreter: its gates run on a GPU only (an sm_90 one; elsewhere the
 # explicit config is refused, which test_gluon_refuses_what_it_cannot_run checks on the CPU).
-GPU_KERNELS = (*KERNELS, "gluon", "gluon-ahead")
+GPU_KERNELS = (*KERNELS, "gluon")
 
 
 def path_of(cfg, q, k_new, v_new, has_prefix: bool = False) -> str:
@@ -87,14 +86,12 @@ def prefill(kernel: str, *args, record=None, **kwargs):
         cfg = kwargs["config"] = default_config(d, causal, q.device)
     elif kernel == "gluon":
         cfg = kwargs["config"] = GLUON_DEFAULTS.get(d, GluonConfig())
-    elif kernel == "gluon-ahead":  # the look-ahead schedule in groups of 4 key tiles
-        cfg = kwargs["config"] = replace(GLUON_DEFAULTS.get(d, GluonConfig()), lookahead=4)
     else:
         cfg = variant_config(kernel, d, causal)
     if record:
         has_prefix = len(args) > 3 and args[3] is not None
         record("path", f"{kernel}: {path_of(cfg, q, k_new, v_new, has_prefix)}")
-    if kernel in ("default", "pointer", "gluon", "gluon-ahead"):
+    if kernel in ("default", "pointer", "gluon"):
         return extend_attention(*args, **kwargs)
     return extend_attention_hopper(*args, variant=kernel, **kwargs)
 
@@ -433,7 +430,7 @@ def test_gpu_prefill_gates(
     # No prefix: the bench's case, no cache passed.
     cache = (kc, vc, pt, pl) if prefix else (None, None, None, None)
     args = (q, kn, vn, *cache, cu, seq)
-    if kernel.startswith("gluon") and prefix:  # the Gluon kernel reads no cache: refused
+    if kernel == "gluon" and prefix:  # the Gluon kernel reads no cache: refused, not wrong
         with pytest.raises(ValueError, match="cached prefix"):
             prefill(kernel, *args, causal=causal, out=out)
         return
@@ -445,8 +442,7 @@ def test_gpu_prefill_gates(
 @needs_cuda
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("kernel", ["gluon", "gluon-ahead"])
-def test_gpu_gluon_short_ragged_and_spare_nan_rows(causal: bool, head_dim: int, kernel) -> None:
+def test_gpu_gluon_short_ragged_and_spare_nan_rows(causal: bool, head_dim: int) -> None:
     """The Gluon kernel on what its tiles make hard: lengths 1, 5, 100 and 500 (one partial tile
     each, a second consumer with no rows), GQA, and NaN rows after the last request (its
     descriptors are bounded by each request, so a tail tile reads zeros, never those rows)."""
@@ -457,7 +453,7 @@ def test_gpu_gluon_short_ragged_and_spare_nan_rows(causal: bool, head_dim: int, 
     spare = 70
     q, kn, vn = (torch.cat([t, torch.full_like(t[:spare], float("nan"))]) for t in (q, kn, vn))
     out = torch.full_like(q, float("nan"))
-    prefill(kernel, q, kn, vn, None, None, None, None, cu, max(news), causal=causal, out=out)
+    prefill("gluon", q, kn, vn, None, None, None, None, cu, max(news), causal=causal, out=out)
     n = sum(news)
     assert torch.isfinite(out[:n]).all()
     check(out[:n], q[:n], kn[:n], vn[:n], kc, vc, pt, pl, cu, causal, paged=False)
