@@ -4,6 +4,7 @@
 # version before (prefill_gluon_s27.py, an untracked copy of session 27's module at the checkout's
 # root: `git show 656567d:kernels/prefill_gluon.py > prefill_gluon_s27.py`) and SDPA, its GPU
 # tests, then the whole bench twice (the table of record and its run-to-run spread).
+#   TESTS=0 skips the GPU tests; BENCHES=1 runs the whole bench once; CALLN names the log.
 # Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
 set -uo pipefail
 SESSION=s28
@@ -28,10 +29,10 @@ for line in sys.stdin:
     else:
         print(line.rstrip()[:300])'
   echo "prefill rc=$? $(date +%T)"
-  timeout -k 5 "${TLIMIT:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+  [[ ${TESTS:-1} == 1 ]] && timeout -k 5 "${TLIMIT:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/test_kernels_prefill.py tests/test_kernels_prefill_gluon.py \
     --junitxml "$OUT/gpu-gates-prefill-$card-s28.xml" 2>&1 | tail -3
   echo "tests rc=$? $(date +%T)"
   bench full-1
-  bench full-2
-} 2>&1 | tee "$OUT/s28-call2.log"
+  [[ ${BENCHES:-2} -ge 2 ]] && bench full-2
+} 2>&1 | tee "$OUT/s28-call${CALLN:-2}.log"
