@@ -17,10 +17,12 @@ of one (request, query head):
 - **Two consumers** (a warpgroup each; the default partition and a worker): consumer ``c``
   owns query rows ``c * BLOCK_M`` to ``(c + 1) * BLOCK_M`` of the tile. Per key tile ``j`` it
   issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` as asynchronous wgmma, waits for
-  ``S_j`` only, runs the online softmax of ``S_j`` while the tensor cores work on
-  ``P_{j-1} V_{j-1}``, then waits for that, frees slot ``j - 1`` and rescales ``O`` (FA3's
-  overlap inside a warpgroup; the two warpgroups overlap each other through the warp
-  schedulers).
+  ``S_j`` only, runs the online softmax of ``S_j`` (in FFMA form), then waits for the P V,
+  frees slot ``j - 1``, makes P bf16 and rescales ``O``. That is FA3's overlap inside a
+  warpgroup as the PTX asks for it, but ptxas moves the second wait ahead of the softmax (in
+  the SASS), so a consumer's softmax runs under the other consumer's products, not its own; a
+  schedule that kept the wait behind the softmax gained nothing (bench/NOTES-kernels.md,
+  session 28).
 - **Persistent, tiles handed out as programs free up**: one program an SM; the loader takes
   each next tile off a counter (zeroed per launch) and passes its id to the consumers through
   shared memory, so the next tile's Q and first keys load while the last one's final P V and
