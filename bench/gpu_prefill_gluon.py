@@ -7,7 +7,9 @@ lengths 1, 5, 100, 500; and spare NaN rows after the last request, which must no
 output. A gate passes when the error is at most twice the default kernel's plus 1e-2.
 
 Timing: do_bench (L2 flushed) at the kernel bench's prefill shapes with S >= 4096 (16k tokens a
-launch): the default prefill path, a few Gluon configs (persistent or one program a tile), SDPA.
+launch), the contenders in turns (three rounds, the median kept, every round's figure in the row):
+the default prefill path, a few Gluon configs (persistent or one program a tile), with
+``--against FILE`` another version of kernels/prefill_gluon.py loaded beside this one, and SDPA.
 ``--smoke`` runs the gates on small shapes only. Writes ``--out`` (JSON) after every step, so a
 hang or a kill keeps what ran.
 """
@@ -131,9 +133,13 @@ def time_shape(hq, hkv, d, causal, s, configs) -> dict[str, Any]:
             AGAINST.prefill_gluon(case.q, case.k, case.v, case.cu, s, causal=causal, out=case.out)
 
         fns["against"] = other
-    fns["cudnn"] = case.sdpa(SDPBackend.CUDNN_ATTENTION)
-    fns["flash"] = case.sdpa(SDPBackend.FLASH_ATTENTION)
-    got = bench_ms_rounds(fns)
+    failed = {}
+    for key, backend in (("cudnn", "CUDNN_ATTENTION"), ("flash", "FLASH_ATTENTION")):
+        try:  # a backend that cannot run the shape is noted, the rest run
+            fns[key] = case.sdpa(getattr(SDPBackend, backend))
+        except Exception as e:  # noqa: BLE001 - its error goes into the row
+            failed[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    got = {**bench_ms_rounds(fns), **failed}
     row["rounds_us"] = {
         k: v if isinstance(v, str) else [x * 1e3 for x in v] for k, v in got.items()
     }
