@@ -95,9 +95,6 @@ def gates(smoke: bool, cfg=None) -> list[dict[str, Any]]:
     return rows
 
 
-AGAINST = None  # --against's module
-
-
 def load_against(path: Path):
     """``path`` (another version of kernels/prefill_gluon.py) as a module of kdash.kernels, so
     that its relative imports resolve; its defaults are its own."""
@@ -110,10 +107,11 @@ def load_against(path: Path):
     return module
 
 
-def time_shape(hq, hkv, d, causal, s, configs) -> dict[str, Any]:
+def time_shape(hq, hkv, d, causal, s, configs, against=None) -> dict[str, Any]:
     """Every contender at one shape, timed in turns (three rounds of do_bench each, the
     median kept; each round's figure in ``rounds_us``): the default prefill path, each Gluon
-    config, SDPA's cuDNN and FLASH backends."""
+    config, ``against`` (another version of the kernel's module) if given, SDPA's cuDNN and
+    FLASH backends."""
     from torch.nn.attention import SDPBackend
 
     case = PrefillCase(s, hq, hkv, d, causal)
@@ -127,10 +125,10 @@ def time_shape(hq, hkv, d, causal, s, configs) -> dict[str, Any]:
             )
 
         fns[f"gluon {cfg!r}"] = run
-    if AGAINST is not None:
+    if against is not None:
 
         def other(case=case):
-            AGAINST.prefill_gluon(case.q, case.k, case.v, case.cu, s, causal=causal, out=case.out)
+            against.prefill_gluon(case.q, case.k, case.v, case.cu, s, causal=causal, out=case.out)
 
         fns["against"] = other
     failed = {}
@@ -193,9 +191,8 @@ def main() -> int:
     if args.pingpong and not args.no_gates:
         pp = pg.GluonConfig(pingpong=True)
         result["gates"] += gates(args.smoke, cfg=pp)
-    if args.against:
-        global AGAINST
-        AGAINST = load_against(args.against)
+    against = load_against(args.against) if args.against else None
+    if against is not None:
         result["against"] = str(args.against)
     save()
     if not all(r["passed"] for r in result["gates"]):
@@ -226,7 +223,7 @@ def main() -> int:
         if time.time() - t0 > args.budget_s:
             result["cut_by_budget"] = True
             break
-        result["timing"].append(time_shape(hq, hkv, d, causal, s, cfgs))
+        result["timing"].append(time_shape(hq, hkv, d, causal, s, cfgs, against))
         save()
     ratios = [r["gluon_vs_cudnn"] for r in result["timing"] if "gluon_vs_cudnn" in r]
     base = [r["default_vs_cudnn"] for r in result["timing"] if "default_vs_cudnn" in r]

@@ -28,7 +28,10 @@ def main() -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("gpu_prefill_order: no CUDA GPU here (this script times kernels on one)")
+        print(
+            "gpu_prefill_order: no CUDA GPU here (this script times kernels on one)",
+            file=sys.stderr,
+        )
         return 2
     from kdash.kernels.bench import PrefillCase
     from kdash.kernels.bench_timing import bench_ms
@@ -68,9 +71,9 @@ def main() -> int:
     summary = []
     for (shape, name, after), us in sorted(by.items(), key=lambda kv: str(kv[0])):
         us.sort()
-        summary.append({"shape": shape, "contender": name, "after": after, "n": len(us),
-                        "median_us": us[len(us) // 2], "min_us": us[0]})  # fmt: skip
         mid = us[len(us) // 2]
+        summary.append({"shape": shape, "contender": name, "after": after, "n": len(us),
+                        "median_us": mid, "min_us": us[0]})  # fmt: skip
         print(f"{shape:24s} {name:6s} after {after!s:6s} n={len(us):2d} median {mid:7.1f}")
     result["summary"] = summary
     args.out.write_text(json.dumps(result, indent=1))
