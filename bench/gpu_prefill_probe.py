@@ -1,0 +1,144 @@
+"""Why SDPA-cuDNN is fastest per key tile at 16/16/128 non-causal S=4k (the shape that sets
+``prefill_vs_sdpa_cudnn``), and what our fixed cost per query tile is: ours and cuDNN at
+S = 2k, 4k (16k tokens and 64k tokens), 8k and 16k, each timed three ways in turns:
+
+- ``flush``: do_bench's median (256 MiB zeroed before each call), as the bench times;
+- ``b2b``: 20 calls back to back between two events (mean), no flush;
+- the SM clock and board power, read by NVML every 5 ms while each do_bench runs (mean).
+
+Per shape also the cuDNN kernel's name (torch.profiler), so a change of kernel between lengths
+shows. Per key tile times are ``us / waves / key_tiles`` with ``waves = tiles / SMs`` (128-row
+query tiles, 128-key tiles). One JSON line per shape on stdout and into ``--out``.
+
+Run: python bench/gpu_prefill_probe.py --out probe.json   (a CUDA GPU; kdash importable)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+from kdash.kernels import bench
+from kdash.kernels.bench_timing import bench_ms
+from torch.nn.attention import SDPBackend
+
+CASES = ((2048, 16384), (4096, 16384), (4096, 65536), (8192, 16384), (16384, 16384))
+
+
+class Sampler:
+    """NVML's SM clock (MHz) and power (W) every ``period`` s on a thread, while in ``with``."""
+
+    def __init__(self, period: float = 0.005) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        self.nv = pynvml
+        self.h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        self.period = period
+        self.clocks: list[int] = []
+        self.watts: list[float] = []
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.clocks.append(self.nv.nvmlDeviceGetClockInfo(self.h, self.nv.NVML_CLOCK_SM))
+            self.watts.append(self.nv.nvmlDeviceGetPowerUsage(self.h) / 1e3)
+            time.sleep(self.period)
+
+    def __enter__(self) -> Sampler:
+        self.clocks, self.watts = [], []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+
+    def means(self) -> dict[str, float]:
+        n = max(1, len(self.clocks))
+        return {"mhz": sum(self.clocks) / n, "watts": sum(self.watts) / n, "samples": n}
+
+
+def back_to_back_us(fn, n: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(n):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) * 1e3 / n
+
+
+def kernel_names(fn) -> list[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = {e.key for e in prof.key_averages() if e.device_type.name == "CUDA"}
+    return sorted(n[:160] for n in names)
+
+
+def probe(seq: int, tokens: int, sampler: Sampler) -> dict[str, Any]:
+    bench.PREFILL_TOKENS = tokens
+    case = bench.PrefillCase(seq, 16, 16, 128, False)
+    fns = {"ours": case.ours(None), "cudnn": case.sdpa(SDPBackend.CUDNN_ATTENTION)}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tiles = case.batch * 16 * (seq // 128)
+    row: dict[str, Any] = {"seq": seq, "batch": case.batch, "tiles": tiles, "sms": sms}
+    row["cudnn_kernels"] = kernel_names(fns["cudnn"])
+    got: dict[str, dict[str, list]] = {
+        k: {"flush": [], "b2b": [], "mhz": [], "watts": []} for k in fns
+    }
+    for _ in range(3):
+        for name, fn in fns.items():
+            with sampler:
+                us = bench_ms(fn, rep=60) * 1e3
+            m = sampler.means()
+            got[name]["flush"].append(round(us, 1))
+            got[name]["mhz"].append(round(m["mhz"]))
+            got[name]["watts"].append(round(m["watts"]))
+            got[name]["b2b"].append(round(back_to_back_us(fn), 1))
+    row["rounds"] = got
+    waves = tiles / sms
+    for name, g in got.items():
+        us = sorted(g["flush"])[1]
+        row[f"{name}_us"] = us
+        row[f"{name}_us_per_key_tile"] = round(us / waves / (seq // 128), 4)
+        row[f"{name}_b2b_us"] = sorted(g["b2b"])[1]
+        row[f"{name}_TFLOPs"] = round(case.flops() / us / 1e6, 1)
+    row["ratio_flush"] = round(row["cudnn_us"] / row["ours_us"], 3)
+    row["ratio_b2b"] = round(row["cudnn_b2b_us"] / row["ours_b2b_us"], 3)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_prefill_probe: no CUDA GPU here", file=sys.stderr)
+        return 2
+    sampler = Sampler()
+    rows = []
+    for seq, tokens in CASES:
+        row = probe(seq, tokens, sampler)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"command": " ".join(sys.argv), "gpu": torch.cuda.get_device_name(0),
+                       "rows": rows}, f, indent=1)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
