@@ -59,7 +59,8 @@ for line in sys.stdin:
     for seq in 4096 16384; do
       for kern in _prefill_ws_kernel cudnn; do
         extra=""
-        [[ $seq == 4096 && $kern == _prefill_ws_kernel ]] && extra="--section SourceCounters --section InstructionStats"
+        [[ $seq == 4096 ]] && extra="--section MemoryWorkloadAnalysis_Tables"
+        [[ $seq == 4096 && $kern == _prefill_ws_kernel ]] && extra="$extra --section SourceCounters --section InstructionStats"
         rep="/tmp/ncu-$seq-$kern"
         # shellcheck disable=SC2086 # the section lists are meant to split
         timeout 120 ncu --clock-control none -k "regex:$kern" --launch-skip 3 --launch-count 1 \

@@ -172,24 +172,53 @@ if gluon is not None:
         return q_desc, k_desc, v_desc
 
     @gluon.jit
+    def _publish(t, it, tile_ids, tile_bar):
+        """Tile ``t`` as the program's ``it``-th for the consumers (two slots in turn). Slot
+        ``it % 2`` last held tile ``it - 2``'s id, which both consumers read before their
+        last Q K^T of that tile, and the loader publishes ``it`` only after that Q is free."""
+        TILE_IDS: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+        tile_ids.index(it % 2).store(gl.full([1], t, gl.int32, TILE_IDS))
+        mbarrier.arrive(tile_bar.index(it % 2), count=1)
+
+    @gluon.jit
+    def _prefetch_q(t, Q, CU, total, nblk, q_heads, stride_qt, HEAD_DIM: gl.constexpr,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    CAUSAL: gl.constexpr):  # fmt: skip
+        """Tile ``t``'s query rows into L2 (``prefetch.global.L2``, a 128-byte line a lane
+        at a time; rows past the request's end are left alone)."""
+        LINES: gl.constexpr = HEAD_DIM * 2 // 128  # 128-byte lines a query row
+        LANES: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+        h, q_start, q_len, m0, _ = _tile(t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
+        i = gl.arange(0, 2 * BLOCK_M * LINES, layout=LANES)
+        row = m0 + i // LINES
+        ptrs = Q + (q_start + row).to(gl.int64) * stride_qt + h * HEAD_DIM + (i % LINES) * 64
+        live = ((row < q_len) & (t < total)).to(gl.int32)
+        gl.inline_asm_elementwise(
+            asm="""{
+            .reg .pred live;
+            setp.ne.b32 live, $2, 0;
+            @live prefetch.global.L2 [$1];
+            mov.u32 $0, 0;
+            }""",
+            constraints="=r,l,r",
+            args=[ptrs, live],
+            dtype=gl.int32,
+            is_pure=False,
+            pack=1,
+        )
+
+    @gluon.jit
     def _load_tile(
         t, q_desc, k_desc, v_desc, it, c, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready,
-        empty, tile_ids, tile_bar, total, nblk, q_heads, HEAD_DIM: gl.constexpr,
+        empty, total, nblk, q_heads, HEAD_DIM: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr,
     ):  # fmt: skip
-        """Hand tile ``t`` (the program's ``it``-th) to the consumers and load its Q and key
-        tiles into the ring from key tile ``c`` on; the ring's position after it."""
-        TILE_IDS: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+        """Load tile ``t``'s (the program's ``it``-th) Q and key tiles into the ring from key
+        tile ``c`` on; the ring's position after it. Its first key tile goes first: its slot
+        is free before the last tile's Q is, so it loads while the consumers finish that tile
+        (every tile has at least one key tile)."""
         _, _, _, m0, n_tiles = _tile(t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
-        # Both consumers are past the last tile's final Q K^T: its Q is free, they have read
-        # its id, and every copy through its descriptors has landed.
-        mbarrier.wait(q_empty, (it & 1) ^ 1)
-        tile_ids.index(it % 2).store(gl.full([1], t, gl.int32, TILE_IDS))
-        mbarrier.arrive(tile_bar.index(it % 2), count=1)
-        mbarrier.expect(q_ready, 2 * BLOCK_M * HEAD_DIM * 2)
-        _tma_load(q_desc, [m0, 0], q_ready, q_smem.index(0))
-        _tma_load(q_desc, [m0 + BLOCK_M, 0], q_ready, q_smem.index(1))
         for j in range(n_tiles):
             slot = (c + j) % STAGES
             # A fresh barrier counts as having completed the phase before its first, so the
@@ -199,6 +228,13 @@ if gluon is not None:
             mbarrier.expect(bar, 2 * BLOCK_N * HEAD_DIM * 2)
             _tma_load(k_desc, [j * BLOCK_N, 0], bar, k_smem.index(slot))
             _tma_load(v_desc, [j * BLOCK_N, 0], bar, v_smem.index(slot))
+            if j == 0:
+                # Both consumers are past the last tile's final Q K^T: its Q is free and
+                # every copy through its descriptors has landed.
+                mbarrier.wait(q_empty, (it & 1) ^ 1)
+                mbarrier.expect(q_ready, 2 * BLOCK_M * HEAD_DIM * 2)
+                _tma_load(q_desc, [m0, 0], q_ready, q_smem.index(0))
+                _tma_load(q_desc, [m0 + BLOCK_M, 0], q_ready, q_smem.index(1))
         return c + n_tiles
 
     @gluon.jit
@@ -214,14 +250,18 @@ if gluon is not None:
         KV_LAYOUT: gl.constexpr = k_smem.type.layout
         c = _load_tile(
             t, q_desc, k_desc, v_desc, it, c, CU, q_smem, k_smem, v_smem, q_ready, q_empty,
-            ready, empty, tile_ids, tile_bar, total, nblk, q_heads, HEAD_DIM, BLOCK_M, BLOCK_N,
-            STAGES, CAUSAL,
+            ready, empty, total, nblk, q_heads, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
         )  # fmt: skip
         # Tiles are handed out as programs free up: under causality they differ up to the
         # sequence's length in work, and a fixed share per program left some SMs with twice
         # the others' (the H200: 2.6 ms against 2.0 at 16k causal).
         t = _claim(_ticket(COUNTER) + gl.num_programs(0), COUNTER, total, CU, nblk, q_heads,
                    CAUSAL, BLOCK_M, BLOCK_N)  # fmt: skip
+        # The consumers read the next tile's id as soon as they issue this one's last P V,
+        # and its Q (read once, from memory) is fetched into L2 while this one's last key
+        # tiles run, so the Q copy into shared memory, once Q is free, reads L2.
+        _publish(t, it + 1, tile_ids, tile_bar)
+        _prefetch_q(t, Q, CU, total, nblk, q_heads, stride_qt, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL)
         nq, nk, nv = _descriptors(
             t, Q, K, V, CU, total, nblk, q_heads, stride_qt, stride_kt, stride_vt, GROUP,
             HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, Q_LAYOUT, KV_LAYOUT,
@@ -237,13 +277,13 @@ if gluon is not None:
     ):  # fmt: skip
         Q_LAYOUT: gl.constexpr = q_smem.type.layout
         KV_LAYOUT: gl.constexpr = k_smem.type.layout
-        TILE_IDS: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
         it = 0  # tiles this program has run (the Q and tile-id barriers' phase)
         c = 0  # key tiles it has loaded (the ring's slot and phase)
         # Two sets of descriptors, taken in turn: the next tile's are made while the consumers
         # work on this one (making three took the loader ~2 us a tile, between the consumers'
         # tiles), and a set is remade only after its tile's copies have all landed.
         t = _claim(gl.program_id(0), COUNTER, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
+        _publish(t, it, tile_ids, tile_bar)
         qa, ka, va = _descriptors(
             t, Q, K, V, CU, total, nblk, q_heads, stride_qt, stride_kt, stride_vt, GROUP,
             HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, Q_LAYOUT, KV_LAYOUT,
@@ -260,10 +300,7 @@ if gluon is not None:
                     q_empty, ready, empty, tile_ids, tile_bar, total, nblk, q_heads, stride_qt,
                     stride_kt, stride_vt, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
                 )  # fmt: skip
-        # No tile left: the consumers read an id past the end and stop.
-        mbarrier.wait(q_empty, (it & 1) ^ 1)
-        tile_ids.index(it % 2).store(gl.full([1], total, gl.int32, TILE_IDS))
-        mbarrier.arrive(tile_bar.index(it % 2), count=1)
+        # The last claim published an id past the end: the consumers stop there.
 
     @gluon.jit
     def _masked(s, j, row0, q_len, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -310,10 +347,10 @@ if gluon is not None:
         c = 0
         mbarrier.wait(tile_bar.index(0), 0)
         t = gl.max(tile_ids.index(0).load(TILE_IDS), 0)
+        h, q_start, q_len, m0, n_tiles = _tile(
+            t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N
+        )
         while t < total:
-            h, q_start, q_len, m0, n_tiles = _tile(
-                t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N
-            )
             row0 = m0 + HALF * BLOCK_M
             # A key tile needs a mask from the first key past this consumer's first row
             # (causal) or past the request's end.
@@ -376,6 +413,13 @@ if gluon is not None:
             _my_turn(turn, g + n_tiles, HALF, PINGPONG)
             acc = warpgroup_mma(p16, v_smem.index(last), acc, is_async=True)
             _their_turn(turn, HALF, PINGPONG)
+            # The next tile's id (the loader publishes it while this tile's last keys load)
+            # and its bounds, read while the last P V runs.
+            mbarrier.wait(tile_bar.index((it + 1) % 2), ((it + 1) // 2) & 1)
+            t = gl.max(tile_ids.index((it + 1) % 2).load(TILE_IDS), 0)
+            nh, nq_start, nq_len, nm0, nn = _tile(
+                t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N
+            )
             acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
             mbarrier.arrive(empty.index(last), count=1)
 
@@ -391,8 +435,7 @@ if gluon is not None:
             gl.store(ptrs, out.to(gl.bfloat16), mask=gl.expand_dims(offs_m < q_len, 1))
             c += n_tiles
             it += 1
-            mbarrier.wait(tile_bar.index(it % 2), (it // 2) & 1)
-            t = gl.max(tile_ids.index(it % 2).load(TILE_IDS), 0)
+            h, q_start, q_len, m0, n_tiles = nh, nq_start, nq_len, nm0, nn
 
     @gluon.jit
     def _prefill_ws_kernel(
