@@ -172,13 +172,35 @@ if gluon is not None:
         return q_desc, k_desc, v_desc
 
     @gluon.jit
-    def _publish(t, it, tile_ids, tile_bar):
-        """Tile ``t`` as the program's ``it``-th for the consumers (two slots in turn). Slot
-        ``it % 2`` last held tile ``it - 2``'s id, which both consumers read before their
-        last Q K^T of that tile, and the loader publishes ``it`` only after that Q is free."""
-        TILE_IDS: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-        tile_ids.index(it % 2).store(gl.full([1], t, gl.int32, TILE_IDS))
+    def _publish(t, it, tiles, tile_bar, CU, total, nblk, q_heads, CAUSAL: gl.constexpr,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
+        """Tile ``t`` as the program's ``it``-th for the consumers: its id, query head,
+        request start and length, first row and key-tile count (two slots in turn), so the
+        consumers read no global memory between tiles. Slot ``it % 2`` last held tile
+        ``it - 2``, which both consumers read before their last Q K^T of it, and the loader
+        publishes ``it`` only after both Q halves of ``it - 1`` are free."""
+        FIELDS: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+        h, q_start, q_len, m0, n_tiles = _tile(t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M,
+                                               BLOCK_N)  # fmt: skip
+        k = gl.arange(0, 8, layout=FIELDS)
+        fields = gl.where(k == 0, t, gl.where(k == 1, h, gl.where(k == 2, q_start, 0)))
+        fields = gl.where(k == 3, q_len, gl.where(k == 4, m0, gl.where(k == 5, n_tiles, fields)))
+        tiles.index(it % 2).store(fields)
         mbarrier.arrive(tile_bar.index(it % 2), count=1)
+
+    @gluon.jit
+    def _field(fields, k, i: gl.constexpr):
+        return gl.sum(gl.where(k == i, fields, 0), 0)
+
+    @gluon.jit
+    def _read_tile(tiles, tile_bar, it):
+        """The program's ``it``-th tile as :func:`_publish` left it (a consumer warpgroup)."""
+        FIELDS: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        mbarrier.wait(tile_bar.index(it % 2), (it // 2) & 1)
+        fields = tiles.index(it % 2).load(FIELDS)
+        k = gl.arange(0, 8, layout=FIELDS)
+        return (_field(fields, k, 0), _field(fields, k, 1), _field(fields, k, 2),
+                _field(fields, k, 3), _field(fields, k, 4), _field(fields, k, 5))  # fmt: skip
 
     @gluon.jit
     def _prefetch_q(t, Q, CU, total, nblk, q_heads, stride_qt, HEAD_DIM: gl.constexpr,
@@ -229,12 +251,14 @@ if gluon is not None:
             _tma_load(k_desc, [j * BLOCK_N, 0], bar, k_smem.index(slot))
             _tma_load(v_desc, [j * BLOCK_N, 0], bar, v_smem.index(slot))
             if j == 0:
-                # Both consumers are past the last tile's final Q K^T: its Q is free and
-                # every copy through its descriptors has landed.
-                mbarrier.wait(q_empty, (it & 1) ^ 1)
-                mbarrier.expect(q_ready, 2 * BLOCK_M * HEAD_DIM * 2)
-                _tma_load(q_desc, [m0, 0], q_ready, q_smem.index(0))
-                _tma_load(q_desc, [m0 + BLOCK_M, 0], q_ready, q_smem.index(1))
+                # Each consumer's half of Q loads once that consumer is past the last
+                # tile's final Q K^T (the first consumer to get there need not wait for the
+                # other); with both, every copy through the last descriptors has landed.
+                for half in gl.static_range(2):
+                    mbarrier.wait(q_empty.index(half), (it & 1) ^ 1)
+                    bar = q_ready.index(half)
+                    mbarrier.expect(bar, BLOCK_M * HEAD_DIM * 2)
+                    _tma_load(q_desc, [m0 + half * BLOCK_M, 0], bar, q_smem.index(half))
         return c + n_tiles
 
     @gluon.jit
@@ -260,7 +284,8 @@ if gluon is not None:
         # The consumers read the next tile's id as soon as they issue this one's last P V,
         # and its Q (read once, from memory) is fetched into L2 while this one's last key
         # tiles run, so the Q copy into shared memory, once Q is free, reads L2.
-        _publish(t, it + 1, tile_ids, tile_bar)
+        _publish(t, it + 1, tile_ids, tile_bar, CU, total, nblk, q_heads, CAUSAL, BLOCK_M,
+                 BLOCK_N)  # fmt: skip
         _prefetch_q(t, Q, CU, total, nblk, q_heads, stride_qt, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL)
         nq, nk, nv = _descriptors(
             t, Q, K, V, CU, total, nblk, q_heads, stride_qt, stride_kt, stride_vt, GROUP,
@@ -283,7 +308,7 @@ if gluon is not None:
         # work on this one (making three took the loader ~2 us a tile, between the consumers'
         # tiles), and a set is remade only after its tile's copies have all landed.
         t = _claim(gl.program_id(0), COUNTER, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
-        _publish(t, it, tile_ids, tile_bar)
+        _publish(t, it, tile_ids, tile_bar, CU, total, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
         qa, ka, va = _descriptors(
             t, Q, K, V, CU, total, nblk, q_heads, stride_qt, stride_kt, stride_vt, GROUP,
             HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, Q_LAYOUT, KV_LAYOUT,
@@ -341,21 +366,16 @@ if gluon is not None:
         )
         P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
         ROW_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
-        TILE_IDS: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         q_tile = q_smem.index(HALF)
         it = 0
         c = 0
-        mbarrier.wait(tile_bar.index(0), 0)
-        t = gl.max(tile_ids.index(0).load(TILE_IDS), 0)
-        h, q_start, q_len, m0, n_tiles = _tile(
-            t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N
-        )
+        t, h, q_start, q_len, m0, n_tiles = _read_tile(tile_ids, tile_bar, 0)
         while t < total:
             row0 = m0 + HALF * BLOCK_M
             # A key tile needs a mask from the first key past this consumer's first row
             # (causal) or past the request's end.
             mask_from = gl.minimum(row0, q_len) if CAUSAL else q_len
-            mbarrier.wait(q_ready, it & 1)
+            mbarrier.wait(q_ready.index(HALF), it & 1)
             g = c + it  # issue points before this tile: n_tiles + 1 a tile
             slot = c % STAGES
             mbarrier.wait(ready.index(slot), (c // STAGES) & 1)
@@ -408,18 +428,14 @@ if gluon is not None:
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
             # Every Q K^T of the tile is done: the loader may bring the next tile's Q
             # while this one's last P V and store run.
-            mbarrier.arrive(q_empty, count=1)
+            mbarrier.arrive(q_empty.index(HALF), count=1)
             last = (c + n_tiles - 1) % STAGES
             _my_turn(turn, g + n_tiles, HALF, PINGPONG)
             acc = warpgroup_mma(p16, v_smem.index(last), acc, is_async=True)
             _their_turn(turn, HALF, PINGPONG)
-            # The next tile's id (the loader publishes it while this tile's last keys load)
-            # and its bounds, read while the last P V runs.
-            mbarrier.wait(tile_bar.index((it + 1) % 2), ((it + 1) // 2) & 1)
-            t = gl.max(tile_ids.index((it + 1) % 2).load(TILE_IDS), 0)
-            nh, nq_start, nq_len, nm0, nn = _tile(
-                t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N
-            )
+            # The next tile (the loader publishes it while this tile's last keys load),
+            # read while the last P V runs.
+            t, nh, nq_start, nq_len, nm0, nn = _read_tile(tile_ids, tile_bar, it + 1)
             acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
             mbarrier.arrive(empty.index(last), count=1)
 
@@ -468,22 +484,24 @@ if gluon is not None:
         q_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, HEAD_DIM], Q_LAYOUT)
         k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, HEAD_DIM], KV_LAYOUT)
         v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, HEAD_DIM], KV_LAYOUT)
-        q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        # A Q barrier pair a consumer: each half of Q is reloaded as its consumer frees it.
+        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         # The loader hands each tile's id to the consumers here (two slots: it may run one
         # tile ahead).
         tile_ids = gl.allocate_shared_memory(
-            gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+            gl.int32, [2, 8], gl.SwizzledSharedLayout(1, 1, 1, order=[0])
         )
         tile_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(tile_bar.index(i), count=1)
             mbarrier.init(turn.index(i), count=1)
-        mbarrier.init(q_ready, count=1)
-        mbarrier.init(q_empty, count=2)  # both consumers free Q
+        for i in gl.static_range(2):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)  # both consumers free a slot
@@ -512,8 +530,9 @@ if gluon is not None:
             [4, 1],
             [240, 24],
         )  # fmt: skip
-        mbarrier.invalidate(q_ready)
-        mbarrier.invalidate(q_empty)
+        for i in gl.static_range(2):
+            mbarrier.invalidate(q_ready.index(i))
+            mbarrier.invalidate(q_empty.index(i))
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
             mbarrier.invalidate(empty.index(i))
