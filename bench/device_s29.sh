@@ -20,8 +20,9 @@ source bench/device_common.sh
   nvidia-smi --query-gpu=driver_version,clocks.sm,clocks.mem,temperature.gpu,power.limit --format=csv
   [[ $card == h200 && ${BENCH:-1} == 1 ]] && bench full-1
   if [[ ${AB:-0} == 1 ]]; then
+    # shellcheck disable=SC2086 # AB_ARGS is meant to split
     timeout -k 5 "${ALIMIT:-200}" python3 bench/gpu_prefill_gluon.py --dims 128 \
-      --against prefill_gluon_s28.py --seqs 4096,8192,16384 --budget-s 180 \
+      ${AB_ARGS:---against prefill_gluon_s28.py} --seqs 4096,8192,16384 --budget-s 180 \
       --out "$OUT/prefill-ab-$card-s29-${CALLN:-1}.json" 2>&1 | grep -v Warning \
       | grep -E '"gate"|rounds|summary|Error' | python3 -c 'import sys, json
 for line in sys.stdin:
@@ -56,16 +57,17 @@ for line in sys.stdin:
   for n in $(seq 1 "${BENCHES:-0}"); do bench "full-${CALLN:-1}-$n"; done
   if [[ ${NCU:-1} == 1 ]]; then
     base="--section SpeedOfLight --section LaunchStats --section WarpStateStats"
-    for seq in 4096 16384; do
-      for kern in _prefill_ws_kernel cudnn; do
-        extra=""
+    for seq in ${NCU_SEQS:-4096 16384}; do
+      for kern in _prefill_ws_kernel cudnn ${NCU_STATIC:+static}; do
+        extra="" mode=""
+        [[ $kern == static ]] && kern=_prefill_ws_kernel mode=static
         [[ $seq == 4096 ]] && extra="--section MemoryWorkloadAnalysis_Tables"
         [[ $seq == 4096 && $kern == _prefill_ws_kernel ]] && extra="$extra --section SourceCounters --section InstructionStats"
-        rep="/tmp/ncu-$seq-$kern"
+        rep="/tmp/ncu-$seq-$kern${mode:+-$mode}"
         # shellcheck disable=SC2086 # the section lists are meant to split
         timeout 120 ncu --clock-control none -k "regex:$kern" --launch-skip 3 --launch-count 1 \
-          $base $extra -f -o "$rep" python3 bench/gpu_prefill_profile.py h2048 "$seq" > "$rep.log" 2>&1
-        echo "ncu $seq $kern rc=$? $(date +%T)"
+          $base $extra -f -o "$rep" python3 bench/gpu_prefill_profile.py h2048 "$seq" $mode > "$rep.log" 2>&1
+        echo "ncu $seq $kern $mode rc=$? $(date +%T)"
         ncu --import "$rep.ncu-rep" --page details --csv > "$rep-details.csv" 2> /dev/null
         ncu --import "$rep.ncu-rep" --page raw --csv > "$rep-raw.csv" 2> /dev/null
         python3 -c "import csv, sys

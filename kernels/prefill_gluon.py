@@ -84,6 +84,9 @@ class GluonConfig:
     persistent: bool = True
     # The two consumers issue their matrix products in turns (FA3's ping-pong).
     pingpong: bool = False
+    # Persistent programs take tiles ``p, p + programs, ...`` instead of off the counter:
+    # programs that start together read the same keys together, tile after tile.
+    static: bool = False
 
 
 # Where this kernel is the default, per head dim: the H200's pick (bench/NOTES-kernels.md,
@@ -135,14 +138,23 @@ if gluon is not None:
         )
 
     @gluon.jit
+    def _next(t, COUNTER, STATIC: gl.constexpr):
+        """The tile to try after ``t``: a number off the counter past the programs' first
+        tiles, or (static) ``t`` plus the number of programs."""
+        if STATIC:
+            return t + gl.num_programs(0)
+        else:
+            return _ticket(COUNTER) + gl.num_programs(0)
+
+    @gluon.jit
     def _claim(t, COUNTER, total, CU, nblk, q_heads, CAUSAL: gl.constexpr,
-               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               STATIC: gl.constexpr):  # fmt: skip
         """From tile ``t`` on, the first tile with work (a short request's last query blocks
-        have none), each further try a number off the counter past the programs' first tiles;
-        ``total`` or more when none is left."""
+        have none), each further try :func:`_next`; ``total`` or more when none is left."""
         _, _, q_len, m0, _ = _tile(t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
         while (t < total) & (m0 >= q_len):
-            t = _ticket(COUNTER) + gl.num_programs(0)
+            t = _next(t, COUNTER, STATIC)
             _, _, q_len, m0, _ = _tile(t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
         return t
 
@@ -172,75 +184,24 @@ if gluon is not None:
         return q_desc, k_desc, v_desc
 
     @gluon.jit
-    def _publish(t, it, tiles, tile_bar, CU, total, nblk, q_heads, CAUSAL: gl.constexpr,
-                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
-        """Tile ``t`` as the program's ``it``-th for the consumers: its id, query head,
-        request start and length, first row and key-tile count (two slots in turn), so the
-        consumers read no global memory between tiles. Slot ``it % 2`` last held tile
-        ``it - 2``, which both consumers read before their last Q K^T of it, and the loader
-        publishes ``it`` only after both Q halves of ``it - 1`` are free."""
-        FIELDS: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-        h, q_start, q_len, m0, n_tiles = _tile(t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M,
-                                               BLOCK_N)  # fmt: skip
-        k = gl.arange(0, 8, layout=FIELDS)
-        fields = gl.where(k == 0, t, gl.where(k == 1, h, gl.where(k == 2, q_start, 0)))
-        fields = gl.where(k == 3, q_len, gl.where(k == 4, m0, gl.where(k == 5, n_tiles, fields)))
-        tiles.index(it % 2).store(fields)
-        mbarrier.arrive(tile_bar.index(it % 2), count=1)
-
-    @gluon.jit
-    def _field(fields, k, i: gl.constexpr):
-        return gl.sum(gl.where(k == i, fields, 0), 0)
-
-    @gluon.jit
-    def _read_tile(tiles, tile_bar, it):
-        """The program's ``it``-th tile as :func:`_publish` left it (a consumer warpgroup)."""
-        FIELDS: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        mbarrier.wait(tile_bar.index(it % 2), (it // 2) & 1)
-        fields = tiles.index(it % 2).load(FIELDS)
-        k = gl.arange(0, 8, layout=FIELDS)
-        return (_field(fields, k, 0), _field(fields, k, 1), _field(fields, k, 2),
-                _field(fields, k, 3), _field(fields, k, 4), _field(fields, k, 5))  # fmt: skip
-
-    @gluon.jit
-    def _prefetch_q(t, Q, CU, total, nblk, q_heads, stride_qt, HEAD_DIM: gl.constexpr,
-                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    CAUSAL: gl.constexpr):  # fmt: skip
-        """Tile ``t``'s query rows into L2 (``prefetch.global.L2``, a 128-byte line a lane
-        at a time; rows past the request's end are left alone)."""
-        LINES: gl.constexpr = HEAD_DIM * 2 // 128  # 128-byte lines a query row
-        LANES: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-        h, q_start, q_len, m0, _ = _tile(t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
-        i = gl.arange(0, 2 * BLOCK_M * LINES, layout=LANES)
-        row = m0 + i // LINES
-        ptrs = Q + (q_start + row).to(gl.int64) * stride_qt + h * HEAD_DIM + (i % LINES) * 64
-        live = ((row < q_len) & (t < total)).to(gl.int32)
-        gl.inline_asm_elementwise(
-            asm="""{
-            .reg .pred live;
-            setp.ne.b32 live, $2, 0;
-            @live prefetch.global.L2 [$1];
-            mov.u32 $0, 0;
-            }""",
-            constraints="=r,l,r",
-            args=[ptrs, live],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-    @gluon.jit
     def _load_tile(
         t, q_desc, k_desc, v_desc, it, c, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready,
-        empty, total, nblk, q_heads, HEAD_DIM: gl.constexpr,
+        empty, tile_ids, tile_bar, total, nblk, q_heads, HEAD_DIM: gl.constexpr,
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr,
     ):  # fmt: skip
-        """Load tile ``t``'s (the program's ``it``-th) Q and key tiles into the ring from key
-        tile ``c`` on; the ring's position after it. Its first key tile goes first: its slot
-        is free before the last tile's Q is, so it loads while the consumers finish that tile
-        (every tile has at least one key tile)."""
+        """Hand tile ``t`` (the program's ``it``-th) to the consumers and load its Q and key
+        tiles into the ring from key tile ``c`` on; the ring's position after it."""
+        TILE_IDS: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
         _, _, _, m0, n_tiles = _tile(t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
+        # Both consumers are past the last tile's final Q K^T: its Q is free, they have read
+        # its id, and every copy through its descriptors has landed.
+        mbarrier.wait(q_empty, (it & 1) ^ 1)
+        tile_ids.index(it % 2).store(gl.full([1], t, gl.int32, TILE_IDS))
+        mbarrier.arrive(tile_bar.index(it % 2), count=1)
+        mbarrier.expect(q_ready, 2 * BLOCK_M * HEAD_DIM * 2)
+        _tma_load(q_desc, [m0, 0], q_ready, q_smem.index(0))
+        _tma_load(q_desc, [m0 + BLOCK_M, 0], q_ready, q_smem.index(1))
         for j in range(n_tiles):
             slot = (c + j) % STAGES
             # A fresh barrier counts as having completed the phase before its first, so the
@@ -250,15 +211,6 @@ if gluon is not None:
             mbarrier.expect(bar, 2 * BLOCK_N * HEAD_DIM * 2)
             _tma_load(k_desc, [j * BLOCK_N, 0], bar, k_smem.index(slot))
             _tma_load(v_desc, [j * BLOCK_N, 0], bar, v_smem.index(slot))
-            if j == 0:
-                # Each consumer's half of Q loads once that consumer is past the last
-                # tile's final Q K^T (the first consumer to get there need not wait for the
-                # other); with both, every copy through the last descriptors has landed.
-                for half in gl.static_range(2):
-                    mbarrier.wait(q_empty.index(half), (it & 1) ^ 1)
-                    bar = q_ready.index(half)
-                    mbarrier.expect(bar, BLOCK_M * HEAD_DIM * 2)
-                    _tma_load(q_desc, [m0 + half * BLOCK_M, 0], bar, q_smem.index(half))
         return c + n_tiles
 
     @gluon.jit
@@ -266,7 +218,7 @@ if gluon is not None:
         t, q_desc, k_desc, v_desc, it, c, Q, K, V, CU, COUNTER, q_smem, k_smem, v_smem, q_ready,
         q_empty, ready, empty, tile_ids, tile_bar, total, nblk, q_heads, stride_qt, stride_kt,
         stride_vt, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, STATIC: gl.constexpr,
     ):  # fmt: skip
         """Load tile ``t`` through its descriptors, take the next tile and make its descriptors
         (each call site its own set: the loader alternates two)."""
@@ -274,19 +226,14 @@ if gluon is not None:
         KV_LAYOUT: gl.constexpr = k_smem.type.layout
         c = _load_tile(
             t, q_desc, k_desc, v_desc, it, c, CU, q_smem, k_smem, v_smem, q_ready, q_empty,
-            ready, empty, total, nblk, q_heads, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+            ready, empty, tile_ids, tile_bar, total, nblk, q_heads, HEAD_DIM, BLOCK_M, BLOCK_N,
+            STAGES, CAUSAL,
         )  # fmt: skip
-        # Tiles are handed out as programs free up: under causality they differ up to the
-        # sequence's length in work, and a fixed share per program left some SMs with twice
-        # the others' (the H200: 2.6 ms against 2.0 at 16k causal).
-        t = _claim(_ticket(COUNTER) + gl.num_programs(0), COUNTER, total, CU, nblk, q_heads,
-                   CAUSAL, BLOCK_M, BLOCK_N)  # fmt: skip
-        # The consumers read the next tile's id as soon as they issue this one's last P V,
-        # and its Q (read once, from memory) is fetched into L2 while this one's last key
-        # tiles run, so the Q copy into shared memory, once Q is free, reads L2.
-        _publish(t, it + 1, tile_ids, tile_bar, CU, total, nblk, q_heads, CAUSAL, BLOCK_M,
-                 BLOCK_N)  # fmt: skip
-        _prefetch_q(t, Q, CU, total, nblk, q_heads, stride_qt, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL)
+        # Tiles are handed out as programs free up (unless STATIC): under causality they
+        # differ up to the sequence's length in work, and a fixed share per program left some
+        # SMs with twice the others' (the H200: 2.6 ms against 2.0 at 16k causal).
+        t = _claim(_next(t, COUNTER, STATIC), COUNTER, total, CU, nblk, q_heads, CAUSAL,
+                   BLOCK_M, BLOCK_N, STATIC)  # fmt: skip
         nq, nk, nv = _descriptors(
             t, Q, K, V, CU, total, nblk, q_heads, stride_qt, stride_kt, stride_vt, GROUP,
             HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, Q_LAYOUT, KV_LAYOUT,
@@ -298,17 +245,18 @@ if gluon is not None:
         Q, K, V, CU, COUNTER, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids,
         tile_bar, total, nblk, q_heads, stride_qt, stride_kt, stride_vt, GROUP: gl.constexpr,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+        STAGES: gl.constexpr, CAUSAL: gl.constexpr, STATIC: gl.constexpr,
     ):  # fmt: skip
         Q_LAYOUT: gl.constexpr = q_smem.type.layout
         KV_LAYOUT: gl.constexpr = k_smem.type.layout
+        TILE_IDS: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
         it = 0  # tiles this program has run (the Q and tile-id barriers' phase)
         c = 0  # key tiles it has loaded (the ring's slot and phase)
         # Two sets of descriptors, taken in turn: the next tile's are made while the consumers
         # work on this one (making three took the loader ~2 us a tile, between the consumers'
         # tiles), and a set is remade only after its tile's copies have all landed.
-        t = _claim(gl.program_id(0), COUNTER, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
-        _publish(t, it, tile_ids, tile_bar, CU, total, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
+        t = _claim(gl.program_id(0), COUNTER, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N,
+                   STATIC)  # fmt: skip
         qa, ka, va = _descriptors(
             t, Q, K, V, CU, total, nblk, q_heads, stride_qt, stride_kt, stride_vt, GROUP,
             HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, Q_LAYOUT, KV_LAYOUT,
@@ -317,15 +265,19 @@ if gluon is not None:
             t, it, c, qb, kb, vb = _load_and_claim(
                 t, qa, ka, va, it, c, Q, K, V, CU, COUNTER, q_smem, k_smem, v_smem, q_ready,
                 q_empty, ready, empty, tile_ids, tile_bar, total, nblk, q_heads, stride_qt,
-                stride_kt, stride_vt, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                stride_kt, stride_vt, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STATIC,
             )  # fmt: skip
             if t < total:
                 t, it, c, qa, ka, va = _load_and_claim(
                     t, qb, kb, vb, it, c, Q, K, V, CU, COUNTER, q_smem, k_smem, v_smem, q_ready,
                     q_empty, ready, empty, tile_ids, tile_bar, total, nblk, q_heads, stride_qt,
                     stride_kt, stride_vt, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                    STATIC,
                 )  # fmt: skip
-        # The last claim published an id past the end: the consumers stop there.
+        # No tile left: the consumers read an id past the end and stop.
+        mbarrier.wait(q_empty, (it & 1) ^ 1)
+        tile_ids.index(it % 2).store(gl.full([1], total, gl.int32, TILE_IDS))
+        mbarrier.arrive(tile_bar.index(it % 2), count=1)
 
     @gluon.jit
     def _masked(s, j, row0, q_len, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -366,16 +318,21 @@ if gluon is not None:
         )
         P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
         ROW_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
+        TILE_IDS: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         q_tile = q_smem.index(HALF)
         it = 0
         c = 0
-        t, h, q_start, q_len, m0, n_tiles = _read_tile(tile_ids, tile_bar, 0)
+        mbarrier.wait(tile_bar.index(0), 0)
+        t = gl.max(tile_ids.index(0).load(TILE_IDS), 0)
         while t < total:
+            h, q_start, q_len, m0, n_tiles = _tile(
+                t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N
+            )
             row0 = m0 + HALF * BLOCK_M
             # A key tile needs a mask from the first key past this consumer's first row
             # (causal) or past the request's end.
             mask_from = gl.minimum(row0, q_len) if CAUSAL else q_len
-            mbarrier.wait(q_ready.index(HALF), it & 1)
+            mbarrier.wait(q_ready, it & 1)
             g = c + it  # issue points before this tile: n_tiles + 1 a tile
             slot = c % STAGES
             mbarrier.wait(ready.index(slot), (c // STAGES) & 1)
@@ -428,14 +385,11 @@ if gluon is not None:
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
             # Every Q K^T of the tile is done: the loader may bring the next tile's Q
             # while this one's last P V and store run.
-            mbarrier.arrive(q_empty.index(HALF), count=1)
+            mbarrier.arrive(q_empty, count=1)
             last = (c + n_tiles - 1) % STAGES
             _my_turn(turn, g + n_tiles, HALF, PINGPONG)
             acc = warpgroup_mma(p16, v_smem.index(last), acc, is_async=True)
             _their_turn(turn, HALF, PINGPONG)
-            # The next tile (the loader publishes it while this tile's last keys load),
-            # read while the last P V runs.
-            t, nh, nq_start, nq_len, nm0, nn = _read_tile(tile_ids, tile_bar, it + 1)
             acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
             mbarrier.arrive(empty.index(last), count=1)
 
@@ -451,7 +405,8 @@ if gluon is not None:
             gl.store(ptrs, out.to(gl.bfloat16), mask=gl.expand_dims(offs_m < q_len, 1))
             c += n_tiles
             it += 1
-            h, q_start, q_len, m0, n_tiles = nh, nq_start, nq_len, nm0, nn
+            mbarrier.wait(tile_bar.index(it % 2), (it // 2) & 1)
+            t = gl.max(tile_ids.index(it % 2).load(TILE_IDS), 0)
 
     @gluon.jit
     def _prefill_ws_kernel(
@@ -476,6 +431,7 @@ if gluon is not None:
         STAGES: gl.constexpr,
         CAUSAL: gl.constexpr,
         PINGPONG: gl.constexpr,
+        STATIC: gl.constexpr,
         Q_LAYOUT: gl.constexpr,
         KV_LAYOUT: gl.constexpr,
     ):
@@ -484,24 +440,22 @@ if gluon is not None:
         q_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, HEAD_DIM], Q_LAYOUT)
         k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, HEAD_DIM], KV_LAYOUT)
         v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, HEAD_DIM], KV_LAYOUT)
-        # A Q barrier pair a consumer: each half of Q is reloaded as its consumer frees it.
-        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         # The loader hands each tile's id to the consumers here (two slots: it may run one
         # tile ahead).
         tile_ids = gl.allocate_shared_memory(
-            gl.int32, [2, 8], gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+            gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, order=[0])
         )
         tile_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(tile_bar.index(i), count=1)
             mbarrier.init(turn.index(i), count=1)
-        for i in gl.static_range(2):
-            mbarrier.init(q_ready.index(i), count=1)
-            mbarrier.init(q_empty.index(i), count=1)
+        mbarrier.init(q_ready, count=1)
+        mbarrier.init(q_empty, count=2)  # both consumers free Q
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)  # both consumers free a slot
@@ -524,15 +478,14 @@ if gluon is not None:
                     _loader,
                     (Q, K, V, CU, COUNTER, q_smem, k_smem, v_smem, q_ready, q_empty, ready,
                      empty, tile_ids, tile_bar, total, nblk, q_heads, stride_qt, stride_kt,
-                     stride_vt, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL),
+                     stride_vt, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STATIC),
                 ),
             ],
             [4, 1],
             [240, 24],
         )  # fmt: skip
-        for i in gl.static_range(2):
-            mbarrier.invalidate(q_ready.index(i))
-            mbarrier.invalidate(q_empty.index(i))
+        mbarrier.invalidate(q_ready)
+        mbarrier.invalidate(q_empty)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
             mbarrier.invalidate(empty.index(i))
@@ -662,6 +615,7 @@ def launch(
         STAGES=cfg.stages,
         CAUSAL=causal,
         PINGPONG=cfg.pingpong,
+        STATIC=cfg.static,
         Q_LAYOUT=q_layout,
         KV_LAYOUT=kv_layout,
         num_warps=4,
