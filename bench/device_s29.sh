@@ -58,16 +58,15 @@ for line in sys.stdin:
   if [[ ${NCU:-1} == 1 ]]; then
     base="--section SpeedOfLight --section LaunchStats --section WarpStateStats"
     for seq in ${NCU_SEQS:-4096 16384}; do
-      for kern in _prefill_ws_kernel cudnn ${NCU_STATIC:+static}; do
-        extra="" mode=""
-        [[ $kern == static ]] && kern=_prefill_ws_kernel mode=static
+      for kern in _prefill_ws_kernel cudnn; do
+        extra=""
         [[ $seq == 4096 ]] && extra="--section MemoryWorkloadAnalysis_Tables"
         [[ $seq == 4096 && $kern == _prefill_ws_kernel ]] && extra="$extra --section SourceCounters --section InstructionStats"
-        rep="/tmp/ncu-$seq-$kern${mode:+-$mode}"
+        rep="/tmp/ncu-$seq-$kern"
         # shellcheck disable=SC2086 # the section lists are meant to split
         timeout 120 ncu --clock-control none -k "regex:$kern" --launch-skip 3 --launch-count 1 \
-          $base $extra -f -o "$rep" python3 bench/gpu_prefill_profile.py h2048 "$seq" $mode > "$rep.log" 2>&1
-        echo "ncu $seq $kern $mode rc=$? $(date +%T)"
+          $base $extra -f -o "$rep" python3 bench/gpu_prefill_profile.py h2048 "$seq" > "$rep.log" 2>&1
+        echo "ncu $seq $kern rc=$? $(date +%T)"
         ncu --import "$rep.ncu-rep" --page details --csv > "$rep-details.csv" 2> /dev/null
         ncu --import "$rep.ncu-rep" --page raw --csv > "$rep-raw.csv" 2> /dev/null
         python3 -c "import csv, sys

@@ -164,7 +164,6 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=400)
     ap.add_argument("--dims", default="128,64", help="head dims to time (comma-separated)")
     ap.add_argument("--pingpong", action="store_true", help="gate and time ping-pong too")
-    ap.add_argument("--static", action="store_true", help="gate and time the static schedule too")
     ap.add_argument(
         "--against",
         type=Path,
@@ -192,8 +191,6 @@ def main() -> int:
     if args.pingpong and not args.no_gates:
         pp = pg.GluonConfig(pingpong=True)
         result["gates"] += gates(args.smoke, cfg=pp)
-    if args.static and not args.no_gates:
-        result["gates"] += gates(args.smoke, cfg=pg.GluonConfig(static=True))
     against = load_against(args.against) if args.against else None
     if against is not None:
         result["against"] = str(args.against)
@@ -209,8 +206,6 @@ def main() -> int:
     by_dim = {
         128: [C()]
         if args.against
-        else [C(), C(static=True)]
-        if args.static
         else [C(), C(pingpong=True) if args.pingpong else C(persistent=False)],
         64: [C(64, 128, 3), C(64, 128, 5), C(64, 64, 6)],
     }

@@ -1,8 +1,8 @@
 """One prefill call of ours and one of SDPA's cuDNN backend, each in an NVTX range, for Nsight
 Compute (bench/device_prefill_ncu.sh runs it under ncu). h2048 D=128 full at S=4096 x 4 and
 GQA 32/8/128 full at 8192 x 2: the classes furthest from cuDNN (bench/results/kernels-h200.json).
-Run: python bench/gpu_prefill_profile.py [h2048|gqa] [SEQ] [static]   (a CUDA GPU; kdash
-importable; SEQ sets h2048's length, 16k tokens in all; static: ours in the static schedule)
+Run: python bench/gpu_prefill_profile.py [h2048|gqa] [SEQ]   (a CUDA GPU; kdash importable; SEQ
+sets h2048's length, 16k tokens in all)
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import sys
 import torch
 from kdash.kernels import bench
 from kdash.kernels.prefill_attention import chosen_config
-from kdash.kernels.prefill_gluon import GluonConfig
 from torch.nn.attention import SDPBackend
 
 
@@ -24,8 +23,7 @@ def main() -> int:
         if which == "h2048"
         else bench.PrefillCase(8192, 32, 8, 128, False)
     )
-    static = len(sys.argv) > 3 and sys.argv[3] == "static"
-    ours = case.ours(GluonConfig(static=True) if static else None)
+    ours = case.ours(None)
     cudnn = case.sdpa(SDPBackend.CUDNN_ATTENTION)
     for _ in range(3):
         ours()

@@ -57,7 +57,6 @@ def compile_case(head_dim: int, causal: bool, cfg: pg.GluonConfig, group: int = 
         "STAGES": cfg.stages,
         "CAUSAL": causal,
         "PINGPONG": cfg.pingpong,
-        "STATIC": cfg.static,
         "Q_LAYOUT": q_layout,
         "KV_LAYOUT": kv_layout,
     }

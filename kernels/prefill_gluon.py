@@ -84,9 +84,6 @@ class GluonConfig:
     persistent: bool = True
     # The two consumers issue their matrix products in turns (FA3's ping-pong).
     pingpong: bool = False
-    # Persistent programs take tiles ``p, p + programs, ...`` instead of off the counter:
-    # programs that start together read the same keys together, tile after tile.
-    static: bool = False
 
 
 # Where this kernel is the default, per head dim: the H200's pick (bench/NOTES-kernels.md,
@@ -138,23 +135,14 @@ if gluon is not None:
         )
 
     @gluon.jit
-    def _next(t, COUNTER, STATIC: gl.constexpr):
-        """The tile to try after ``t``: a number off the counter past the programs' first
-        tiles, or (static) ``t`` plus the number of programs."""
-        if STATIC:
-            return t + gl.num_programs(0)
-        else:
-            return _ticket(COUNTER) + gl.num_programs(0)
-
-    @gluon.jit
     def _claim(t, COUNTER, total, CU, nblk, q_heads, CAUSAL: gl.constexpr,
-               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               STATIC: gl.constexpr):  # fmt: skip
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
         """From tile ``t`` on, the first tile with work (a short request's last query blocks
-        have none), each further try :func:`_next`; ``total`` or more when none is left."""
+        have none), each further try a number off the counter past the programs' first tiles;
+        ``total`` or more when none is left."""
         _, _, q_len, m0, _ = _tile(t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
         while (t < total) & (m0 >= q_len):
-            t = _next(t, COUNTER, STATIC)
+            t = _ticket(COUNTER) + gl.num_programs(0)
             _, _, q_len, m0, _ = _tile(t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
         return t
 
@@ -218,7 +206,7 @@ if gluon is not None:
         t, q_desc, k_desc, v_desc, it, c, Q, K, V, CU, COUNTER, q_smem, k_smem, v_smem, q_ready,
         q_empty, ready, empty, tile_ids, tile_bar, total, nblk, q_heads, stride_qt, stride_kt,
         stride_vt, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, STATIC: gl.constexpr,
+        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     ):  # fmt: skip
         """Load tile ``t`` through its descriptors, take the next tile and make its descriptors
         (each call site its own set: the loader alternates two)."""
@@ -229,11 +217,11 @@ if gluon is not None:
             ready, empty, tile_ids, tile_bar, total, nblk, q_heads, HEAD_DIM, BLOCK_M, BLOCK_N,
             STAGES, CAUSAL,
         )  # fmt: skip
-        # Tiles are handed out as programs free up (unless STATIC): under causality they
-        # differ up to the sequence's length in work, and a fixed share per program left some
-        # SMs with twice the others' (the H200: 2.6 ms against 2.0 at 16k causal).
-        t = _claim(_next(t, COUNTER, STATIC), COUNTER, total, CU, nblk, q_heads, CAUSAL,
-                   BLOCK_M, BLOCK_N, STATIC)  # fmt: skip
+        # Tiles are handed out as programs free up: under causality they differ up to the
+        # sequence's length in work, and a fixed share per program left some SMs with twice
+        # the others' (the H200: 2.6 ms against 2.0 at 16k causal).
+        t = _claim(_ticket(COUNTER) + gl.num_programs(0), COUNTER, total, CU, nblk, q_heads,
+                   CAUSAL, BLOCK_M, BLOCK_N)  # fmt: skip
         nq, nk, nv = _descriptors(
             t, Q, K, V, CU, total, nblk, q_heads, stride_qt, stride_kt, stride_vt, GROUP,
             HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, Q_LAYOUT, KV_LAYOUT,
@@ -245,7 +233,7 @@ if gluon is not None:
         Q, K, V, CU, COUNTER, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids,
         tile_bar, total, nblk, q_heads, stride_qt, stride_kt, stride_vt, GROUP: gl.constexpr,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        STAGES: gl.constexpr, CAUSAL: gl.constexpr, STATIC: gl.constexpr,
+        STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     ):  # fmt: skip
         Q_LAYOUT: gl.constexpr = q_smem.type.layout
         KV_LAYOUT: gl.constexpr = k_smem.type.layout
@@ -255,8 +243,7 @@ if gluon is not None:
         # Two sets of descriptors, taken in turn: the next tile's are made while the consumers
         # work on this one (making three took the loader ~2 us a tile, between the consumers'
         # tiles), and a set is remade only after its tile's copies have all landed.
-        t = _claim(gl.program_id(0), COUNTER, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N,
-                   STATIC)  # fmt: skip
+        t = _claim(gl.program_id(0), COUNTER, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
         qa, ka, va = _descriptors(
             t, Q, K, V, CU, total, nblk, q_heads, stride_qt, stride_kt, stride_vt, GROUP,
             HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, Q_LAYOUT, KV_LAYOUT,
@@ -265,14 +252,13 @@ if gluon is not None:
             t, it, c, qb, kb, vb = _load_and_claim(
                 t, qa, ka, va, it, c, Q, K, V, CU, COUNTER, q_smem, k_smem, v_smem, q_ready,
                 q_empty, ready, empty, tile_ids, tile_bar, total, nblk, q_heads, stride_qt,
-                stride_kt, stride_vt, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STATIC,
+                stride_kt, stride_vt, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
             )  # fmt: skip
             if t < total:
                 t, it, c, qa, ka, va = _load_and_claim(
                     t, qb, kb, vb, it, c, Q, K, V, CU, COUNTER, q_smem, k_smem, v_smem, q_ready,
                     q_empty, ready, empty, tile_ids, tile_bar, total, nblk, q_heads, stride_qt,
                     stride_kt, stride_vt, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                    STATIC,
                 )  # fmt: skip
         # No tile left: the consumers read an id past the end and stop.
         mbarrier.wait(q_empty, (it & 1) ^ 1)
@@ -431,7 +417,6 @@ if gluon is not None:
         STAGES: gl.constexpr,
         CAUSAL: gl.constexpr,
         PINGPONG: gl.constexpr,
-        STATIC: gl.constexpr,
         Q_LAYOUT: gl.constexpr,
         KV_LAYOUT: gl.constexpr,
     ):
@@ -478,7 +463,7 @@ if gluon is not None:
                     _loader,
                     (Q, K, V, CU, COUNTER, q_smem, k_smem, v_smem, q_ready, q_empty, ready,
                      empty, tile_ids, tile_bar, total, nblk, q_heads, stride_qt, stride_kt,
-                     stride_vt, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STATIC),
+                     stride_vt, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL),
                 ),
             ],
             [4, 1],
@@ -615,7 +600,6 @@ def launch(
         STAGES=cfg.stages,
         CAUSAL=causal,
         PINGPONG=cfg.pingpong,
-        STATIC=cfg.static,
         Q_LAYOUT=q_layout,
         KV_LAYOUT=kv_layout,
         num_warps=4,

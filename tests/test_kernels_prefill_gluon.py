@@ -106,7 +106,7 @@ sig = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "CU": "*i32", "
        "qk_scale": "fp32", "stride_qt": "i32", "stride_kt": "i32", "stride_vt": "i32",
        "stride_ot": "i32", "total": "i32", "nblk": "i32", "q_heads": "i32"}
 const = {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-         "STAGES": cfg.stages, "CAUSAL": True, "PINGPONG": cfg.pingpong, "STATIC": cfg.static,
+         "STAGES": cfg.stages, "CAUSAL": True, "PINGPONG": cfg.pingpong,
          "Q_LAYOUT": gl.NVMMASharedLayout.get_default_for([cfg.block_m, 128], gl.bfloat16),
          "KV_LAYOUT": gl.NVMMASharedLayout.get_default_for([cfg.block_n, 128], gl.bfloat16)}
 names = list(sig) + list(const)
