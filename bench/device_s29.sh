@@ -6,7 +6,8 @@
 #     `git show 7118a46:kernels/prefill_gluon.py > prefill_gluon_s28.py`) and SDPA;
 #   TESTS=1: the prefill GPU tests;
 #   PROBE=1 (default): bench/gpu_prefill_probe.py, ours and cuDNN at 16/16/128 non-causal
-#     S = 2k-16k, flushed and back to back, with the SM clock and power;
+#     S = 2k-16k, flushed and back to back, with the SM clock and power (PROBE_ARGS=--energy:
+#     also joules a call);
 #   NCU=1 (default): Nsight Compute on both kernels at S = 4k and 16k (speed of light, launch,
 #     warp states; ours at 4k also its source counters, stall samples per SASS instruction);
 #   BENCHES=N: the whole bench N more times on any card.
@@ -41,7 +42,8 @@ for line in sys.stdin:
   [[ ${TESTS:-0} == 1 ]] && timeout -k 5 "${TLIMIT:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/test_kernels_prefill.py tests/test_kernels_prefill_gluon.py \
     --junitxml "$OUT/gpu-gates-prefill-$card-s29-${CALLN:-1}.xml" 2>&1 | tail -3
-  [[ ${PROBE:-1} == 1 ]] && timeout -k 5 "${PLIMIT:-240}" python3 bench/gpu_prefill_probe.py \
+  # shellcheck disable=SC2086 # PROBE_ARGS is meant to split
+  [[ ${PROBE:-1} == 1 ]] && timeout -k 5 "${PLIMIT:-240}" python3 bench/gpu_prefill_probe.py $PROBE_ARGS \
     --out "$OUT/prefill-probe-$card-s29-${CALLN:-1}.json" 2>&1 | grep -v Warning | python3 -c 'import sys, json
 for line in sys.stdin:
     try:
@@ -52,7 +54,10 @@ for line in sys.stdin:
           "cudnn", r["cudnn_us"], r["cudnn_us_per_key_tile"], r["cudnn_TFLOPs"], "ratio", r["ratio_flush"],
           "b2b", r["ratio_b2b"], "mhz", r["rounds"]["ours"]["mhz"], r["rounds"]["cudnn"]["mhz"],
           "W", r["rounds"]["ours"]["watts"], r["rounds"]["cudnn"]["watts"])
-    print("   cudnn kernels:", [k[:110] for k in r["cudnn_kernels"]])'
+    print("   cudnn kernels:", [k[:110] for k in r["cudnn_kernels"]])
+    if "energy" in r:
+        print("   J/call ours", r["ours_j_per_call"], "cudnn", r["cudnn_j_per_call"], "windows",
+              {k: [(w["j_per_call"], w["us_per_call"], w["watts"], w["mhz"]) for w in v] for k, v in r["energy"].items()})'
   echo "probe rc=$? $(date +%T)"
   for n in $(seq 1 "${BENCHES:-0}"); do bench "full-${CALLN:-1}-$n"; done
   if [[ ${NCU:-1} == 1 ]]; then

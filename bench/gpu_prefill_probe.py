@@ -4,7 +4,11 @@ S = 2k, 4k (16k tokens and 64k tokens), 8k and 16k, each timed three ways in tur
 
 - ``flush``: do_bench's median (256 MiB zeroed before each call), as the bench times;
 - ``b2b``: 20 calls back to back between two events (mean), no flush;
-- the SM clock and board power, read by NVML every 5 ms while each do_bench runs (mean).
+- the SM clock and board power, read by NVML every 5 ms while each do_bench runs (mean);
+- ``--energy``: the board's energy counter over ~2 s of calls back to back (three windows each,
+  in turns): joules a call, mean watts and clock, so the two kernels' energy per call can be
+  set side by side (at the 700 W cap, a kernel that takes more energy a call runs at lower
+  clocks).
 
 Per shape also the cuDNN kernel's name (torch.profiler), so a change of kernel between lengths
 shows. Per key tile times are ``us / waves / key_tiles`` with ``waves = tiles / SMs`` (128-row
@@ -87,7 +91,34 @@ def kernel_names(fn) -> list[str]:
     return sorted(n[:160] for n in names)
 
 
-def probe(seq: int, tokens: int, sampler: Sampler) -> dict[str, Any]:
+def energy_window(fn, sampler: Sampler, seconds: float = 2.0) -> dict[str, float]:
+    """Calls of ``fn`` back to back for about ``seconds``: joules a call (NVML's energy
+    counter, mJ), us a call, mean watts and SM clock."""
+    nv, h = sampler.nv, sampler.h
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    calls = 0
+    with sampler:
+        e0 = nv.nvmlDeviceGetTotalEnergyConsumption(h)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            for _ in range(10):
+                fn()
+            calls += 10
+            torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        e1 = nv.nvmlDeviceGetTotalEnergyConsumption(h)
+    m = sampler.means()
+    return {
+        "j_per_call": round((e1 - e0) / 1e3 / calls, 5),
+        "us_per_call": round((t1 - t0) * 1e6 / calls, 1),
+        "watts": round((e1 - e0) / 1e3 / (t1 - t0), 1),
+        "mhz": round(m["mhz"]),
+    }
+
+
+def probe(seq: int, tokens: int, sampler: Sampler, energy: bool = False) -> dict[str, Any]:
     bench.PREFILL_TOKENS = tokens
     case = bench.PrefillCase(seq, 16, 16, 128, False)
     fns = {"ours": case.ours(None), "cudnn": case.sdpa(SDPBackend.CUDNN_ATTENTION)}
@@ -115,6 +146,14 @@ def probe(seq: int, tokens: int, sampler: Sampler) -> dict[str, Any]:
         row[f"{name}_us_per_key_tile"] = round(us / waves / (seq // 128), 4)
         row[f"{name}_b2b_us"] = sorted(g["b2b"])[1]
         row[f"{name}_TFLOPs"] = round(case.flops() / us / 1e6, 1)
+    if energy:
+        windows: dict[str, list] = {k: [] for k in fns}
+        for _ in range(3):
+            for name, fn in fns.items():
+                windows[name].append(energy_window(fn, sampler))
+        row["energy"] = windows
+        for name, w in windows.items():
+            row[f"{name}_j_per_call"] = sorted(x["j_per_call"] for x in w)[1]
     row["ratio_flush"] = round(row["cudnn_us"] / row["ours_us"], 3)
     row["ratio_b2b"] = round(row["cudnn_b2b_us"] / row["ours_b2b_us"], 3)
     return row
@@ -123,6 +162,7 @@ def probe(seq: int, tokens: int, sampler: Sampler) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--energy", action="store_true", help="also joules a call, back to back")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_prefill_probe: no CUDA GPU here", file=sys.stderr)
@@ -130,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     sampler = Sampler()
     rows = []
     for seq, tokens in CASES:
-        row = probe(seq, tokens, sampler)
+        row = probe(seq, tokens, sampler, args.energy)
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.out:
