@@ -66,7 +66,8 @@ def gate(name, lens, hq, hkv, d, causal, spare_nan=0, cfg=None) -> dict[str, Any
     err = (out[:total].float() - ref).abs().max().item()
     err_base = (base[:total].float() - ref).abs().max().item()
     finite = bool(torch.isfinite(out[:total]).all().item())
-    ok = finite and err <= 2 * err_base + 1e-2
+    # Against the default path and on its own: at D=128 the default path is this kernel.
+    ok = finite and err <= 2 * err_base + 1e-2 and err <= 0.05
     row = {
         "gate": name,
         "lens": lens if len(lens) <= 8 else f"{len(lens)} requests",
@@ -92,6 +93,13 @@ def gates(smoke: bool, cfg=None) -> list[dict[str, Any]]:
         rows.append(gate("gqa", [1000, 37, 1, 129], 32, 8, 128, causal, cfg=cfg))
         rows.append(gate("short", [1, 5, 100, 500], 16, 16, 128, causal, cfg=cfg))
         rows.append(gate("spare nan", [300, 77], 16, 4, 128, causal, spare_nan=50, cfg=cfg))
+    # Requests of one length, non-causal, tiles not a whole number of rounds: the last
+    # round's tiles split along their keys (GluonConfig.stream_k).
+    rows.append(gate("equal", [512] * 4 if smoke else [4096] * 4, 16, 16, 128, False, cfg=cfg))
+    rows.append(gate("equal gqa", [2048] * 3, 32, 8, 128, False, cfg=cfg))
+    # One length that is no whole number of tiles, or rows after the last request: no split.
+    rows.append(gate("equal odd", [500] * 5 if smoke else [4000] * 5, 16, 16, 128, False, cfg=cfg))
+    rows.append(gate("equal spare", [2048] * 3, 32, 8, 128, False, spare_nan=64, cfg=cfg))
     return rows
 
 
@@ -169,6 +177,9 @@ def main() -> int:
         type=Path,
         help="another version of kernels/prefill_gluon.py (a file) to time beside this one",
     )
+    ap.add_argument(
+        "--stream-k", action="store_true", help="time the kernel without its split tail too"
+    )
     ap.add_argument("--seqs", default="4096,8192,16384", help="sequence lengths to time")
     ap.add_argument("--no-timing", action="store_true", help="the gates only, at full size")
     ap.add_argument("--no-gates", action="store_true", help="timing only (gated in an earlier run)")
@@ -204,7 +215,7 @@ def main() -> int:
     result["timing"] = []
     plan = []
     by_dim = {
-        128: [C()]
+        128: ([C(), C(stream_k=False)] if args.stream_k else [C()])
         if args.against
         else [C(), C(pingpong=True) if args.pingpong else C(persistent=False)],
         64: [C(64, 128, 3), C(64, 128, 5), C(64, 64, 6)],
