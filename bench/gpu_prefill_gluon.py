@@ -93,13 +93,10 @@ def gates(smoke: bool, cfg=None) -> list[dict[str, Any]]:
         rows.append(gate("gqa", [1000, 37, 1, 129], 32, 8, 128, causal, cfg=cfg))
         rows.append(gate("short", [1, 5, 100, 500], 16, 16, 128, causal, cfg=cfg))
         rows.append(gate("spare nan", [300, 77], 16, 4, 128, causal, spare_nan=50, cfg=cfg))
-    # Requests of one length, non-causal, tiles not a whole number of rounds: the last
-    # round's tiles split along their keys (GluonConfig.stream_k).
+    # Requests of one length, as the bench's (non-causal: every tile reads every key tile).
     rows.append(gate("equal", [512] * 4 if smoke else [4096] * 4, 16, 16, 128, False, cfg=cfg))
     rows.append(gate("equal gqa", [2048] * 3, 32, 8, 128, False, cfg=cfg))
-    # One length that is no whole number of tiles, or rows after the last request: no split.
     rows.append(gate("equal odd", [500] * 5 if smoke else [4000] * 5, 16, 16, 128, False, cfg=cfg))
-    rows.append(gate("equal spare", [2048] * 3, 32, 8, 128, False, spare_nan=64, cfg=cfg))
     return rows
 
 
@@ -177,9 +174,6 @@ def main() -> int:
         type=Path,
         help="another version of kernels/prefill_gluon.py (a file) to time beside this one",
     )
-    ap.add_argument(
-        "--stream-k", action="store_true", help="time the kernel without its split tail too"
-    )
     ap.add_argument("--seqs", default="4096,8192,16384", help="sequence lengths to time")
     ap.add_argument("--no-timing", action="store_true", help="the gates only, at full size")
     ap.add_argument("--no-gates", action="store_true", help="timing only (gated in an earlier run)")
@@ -215,7 +209,7 @@ def main() -> int:
     result["timing"] = []
     plan = []
     by_dim = {
-        128: ([C(), C(stream_k=False)] if args.stream_k else [C()])
+        128: [C()]
         if args.against
         else [C(), C(pingpong=True) if args.pingpong else C(persistent=False)],
         64: [C(64, 128, 3), C(64, 128, 5), C(64, 64, 6)],

@@ -27,9 +27,7 @@ from kdash.kernels import prefill_gluon as pg
 from prefill_regs_cpu import ptx_counts, ptxas_report
 
 
-def compile_case(
-    head_dim: int, causal: bool, cfg: pg.GluonConfig, group: int = 4, tail: bool = False
-):
+def compile_case(head_dim: int, causal: bool, cfg: pg.GluonConfig, group: int = 4):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -42,7 +40,6 @@ def compile_case(
         "Out": "*bf16",
         "CU": "*i32",
         "COUNTER": "*i32",
-        "WORK": "*fp32",
         "qk_scale": "fp32",
         "stride_qt": "i32",
         "stride_kt": "i32",
@@ -51,11 +48,6 @@ def compile_case(
         "total": "i32",
         "nblk": "i32",
         "q_heads": "i32",
-        "whole": "i32",
-        "tokens": "i32",
-        "tail_units": "i32",
-        "nk": "i32",
-        "maxc": "i32",
     }
     const = {
         "GROUP": group,
@@ -65,14 +57,13 @@ def compile_case(
         "STAGES": cfg.stages,
         "CAUSAL": causal,
         "PINGPONG": cfg.pingpong,
-        "TAIL": tail,
         "Q_LAYOUT": q_layout,
         "KV_LAYOUT": kv_layout,
     }
     for k in const:
         sig[k] = "constexpr"
     const = {(list(sig).index(k),): v for k, v in const.items()}
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11)}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 7, 8, 9, 10)}
     src = GluonASTSource(pg._prefill_ws_kernel, sig, const, attrs=attrs)
     return triton.compile(
         src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 168}

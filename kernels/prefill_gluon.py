@@ -48,7 +48,6 @@ import torch
 import triton
 
 from ._common import ensure_allocator, sm_count
-from .prefill_gluon_split import tail_plan
 from .prefill_hopper import _capability, _descriptor_ok
 
 try:
@@ -60,8 +59,6 @@ try:
         warpgroup_mma,
         warpgroup_mma_wait,
     )
-
-    from .prefill_gluon_split import split_epilogue
 
     # Triton 3.6 (the H200's) names the TMA tile load async_copy_global_to_shared; later ones
     # async_load, and refuse the old name.
@@ -87,10 +84,6 @@ class GluonConfig:
     persistent: bool = True
     # The two consumers issue their matrix products in turns (FA3's ping-pong).
     pingpong: bool = False
-    # Non-causal, requests of one length, tiles not a whole number of rounds: the last partial
-    # round's tiles are split along their keys evenly over the programs, each split tile's
-    # parts merged by the program holding its first keys (prefill_gluon_split.tail_plan).
-    stream_k: bool = True
 
 
 # Where this kernel is the default, per head dim: the H200's pick (bench/NOTES-kernels.md,
@@ -122,29 +115,6 @@ if gluon is not None:
         return h, q_start, q_len, m0, gl.cdiv(kv_end, BLOCK_N)
 
     @gluon.jit
-    def _publish(tile_ids, tile_bar, it, t, k0, k1):
-        """Work item ``it`` for the consumers: tile ``t``, key tiles ``k0`` to ``k1`` (two slots
-        in turn; the loader publishes item ``it`` only once both consumers are past item
-        ``it - 1``'s last Q K^T, so they have read item ``it - 2``'s slot)."""
-        FIELDS: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-        i = gl.arange(0, 4, layout=FIELDS)
-        fields = gl.where(i == 0, t, gl.where(i == 1, k0, k1))
-        tile_ids.index(it % 2).store(fields)
-        mbarrier.arrive(tile_bar.index(it % 2), count=1)
-
-    @gluon.jit
-    def _read_item(tile_ids, tile_bar, it):
-        """Work item ``it`` as :func:`_publish` left it: (tile, first key tile, end key tile)."""
-        FIELDS: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        mbarrier.wait(tile_bar.index(it % 2), (it // 2) & 1)
-        fields = tile_ids.index(it % 2).load(FIELDS)
-        i = gl.arange(0, 4, layout=FIELDS)
-        t = gl.sum(gl.where(i == 0, fields, 0), 0)
-        k0 = gl.sum(gl.where(i == 1, fields, 0), 0)
-        k1 = gl.sum(gl.where(i == 2, fields, 0), 0)
-        return t, k0, k1
-
-    @gluon.jit
     def _ticket(COUNTER):
         """The next number off the launch's tile counter: one lane of the (one-warp) loader
         takes it, the others get it by shuffle."""
@@ -165,13 +135,13 @@ if gluon is not None:
         )
 
     @gluon.jit
-    def _claim(t, COUNTER, total, whole, CU, nblk, q_heads, CAUSAL: gl.constexpr,
+    def _claim(t, COUNTER, total, CU, nblk, q_heads, CAUSAL: gl.constexpr,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
         """From tile ``t`` on, the first tile with work (a short request's last query blocks
         have none), each further try a number off the counter past the programs' first tiles;
-        ``whole`` (the tiles handed out whole) or more when none is left."""
+        ``total`` or more when none is left."""
         _, _, q_len, m0, _ = _tile(t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
-        while (t < whole) & (m0 >= q_len):
+        while (t < total) & (m0 >= q_len):
             t = _ticket(COUNTER) + gl.num_programs(0)
             _, _, q_len, m0, _ = _tile(t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
         return t
@@ -210,11 +180,13 @@ if gluon is not None:
     ):  # fmt: skip
         """Hand tile ``t`` (the program's ``it``-th) to the consumers and load its Q and key
         tiles into the ring from key tile ``c`` on; the ring's position after it."""
+        TILE_IDS: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
         _, _, _, m0, n_tiles = _tile(t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
         # Both consumers are past the last tile's final Q K^T: its Q is free, they have read
         # its id, and every copy through its descriptors has landed.
         mbarrier.wait(q_empty, (it & 1) ^ 1)
-        _publish(tile_ids, tile_bar, it, t, 0, n_tiles)
+        tile_ids.index(it % 2).store(gl.full([1], t, gl.int32, TILE_IDS))
+        mbarrier.arrive(tile_bar.index(it % 2), count=1)
         mbarrier.expect(q_ready, 2 * BLOCK_M * HEAD_DIM * 2)
         _tma_load(q_desc, [m0, 0], q_ready, q_smem.index(0))
         _tma_load(q_desc, [m0 + BLOCK_M, 0], q_ready, q_smem.index(1))
@@ -230,37 +202,10 @@ if gluon is not None:
         return c + n_tiles
 
     @gluon.jit
-    def _load_segment(
-        t, k0, k1, q_desc, k_desc, v_desc, it, c, CU, q_smem, k_smem, v_smem, q_ready, q_empty,
-        ready, empty, tile_ids, tile_bar, total, nblk, q_heads, GROUP: gl.constexpr,
-        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        STAGES: gl.constexpr,
-    ):  # fmt: skip
-        """Key tiles ``k0`` to ``k1`` of tile ``t`` (non-causal, requests of one length that is
-        a whole number of tiles: :func:`tail_plan`), through descriptors over all tokens
-        (``[tokens, heads * D]``), which never reach past the tile's request."""
-        h, q_start, _, m0, _ = _tile(t, total, CU, nblk, q_heads, False, BLOCK_M, BLOCK_N)
-        kcol = (h // GROUP) * HEAD_DIM
-        mbarrier.wait(q_empty, (it & 1) ^ 1)
-        _publish(tile_ids, tile_bar, it, t, k0, k1)
-        mbarrier.expect(q_ready, 2 * BLOCK_M * HEAD_DIM * 2)
-        _tma_load(q_desc, [q_start + m0, h * HEAD_DIM], q_ready, q_smem.index(0))
-        _tma_load(q_desc, [q_start + m0 + BLOCK_M, h * HEAD_DIM], q_ready, q_smem.index(1))
-        for j in range(k0, k1):
-            i = c + j - k0
-            slot = i % STAGES
-            mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
-            bar = ready.index(slot)
-            mbarrier.expect(bar, 2 * BLOCK_N * HEAD_DIM * 2)
-            _tma_load(k_desc, [q_start + j * BLOCK_N, kcol], bar, k_smem.index(slot))
-            _tma_load(v_desc, [q_start + j * BLOCK_N, kcol], bar, v_smem.index(slot))
-        return c + k1 - k0
-
-    @gluon.jit
     def _load_and_claim(
         t, q_desc, k_desc, v_desc, it, c, Q, K, V, CU, COUNTER, q_smem, k_smem, v_smem, q_ready,
-        q_empty, ready, empty, tile_ids, tile_bar, total, whole, nblk, q_heads, stride_qt,
-        stride_kt, stride_vt, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+        q_empty, ready, empty, tile_ids, tile_bar, total, nblk, q_heads, stride_qt, stride_kt,
+        stride_vt, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     ):  # fmt: skip
         """Load tile ``t`` through its descriptors, take the next tile and make its descriptors
@@ -275,8 +220,8 @@ if gluon is not None:
         # Tiles are handed out as programs free up: under causality they differ up to the
         # sequence's length in work, and a fixed share per program left some SMs with twice
         # the others' (the H200: 2.6 ms against 2.0 at 16k causal).
-        t = _claim(_ticket(COUNTER) + gl.num_programs(0), COUNTER, total, whole, CU, nblk,
-                   q_heads, CAUSAL, BLOCK_M, BLOCK_N)  # fmt: skip
+        t = _claim(_ticket(COUNTER) + gl.num_programs(0), COUNTER, total, CU, nblk, q_heads,
+                   CAUSAL, BLOCK_M, BLOCK_N)  # fmt: skip
         nq, nk, nv = _descriptors(
             t, Q, K, V, CU, total, nblk, q_heads, stride_qt, stride_kt, stride_vt, GROUP,
             HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, Q_LAYOUT, KV_LAYOUT,
@@ -286,66 +231,39 @@ if gluon is not None:
     @gluon.jit
     def _loader(
         Q, K, V, CU, COUNTER, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids,
-        tile_bar, total, whole, tokens, tail_units, nk, nblk, q_heads, stride_qt, stride_kt,
-        stride_vt, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, TAIL: gl.constexpr,
+        tile_bar, total, nblk, q_heads, stride_qt, stride_kt, stride_vt, GROUP: gl.constexpr,
+        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        STAGES: gl.constexpr, CAUSAL: gl.constexpr,
     ):  # fmt: skip
         Q_LAYOUT: gl.constexpr = q_smem.type.layout
         KV_LAYOUT: gl.constexpr = k_smem.type.layout
+        TILE_IDS: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
         it = 0  # tiles this program has run (the Q and tile-id barriers' phase)
         c = 0  # key tiles it has loaded (the ring's slot and phase)
         # Two sets of descriptors, taken in turn: the next tile's are made while the consumers
         # work on this one (making three took the loader ~2 us a tile, between the consumers'
         # tiles), and a set is remade only after its tile's copies have all landed.
-        t = _claim(gl.program_id(0), COUNTER, total, whole, CU, nblk, q_heads, CAUSAL, BLOCK_M,
-                   BLOCK_N)  # fmt: skip
+        t = _claim(gl.program_id(0), COUNTER, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N)
         qa, ka, va = _descriptors(
             t, Q, K, V, CU, total, nblk, q_heads, stride_qt, stride_kt, stride_vt, GROUP,
             HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, Q_LAYOUT, KV_LAYOUT,
         )  # fmt: skip
-        while t < whole:
+        while t < total:
             t, it, c, qb, kb, vb = _load_and_claim(
                 t, qa, ka, va, it, c, Q, K, V, CU, COUNTER, q_smem, k_smem, v_smem, q_ready,
-                q_empty, ready, empty, tile_ids, tile_bar, total, whole, nblk, q_heads,
-                stride_qt, stride_kt, stride_vt, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                CAUSAL,
+                q_empty, ready, empty, tile_ids, tile_bar, total, nblk, q_heads, stride_qt,
+                stride_kt, stride_vt, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
             )  # fmt: skip
-            if t < whole:
+            if t < total:
                 t, it, c, qa, ka, va = _load_and_claim(
                     t, qb, kb, vb, it, c, Q, K, V, CU, COUNTER, q_smem, k_smem, v_smem, q_ready,
-                    q_empty, ready, empty, tile_ids, tile_bar, total, whole, nblk, q_heads,
-                    stride_qt, stride_kt, stride_vt, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                    CAUSAL,
+                    q_empty, ready, empty, tile_ids, tile_bar, total, nblk, q_heads, stride_qt,
+                    stride_kt, stride_vt, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
                 )  # fmt: skip
-        if TAIL:
-            # The tiles past ``whole``, as one run of key tiles (``nk`` a tile) cut into a
-            # share a program: this program's share, tile by tile.
-            programs = gl.num_programs(0)
-            u = (gl.program_id(0) * tail_units) // programs
-            u_end = ((gl.program_id(0) + 1) * tail_units) // programs
-            kv_cols = (q_heads // GROUP) * HEAD_DIM
-            qg = tma.make_tensor_descriptor(
-                Q, [tokens, q_heads * HEAD_DIM], [stride_qt, 1], [BLOCK_M, HEAD_DIM], Q_LAYOUT
-            )
-            kg = tma.make_tensor_descriptor(
-                K, [tokens, kv_cols], [stride_kt, 1], [BLOCK_N, HEAD_DIM], KV_LAYOUT
-            )
-            vg = tma.make_tensor_descriptor(
-                V, [tokens, kv_cols], [stride_vt, 1], [BLOCK_N, HEAD_DIM], KV_LAYOUT
-            )
-            while u < u_end:
-                k0 = u % nk
-                k1 = gl.minimum(nk, k0 + u_end - u)
-                c = _load_segment(
-                    whole + u // nk, k0, k1, qg, kg, vg, it, c, CU, q_smem, k_smem, v_smem,
-                    q_ready, q_empty, ready, empty, tile_ids, tile_bar, total, nblk, q_heads,
-                    GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                )  # fmt: skip
-                it += 1
-                u += k1 - k0
-        # No work left: the consumers read an id past the end and stop.
+        # No tile left: the consumers read an id past the end and stop.
         mbarrier.wait(q_empty, (it & 1) ^ 1)
-        _publish(tile_ids, tile_bar, it, total, 0, 0)
+        tile_ids.index(it % 2).store(gl.full([1], total, gl.int32, TILE_IDS))
+        mbarrier.arrive(tile_bar.index(it % 2), count=1)
 
     @gluon.jit
     def _masked(s, j, row0, q_len, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -373,10 +291,10 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer(
-        Out, CU, FLAGS, WORK, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids,
-        tile_bar, turn, total, whole, tail_units, nk, maxc, nblk, q_heads, qk_scale, stride_ot,
-        HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, TAIL: gl.constexpr,
+        Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids, tile_bar,
+        turn, total, nblk, q_heads, qk_scale, stride_ot, HALF: gl.constexpr,
+        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
     ):  # fmt: skip
         S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
@@ -386,15 +304,16 @@ if gluon is not None:
         )
         P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
         ROW_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
+        TILE_IDS: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         q_tile = q_smem.index(HALF)
         it = 0
         c = 0
-        t, k0, k1 = _read_item(tile_ids, tile_bar, 0)
+        mbarrier.wait(tile_bar.index(0), 0)
+        t = gl.max(tile_ids.index(0).load(TILE_IDS), 0)
         while t < total:
             h, q_start, q_len, m0, n_tiles = _tile(
                 t, total, CU, nblk, q_heads, CAUSAL, BLOCK_M, BLOCK_N
             )
-            n_tiles = k1 - k0  # key tiles of this item (all of the tile's unless split)
             row0 = m0 + HALF * BLOCK_M
             # A key tile needs a mask from the first key past this consumer's first row
             # (causal) or past the request's end.
@@ -411,8 +330,8 @@ if gluon is not None:
             )  # fmt: skip
             _their_turn(turn, HALF, PINGPONG)
             s = warpgroup_mma_wait(0, deps=(s,))
-            if (k0 + 1) * BLOCK_N > mask_from:
-                s = _masked(s, k0, row0, q_len, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT)
+            if mask_from < BLOCK_N:
+                s = _masked(s, 0, row0, q_len, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT)
             m = gl.max(s, 1)
             # exp2(s * scale - m * scale): one FFMA an element, where (s - m) * scale took an
             # FADD and an FMUL.
@@ -438,8 +357,8 @@ if gluon is not None:
                 # (checked in the SASS): the softmax does not run under that product, only
                 # under the other consumer's.
                 s = warpgroup_mma_wait(1, deps=(s,))
-                if (k0 + j + 1) * BLOCK_N > mask_from:
-                    s = _masked(s, k0 + j, row0, q_len, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT)
+                if (j + 1) * BLOCK_N > mask_from:
+                    s = _masked(s, j, row0, q_len, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT)
                 m_new = gl.maximum(m, gl.max(s, 1))
                 m_scaled = m_new * qk_scale
                 alpha = gl.exp2(m * qk_scale - m_scaled)
@@ -460,28 +379,20 @@ if gluon is not None:
             acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
             mbarrier.arrive(empty.index(last), count=1)
 
-            l_o = gl.convert_layout(l_i, ROW_O)
+            out = acc / gl.expand_dims(gl.convert_layout(l_i, ROW_O), 1)
+            offs_m = row0 + gl.arange(0, BLOCK_M, layout=ROW_O)
             offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))
-            store = True
-            if TAIL:  # noqa: SIM102 - a constexpr branch, gone from kernels without a tail
-                if t >= whole:
-                    acc, l_o, store = split_epilogue(
-                        acc, gl.convert_layout(m, ROW_O), l_o, t - whole, k0, FLAGS, WORK,
-                        tail_units, nk, maxc, qk_scale, HALF, HEAD_DIM, BLOCK_M, O_LAYOUT,
-                    )  # fmt: skip
-            if store:
-                out = acc / gl.expand_dims(l_o, 1)
-                offs_m = row0 + gl.arange(0, BLOCK_M, layout=ROW_O)
-                ptrs = (
-                    Out
-                    + gl.expand_dims((q_start + offs_m).to(gl.int64) * stride_ot, 1)
-                    + h * HEAD_DIM
-                    + gl.expand_dims(offs_d, 0)
-                )
-                gl.store(ptrs, out.to(gl.bfloat16), mask=gl.expand_dims(offs_m < q_len, 1))
+            ptrs = (
+                Out
+                + gl.expand_dims((q_start + offs_m).to(gl.int64) * stride_ot, 1)
+                + h * HEAD_DIM
+                + gl.expand_dims(offs_d, 0)
+            )
+            gl.store(ptrs, out.to(gl.bfloat16), mask=gl.expand_dims(offs_m < q_len, 1))
             c += n_tiles
             it += 1
-            t, k0, k1 = _read_item(tile_ids, tile_bar, it)
+            mbarrier.wait(tile_bar.index(it % 2), (it // 2) & 1)
+            t = gl.max(tile_ids.index(it % 2).load(TILE_IDS), 0)
 
     @gluon.jit
     def _prefill_ws_kernel(
@@ -491,7 +402,6 @@ if gluon is not None:
         Out,
         CU,
         COUNTER,
-        WORK,
         qk_scale,
         stride_qt,
         stride_kt,
@@ -500,11 +410,6 @@ if gluon is not None:
         total,
         nblk,
         q_heads,
-        whole,
-        tokens,
-        tail_units,
-        nk,
-        maxc,
         GROUP: gl.constexpr,
         HEAD_DIM: gl.constexpr,
         BLOCK_M: gl.constexpr,
@@ -512,7 +417,6 @@ if gluon is not None:
         STAGES: gl.constexpr,
         CAUSAL: gl.constexpr,
         PINGPONG: gl.constexpr,
-        TAIL: gl.constexpr,
         Q_LAYOUT: gl.constexpr,
         KV_LAYOUT: gl.constexpr,
     ):
@@ -525,10 +429,10 @@ if gluon is not None:
         q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        # The loader hands each work item (tile, first and end key tile) to the consumers here
-        # (two slots: it may run one item ahead).
+        # The loader hands each tile's id to the consumers here (two slots: it may run one
+        # tile ahead).
         tile_ids = gl.allocate_shared_memory(
-            gl.int32, [2, 4], gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+            gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, order=[0])
         )
         tile_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -545,28 +449,25 @@ if gluon is not None:
                 # The default partition takes query rows 0..BLOCK_M of each tile, a worker the rest.
                 (
                     _consumer,
-                    (Out, CU, COUNTER + 1, WORK, q_smem, k_smem, v_smem, q_ready, q_empty, ready,
-                     empty, tile_ids, tile_bar, turn, total, whole, tail_units, nk, maxc, nblk,
-                     q_heads, qk_scale, stride_ot, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                     PINGPONG, TAIL),
+                    (Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids,
+                     tile_bar, turn, total, nblk, q_heads, qk_scale, stride_ot, 0, HEAD_DIM,
+                     BLOCK_M, BLOCK_N, STAGES, CAUSAL, PINGPONG),
                 ),
                 (
                     _consumer,
-                    (Out, CU, COUNTER + 1, WORK, q_smem, k_smem, v_smem, q_ready, q_empty, ready,
-                     empty, tile_ids, tile_bar, turn, total, whole, tail_units, nk, maxc, nblk,
-                     q_heads, qk_scale, stride_ot, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                     PINGPONG, TAIL),
+                    (Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids,
+                     tile_bar, turn, total, nblk, q_heads, qk_scale, stride_ot, 1, HEAD_DIM,
+                     BLOCK_M, BLOCK_N, STAGES, CAUSAL, PINGPONG),
                 ),
                 (
                     _loader,
                     (Q, K, V, CU, COUNTER, q_smem, k_smem, v_smem, q_ready, q_empty, ready,
-                     empty, tile_ids, tile_bar, total, whole, tokens, tail_units, nk, nblk,
-                     q_heads, stride_qt, stride_kt, stride_vt, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N,
-                     STAGES, CAUSAL, TAIL),
+                     empty, tile_ids, tile_bar, total, nblk, q_heads, stride_qt, stride_kt,
+                     stride_vt, GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL),
                 ),
             ],
             [4, 1],
-            [232, 32] if TAIL else [240, 24],
+            [240, 24],
         )  # fmt: skip
         mbarrier.invalidate(q_ready)
         mbarrier.invalidate(q_empty)
@@ -676,27 +577,14 @@ def launch(
     total_tiles = nblk * q_heads * batch
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     programs = min(total_tiles, sm_count(index)) if cfg.persistent else total_tiles
-    tail = None
-    if cfg.stream_k and cfg.persistent:
-        tail = tail_plan(
-            total_tiles, programs, batch, total, max_len, causal, cfg.block_m, cfg.block_n
-        )
-    parts = 0 if tail is None else (tail.units // tail.nk) * tail.max_parts * 2
-    # Tiles past the programs' first are handed out off the first counter, zero at the launch;
-    # then one a split tile's part and consumer, counting its threads done.
-    counters = torch.zeros(1 + parts, dtype=torch.int32, device=q.device)
-    # A split part's rows (BLOCK_M x D), then its row maxima and sums (fp32).
-    work = torch.empty(
-        max(1, parts * cfg.block_m * (head_dim + 2)), dtype=torch.float32, device=q.device
-    )
     _prefill_ws_kernel[(programs,)](
         q,
         k,
         v,
         out,
         cu_seqlens,
-        counters,
-        work,
+        # Tiles past the programs' first are handed out off this counter, zero at the launch.
+        torch.zeros(1, dtype=torch.int32, device=q.device),
         scale * LOG2E,
         q.stride(0),
         k.stride(0),
@@ -705,11 +593,6 @@ def launch(
         total_tiles,
         nblk,
         q_heads,
-        total_tiles if tail is None else tail.whole,
-        total,
-        0 if tail is None else tail.units,
-        1 if tail is None else tail.nk,
-        0 if tail is None else tail.max_parts,
         GROUP=q_heads // kv_heads,
         HEAD_DIM=head_dim,
         BLOCK_M=cfg.block_m,
@@ -717,7 +600,6 @@ def launch(
         STAGES=cfg.stages,
         CAUSAL=causal,
         PINGPONG=cfg.pingpong,
-        TAIL=tail is not None,
         Q_LAYOUT=q_layout,
         KV_LAYOUT=kv_layout,
         num_warps=4,

@@ -12,7 +12,6 @@ gate records which path ran (``path`` in the junit properties) and ``test_varian
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
@@ -471,37 +470,3 @@ def test_gpu_default_path_is_the_h200_pick_on_hopper() -> None:
         if cap == (9, 0) and d in GLUON_DEFAULTS:
             want = GLUON_DEFAULTS[d]
         assert chosen_config(d, causal, dev) == want
-
-
-@pytest.mark.gpu
-@needs_cuda
-@pytest.mark.parametrize(
-    ("q_heads", "kv_heads", "seq", "batch"),
-    [(16, 16, 4096, 4), (32, 8, 2048, 3)],
-    ids=["h2048-4k-x4", "gqa-2k-x3"],
-)
-def test_gpu_gluon_split_tail(q_heads: int, kv_heads: int, seq: int, batch: int) -> None:
-    """The Gluon kernel with its last partial round split along the keys (requests of one
-    length, non-causal, tiles not a whole number of rounds on this GPU): against the reference,
-    and against the same kernel without the split."""
-    from kdash.kernels._common import sm_count
-    from kdash.kernels.prefill_gluon_split import tail_plan
-
-    cfg = GLUON_DEFAULTS[128]
-    tiles = batch * q_heads * seq // (2 * cfg.block_m)
-    programs = min(tiles, sm_count(torch.cuda.current_device()))
-    plan = tail_plan(tiles, programs, batch, batch * seq, seq, False, cfg.block_m, cfg.block_n)
-    if plan is None:
-        pytest.skip(f"{tiles} tiles on {programs} SMs: no partial round to split")
-    q, kn, vn, kc, vc, pt, pl, cu = make_case(
-        [0] * batch, [seq] * batch, q_heads, kv_heads, 128, 1, device="cuda", seed=3
-    )
-    out = torch.full_like(q, float("nan"))
-    prefill("gluon", q, kn, vn, None, None, None, None, cu, seq, causal=False, out=out)
-    assert torch.isfinite(out).all()
-    check(out, q, kn, vn, kc, vc, pt, pl, cu, False, paged=False)
-    whole = extend_attention(
-        q, kn, vn, None, None, None, None, cu, seq, causal=False,
-        config=dataclasses.replace(cfg, stream_k=False),
-    )  # fmt: skip
-    torch.testing.assert_close(out, whole, atol=2e-2, rtol=2e-2)
