@@ -25,18 +25,7 @@ source bench/device_common.sh
     timeout -k 5 "${ALIMIT:-200}" python3 bench/gpu_prefill_gluon.py --dims 128 \
       ${AB_ARGS:---against prefill_gluon_s28.py} --seqs 4096,8192,16384 --budget-s 180 \
       --out "$OUT/prefill-ab-$card-s29-${CALLN:-1}.json" 2>&1 | grep -v Warning \
-      | grep -E '"gate"|rounds|summary|Error' | python3 -c 'import sys, json
-for line in sys.stdin:
-    try:
-        r = json.loads(line)
-    except ValueError:
-        print(line.rstrip()[:300]); continue
-    if "gate" in r:
-        print("gate", r["gate"], r["heads"], r["causal"], "passed" if r["passed"] else "FAILED", round(r["max_abs_err"], 5))
-    elif "rounds_us" in r:
-        print(r["heads"], "causal" if r["causal"] else "full", r["seq"], {k[:6]: [round(x) for x in v] if isinstance(v, list) else v[:80] for k, v in r["rounds_us"].items()})
-    else:
-        print(line.rstrip()[:300])'
+      | grep -E '"gate"|rounds|summary|Error' | python3 bench/prefill_ab_lines.py
     echo "ab rc=$? $(date +%T)"
   fi
   [[ ${TESTS:-0} == 1 ]] && timeout -k 5 "${TLIMIT:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider \
