@@ -3,8 +3,10 @@ the default prefill kernel and torch SDPA's cuDNN and FLASH backends.
 
 Gates (each against an fp32 reference per request; the default kernel's error beside it): ragged
 4096 + 4089 at D=128 and D=64, causal and full; GQA 32/8/128 at lengths 1000, 37, 1, 129;
-lengths 1, 5, 100, 500; and spare NaN rows after the last request, which must not reach any
-output. A gate passes when the error is at most twice the default kernel's plus 1e-2.
+lengths 1, 5, 100, 500; spare NaN rows after the last request, which must not reach any
+output; and non-causal requests of one length (4 x 4096, GQA 3 x 2048, 5 x 4000). A gate
+passes when the error is at most twice the default kernel's plus 1e-2, and at most 0.05 (at
+D=128 on sm_90 the default path is this kernel).
 
 Timing: do_bench (L2 flushed) at the kernel bench's prefill shapes with S >= 4096 (16k tokens a
 launch), the contenders in turns (three rounds, the median kept, every round's figure in the row):

@@ -4,7 +4,8 @@ S = 2k, 4k (16k tokens and 64k tokens), 8k and 16k, each timed three ways in tur
 
 - ``flush``: do_bench's median (256 MiB zeroed before each call), as the bench times;
 - ``b2b``: 20 calls back to back between two events (mean), no flush;
-- the SM clock and board power, read by NVML every 5 ms while each do_bench runs (mean);
+- the SM clock and board power, read by NVML every 10 ms while each do_bench runs (median,
+  the first fifth of the readings left out: bench/gpu_decode_clocks.py's sampler);
 - ``--energy``: the board's energy counter over ~2 s of calls back to back (three windows each,
   in turns): joules a call, mean watts and clock, so the two kernels' energy per call can be
   set side by side (at the 700 W cap, a kernel that takes more energy a call runs at lower
@@ -22,8 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,42 +32,10 @@ from kdash.kernels import bench
 from kdash.kernels.bench_timing import bench_ms
 from torch.nn.attention import SDPBackend
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench's sibling scripts
+from gpu_decode_clocks import Sampler  # NVML on a thread: the clocks script's reader
+
 CASES = ((2048, 16384), (4096, 16384), (4096, 65536), (8192, 16384), (16384, 16384))
-
-
-class Sampler:
-    """NVML's SM clock (MHz) and power (W) every ``period`` s on a thread, while in ``with``."""
-
-    def __init__(self, period: float = 0.005) -> None:
-        import pynvml
-
-        pynvml.nvmlInit()
-        self.nv = pynvml
-        self.h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-        self.period = period
-        self.clocks: list[int] = []
-        self.watts: list[float] = []
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.clocks.append(self.nv.nvmlDeviceGetClockInfo(self.h, self.nv.NVML_CLOCK_SM))
-            self.watts.append(self.nv.nvmlDeviceGetPowerUsage(self.h) / 1e3)
-            time.sleep(self.period)
-
-    def __enter__(self) -> Sampler:
-        self.clocks, self.watts = [], []
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join()
-
-    def means(self) -> dict[str, float]:
-        n = max(1, len(self.clocks))
-        return {"mhz": sum(self.clocks) / n, "watts": sum(self.watts) / n, "samples": n}
 
 
 def back_to_back_us(fn, n: int = 20) -> float:
@@ -93,28 +62,28 @@ def kernel_names(fn) -> list[str]:
 
 def energy_window(fn, sampler: Sampler, seconds: float = 2.0) -> dict[str, float]:
     """Calls of ``fn`` back to back for about ``seconds``: joules a call (NVML's energy
-    counter, mJ), us a call, mean watts and SM clock."""
+    counter, mJ), us a call, mean watts and the median SM clock."""
     nv, h = sampler.nv, sampler.h
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
     calls = 0
-    with sampler:
-        e0 = nv.nvmlDeviceGetTotalEnergyConsumption(h)
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            for _ in range(10):
-                fn()
-            calls += 10
-            torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        e1 = nv.nvmlDeviceGetTotalEnergyConsumption(h)
-    m = sampler.means()
+    sampler.start()
+    e0 = nv.nvmlDeviceGetTotalEnergyConsumption(h)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(10):
+            fn()
+        calls += 10
+        torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    e1 = nv.nvmlDeviceGetTotalEnergyConsumption(h)
+    m = sampler.stop()
     return {
         "j_per_call": round((e1 - e0) / 1e3 / calls, 5),
         "us_per_call": round((t1 - t0) * 1e6 / calls, 1),
         "watts": round((e1 - e0) / 1e3 / (t1 - t0), 1),
-        "mhz": round(m["mhz"]),
+        "mhz": round(m.get("sm_MHz_median", 0)),
     }
 
 
@@ -131,12 +100,12 @@ def probe(seq: int, tokens: int, sampler: Sampler, energy: bool = False) -> dict
     }
     for _ in range(3):
         for name, fn in fns.items():
-            with sampler:
-                us = bench_ms(fn, rep=60) * 1e3
-            m = sampler.means()
+            sampler.start()
+            us = bench_ms(fn, rep=60) * 1e3
+            m = sampler.stop()
             got[name]["flush"].append(round(us, 1))
-            got[name]["mhz"].append(round(m["mhz"]))
-            got[name]["watts"].append(round(m["watts"]))
+            got[name]["mhz"].append(round(m.get("sm_MHz_median", 0)))
+            got[name]["watts"].append(round(m.get("power_W_median", 0)))
             got[name]["b2b"].append(round(back_to_back_us(fn), 1))
     row["rounds"] = got
     waves = tiles / sms
