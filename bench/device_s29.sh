@@ -32,7 +32,7 @@ source bench/device_common.sh
     tests/test_kernels_prefill.py tests/test_kernels_prefill_gluon.py \
     --junitxml "$OUT/gpu-gates-prefill-$card-s29-${CALLN:-1}.xml" 2>&1 | tail -3
   # shellcheck disable=SC2086 # PROBE_ARGS is meant to split
-  [[ ${PROBE:-1} == 1 ]] && timeout -k 5 "${PLIMIT:-240}" python3 bench/gpu_prefill_probe.py $PROBE_ARGS \
+  [[ ${PROBE:-1} == 1 ]] && timeout -k 5 "${PLIMIT:-240}" python3 bench/gpu_prefill_probe.py ${PROBE_ARGS:-} \
     --out "$OUT/prefill-probe-$card-s29-${CALLN:-1}.json" 2>&1 | grep -v Warning | python3 -c 'import sys, json
 for line in sys.stdin:
     try:
