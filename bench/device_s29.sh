@@ -13,7 +13,7 @@
 #   BENCHES=N: the whole bench N more times on any card.
 # Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
 set -uo pipefail
-SESSION=s29
+SESSION=${SESSION:-s29}
 # shellcheck source=bench/device_common.sh
 source bench/device_common.sh
 {
