@@ -24,16 +24,16 @@ source bench/device_common.sh
     # shellcheck disable=SC2086 # AB_ARGS is meant to split
     timeout -k 5 "${ALIMIT:-200}" python3 bench/gpu_prefill_gluon.py --dims 128 \
       ${AB_ARGS:---against prefill_gluon_s28.py} --seqs 4096,8192,16384 --budget-s 180 \
-      --out "$OUT/prefill-ab-$card-s29-${CALLN:-1}.json" 2>&1 | grep -v Warning \
+      --out "$OUT/prefill-ab-$card-$SESSION-${CALLN:-1}.json" 2>&1 | grep -v Warning \
       | grep -E '"gate"|rounds|summary|Error' | python3 bench/prefill_ab_lines.py
     echo "ab rc=$? $(date +%T)"
   fi
   [[ ${TESTS:-0} == 1 ]] && timeout -k 5 "${TLIMIT:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/test_kernels_prefill.py tests/test_kernels_prefill_gluon.py \
-    --junitxml "$OUT/gpu-gates-prefill-$card-s29-${CALLN:-1}.xml" 2>&1 | tail -3
+    --junitxml "$OUT/gpu-gates-prefill-$card-$SESSION-${CALLN:-1}.xml" 2>&1 | tail -3
   # shellcheck disable=SC2086 # PROBE_ARGS is meant to split
   [[ ${PROBE:-1} == 1 ]] && timeout -k 5 "${PLIMIT:-240}" python3 bench/gpu_prefill_probe.py ${PROBE_ARGS:-} \
-    --out "$OUT/prefill-probe-$card-s29-${CALLN:-1}.json" 2>&1 | grep -v Warning | python3 -c 'import sys, json
+    --out "$OUT/prefill-probe-$card-$SESSION-${CALLN:-1}.json" 2>&1 | grep -v Warning | python3 -c 'import sys, json
 for line in sys.stdin:
     try:
         r = json.loads(line)
@@ -86,6 +86,6 @@ print('   stalls', [(s, round(v, 2)) for v, s in sorted(stalls, reverse=True)[:8
     ncu --import "$rep.ncu-rep" --page source --csv --print-source sass > "$rep-source.csv" 2> "$rep-source.err" \
       || ncu --import "$rep.ncu-rep" --page source --csv > "$rep-source.csv" 2>> "$rep-source.err"
     echo "source page: $(wc -l < "$rep-source.csv") lines; $(head -c 300 "$rep-source.err")"
-    tar czf "$OUT/ncu-prefill-s29-${CALLN:-1}.tgz" -C /tmp $(cd /tmp && ls ncu-*-details.csv ncu-*-raw.csv ncu-*-source.csv ncu-*.log)
+    tar czf "$OUT/ncu-prefill-$SESSION-${CALLN:-1}.tgz" -C /tmp $(cd /tmp && ls ncu-*-details.csv ncu-*-raw.csv ncu-*-source.csv ncu-*.log)
   fi
-} 2>&1 | tee "$OUT/s29-call${CALLN:-1}.log"
+} 2>&1 | tee "$OUT/$SESSION-call${CALLN:-1}.log"

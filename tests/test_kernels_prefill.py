@@ -470,3 +470,50 @@ def test_gpu_default_path_is_the_h200_pick_on_hopper() -> None:
         if cap == (9, 0) and d in GLUON_DEFAULTS:
             want = GLUON_DEFAULTS[d]
         assert chosen_config(d, causal, dev) == want
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize(
+    ("q_heads", "kv_heads", "news", "spare"),
+    [
+        (16, 16, [4096] * 4, 0),
+        (32, 8, [8192] * 2, 0),
+        (4, 4, [16384], 0),
+        # rows after a shorter last request fill it out to batch x max_len: the launch still
+        # splits, and those NaN rows must not reach a part
+        (16, 16, [4096, 4096, 4096, 3968], 128),
+    ],
+    ids=["h2048-4k-x4", "gqa-8k-x2", "4-heads-16k", "short-last-nan-fill"],
+)
+def test_gpu_gluon_split_tail(q_heads: int, kv_heads: int, news: list[int], spare: int) -> None:
+    """The Gluon kernel with the tiles past its last whole round cut along their keys into a
+    second launch (kernels/prefill_gluon_tail.py): against the reference, and against the same
+    kernel without the split."""
+    import dataclasses
+
+    from kdash.kernels._common import sm_count
+    from kdash.kernels.prefill_gluon import split_plan
+
+    cfg = GLUON_DEFAULTS[128]
+    max_len = max(news)
+    tiles = len(news) * q_heads * max_len // (2 * cfg.block_m)
+    programs = min(tiles, sm_count(torch.cuda.current_device()))
+    tokens = sum(news) + spare
+    if split_plan(cfg, tiles, programs, len(news), tokens, max_len, False) is None:
+        pytest.skip(f"{tiles} tiles on {programs} SMs: no tail to split")
+    q, kn, vn, kc, vc, pt, pl, cu = make_case(
+        [0] * len(news), news, q_heads, kv_heads, 128, 1, device="cuda", seed=3
+    )
+    if spare:
+        q, kn, vn = (torch.cat([t, torch.full_like(t[:spare], float("nan"))]) for t in (q, kn, vn))
+    out = torch.full_like(q, float("nan"))
+    prefill("gluon", q, kn, vn, None, None, None, None, cu, max_len, causal=False, out=out)
+    n = sum(news)
+    assert torch.isfinite(out[:n]).all()
+    check(out[:n], q[:n], kn[:n], vn[:n], kc, vc, pt, pl, cu, False, paged=False)
+    whole = extend_attention(
+        q, kn, vn, None, None, None, None, cu, max_len, causal=False,
+        config=dataclasses.replace(cfg, split_tail=False),
+    )  # fmt: skip
+    torch.testing.assert_close(out[:n], whole[:n], atol=2e-2, rtol=2e-2)

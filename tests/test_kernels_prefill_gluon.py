@@ -164,3 +164,73 @@ def test_compiles_for_sm90_into_its_schedule(tmp_path) -> None:
     ).stderr  # fmt: skip
     assert "Compiling entry function '_prefill_ws_kernel'" in notes
     assert "serialized" not in notes, notes
+
+
+COMPILE_TAIL_SM90 = """
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from kdash.kernels import prefill_gluon, prefill_gluon_tail
+
+cfg = prefill_gluon.GLUON_DEFAULTS[128]
+ptrs = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "CU": "*i32", "FLAGS": "*i32",
+        "WORK": "*fp32"}
+ints = ["stride_qt", "stride_kt", "stride_vt", "stride_ot", "total", "nblk", "q_heads", "whole",
+        "units", "nk", "maxc"]
+sig = {**ptrs, "qk_scale": "fp32", **dict.fromkeys(ints, "i32")}
+const = {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+         "STAGES": cfg.stages,
+         "Q_LAYOUT": gl.NVMMASharedLayout.get_default_for([cfg.block_m, 128], gl.bfloat16),
+         "KV_LAYOUT": gl.NVMMASharedLayout.get_default_for([cfg.block_n, 128], gl.bfloat16)}
+names = list(sig) + list(const)
+sig.update(dict.fromkeys(const, "constexpr"))
+aligned = [*ptrs, "stride_qt", "stride_kt", "stride_vt", "stride_ot"]
+src = GluonASTSource(prefill_gluon_tail._prefill_tail_kernel, sig,
+                     {(names.index(k),): v for k, v in const.items()},
+                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
+k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 168})
+from triton.backends.nvidia.compiler import get_ptxas
+print(json.dumps({"num_warps": k.metadata.num_warps, "shared": k.metadata.shared,
+                  "ptx": k.asm["ptx"], "ptxas": get_ptxas(90).path}))
+"""
+
+
+@needs_gluon
+def test_tail_kernel_compiles_for_sm90(tmp_path) -> None:
+    """The split tail's kernel (kernels/prefill_gluon_tail.py), compiled for sm_90 on the CPU:
+    the persistent kernel's partitions and ring, its parts counted done with release adds and
+    waited for with acquire loads, the loader given 48 registers (two sets of descriptors and
+    its walk over a share), and every wgmma left asynchronous by ptxas."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    res = subprocess.run(
+        [sys.executable, "-c", COMPILE_TAIL_SM90],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    ptx = got["ptx"]
+    assert got["num_warps"] == 12
+    assert got["shared"] <= 227 * 1024
+    assert "setmaxnreg.dec.sync.aligned.u32 \t48;" in ptx
+    assert "red.release.gpu.global.add.u32" in ptx
+    assert "ld.acquire.gpu.global.u32" in ptx
+    assert "cp.async.bulk.tensor" in ptx
+    assert "wgmma.mma_async" in ptx and "wgmma.wait_group.sync.aligned 1;" in ptx
+    (tmp_path / "k.ptx").write_text(ptx)
+    notes = subprocess.run(
+        [got["ptxas"], "-v", "-arch=sm_90a", str(tmp_path / "k.ptx"), "-o", str(tmp_path / "k.o")],
+        capture_output=True, text=True, timeout=600, check=True,
+    ).stderr  # fmt: skip
+    assert "Compiling entry function '_prefill_tail_kernel'" in notes
+    assert "serialized" not in notes, notes
