@@ -5,10 +5,9 @@ Gates (each against an fp32 reference per request; the default kernel's error be
 4096 + 4089 at D=128 and D=64, causal and full; GQA 32/8/128 at lengths 1000, 37, 1, 129;
 lengths 1, 5, 100, 500; spare NaN rows after the last request, which must not reach any
 output; and non-causal requests of one length (4 x 4096, GQA 3 x 2048, 5 x 4000; at full size
-also those whose last partial round goes to the split tail: GQA 2 x 8192, 4 heads x 16384, and
-4 x 4096 with NaN rows filling out a shorter last request). A gate
-passes when the error is at most twice the default kernel's plus 1e-2, and at most 0.05 (at
-D=128 on sm_90 the default path is this kernel).
+also GQA 2 x 8192, 4 heads x 16384, and 4 x 4096 with NaN rows filling out a shorter last
+request). A gate passes when the error is at most twice the default kernel's plus 1e-2, and at
+most 0.05 (at D=128 on sm_90 the default path is this kernel).
 
 Timing: do_bench (L2 flushed) at the kernel bench's prefill shapes with S >= 4096 (16k tokens a
 launch), the contenders in turns (three rounds, the median kept, every round's figure in the row):
@@ -101,7 +100,7 @@ def gates(smoke: bool, cfg=None) -> list[dict[str, Any]]:
     rows.append(gate("equal", [512] * 4 if smoke else [4096] * 4, 16, 16, 128, False, cfg=cfg))
     rows.append(gate("equal gqa", [2048] * 3, 32, 8, 128, False, cfg=cfg))
     rows.append(gate("equal odd", [500] * 5 if smoke else [4000] * 5, 16, 16, 128, False, cfg=cfg))
-    if not smoke:  # launches whose last partial round goes to the split tail on 132 SMs
+    if not smoke:  # launches that end on a partial round of programs (132 SMs)
         rows.append(gate("equal gqa 8k", [8192] * 2, 32, 8, 128, False, cfg=cfg))
         rows.append(gate("one 16k", [16384], 4, 4, 128, False, cfg=cfg))
         fill = [4096, 4096, 4096, 3968]  # NaN rows fill the last request out to 4 x 4096
@@ -183,9 +182,6 @@ def main() -> int:
         type=Path,
         help="another version of kernels/prefill_gluon.py (a file) to time beside this one",
     )
-    ap.add_argument(
-        "--split-tail", action="store_true", help="time the kernel without its split tail too"
-    )
     ap.add_argument("--seqs", default="4096,8192,16384", help="sequence lengths to time")
     ap.add_argument("--no-timing", action="store_true", help="the gates only, at full size")
     ap.add_argument("--no-gates", action="store_true", help="timing only (gated in an earlier run)")
@@ -221,8 +217,8 @@ def main() -> int:
     result["timing"] = []
     plan = []
     by_dim = {
-        128: ([C(), C(split_tail=False)] if args.split_tail else [C()])
-        if args.against or args.split_tail
+        128: [C()]
+        if args.against
         else [C(), C(pingpong=True) if args.pingpong else C(persistent=False)],
         64: [C(64, 128, 3), C(64, 128, 5), C(64, 64, 6)],
     }

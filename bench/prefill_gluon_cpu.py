@@ -70,38 +70,6 @@ def compile_case(head_dim: int, causal: bool, cfg: pg.GluonConfig, group: int = 
     )
 
 
-def compile_tail_case(head_dim: int, cfg: pg.GluonConfig, group: int = 4):
-    """The tail launch's kernel (kernels/prefill_gluon_tail.py) for sm_90a."""
-    from kdash.kernels import prefill_gluon_tail as tail
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    q_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, head_dim], gl.bfloat16)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_n, head_dim], gl.bfloat16)
-    ptrs = ("Q", "K", "V", "Out", "CU", "FLAGS", "WORK")
-    ints = ("stride_qt", "stride_kt", "stride_vt", "stride_ot", "total", "nblk", "q_heads")
-    ints += ("whole", "units", "nk", "maxc")
-    sig = {n: t for n, t in zip(ptrs, ("*bf16",) * 4 + ("*i32", "*i32", "*fp32"), strict=True)}
-    sig |= {"qk_scale": "fp32"} | dict.fromkeys(ints, "i32")
-    const = {
-        "GROUP": group,
-        "HEAD_DIM": head_dim,
-        "BLOCK_M": cfg.block_m,
-        "BLOCK_N": cfg.block_n,
-        "STAGES": cfg.stages,
-        "Q_LAYOUT": q_layout,
-        "KV_LAYOUT": kv_layout,
-    }
-    sig |= dict.fromkeys(const, "constexpr")
-    const = {(list(sig).index(k),): v for k, v in const.items()}
-    aligned = [*ptrs, "stride_qt", "stride_kt", "stride_vt", "stride_ot"]
-    attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in aligned}
-    src = GluonASTSource(tail._prefill_tail_kernel, sig, const, attrs=attrs)
-    return triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 168}
-    )
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path)

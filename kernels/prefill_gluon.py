@@ -49,7 +49,6 @@ import triton
 
 from ._common import ensure_allocator, sm_count
 from .prefill_hopper import _capability, _descriptor_ok
-from .prefill_tail_plan import TailPlan, flag_count, tail_plan
 
 try:
     from triton.experimental import gluon
@@ -85,9 +84,6 @@ class GluonConfig:
     persistent: bool = True
     # The two consumers issue their matrix products in turns (FA3's ping-pong).
     pingpong: bool = False
-    # Persistent launches that would end on a partial round hand that round's tiles, cut along
-    # their keys, to a second launch (kernels/prefill_tail_plan.py decides where it pays).
-    split_tail: bool = True
 
 
 # Where this kernel is the default, per head dim: the H200's pick (bench/NOTES-kernels.md,
@@ -294,16 +290,12 @@ if gluon is not None:
             mbarrier.arrive(turn.index(1 - HALF), count=1)
 
     @gluon.jit
-    def _attend(
-        q_tile, k_smem, v_smem, q_empty, ready, empty, turn, c, g, n_tiles, kbase, row0, q_len,
-        mask_from, qk_scale, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-        PINGPONG: gl.constexpr,
+    def _consumer(
+        Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids, tile_bar,
+        turn, total, nblk, q_heads, qk_scale, stride_ot, HALF: gl.constexpr,
+        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
     ):  # fmt: skip
-        """One consumer's pass over ``n_tiles`` key tiles (key tile ``kbase`` on) waiting in the
-        ring from slot ``c`` on (issue point ``g``): its rows' unnormalised output, row maxima
-        (unscaled scores) and sums. Frees Q (``q_empty``) after the last Q K^T and every slot
-        after its P V."""
         S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
         )
@@ -311,94 +303,6 @@ if gluon is not None:
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
         )
         P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
-        ROW_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
-        slot = c % STAGES
-        mbarrier.wait(ready.index(slot), (c // STAGES) & 1)
-        _my_turn(turn, g, HALF, PINGPONG)
-        s = warpgroup_mma(
-            q_tile, k_smem.index(slot).permute((1, 0)),
-            gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT),
-            use_acc=False, is_async=True,
-        )  # fmt: skip
-        _their_turn(turn, HALF, PINGPONG)
-        s = warpgroup_mma_wait(0, deps=(s,))
-        if (kbase + 1) * BLOCK_N > mask_from:
-            s = _masked(s, kbase, row0, q_len, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT)
-        m = gl.max(s, 1)
-        # exp2(s * scale - m * scale): one FFMA an element, where (s - m) * scale took an
-        # FADD and an FMUL.
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m * qk_scale, 1))
-        l_i = gl.sum(p, 1)
-        # P is made bf16 in the tile that computed it: the loop carries 32 registers of
-        # P rather than 64 (bench/NOTES-kernels.md, session 28).
-        p16 = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
-        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, O_LAYOUT)
-        for j in range(1, n_tiles):
-            slot = (c + j) % STAGES
-            prev = (c + j - 1) % STAGES
-            mbarrier.wait(ready.index(slot), ((c + j) // STAGES) & 1)
-            _my_turn(turn, g + j, HALF, PINGPONG)
-            # The last tile's score registers take the new scores (use_acc=False
-            # ignores them): no zero tile kept alive across the loop.
-            s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s,
-                              use_acc=False, is_async=True)  # fmt: skip
-            acc = warpgroup_mma(p16, v_smem.index(prev), acc, is_async=True)
-            _their_turn(turn, HALF, PINGPONG)
-            # S_j was issued first, so it completes first. The wait for P_{j-1} V_{j-1}
-            # is written after the softmax, but ptxas moves it to the top of its block
-            # (checked in the SASS): the softmax does not run under that product, only
-            # under the other consumer's.
-            s = warpgroup_mma_wait(1, deps=(s,))
-            if (kbase + j + 1) * BLOCK_N > mask_from:
-                s = _masked(s, kbase + j, row0, q_len, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT)
-            m_new = gl.maximum(m, gl.max(s, 1))
-            m_scaled = m_new * qk_scale
-            alpha = gl.exp2(m * qk_scale - m_scaled)
-            p = gl.exp2(s * qk_scale - gl.expand_dims(m_scaled, 1))
-            l_i = l_i * alpha + gl.sum(p, 1)
-            m = m_new
-            acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
-            mbarrier.arrive(empty.index(prev), count=1)
-            p16 = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
-        # Every Q K^T of the tile is done: the loader may bring the next tile's Q
-        # while this one's last P V and store run.
-        mbarrier.arrive(q_empty, count=1)
-        last = (c + n_tiles - 1) % STAGES
-        _my_turn(turn, g + n_tiles, HALF, PINGPONG)
-        acc = warpgroup_mma(p16, v_smem.index(last), acc, is_async=True)
-        _their_turn(turn, HALF, PINGPONG)
-        acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
-        mbarrier.arrive(empty.index(last), count=1)
-        return acc, m, l_i
-
-    @gluon.jit
-    def _store_rows(Out, acc, l_o, row0, q_start, q_len, h, stride_ot, HEAD_DIM: gl.constexpr,
-                    BLOCK_M: gl.constexpr, O_LAYOUT: gl.constexpr):  # fmt: skip
-        """Rows ``row0`` on of head ``h`` of the request at ``q_start``: ``acc / l_o`` as bf16
-        (rows at or past ``q_len`` are not stored)."""
-        ROW_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
-        out = acc / gl.expand_dims(l_o, 1)
-        offs_m = row0 + gl.arange(0, BLOCK_M, layout=ROW_O)
-        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))
-        ptrs = (
-            Out
-            + gl.expand_dims((q_start + offs_m).to(gl.int64) * stride_ot, 1)
-            + h * HEAD_DIM
-            + gl.expand_dims(offs_d, 0)
-        )
-        gl.store(ptrs, out.to(gl.bfloat16), mask=gl.expand_dims(offs_m < q_len, 1))
-
-    @gluon.jit
-    def _consumer(
-        Out, CU, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, tile_ids, tile_bar,
-        turn, total, nblk, q_heads, qk_scale, stride_ot, HALF: gl.constexpr,
-        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
-    ):  # fmt: skip
-        O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
-        )
         ROW_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
         TILE_IDS: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         q_tile = q_smem.index(HALF)
@@ -416,13 +320,75 @@ if gluon is not None:
             mask_from = gl.minimum(row0, q_len) if CAUSAL else q_len
             mbarrier.wait(q_ready, it & 1)
             g = c + it  # issue points before this tile: n_tiles + 1 a tile
-            acc, m, l_i = _attend(
-                q_tile, k_smem, v_smem, q_empty, ready, empty, turn, c, g, n_tiles, 0, row0,
-                q_len, mask_from, qk_scale, HALF, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                PINGPONG,
+            slot = c % STAGES
+            mbarrier.wait(ready.index(slot), (c // STAGES) & 1)
+            _my_turn(turn, g, HALF, PINGPONG)
+            s = warpgroup_mma(
+                q_tile, k_smem.index(slot).permute((1, 0)),
+                gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT),
+                use_acc=False, is_async=True,
             )  # fmt: skip
-            _store_rows(Out, acc, gl.convert_layout(l_i, ROW_O), row0, q_start, q_len, h,
-                        stride_ot, HEAD_DIM, BLOCK_M, O_LAYOUT)  # fmt: skip
+            _their_turn(turn, HALF, PINGPONG)
+            s = warpgroup_mma_wait(0, deps=(s,))
+            if mask_from < BLOCK_N:
+                s = _masked(s, 0, row0, q_len, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT)
+            m = gl.max(s, 1)
+            # exp2(s * scale - m * scale): one FFMA an element, where (s - m) * scale took an
+            # FADD and an FMUL.
+            p = gl.exp2(s * qk_scale - gl.expand_dims(m * qk_scale, 1))
+            l_i = gl.sum(p, 1)
+            # P is made bf16 in the tile that computed it: the loop carries 32 registers of
+            # P rather than 64 (bench/NOTES-kernels.md, session 28).
+            p16 = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
+            acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, O_LAYOUT)
+            for j in range(1, n_tiles):
+                slot = (c + j) % STAGES
+                prev = (c + j - 1) % STAGES
+                mbarrier.wait(ready.index(slot), ((c + j) // STAGES) & 1)
+                _my_turn(turn, g + j, HALF, PINGPONG)
+                # The last tile's score registers take the new scores (use_acc=False
+                # ignores them): no zero tile kept alive across the loop.
+                s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), s,
+                                  use_acc=False, is_async=True)  # fmt: skip
+                acc = warpgroup_mma(p16, v_smem.index(prev), acc, is_async=True)
+                _their_turn(turn, HALF, PINGPONG)
+                # S_j was issued first, so it completes first. The wait for P_{j-1} V_{j-1}
+                # is written after the softmax, but ptxas moves it to the top of its block
+                # (checked in the SASS): the softmax does not run under that product, only
+                # under the other consumer's.
+                s = warpgroup_mma_wait(1, deps=(s,))
+                if (j + 1) * BLOCK_N > mask_from:
+                    s = _masked(s, j, row0, q_len, CAUSAL, BLOCK_M, BLOCK_N, S_LAYOUT)
+                m_new = gl.maximum(m, gl.max(s, 1))
+                m_scaled = m_new * qk_scale
+                alpha = gl.exp2(m * qk_scale - m_scaled)
+                p = gl.exp2(s * qk_scale - gl.expand_dims(m_scaled, 1))
+                l_i = l_i * alpha + gl.sum(p, 1)
+                m = m_new
+                acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
+                mbarrier.arrive(empty.index(prev), count=1)
+                p16 = gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT)
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
+            # Every Q K^T of the tile is done: the loader may bring the next tile's Q
+            # while this one's last P V and store run.
+            mbarrier.arrive(q_empty, count=1)
+            last = (c + n_tiles - 1) % STAGES
+            _my_turn(turn, g + n_tiles, HALF, PINGPONG)
+            acc = warpgroup_mma(p16, v_smem.index(last), acc, is_async=True)
+            _their_turn(turn, HALF, PINGPONG)
+            acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
+            mbarrier.arrive(empty.index(last), count=1)
+
+            out = acc / gl.expand_dims(gl.convert_layout(l_i, ROW_O), 1)
+            offs_m = row0 + gl.arange(0, BLOCK_M, layout=ROW_O)
+            offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))
+            ptrs = (
+                Out
+                + gl.expand_dims((q_start + offs_m).to(gl.int64) * stride_ot, 1)
+                + h * HEAD_DIM
+                + gl.expand_dims(offs_d, 0)
+            )
+            gl.store(ptrs, out.to(gl.bfloat16), mask=gl.expand_dims(offs_m < q_len, 1))
             c += n_tiles
             it += 1
             mbarrier.wait(tile_bar.index(it % 2), (it // 2) & 1)
@@ -582,17 +548,6 @@ def prefill_gluon(
     return launch(q, k, v, cu_seqlens, max_len, causal, sm_scale, config, out)
 
 
-def split_plan(
-    cfg: GluonConfig, tiles: int, programs: int, batch: int, tokens: int, max_len: int,
-    causal: bool,
-) -> TailPlan | None:  # fmt: skip
-    """The tail split a launch takes (:func:`~kdash.kernels.prefill_tail_plan.tail_plan`), or
-    None: a config without it, or a grid of one program a tile."""
-    if not (cfg.split_tail and cfg.persistent):
-        return None
-    return tail_plan(tiles, programs, batch, tokens, max_len, causal, cfg.block_m, cfg.block_n)
-
-
 def launch(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -622,43 +577,32 @@ def launch(
     total_tiles = nblk * q_heads * batch
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     programs = min(total_tiles, sm_count(index)) if cfg.persistent else total_tiles
-    plan = split_plan(cfg, total_tiles, programs, batch, total, max_len, causal)
-    # Tiles past the programs' first are handed out off counts[0], zero at the launch; a tail
-    # launch's done-counts follow 16 bytes on (one allocation, one memset).
-    counts = torch.zeros(4 + flag_count(plan) if plan else 1, dtype=torch.int32, device=q.device)
-    whole = plan.whole if plan else total_tiles
-    if whole:
-        _prefill_ws_kernel[(min(whole, programs),)](
-            q,
-            k,
-            v,
-            out,
-            cu_seqlens,
-            counts,
-            scale * LOG2E,
-            q.stride(0),
-            k.stride(0),
-            v.stride(0),
-            out.stride(0),
-            whole,  # tiles past it count as none (the tail launch has them)
-            nblk,
-            q_heads,
-            GROUP=q_heads // kv_heads,
-            HEAD_DIM=head_dim,
-            BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            STAGES=cfg.stages,
-            CAUSAL=causal,
-            PINGPONG=cfg.pingpong,
-            Q_LAYOUT=q_layout,
-            KV_LAYOUT=kv_layout,
-            num_warps=4,
-            maxnreg=168,
-        )
-    if plan:
-        # Built from this module's functions, so imported once they exist.
-        from .prefill_gluon_tail import launch_tail
-
-        launch_tail(plan, q, k, v, out, cu_seqlens, counts[4:], scale * LOG2E, total_tiles,
-                    nblk, cfg, q_layout, kv_layout)  # fmt: skip
+    _prefill_ws_kernel[(programs,)](
+        q,
+        k,
+        v,
+        out,
+        cu_seqlens,
+        # Tiles past the programs' first are handed out off this counter, zero at the launch.
+        torch.zeros(1, dtype=torch.int32, device=q.device),
+        scale * LOG2E,
+        q.stride(0),
+        k.stride(0),
+        v.stride(0),
+        out.stride(0),
+        total_tiles,
+        nblk,
+        q_heads,
+        GROUP=q_heads // kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        STAGES=cfg.stages,
+        CAUSAL=causal,
+        PINGPONG=cfg.pingpong,
+        Q_LAYOUT=q_layout,
+        KV_LAYOUT=kv_layout,
+        num_warps=4,
+        maxnreg=168,
+    )
     return out
