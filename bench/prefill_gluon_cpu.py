@@ -79,7 +79,9 @@ def main() -> int:
     rows = []
     for head_dim in (128, 64):
         for causal in (False, True):
-            cfg = replace(pg.DEFAULT_CONFIG, pingpong=args.pingpong)
+            cfg = replace(
+                pg.GLUON_DEFAULTS.get(head_dim, pg.DEFAULT_CONFIG), pingpong=args.pingpong
+            )
             k = compile_case(head_dim, causal, cfg)
             ptx = k.asm["ptx"]
             if args.ptx:

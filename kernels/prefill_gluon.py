@@ -30,8 +30,8 @@ of one (request, query head):
   (request, head) pair by pair, so the programs running at once share keys and values in L2.
 
 Masks (causal diagonal, the request's last partial tile) are applied only on the tiles that
-need them. The output is stored with a row mask. It is the default prefill at D=128 on sm_90
-(:data:`GLUON_DEFAULTS`); at D=64 the Triton kernel was as fast on the H200 and stays. What it
+need them. The output is stored with a row mask. It is the default prefill at D=128 and D=64 on
+sm_90 (:data:`GLUON_DEFAULTS`). What it
 does not do: a cached prefix (the page-table gather stays with the Triton kernels), head dims
 other than 64 and 128, GPUs other than sm_90, and the CPU interpreter (Gluon has none):
 :func:`unsupported_reason` says why a call cannot run here, and
@@ -86,11 +86,11 @@ class GluonConfig:
     pingpong: bool = False
 
 
-# Where this kernel is the default, per head dim: the H200's pick (bench/NOTES-kernels.md,
-# session 15). At D=64 it and the Triton kernel were within 2% of each other either way
-# (bench/results/prefill-gluon-h200-d64.json), so the Triton kernel, gated in the CPU
-# interpreter too, stays.
-GLUON_DEFAULTS = {128: GluonConfig(64, 128, 3)}
+# Where this kernel is the default, per head dim. D=128: the H200's pick (bench/NOTES-kernels.md,
+# session 15). D=64: within 2% of the Triton kernel either way on the H200 in session 15; with
+# session 28's softmax 1.5-7% ahead of it at five of six shapes on an H100, five stages a hair
+# ahead of three (session 30, bench/results/prefill-gluon-d64-h100-s30-*.json).
+GLUON_DEFAULTS = {128: GluonConfig(64, 128, 3), 64: GluonConfig(64, 128, 5)}
 DEFAULT_CONFIG = GLUON_DEFAULTS[128]
 
 if gluon is not None:

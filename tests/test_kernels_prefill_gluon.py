@@ -32,8 +32,8 @@ needs_gluon = pytest.mark.skipif(prefill_gluon.gluon is None, reason="no Gluon i
 
 
 def test_default_only_on_sm90_at_its_head_dims(monkeypatch) -> None:
-    """sm_90 and D=128: the Gluon kernel; D=64, other GPUs or no Gluon: the Triton kernels as
-    before (capability stood in for: no GPU here)."""
+    """sm_90 at D=128 and D=64: the Gluon kernel at its config for the head dim; other GPUs or
+    no Gluon: the Triton kernels as before (capability stood in for: no GPU here)."""
     gpu = torch.device("cuda", 0)
     for cap in ((8, 0), (9, 0), (10, 0)):
         monkeypatch.setattr(prefill_gluon, "_capability", lambda _i, cap=cap: cap)
@@ -41,8 +41,8 @@ def test_default_only_on_sm90_at_its_head_dims(monkeypatch) -> None:
         for d in (64, 128):
             for causal in (True, False):
                 got = chosen_config(d, causal, gpu)
-                if prefill_gluon.gluon is not None and cap == (9, 0) and d == 128:
-                    assert got == GLUON_DEFAULTS[128]
+                if prefill_gluon.gluon is not None and cap == (9, 0):
+                    assert got == GLUON_DEFAULTS[d]
                 elif cap >= (9, 0) and prefill_hopper.TensorDescriptor is not None:
                     assert got == HOPPER_DEFAULTS[d, causal]
                 else:
