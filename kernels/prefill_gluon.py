@@ -31,9 +31,9 @@ of one (request, query head):
 
 Masks (causal diagonal, the request's last partial tile) are applied only on the tiles that
 need them. The output is stored with a row mask. It is the default prefill at D=128 and D=64 on
-sm_90 (:data:`GLUON_DEFAULTS`). What it
-does not do: a cached prefix (the page-table gather stays with the Triton kernels), head dims
-other than 64 and 128, GPUs other than sm_90, and the CPU interpreter (Gluon has none):
+sm_90 (:data:`GLUON_DEFAULTS`). What it does not do: a cached prefix (the page-table gather
+stays with the Triton kernels), head dims other than 64 and 128, GPUs other than sm_90, and the
+CPU interpreter (Gluon has none):
 :func:`unsupported_reason` says why a call cannot run here, and
 :func:`kdash.kernels.prefill_attention.extend_attention` falls back for the default (an explicit
 :class:`GluonConfig` it cannot run is refused).
