@@ -21,13 +21,19 @@ times the splits and the device-side split search told of W times the programs a
 each program reads 1/W of the tokens and an SM that finishes early could take more of the next
 wave (a check on whether the one wave's uneven finish is part of the fixed cost). Each plan is
 also timed plain: do_bench, replayed from a CUDA graph, read-flushed.
+``--raw FILE``: every program's own stamps (request, KV head, split, SM, start, stage-1 end and
+finish, us from the launch's first start) of the last ``RAW_LAUNCHES`` launches of each mode, at
+the default plan, so a slow program can be told apart by its SM, its SM's load, its split (its
+part of the cache) or its KV head. ``--pdl``: the plans launch with programmatic dependent
+launch (``decode_fused.PDL_DEFAULT``).
 One JSON line a row to ``--out`` (appended).
-Run: python bench/gpu_decode_stamps.py [--out FILE] [--reps N] [--waves 1,2]
+Run: python bench/gpu_decode_stamps.py [--out FILE] [--reps N] [--waves 1,2] [--raw FILE] [--pdl]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -38,13 +44,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench's sibling scripts
 
 from jsonl_rows import emit, start
-from kdash.kernels import bench
+from kdash.kernels import bench, decode_fused
 from kdash.kernels.bench_timing import bench_graph_ms, bench_readflush_ms
 from kdash.kernels.decode_attention import DecodeConfig
 
 SHAPES = [([65536], 64, 8), ([65536], 32, 8), ([131072], 64, 8)]
 MODES = ("flush", "readflush", "warm")
 SPIN_CYCLES = 2_000_000  # ~1 ms at the H100's and H200's 1.98 GHz
+RAW_LAUNCHES = 5
 
 
 class Stamped:
@@ -81,7 +88,19 @@ class Stamped:
         g0, g1, g2 = self.plan._grid1
         z = torch.arange(g2).repeat(g0 * g1)
         s1 = z < self.plan.num_splits
-        return {"s1": st[s1], "merge": st[~s1], "flags_left": flags_left}
+        return {"s1": st[s1], "merge": st[~s1], "flags_left": flags_left, "all": st}
+
+    def raw(self, st: torch.Tensor) -> list[list]:
+        """``[b, kvh, z, sm, start, mid, end]`` a program (z past the splits: a merge program),
+        times in us from the first start, in grid order."""
+        g0, g1, g2 = self.plan._grid1
+        t0 = int(st[:, 0].min())
+        rows = []
+        for i, (a, m, e, sm) in enumerate(st.tolist()):
+            b, rest = divmod(i, g1 * g2)
+            kvh, z = divmod(rest, g2)
+            rows.append([b, kvh, z, sm, *(round((x - t0) / 1e3, 3) for x in (a, m, e))])
+        return rows
 
 
 def us(x) -> float:
@@ -139,9 +158,11 @@ def median_rows(rows: list[dict]) -> dict:
     return out
 
 
-def run_mode(stamped: Stamped, mode: str, reps: int) -> tuple[dict, int]:
+def run_mode(stamped: Stamped, mode: str, reps: int) -> tuple[dict, int, list]:
+    """The median row of ``reps`` launches, the flags left up, and the last launches' raw
+    stamps (:meth:`Stamped.raw`)."""
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
-    rows, left = [], 0
+    rows, left, raw = [], 0, []
     for _ in range(reps):
         # The GPU spins first, so the flush, the events and the launch are all queued behind it
         # (as do_bench's are): else the launch, through Triton's Python path after a sync, can
@@ -162,7 +183,11 @@ def run_mode(stamped: Stamped, mode: str, reps: int) -> tuple[dict, int]:
         got = stamped.read()
         left += got["flags_left"]
         rows.append(one_launch(got, a.elapsed_time(b) * 1e3))
-    return median_rows(rows), left
+        if len(rows) > reps - RAW_LAUNCHES:
+            raw.append(
+                {"event_us": round(rows[-1]["event_us"], 3), "programs": stamped.raw(got["all"])}
+            )
+    return median_rows(rows), left, raw
 
 
 def in_waves(case: bench.DecodeCase, default, waves: int):
@@ -209,8 +234,13 @@ def one_plan(a, case: bench.DecodeCase, shape: str, plan, w: int, ref: torch.Ten
                  "stamped_dobench_us": bench.bench_ms(stamped) * 1e3})  # fmt: skip
     if good:
         for mode in MODES:
-            got, left = run_mode(stamped, mode, a.reps)
+            got, left, raw = run_mode(stamped, mode, a.reps)
             emit(a.out, {**facts, "mode": mode, "reps": a.reps, "flags_left": left, **got})
+            if a.raw is not None and w == 1:
+                cols = ["b", "kvh", "z", "sm", "start", "mid", "end"]
+                with a.raw.open("a") as fh:  # not printed: hundreds of programs a launch
+                    fh.write(json.dumps({**facts, "mode": mode, "columns": cols, "launches": raw}))
+                    fh.write("\n")
     return good
 
 
@@ -219,7 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "stamps.jsonl")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--waves", default="1,2", help="waves of stage-1 programs, 1 to 4 (1: default)")
+    ap.add_argument("--raw", type=Path, default=None, help="every program's stamps to this file")
+    ap.add_argument("--pdl", action="store_true", help="plans launch with PDL (decode_fused)")
     a = ap.parse_args(argv)
+    decode_fused.PDL_DEFAULT = a.pdl
     if a.reps < 1:
         print("--reps must be at least 1", file=sys.stderr)
         return 2
@@ -228,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--waves wants a comma list of 1 to 4 (got {a.waves!r})", file=sys.stderr)
         return 2
     if not start(a.out, "gpu_decode_stamps.py", argv):
+        return 2
+    if a.raw is not None and not start(a.raw, "gpu_decode_stamps.py", argv):
         return 2
     ok = True
     for lens, hq, hkv in SHAPES:

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from . import bench_configs, decode_fused, decode_persist
+from . import bench_configs, decode_persist
 from .bench_occupancy import occ, occupancy_or_error, stage1_occupancy  # noqa: F401
 from .bench_summary import AT_MOST, FLOORS, LONG_CONTEXT, summarize
 from .bench_timing import (
@@ -694,11 +694,7 @@ def main(argv: list[str] | None = None) -> int:
         help="default plans take the persistent one-launch kernel where the fused one does not "
         "pay (decode_persist.PERSISTENT_DEFAULT), so the top-level figures are of that rule",
     )
-    ap.add_argument(
-        "--fenced-merge",
-        action="store_true",
-        help="one-launch plans publish and poll with fences (decode_fused.FENCED_MERGE)",
-    )
+    bench_configs.add_switches(ap)
     ap.add_argument(
         "--default-path-only",
         action="store_true",
@@ -715,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
         OTHER_PATHS = False
     if args.persistent:
         decode_persist.PERSISTENT_DEFAULT = True
-    decode_fused.FENCED_MERGE = args.fenced_merge
+    bench_configs.apply_switches(args)
     if not torch.cuda.is_available():
         print("kdash.kernels.bench needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -1,12 +1,14 @@
 """The decode configs the bench's flags ask for (``--decode-tma``, ``--evict-first``,
-``--no-evict-first``, ``--max-resident``, ``--max-registers``), and what is wrong with a
-combination of them: kept apart from :mod:`kdash.kernels.bench`, whose ``main`` only reads them."""
+``--no-evict-first``, ``--max-resident``, ``--max-registers``), what is wrong with a
+combination of them, and the one-launch kernel's switches (``--fenced-merge``, ``--pdl``,
+``--no-pdl``): kept apart from :mod:`kdash.kernels.bench`, whose ``main`` only reads them."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import asdict, replace
 
+from . import decode_fused
 from .decode_attention import DecodeConfig
 from .decode_fp8 import Fp8Config
 from .decode_gluon import TmaConfig
@@ -36,3 +38,29 @@ def apply_flags(args: argparse.Namespace, best: dict[str, DecodeConfig]) -> dict
         capped = Fp8Config(**{**asdict(best["bf16"]), "maxnreg": args.max_registers})
         best = {**best, "bf16": capped}
     return best
+
+
+def add_switches(ap: argparse.ArgumentParser) -> None:
+    """The one-launch kernel's module switches as flags."""
+    ap.add_argument(
+        "--fenced-merge",
+        action="store_true",
+        help="one-launch plans publish and poll with fences (decode_fused.FENCED_MERGE)",
+    )
+    pdl = ap.add_mutually_exclusive_group()
+    pdl.add_argument(
+        "--pdl",
+        action="store_true",
+        help="one-launch plans launch with programmatic dependent launch (sm_90 and later; "
+        "decode_fused.PDL_DEFAULT on)",
+    )
+    pdl.add_argument(
+        "--no-pdl", action="store_true", help="one-launch plans launch without it (off)"
+    )
+
+
+def apply_switches(args: argparse.Namespace) -> None:
+    """Set the switches for the plans made after this (the flags left out keep the defaults)."""
+    decode_fused.FENCED_MERGE = args.fenced_merge
+    if args.pdl or args.no_pdl:
+        decode_fused.PDL_DEFAULT = args.pdl

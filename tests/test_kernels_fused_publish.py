@@ -101,3 +101,52 @@ def test_stamps_are_compiled_only_when_asked(tmp_path) -> None:
     assert "globaltimer" not in plain and "%smid" not in plain
     assert stamped.count("%globaltimer") == 3 and stamped.count("%smid") == 1
     assert re.search(r"st\.global(\.v2)?\.b64", stamped)
+
+
+def test_pdl_waits_before_any_read_and_triggers_after_the_wait(tmp_path) -> None:
+    """PDL (decode_fused.PDL_DEFAULT, the bench's --pdl): the sm_90 build's first instruction
+    that reads global memory comes after ``griddepcontrol.wait`` (q, the lengths and the cache
+    may be the previous kernel's output), and the trigger for the next launch comes after the
+    wait; without it neither instruction is in the PTX."""
+    q, kc, _, pt, sl, _ = decode_cases.make_case([1000], 32, 8, 128, 16, device="cpu")
+    plan = decode_cases.plan_for(pt, sl, q, kc, config=DecodeConfig(), fused=True, max_seq_len=1000)
+    meta = {k: v for k, v in plan._meta1.items() if k != "EVICT"}
+    meta.update(UPCAST=False, EVICT="")
+    plain = compile_sm90(WHERE, meta, PTRS, tmp_path / "a")["ptx"]
+    pdl = compile_sm90(WHERE, dict(meta, PDL=True, launch_pdl=True), PTRS, tmp_path / "b")["ptx"]
+    assert "griddepcontrol" not in plain
+    body = pdl[pdl.index(".entry") :]
+    wait = body.index("griddepcontrol.wait")
+    assert body.index("griddepcontrol.launch_dependents") > wait
+    reads = [m.start() for m in re.finditer(r"\b(ld|cp\.async|atom)\.global", body)]
+    assert reads and min(reads) > wait
+
+
+def test_the_pdl_switch_reaches_gpu_one_launch_plans_only(monkeypatch) -> None:
+    """PDL_DEFAULT gives one-launch plans made after it the PDL build and the launch option,
+    only where the GPU can take it: the interpreter's plans (here) and two-launch plans never
+    carry it, switch or no switch."""
+    from kdash.kernels import bench_configs, decode_fused
+
+    q, kc, _, pt, sl, _ = decode_cases.make_case([1000], 32, 8, 128, 16, device="cpu")
+
+    def meta(fused: bool) -> dict:
+        plan = decode_cases.plan_for(
+            pt, sl, q, kc, config=DecodeConfig(), fused=fused, max_seq_len=1000
+        )
+        return plan._meta1
+
+    monkeypatch.setattr(decode_fused, "PDL_DEFAULT", True)
+    for fused in (True, False):
+        got = meta(fused)
+        assert "PDL" not in got and "launch_pdl" not in got
+    ap = __import__("argparse").ArgumentParser()
+    bench_configs.add_switches(ap)
+    bench_configs.apply_switches(ap.parse_args(["--no-pdl"]))
+    assert decode_fused.PDL_DEFAULT is False
+    bench_configs.apply_switches(ap.parse_args(["--pdl"]))
+    assert decode_fused.PDL_DEFAULT is True
+    bench_configs.apply_switches(ap.parse_args([]))
+    assert decode_fused.PDL_DEFAULT is True  # left as it was
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--pdl", "--no-pdl"])
