@@ -24,10 +24,9 @@ also timed plain: do_bench, replayed from a CUDA graph, read-flushed.
 ``--raw FILE``: every program's own stamps (request, KV head, split, SM, start, stage-1 end and
 finish, us from the launch's first start) of the last ``RAW_LAUNCHES`` launches of each mode, at
 the default plan, so a slow program can be told apart by its SM, its SM's load, its split (its
-part of the cache) or its KV head. ``--pdl``: the plans launch with programmatic dependent
-launch (``decode_fused.PDL_DEFAULT``).
+part of the cache) or its KV head.
 One JSON line a row to ``--out`` (appended).
-Run: python bench/gpu_decode_stamps.py [--out FILE] [--reps N] [--waves 1,2] [--raw FILE] [--pdl]
+Run: python bench/gpu_decode_stamps.py [--out FILE] [--reps N] [--waves 1,2] [--raw FILE]
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench's sibling scripts
 
 from jsonl_rows import emit, start
-from kdash.kernels import bench, decode_fused
+from kdash.kernels import bench
 from kdash.kernels.bench_timing import bench_graph_ms, bench_readflush_ms
 from kdash.kernels.decode_attention import DecodeConfig
 
@@ -250,9 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--waves", default="1,2", help="waves of stage-1 programs, 1 to 4 (1: default)")
     ap.add_argument("--raw", type=Path, default=None, help="every program's stamps to this file")
-    ap.add_argument("--pdl", action="store_true", help="plans launch with PDL (decode_fused)")
     a = ap.parse_args(argv)
-    decode_fused.PDL_DEFAULT = a.pdl
     if a.reps < 1:
         print("--reps must be at least 1", file=sys.stderr)
         return 2

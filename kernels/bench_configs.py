@@ -1,7 +1,7 @@
 """The decode configs the bench's flags ask for (``--decode-tma``, ``--evict-first``,
 ``--no-evict-first``, ``--max-resident``, ``--max-registers``), what is wrong with a
-combination of them, and the one-launch kernel's switches (``--fenced-merge``, ``--pdl``,
-``--no-pdl``): kept apart from :mod:`kdash.kernels.bench`, whose ``main`` only reads them."""
+combination of them, and the one-launch kernel's switch (``--fenced-merge``): kept apart from
+:mod:`kdash.kernels.bench`, whose ``main`` only reads them."""
 
 from __future__ import annotations
 
@@ -47,20 +47,8 @@ def add_switches(ap: argparse.ArgumentParser) -> None:
         action="store_true",
         help="one-launch plans publish and poll with fences (decode_fused.FENCED_MERGE)",
     )
-    pdl = ap.add_mutually_exclusive_group()
-    pdl.add_argument(
-        "--pdl",
-        action="store_true",
-        help="one-launch plans launch with programmatic dependent launch (sm_90 and later; "
-        "decode_fused.PDL_DEFAULT on)",
-    )
-    pdl.add_argument(
-        "--no-pdl", action="store_true", help="one-launch plans launch without it (off)"
-    )
 
 
 def apply_switches(args: argparse.Namespace) -> None:
-    """Set the switches for the plans made after this (the flags left out keep the defaults)."""
+    """Set the switches for the plans made after this."""
     decode_fused.FENCED_MERGE = args.fenced_merge
-    if args.pdl or args.no_pdl:
-        decode_fused.PDL_DEFAULT = args.pdl

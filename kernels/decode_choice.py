@@ -93,10 +93,6 @@ def finish_meta(plan: DecodePlan, meta: dict) -> None:
             meta["FENCED"] = fenced
         else:
             meta.update(PUBLISH_FENCE=fenced, ACQUIRE_POLL=not fenced)
-            # griddepcontrol is sm_90's; the interpreter launches nothing to overlap
-            cap = capability_of(plan.device)
-            if decode_fused.PDL_DEFAULT and not plan.upcast and cap is not None and cap[0] >= 9:
-                meta.update(PDL=True, launch_pdl=True)
     maxnreg = getattr(plan.config, "maxnreg", None)
     if plan.persistent and plan.is_fp8:
         maxnreg = maxnreg or decode_persist.FP8_MAXNREG

@@ -43,11 +43,6 @@ from .decode_fp8 import _decode_stage1_fp8_cvt
 # for an A/B on one machine (plans made after the switch take it).
 FENCED_MERGE = False
 
-# Programmatic dependent launch for one-launch plans made after the switch (the bench's
-# --pdl / --no-pdl): the grid is launched with the driver's programmatic-serialisation
-# attribute, and every program waits on ``griddepcontrol.wait`` before its first read.
-PDL_DEFAULT = False
-
 
 def merge_chunk(head_dim: int) -> int:
     """Splits a merge program folds per step. On the H200 at 1 x 64k (64 splits) 32 left no
@@ -101,25 +96,6 @@ def _flags_up(FLAGS, row0, s, have, GPU: tl.constexpr, ACQUIRE: tl.constexpr):
 def _pause(x, NS: tl.constexpr, GPU: tl.constexpr):
     """``x`` after a sleep of about ``NS`` ns."""
     return _after(x, tl.full([], NS, tl.int32), "nanosleep.u32 $2;\n\tmov.b32 $0, $1;", GPU)
-
-
-@triton.jit
-def _pdl(x, GPU: tl.constexpr):
-    """``x`` once the grids this one depends on are complete and their writes visible
-    (``griddepcontrol.wait``), after which this program lets the next grid on the stream
-    launch (``launch_dependents``).
-
-    Launched with programmatic dependent launch, a grid may start while the kernel before it
-    drains, so its programs take their slots as the previous kernel's programs leave instead
-    of after the launch that follows its end. The trigger comes after the wait: the next grid
-    then launches only once every program here is resident (a program not yet started has
-    not triggered), so its programs never hold a slot one of this grid's merge programs needs.
-    Nothing may be read before the wait (q, the lengths, the cache may be the previous
-    kernel's output): the asm has side effects, so the compiler moves no load above it, and
-    the request index the addresses are computed from is its result."""
-    return _after(
-        x, x, "griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;\n\tmov.b32 $0, $1;", GPU
-    )
 
 
 @triton.jit
@@ -275,7 +251,6 @@ def _decode_fused(
     PUBLISH_FENCE: tl.constexpr = False,
     ACQUIRE_POLL: tl.constexpr = True,
     STAMP: tl.constexpr = False,
-    PDL: tl.constexpr = False,
 ):
     """Grid ``(B, Hkv, num_splits + GROUP)``: stage 1 for split ``z < num_splits``, else the
     merge of query head ``kvh * GROUP + z - num_splits``. ``FLAGS``: ``[B, Hq, num_splits]``
@@ -286,12 +261,8 @@ def _decode_fused(
     form before session 23, 0.8-1.5 us slower a step on an H100
     (bench/results/decode-publish-h100-s23.json). ``STAMP`` (a diagnostic, GPU only): every
     program writes when it started, when its stage 1 or merge was done and when it finished, and
-    its SM, past the flags (:func:`_stamp`). ``PDL`` (for a grid launched with programmatic
-    dependent launch): every program first waits until the kernels before it on the stream are
-    complete and their writes visible, then lets the next launch go ahead (see :func:`_pdl`)."""
+    its SM, past the flags (:func:`_stamp`)."""
     b = tl.program_id(0)
-    if PDL:
-        b = _pdl(b, not UPCAST)
     kvh = tl.program_id(1)
     z = tl.program_id(2)
     kv_heads = tl.num_programs(1)

@@ -29,7 +29,7 @@ if hint == "1":
     assert l2_hint.install() is None
 module, name = where.split(":")
 fn = getattr(importlib.import_module(module), name)
-opts = {k: meta.pop(k) for k in ("num_warps", "num_stages", "maxnreg", "launch_pdl") if k in meta}
+opts = {k: meta.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in meta}
 names = [p.name for p in fn.params if not p.is_constexpr]
 sig = {n: (ptrs[i] if i < len(ptrs) else ("fp32" if n == "qk_scale" else "i32"))
        for i, n in enumerate(names)}
