@@ -11,6 +11,8 @@ Triton can be put first on the path (``PYTHONPATH=/some/triton-3.6 python ...``)
 
 Run: python bench/decode_regs_cpu.py   (prints one line per layout; a private Triton cache)
      python bench/decode_regs_cpu.py --kmma   (fp8: K converted against K to the fp8 MMA)
+     python bench/decode_regs_cpu.py --hint   (the K/V copies with kdash's L2 evict-first hint,
+                                               as the GPU's default plans compile them)
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from triton.compiler import ASTSource
 
 STRIDES = ("stride_qb", "stride_qh", "stride_kp", "stride_ks", "stride_kh", "stride_vp")
 STRIDES += ("stride_vs", "stride_vh", "stride_ptb")
+EVICT = "evict_first" if "--hint" in sys.argv[1:] else ""
 # (name, KV kind, head_dim, query heads per KV head, page size, tokens per tile)
 LAYOUTS = [
     ("bf16 32/8/128 p16", "bf16", 128, 4, 16, 64),
@@ -109,7 +112,7 @@ def compile_one(
     strides = STRIDES + (("stride_outb", "stride_outh") if fused else ())
     sig.update({s: "i32" for s in strides})
     const = dict(GROUP=group, BLOCK_H=max(16, 1 << (group - 1).bit_length()), HEAD_DIM=head_dim)
-    const.update(BLOCK_N=block_n, PAGE=page, EVICT="", UPCAST=False, PREFETCH=True)
+    const.update(BLOCK_N=block_n, PAGE=page, EVICT=EVICT, UPCAST=False, PREFETCH=True)
     const.update(DEVICE_PLAN=True, TARGET_VARLEN=132 * 12, MIN_SPLIT=256, BLOCK_B=16)
     const.update(MAX_SPLITS=256, MERGE=4, SEARCH=256)
     if fused:
@@ -246,6 +249,14 @@ def compile_persistent(kind: str, head_dim: int, group: int, page: int, block_n:
 
 def main() -> int:
     print(f"triton {triton.__version__}, sm_90, 4 warps, 2 stages (the configs' defaults)")
+    if EVICT:
+        from kdash.kernels import l2_hint
+
+        refused = l2_hint.install()
+        if refused:
+            print(f"--hint: {refused}", file=sys.stderr)
+            return 2
+        print("stage 1 and fused with the L2 evict-first hint (persistent without)")
     if "--kmma" in sys.argv[1:]:
         print("\n".join(kmma_lines()))
         return 0

@@ -1,25 +1,28 @@
 #!/usr/bin/env bash
-# Session 31's device call: the one-launch decode with programmatic dependent launch (gates and
-# an A/B in turns), the stamps with every program's raw rows (without and with PDL), then the
-# whole bench twice each way, alternating (without PDL first).
-# Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
+# Session 31's device calls: the decode GPU gates (the split cut equal to the token), then the
+# whole bench NEW times on the new tree, each followed by the decode table of the tree before
+# the cut (.whl_old: the wheel built at commit 5554f7b, installed apart in /tmp/site_old); on an
+# H200 one more whole bench at the end (the table of record: three runs).
+# Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   and the old
+# wheel in .whl_old (carry both). (The PDL call of this session ran this script at e8e9c35.)
 set -uo pipefail
 SESSION=s31
 # shellcheck source=bench/device_common.sh
 source bench/device_common.sh
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_old \
+  .whl_old/kdash-*.whl > /dev/null || exit 1
 {
   echo "$name $(date +%T)"
-  timeout -k 5 300 python3 bench/gpu_decode_pdl_fused.py --rounds "${ROUNDS:-3}" 2>&1 | tail -n 40
-  echo "pdl rc=$? $(date +%T)"
-  st="$OUT/stamps-$card-$SESSION.jsonl"
-  timeout -k 5 200 python3 bench/gpu_decode_stamps.py --waves 1 --out "$st" \
-    --raw "$OUT/stamps-raw-$card-$SESSION.jsonl" > /tmp/stamps.log 2>&1
-  echo "stamps rc=$? $(date +%T)"
-  timeout -k 5 200 python3 bench/gpu_decode_stamps.py --waves 1 --pdl --out "$st" \
-    > /tmp/stamps-pdl.log 2>&1
-  echo "stamps pdl rc=$? $(date +%T)"
-  for n in $(seq 1 "${BENCHES:-2}"); do
-    bench "full-${CALLN:-1}-$n-plain" --no-pdl
-    bench "full-${CALLN:-1}-$n-pdl" --pdl
+  echo "== GPU gates: decode, plan, fused publish, graph launch, L2 hint, fp8 variants, persistent"
+  timeout -k 5 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider \
+    tests/test_kernels_plan.py tests/test_kernels_decode.py tests/test_kernels_fused_publish.py \
+    tests/test_kernels_graph_launch.py tests/test_kernels_l2_hint.py \
+    tests/test_kernels_fp8_variants.py tests/test_kernels_decode_persist.py \
+    --junitxml "$OUT/gpu-gates-decode-$card-$SESSION-${CALLN:-1}.xml" > /tmp/gates.log 2>&1
+  echo "rc=$? $(date +%T)"; grep -E "passed|failed|FAILED|Error" /tmp/gates.log | tail -8
+  for n in $(seq 1 "${NEW:-2}"); do
+    bench "full-${CALLN:-1}-$n-even"
+    PYTHONPATH=/tmp/site_old:/tmp/site bench "${CALLN:-1}-$n-tiles" --only decode
   done
+  [[ $card == h200 ]] && bench "full-${CALLN:-1}-3-even"
 } 2>&1 | tee "$OUT/$SESSION-call${CALLN:-1}.log"
