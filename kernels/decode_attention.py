@@ -251,6 +251,23 @@ def choose_num_splits(
 
 
 @triton.jit
+def _opaque(x: tl.constexpr, GPU: tl.constexpr):
+    """The int32 ``x`` as a value the compilers cannot fold (a register move in inline PTX);
+    ``x`` itself in the interpreter, which runs no PTX."""
+    if GPU:
+        return tl.inline_asm_elementwise(
+            asm="mov.b32 $0, $1;",
+            constraints="=r,r",
+            args=[tl.full([], x, tl.int32)],
+            dtype=tl.int32,
+            is_pure=True,
+            pack=1,
+        )
+    else:
+        return tl.full([], x, tl.int32)
+
+
+@triton.jit
 def _tile_pages(pt_row, offs_n, end, PAGE: tl.constexpr):
     """Page index of each token of a tile (int32); tokens at or past ``end`` read nothing.
 
@@ -348,10 +365,7 @@ def _piece(
     """``(seq_len, start, end)`` of this program's piece of request ``b``.
 
     The request is cut into as many splits as its length needs at the split length (never more
-    than the grid has), in parts equal to the token (each ``seq_len // n`` or one more); a split
-    past them is empty. Parts rounded up to whole blocks left every split but the last up to a
-    block longer than its share, and the longest split sets the step's time: at 1 x 64k over 49
-    splits, 1344 tokens where 1338 are the share (bench/NOTES-kernels.md, session 31).
+    than the grid has), equal parts rounded up to whole blocks; a split past its end is empty.
     """
     seq_len = tl.load(LENS + b)
     if DEVICE_PLAN:
@@ -369,11 +383,9 @@ def _piece(
     else:
         hint = split_len_hint
     n_here = tl.minimum(tl.maximum(tl.cdiv(seq_len, hint), 1), num_splits)
-    # the first seq_len % n_here splits take one token more
-    share = seq_len // n_here
-    more = seq_len - share * n_here
-    start = split * share + tl.minimum(split, more)
-    end = tl.minimum(start + share + (split < more).to(tl.int32), seq_len)
+    split_len = tl.cdiv(tl.cdiv(seq_len, n_here), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
     return seq_len, start, end
 
 
@@ -418,7 +430,14 @@ def _decode_stage1(
     MAX_SPLITS: tl.constexpr = 256,
     MERGE: tl.constexpr = 0,
     SEARCH: tl.constexpr = 1,
+    OPAQUE_HEADS: tl.constexpr = False,
 ):
+    """``OPAQUE_HEADS``: the query-head mask is built from a value ptxas cannot see through
+    (:func:`_opaque`). A register-allocation lever, not a change of what is computed: inlined
+    in the one-launch kernel with the L2 hint, the known mask at 4 query heads a KV head took
+    155 registers (3 programs an SM) where the opaque one takes 128 with no spill (4 an SM);
+    on stage 1 alone it is the other way round (120 known, 155 opaque), so only the one-launch
+    kernel asks for it (Triton 3.6's ptxas, sm_90: ``bench/decode_regs_cpu.py --hint``)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -441,7 +460,10 @@ def _decode_stage1(
     )
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, HEAD_DIM)
-    hmask = offs_h < GROUP
+    if OPAQUE_HEADS:  # noqa: SIM108 - an if on constexprs compiles one branch
+        hmask = offs_h < _opaque(GROUP, not UPCAST)
+    else:
+        hmask = offs_h < GROUP
     heads = kvh * GROUP + offs_h
     # Partials are contiguous [B, Hq, num_splits, D] and [B, Hq, num_splits].
     row = (b * q_heads + heads).to(tl.int64) * num_splits + split

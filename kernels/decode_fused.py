@@ -293,7 +293,7 @@ def _decode_fused(
                 capacity, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp,
                 stride_vs, stride_vh, stride_ptb, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE,
                 IS_FP8, FP8_FP16, EVICT, UPCAST, PREFETCH, DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT,
-                BLOCK_B, MAX_SPLITS, MERGE, SEARCH,
+                BLOCK_B, MAX_SPLITS, MERGE, SEARCH, True,
             )  # fmt: skip
         if STAMP:
             t_mid = _now(b)
