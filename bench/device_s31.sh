@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Session 31's device calls: the decode GPU gates (the split cut equal to the token), then the
+# Session 31's device calls: the decode GPU gates (the tree as it is), then the
 # whole bench NEW times on the new tree, each followed by the decode table of the tree before
-# the cut (.whl_old: the wheel built at commit 5554f7b, installed apart in /tmp/site_old); on an
+# its change (.whl_old: the wheel built at commit 5554f7b, installed apart in /tmp/site_old); on an
 # H200 one more whole bench at the end (the table of record: three runs).
 # Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   and the old
-# wheel in .whl_old (carry both). (The PDL call of this session ran this script at e8e9c35.)
+# wheel in .whl_old (carry both). (The PDL call of this session ran this script at e8e9c35, the
+# token-even cut's at d4979d5.)
 set -uo pipefail
 SESSION=s31
 # shellcheck source=bench/device_common.sh
@@ -21,8 +22,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_o
     --junitxml "$OUT/gpu-gates-decode-$card-$SESSION-${CALLN:-1}.xml" > /tmp/gates.log 2>&1
   echo "rc=$? $(date +%T)"; grep -E "passed|failed|FAILED|Error" /tmp/gates.log | tail -8
   for n in $(seq 1 "${NEW:-2}"); do
-    bench "full-${CALLN:-1}-$n-even"
-    PYTHONPATH=/tmp/site_old:/tmp/site bench "${CALLN:-1}-$n-tiles" --only decode
+    bench "full-${CALLN:-1}-$n-new"
+    PYTHONPATH=/tmp/site_old:/tmp/site bench "${CALLN:-1}-$n-old" --only decode
   done
-  [[ $card == h200 ]] && bench "full-${CALLN:-1}-3-even"
+  [[ $card == h200 ]] && bench "full-${CALLN:-1}-3-new"
 } 2>&1 | tee "$OUT/$SESSION-call${CALLN:-1}.log"
