@@ -4,7 +4,7 @@
 # its change (.whl_old: the wheel built at commit 5554f7b, installed apart in /tmp/site_old); on an
 # H200 one more whole bench at the end (the table of record: three runs).
 # Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   and the old
-# wheel in .whl_old (carry both). (The PDL call of this session ran this script at e8e9c35, the
+# wheel in .whl_old (carry both). GATES=0 skips the gates. (The PDL call of this session ran this script at e8e9c35, the
 # token-even cut's at d4979d5.)
 set -uo pipefail
 SESSION=s31
@@ -14,13 +14,15 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_o
   .whl_old/kdash-*.whl > /dev/null || exit 1
 {
   echo "$name $(date +%T)"
-  echo "== GPU gates: decode, plan, fused publish, graph launch, L2 hint, fp8 variants, persistent"
-  timeout -k 5 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider \
-    tests/test_kernels_plan.py tests/test_kernels_decode.py tests/test_kernels_fused_publish.py \
-    tests/test_kernels_graph_launch.py tests/test_kernels_l2_hint.py \
-    tests/test_kernels_fp8_variants.py tests/test_kernels_decode_persist.py \
-    --junitxml "$OUT/gpu-gates-decode-$card-$SESSION-${CALLN:-1}.xml" > /tmp/gates.log 2>&1
-  echo "rc=$? $(date +%T)"; grep -E "passed|failed|FAILED|Error" /tmp/gates.log | tail -8
+  if [[ ${GATES:-1} == 1 ]]; then
+    echo "== GPU gates: decode, plan, fused publish, graph launch, L2 hint, fp8 variants, persistent"
+    timeout -k 5 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider \
+      tests/test_kernels_plan.py tests/test_kernels_decode.py tests/test_kernels_fused_publish.py \
+      tests/test_kernels_graph_launch.py tests/test_kernels_l2_hint.py \
+      tests/test_kernels_fp8_variants.py tests/test_kernels_decode_persist.py \
+      --junitxml "$OUT/gpu-gates-decode-$card-$SESSION-${CALLN:-1}.xml" > /tmp/gates.log 2>&1
+    echo "rc=$? $(date +%T)"; grep -E "passed|failed|FAILED|Error" /tmp/gates.log | tail -8
+  fi
   for n in $(seq 1 "${NEW:-2}"); do
     bench "full-${CALLN:-1}-$n-new"
     PYTHONPATH=/tmp/site_old:/tmp/site bench "${CALLN:-1}-$n-old" --only decode
