@@ -1,17 +1,15 @@
 #!/usr/bin/env bash
-# Session 31's device calls: the decode GPU gates (the tree as it is), then the
-# whole bench NEW times on the new tree, each followed by the decode table of the tree before
-# its change (.whl_old: the wheel built at commit 5554f7b, installed apart in /tmp/site_old); on an
-# H200 one more whole bench at the end (the table of record: three runs).
-# Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   and the old
-# wheel in .whl_old (carry both). GATES=0 skips the gates. (The PDL call of this session ran this script at e8e9c35, the
-# token-even cut's at d4979d5.)
+# Session 31's device calls: the decode GPU gates (GATES=0 skips them), then NEW rounds of the
+# whole bench with the one-launch kernel's opaque head mask (--opaque-heads) each followed by
+# the decode table without it (--no-opaque-heads, today's default); on an H200 one more whole
+# bench with the opaque mask at the end (three such runs: a table of record, if it is adopted).
+# Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
+# (Earlier calls of this session ran this script at e8e9c35 (PDL), d4979d5 (the token-even
+# cut, against a wheel of 5554f7b) and 0a35608 (the opaque mask as a default, likewise).)
 set -uo pipefail
 SESSION=s31
 # shellcheck source=bench/device_common.sh
 source bench/device_common.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_old \
-  .whl_old/kdash-*.whl > /dev/null || exit 1
 {
   echo "$name $(date +%T)"
   if [[ ${GATES:-1} == 1 ]]; then
@@ -24,8 +22,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_o
     echo "rc=$? $(date +%T)"; grep -E "passed|failed|FAILED|Error" /tmp/gates.log | tail -8
   fi
   for n in $(seq 1 "${NEW:-2}"); do
-    bench "full-${CALLN:-1}-$n-new"
-    PYTHONPATH=/tmp/site_old:/tmp/site bench "${CALLN:-1}-$n-old" --only decode
+    bench "full-${CALLN:-1}-$n-opaque" --opaque-heads
+    bench "${CALLN:-1}-$n-known" --only decode --no-opaque-heads
   done
-  [[ $card == h200 ]] && bench "full-${CALLN:-1}-3-new"
+  [[ $card == h200 ]] && bench "full-${CALLN:-1}-3-opaque" --opaque-heads
 } 2>&1 | tee "$OUT/$SESSION-call${CALLN:-1}.log"

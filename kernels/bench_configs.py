@@ -1,7 +1,8 @@
 """The decode configs the bench's flags ask for (``--decode-tma``, ``--evict-first``,
 ``--no-evict-first``, ``--max-resident``, ``--max-registers``), what is wrong with a
-combination of them, and the one-launch kernel's switch (``--fenced-merge``): kept apart from
-:mod:`kdash.kernels.bench`, whose ``main`` only reads them."""
+combination of them, and the one-launch kernel's switches (``--fenced-merge``,
+``--opaque-heads``, ``--no-opaque-heads``): kept apart from :mod:`kdash.kernels.bench`, whose
+``main`` only reads them."""
 
 from __future__ import annotations
 
@@ -47,8 +48,18 @@ def add_switches(ap: argparse.ArgumentParser) -> None:
         action="store_true",
         help="one-launch plans publish and poll with fences (decode_fused.FENCED_MERGE)",
     )
+    heads = ap.add_mutually_exclusive_group()
+    heads.add_argument(
+        "--opaque-heads",
+        action="store_true",
+        help="one-launch bf16 plans build stage 1's head mask from an opaque value "
+        "(decode_fused.OPAQUE_HEADS on: fewer registers with the L2 hint)",
+    )
+    heads.add_argument("--no-opaque-heads", action="store_true", help="... from the constant")
 
 
 def apply_switches(args: argparse.Namespace) -> None:
-    """Set the switches for the plans made after this."""
+    """Set the switches for the plans made after this (a pair left out keeps its default)."""
     decode_fused.FENCED_MERGE = args.fenced_merge
+    if args.opaque_heads or args.no_opaque_heads:
+        decode_fused.OPAQUE_HEADS = args.opaque_heads

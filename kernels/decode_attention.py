@@ -437,7 +437,8 @@ def _decode_stage1(
     in the one-launch kernel with the L2 hint, the known mask at 4 query heads a KV head took
     155 registers (3 programs an SM) where the opaque one takes 128 with no spill (4 an SM);
     on stage 1 alone it is the other way round (120 known, 155 opaque), so only the one-launch
-    kernel asks for it (Triton 3.6's ptxas, sm_90: ``bench/decode_regs_cpu.py --hint``)."""
+    kernel may ask for it (Triton 3.6's ptxas, sm_90: ``bench/decode_regs_cpu.py --hint``;
+    ``decode_fused.OPAQUE_HEADS``)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)

@@ -93,6 +93,8 @@ def finish_meta(plan: DecodePlan, meta: dict) -> None:
             meta["FENCED"] = fenced
         else:
             meta.update(PUBLISH_FENCE=fenced, ACQUIRE_POLL=not fenced)
+            if not plan.pairs:  # the bf16 stage 1 (fp8 pairs keep their own mask)
+                meta["OPAQUE_HEADS"] = decode_fused.OPAQUE_HEADS
     maxnreg = getattr(plan.config, "maxnreg", None)
     if plan.persistent and plan.is_fp8:
         maxnreg = maxnreg or decode_persist.FP8_MAXNREG

@@ -43,6 +43,13 @@ from .decode_fp8 import _decode_stage1_fp8_cvt
 # for an A/B on one machine (plans made after the switch take it).
 FENCED_MERGE = False
 
+# Stage 1's query-head mask built from an opaque value (decode_attention._decode_stage1's
+# OPAQUE_HEADS) in one-launch plans made after the switch (the bench's --opaque-heads): 128
+# registers at 32/8 with the L2 hint, 4 programs an SM, where the known mask takes 155 (3 an
+# SM). Off: the H100 runs 32/8 0.7-1.3 us slower replayed at 4 an SM (bench/NOTES-kernels.md,
+# session 31); the H200, whose key 32/8 sets, is not measured yet.
+OPAQUE_HEADS = False
+
 
 def merge_chunk(head_dim: int) -> int:
     """Splits a merge program folds per step. On the H200 at 1 x 64k (64 splits) 32 left no
@@ -251,6 +258,7 @@ def _decode_fused(
     PUBLISH_FENCE: tl.constexpr = False,
     ACQUIRE_POLL: tl.constexpr = True,
     STAMP: tl.constexpr = False,
+    OPAQUE_HEADS: tl.constexpr = False,
 ):
     """Grid ``(B, Hkv, num_splits + GROUP)``: stage 1 for split ``z < num_splits``, else the
     merge of query head ``kvh * GROUP + z - num_splits``. ``FLAGS``: ``[B, Hq, num_splits]``
@@ -261,7 +269,7 @@ def _decode_fused(
     form before session 23, 0.8-1.5 us slower a step on an H100
     (bench/results/decode-publish-h100-s23.json). ``STAMP`` (a diagnostic, GPU only): every
     program writes when it started, when its stage 1 or merge was done and when it finished, and
-    its SM, past the flags (:func:`_stamp`)."""
+    its SM, past the flags (:func:`_stamp`). ``OPAQUE_HEADS``: see :data:`OPAQUE_HEADS`."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     z = tl.program_id(2)
@@ -293,7 +301,7 @@ def _decode_fused(
                 capacity, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp,
                 stride_vs, stride_vh, stride_ptb, GROUP, BLOCK_H, HEAD_DIM, BLOCK_N, PAGE,
                 IS_FP8, FP8_FP16, EVICT, UPCAST, PREFETCH, DEVICE_PLAN, TARGET_VARLEN, MIN_SPLIT,
-                BLOCK_B, MAX_SPLITS, MERGE, SEARCH, True,
+                BLOCK_B, MAX_SPLITS, MERGE, SEARCH, OPAQUE_HEADS,
             )  # fmt: skip
         if STAMP:
             t_mid = _now(b)

@@ -10,6 +10,7 @@ new form 0.8-1.5 us a step faster on an H100 and gated both (bench/NOTES-kernels
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -101,3 +102,40 @@ def test_stamps_are_compiled_only_when_asked(tmp_path) -> None:
     assert "globaltimer" not in plain and "%smid" not in plain
     assert stamped.count("%globaltimer") == 3 and stamped.count("%smid") == 1
     assert re.search(r"st\.global(\.v2)?\.b64", stamped)
+
+
+def test_the_opaque_head_switch_reaches_one_launch_bf16_plans_only(monkeypatch) -> None:
+    """decode_fused.OPAQUE_HEADS (the bench's --opaque-heads) reaches the one-launch bf16
+    plans made after it; two-launch and fp8 pair plans never carry it; the bench's flags set
+    it, and leave it as it is when neither is given."""
+    from kdash.kernels import bench_configs, decode_fused
+    from kdash.kernels.decode_attention import DEFAULT_FP8_CONFIG
+
+    q, kc, _, pt, sl, _ = decode_cases.make_case([1000], 32, 8, 128, 16, device="cpu")
+    q8, kc8, _, pt8, sl8, sc8 = decode_cases.make_case([1000], 32, 8, 128, 16, True, device="cpu")
+
+    def meta(fused: bool, fp8: bool = False) -> dict:
+        if fp8:
+            plan = decode_cases.plan_for(
+                pt8, sl8, q8, kc8, config=DEFAULT_FP8_CONFIG, fused=fused, max_seq_len=1000, **sc8
+            )
+        else:
+            plan = decode_cases.plan_for(
+                pt, sl, q, kc, config=DecodeConfig(), fused=fused, max_seq_len=1000
+            )
+        return plan._meta1
+
+    assert meta(True)["OPAQUE_HEADS"] is decode_fused.OPAQUE_HEADS is False
+    monkeypatch.setattr(decode_fused, "OPAQUE_HEADS", True)
+    assert meta(True)["OPAQUE_HEADS"] is True
+    assert "OPAQUE_HEADS" not in meta(False) and "OPAQUE_HEADS" not in meta(True, fp8=True)
+    ap = argparse.ArgumentParser()
+    bench_configs.add_switches(ap)
+    bench_configs.apply_switches(ap.parse_args(["--no-opaque-heads"]))
+    assert decode_fused.OPAQUE_HEADS is False
+    bench_configs.apply_switches(ap.parse_args(["--opaque-heads"]))
+    assert decode_fused.OPAQUE_HEADS is True
+    bench_configs.apply_switches(ap.parse_args([]))
+    assert decode_fused.OPAQUE_HEADS is True
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--opaque-heads", "--no-opaque-heads"])
