@@ -13,6 +13,8 @@ Run: python bench/decode_regs_cpu.py   (prints one line per layout; a private Tr
      python bench/decode_regs_cpu.py --kmma   (fp8: K converted against K to the fp8 MMA)
      python bench/decode_regs_cpu.py --hint   (the K/V copies with kdash's L2 evict-first hint,
                                                as the GPU's default plans compile them)
+     python bench/decode_regs_cpu.py --hint --opaque-heads   (bf16: stage 1 and the one-launch
+                                            kernel with decode_fused.OPAQUE_HEADS)
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from triton.compiler import ASTSource
 STRIDES = ("stride_qb", "stride_qh", "stride_kp", "stride_ks", "stride_kh", "stride_vp")
 STRIDES += ("stride_vs", "stride_vh", "stride_ptb")
 EVICT = "evict_first" if "--hint" in sys.argv[1:] else ""
+OPAQUE = "--opaque-heads" in sys.argv[1:]  # decode_fused.OPAQUE_HEADS (stage 1 and fused)
 # (name, KV kind, head_dim, query heads per KV head, page size, tokens per tile)
 LAYOUTS = [
     ("bf16 32/8/128 p16", "bf16", 128, 4, 16, 64),
@@ -129,6 +132,10 @@ def compile_one(
     else:
         fn = da._decode_stage1
         const.update(IS_FP8=fp8, FP8_FP16=True)
+    if kind == "bf16":
+        const.update(OPAQUE_HEADS=OPAQUE)
+    # the constexprs left out take their defaults (Triton 3.9 wants every one named)
+    const.update({p.name: p.default for p in fn.params if p.is_constexpr and p.name not in const})
     sig.update({k: "constexpr" for k in const})
     # Pointers and strides 16-divisible, as the plan's buffers and the workload's caches are.
     div = [i for i, n in enumerate(sig) if sig[n].startswith("*") or n.startswith("stride")]
@@ -224,6 +231,8 @@ def compile_persistent(kind: str, head_dim: int, group: int, page: int, block_n:
     const.update(PREFETCH=True, DEVICE_PLAN=True, TARGET_VARLEN=132 * 12, MIN_SPLIT=256)
     const.update(BLOCK_B=16, MAX_SPLITS=256, MERGE=4, SEARCH=256, POLL_NS=64)
     const.update(dp.merge_meta(group, head_dim))
+    params = dp._decode_persistent.params
+    const.update({p.name: p.default for p in params if p.is_constexpr and p.name not in const})
     sig.update({k: "constexpr" for k in const})
     div = [i for i, n in enumerate(sig) if sig[n].startswith("*") or n.startswith("stride")]
     src = ASTSource(dp._decode_persistent, sig, const,

@@ -98,6 +98,20 @@ def to_e4m3(x, EMULATE: tl.constexpr):
         return x.to(tl.float8e4nv)
 
 
+@triton.jit
+def opaque_i32(x, GPU: tl.constexpr):
+    """The int32 ``x`` as a value the compilers cannot fold (a register move in inline PTX);
+    ``x`` itself in the interpreter, which runs no PTX. A register-allocation lever
+    (``decode_fused.OPAQUE_HEADS``), not a change of value."""
+    if GPU:
+        return tl.inline_asm_elementwise(
+            asm="mov.b32 $0, $1;", constraints="=r,r", args=[x], dtype=tl.int32, is_pure=True,
+            pack=1,
+        )  # fmt: skip
+    else:
+        return x
+
+
 def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     """Global scratch for the TMA descriptors the Gluon kernels make (128 bytes a descriptor)."""
     return torch.empty(size, dtype=torch.int8, device="cuda")

@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from . import residency
-from ._common import cdiv, interpreting, mma, next_pow2, sm_count, to_bf16
+from ._common import cdiv, interpreting, mma, next_pow2, opaque_i32, sm_count, to_bf16
 from .launch import BoundKernel
 from .residency import MAX_BLOCKS_PER_SM, Residency
 
@@ -251,23 +251,6 @@ def choose_num_splits(
 
 
 @triton.jit
-def _opaque(x: tl.constexpr, GPU: tl.constexpr):
-    """The int32 ``x`` as a value the compilers cannot fold (a register move in inline PTX);
-    ``x`` itself in the interpreter, which runs no PTX."""
-    if GPU:
-        return tl.inline_asm_elementwise(
-            asm="mov.b32 $0, $1;",
-            constraints="=r,r",
-            args=[tl.full([], x, tl.int32)],
-            dtype=tl.int32,
-            is_pure=True,
-            pack=1,
-        )
-    else:
-        return tl.full([], x, tl.int32)
-
-
-@triton.jit
 def _tile_pages(pt_row, offs_n, end, PAGE: tl.constexpr):
     """Page index of each token of a tile (int32); tokens at or past ``end`` read nothing.
 
@@ -429,16 +412,8 @@ def _decode_stage1(
     BLOCK_B: tl.constexpr = 16,
     MAX_SPLITS: tl.constexpr = 256,
     MERGE: tl.constexpr = 0,
-    SEARCH: tl.constexpr = 1,
-    OPAQUE_HEADS: tl.constexpr = False,
-):
-    """``OPAQUE_HEADS``: the query-head mask is built from a value ptxas cannot see through
-    (:func:`_opaque`). A register-allocation lever, not a change of what is computed: inlined
-    in the one-launch kernel with the L2 hint, the known mask at 4 query heads a KV head took
-    155 registers (3 programs an SM) where the opaque one takes 128 with no spill (4 an SM);
-    on stage 1 alone it is the other way round (120 known, 155 opaque), so only the one-launch
-    kernel may ask for it (Triton 3.6's ptxas, sm_90: ``bench/decode_regs_cpu.py --hint``;
-    ``decode_fused.OPAQUE_HEADS``)."""
+    SEARCH: tl.constexpr = 1, OPAQUE_HEADS: tl.constexpr = False,
+):  # fmt: skip
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -461,10 +436,7 @@ def _decode_stage1(
     )
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, HEAD_DIM)
-    if OPAQUE_HEADS:  # noqa: SIM108 - an if on constexprs compiles one branch
-        hmask = offs_h < _opaque(GROUP, not UPCAST)
-    else:
-        hmask = offs_h < GROUP
+    hmask = offs_h < (opaque_i32(GROUP, not UPCAST) if OPAQUE_HEADS else GROUP)
     heads = kvh * GROUP + offs_h
     # Partials are contiguous [B, Hq, num_splits, D] and [B, Hq, num_splits].
     row = (b * q_heads + heads).to(tl.int64) * num_splits + split

@@ -83,6 +83,7 @@ STAGE1_SIG = {
             "MAX_SPLITS",
             "MERGE",
             "SEARCH",
+            "OPAQUE_HEADS",
         )
     },
 }
@@ -104,6 +105,7 @@ STAGE1_CONST = {
     "MAX_SPLITS": 256,
     "MERGE": 16,
     "SEARCH": 256,
+    "OPAQUE_HEADS": False,
 }
 
 # Real H200 reason names (CUPTI's), weighted roughly as a memory-bound decode kernel shows them;
