@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Session 31's device calls: the decode GPU gates (GATES=0 skips them), then NEW rounds of the
-# whole bench with the one-launch kernel's opaque head mask (--opaque-heads) each followed by
-# the decode table without it (--no-opaque-heads, today's default); on an H200 one more whole
-# bench with the opaque mask at the end (three such runs: a table of record, if it is adopted).
+# decode table with the one-launch kernel's opaque head mask (--opaque-heads) each followed by
+# the decode table without it (--no-opaque-heads, today's default); on an H200 a whole bench
+# with the opaque mask at the end.
 # Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
 # (Earlier calls of this session ran this script at e8e9c35 (PDL), d4979d5 (the token-even
-# cut, against a wheel of 5554f7b) and 0a35608 (the opaque mask as a default, likewise).)
+# cut, against a wheel of 5554f7b) and 0a35608 (the opaque mask as a default, likewise; the
+# whole bench each round).)
 set -uo pipefail
 SESSION=s31
 # shellcheck source=bench/device_common.sh
@@ -22,7 +23,7 @@ source bench/device_common.sh
     echo "rc=$? $(date +%T)"; grep -E "passed|failed|FAILED|Error" /tmp/gates.log | tail -8
   fi
   for n in $(seq 1 "${NEW:-2}"); do
-    bench "full-${CALLN:-1}-$n-opaque" --opaque-heads
+    bench "${CALLN:-1}-$n-opaque" --only decode --opaque-heads
     bench "${CALLN:-1}-$n-known" --only decode --no-opaque-heads
   done
   [[ $card == h200 ]] && bench "full-${CALLN:-1}-3-opaque" --opaque-heads
