@@ -112,6 +112,58 @@ def opaque_i32(x, GPU: tl.constexpr):
         return x
 
 
+@triton.jit
+def rows(heads, num_splits, split, LSEP, hmask, TAGGED: tl.constexpr, UPCAST: tl.constexpr):
+    """Stage 1's partial rows of ``heads`` (``heads * num_splits + split``, int64) and, with
+    ``TAGGED`` (:mod:`kdash.kernels.decode_tagged`), this launch's tag: one more than the tag
+    its first row's LSE holds from the last launch (0 without; ``hmask`` is not needed for it:
+    the first row is always a real head). With ``TAGGED`` on the GPU the
+    program also lets the merge kernel, launched after it with programmatic dependent launch,
+    start (``griddepcontrol.launch_dependents``): the merge reads nothing but tagged partials,
+    so it needs no grid-wide wait. ``UPCAST``: the interpreter's switch (no PTX there)."""
+    row = heads.to(tl.int64) * num_splits + split
+    if TAGGED:
+        if not UPCAST:
+            tl.inline_asm_elementwise(
+                asm="griddepcontrol.launch_dependents; // $0", constraints="=r", args=[],
+                dtype=tl.int32, is_pure=False, pack=1,
+            )  # fmt: skip
+        # every row of a launch carries one tag: the first's will do (one scalar load)
+        last = tl.load(LSEP.to(tl.pointer_type(tl.int64)) + tl.min(row, 0))
+        return row, tag_of(last) + 1
+    else:
+        return row, 0
+
+
+@triton.jit
+def store(P, offs, val, mask, TAGGED: tl.constexpr, tag):
+    """A decode partial (fp32 ``val``) stored at ``offs`` of ``P``; with ``TAGGED`` as one
+    int64 a value, ``tag`` (one a row of ``offs``) in the high 32 bits and the value's bits in
+    the low 32, in a buffer twice as wide. One aligned 64-bit element is written whole
+    (single-copy atomic), so a reader that sees the tag sees the value beside it."""
+    if TAGGED:
+        v = val + tl.zeros(offs.shape, tl.float32)
+        bits = v.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+        t = tag.to(tl.int64) << 32
+        if len(offs.shape) == 2 and len(t.shape) == 1:  # a tag a row
+            t = t[:, None]
+        tl.store(P.to(tl.pointer_type(tl.int64)) + offs, t | bits, mask=mask)
+    else:
+        tl.store(P + offs, val, mask=mask)
+
+
+@triton.jit
+def tagged_value(x):
+    """The fp32 value of a tagged int64 (:func:`store`)."""
+    return (x & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def tag_of(x):
+    """The tag of a tagged int64 (:func:`store`)."""
+    return (x >> 32).to(tl.int32)
+
+
 def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     """Global scratch for the TMA descriptors the Gluon kernels make (128 bytes a descriptor)."""
     return torch.empty(size, dtype=torch.int8, device="cuda")

@@ -1,15 +1,16 @@
 """The decode configs the bench's flags ask for (``--decode-tma``, ``--evict-first``,
 ``--no-evict-first``, ``--max-resident``, ``--max-registers``), what is wrong with a
 combination of them, and the one-launch kernel's switches (``--fenced-merge``,
-``--opaque-heads``, ``--no-opaque-heads``): kept apart from :mod:`kdash.kernels.bench`, whose
-``main`` only reads them."""
+``--opaque-heads``, ``--no-opaque-heads``) and the two-launch kernel's (``--tagged-two``,
+``--no-tagged-two``): kept apart from :mod:`kdash.kernels.bench`, whose ``main`` only reads
+them."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import asdict, replace
 
-from . import decode_fused
+from . import decode_fused, decode_tagged
 from .decode_attention import DecodeConfig
 from .decode_fp8 import Fp8Config
 from .decode_gluon import TmaConfig
@@ -56,6 +57,14 @@ def add_switches(ap: argparse.ArgumentParser) -> None:
         "(decode_fused.OPAQUE_HEADS on: fewer registers with the L2 hint)",
     )
     heads.add_argument("--no-opaque-heads", action="store_true", help="... from the constant")
+    tagged = ap.add_mutually_exclusive_group()
+    tagged.add_argument(
+        "--tagged-two",
+        action="store_true",
+        help="two-launch bf16 plans merge tagged partials in a merge launched while stage 1 "
+        "runs (decode_tagged.TAGGED_DEFAULT on)",
+    )
+    tagged.add_argument("--no-tagged-two", action="store_true", help="... the plain merge")
 
 
 def apply_switches(args: argparse.Namespace) -> None:
@@ -63,3 +72,5 @@ def apply_switches(args: argparse.Namespace) -> None:
     decode_fused.FENCED_MERGE = args.fenced_merge
     if args.opaque_heads or args.no_opaque_heads:
         decode_fused.OPAQUE_HEADS = args.opaque_heads
+    if args.tagged_two or args.no_tagged_two:
+        decode_tagged.TAGGED_DEFAULT = args.tagged_two

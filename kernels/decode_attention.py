@@ -46,8 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import residency
-from ._common import cdiv, interpreting, mma, next_pow2, opaque_i32, sm_count, to_bf16
+from . import _common, residency
+from ._common import cdiv, interpreting, mma, next_pow2, sm_count, to_bf16
 from .launch import BoundKernel
 from .residency import MAX_BLOCKS_PER_SM, Residency
 
@@ -412,7 +412,7 @@ def _decode_stage1(
     BLOCK_B: tl.constexpr = 16,
     MAX_SPLITS: tl.constexpr = 256,
     MERGE: tl.constexpr = 0,
-    SEARCH: tl.constexpr = 1, OPAQUE_HEADS: tl.constexpr = False,
+    SEARCH: tl.constexpr = 1, OPAQUE_HEADS: tl.constexpr = False, TAGGED: tl.constexpr = False,
 ):  # fmt: skip
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -436,14 +436,14 @@ def _decode_stage1(
     )
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, HEAD_DIM)
-    hmask = offs_h < (opaque_i32(GROUP, not UPCAST) if OPAQUE_HEADS else GROUP)
+    hmask = offs_h < (_common.opaque_i32(GROUP, not UPCAST) if OPAQUE_HEADS else GROUP)
     heads = kvh * GROUP + offs_h
     # Partials are contiguous [B, Hq, num_splits, D] and [B, Hq, num_splits].
-    row = (b * q_heads + heads).to(tl.int64) * num_splits + split
+    row, tag = _common.rows(b * q_heads + heads, num_splits, split, LSEP, hmask, TAGGED, UPCAST)
     if start >= end:
         # An empty split (past the end of a short request, or beyond what a replayed plan's
         # lengths need) only says so: lse = -inf, which the merge reads as zero weight.
-        tl.store(LSEP + row, float("-inf"), mask=hmask)
+        _common.store(LSEP, row, float("-inf"), hmask, TAGGED, tag)
         return
     q = tl.load(
         Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
@@ -520,8 +520,8 @@ def _decode_stage1(
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_safe[:, None]
     lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-    tl.store(OP + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=hmask[:, None])
-    tl.store(LSEP + row, lse, mask=hmask)
+    _common.store(OP, row[:, None] * HEAD_DIM + offs_d[None, :], out, hmask[:, None], TAGGED, tag)
+    _common.store(LSEP, row, lse, hmask, TAGGED, tag)
 
 
 @triton.jit

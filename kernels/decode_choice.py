@@ -56,6 +56,8 @@ def choose_kernel(plan: DecodePlan, meta: dict):
         meta["ASM"] = asm
         return _decode_stage1_fp8_pairs
     meta.update(IS_FP8=plan.is_fp8, FP8_FP16=fp16)
+    if plan.tagged:
+        meta["TAGGED"] = True
     return _decode_stage1
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from . import decode_choice, decode_gluon, decode_persist, graph_launch, residency
+from . import decode_choice, decode_gluon, decode_persist, decode_tagged, graph_launch, residency
 from ._common import capability_of, cdiv, interpreting, next_pow2, sm_count
 from .decode_attention import (
     DEFAULT_CONFIG,
@@ -232,6 +232,9 @@ class DecodePlan:
         self.cvt = self.pairs and config.fp8_compute in CVT_MODES  # decode_fp8's kernel
         self.path = self._launch_path(fused, total_tokens, num_splits)
         self.fused, self.persistent = self.path != "two", self.path == "persistent"
+        # the tagged merge (decode_tagged): two launches of the bf16 Triton stage 1
+        self.tagged = decode_tagged.TAGGED_DEFAULT and self.path == "two"
+        self.tagged = self.tagged and not (self.tma or self.is_fp8)
         self._kern1 = decode_choice.choose_kernel(self, meta)
         programs = max(1, batch * num_kv_heads)
         meta.update(
@@ -264,11 +267,14 @@ class DecodePlan:
         self.num_splits, self.split_len = splits, split_len
         # One workspace: partial O [B, Hq, splits, D], partial LSE, final LSE, each part on 16
         # bytes (the compiled kernels assume it of every pointer they are armed with).
-        n_l = batch * num_q_heads * splits
+        # tagged partials take two fp32 a value and start at tag 0 (decode_tagged)
+        wide = 2 if self.tagged else 1
+        n_l = batch * num_q_heads * splits * wide
         n_o = n_l * head_dim
         pad = -n_l % 4
         n_f = batch * num_q_heads
-        ws = torch.empty(n_o + n_l + pad + n_f, device=dev, dtype=torch.float32)
+        make = torch.zeros if self.tagged else torch.empty
+        ws = make(n_o + n_l + pad + n_f, device=dev, dtype=torch.float32)
         self.o_part, self.lse_part, _, lse = ws.split_with_sizes((n_o, n_l, pad, n_f))
         self.lse = lse.view(batch, num_q_heads)
         self._ks = self._vs = seq_lens  # never read without fp8; any pointer does
@@ -308,6 +314,12 @@ class DecodePlan:
         self._slot: graph_launch.GraphSlot | None = None
         self._pt_ptr, self._sl_ptr = page_table.data_ptr(), seq_lens.data_ptr()
         self._outs: tuple = (out, lse, out.stride(0), out.stride(1))
+        self._bind_merge(n_l, out, lse, splits)
+
+    def _bind_merge(self, n_l: int, out: torch.Tensor, lse: torch.Tensor, splits: int) -> None:
+        """The merge of the plan's path: the one-launch kernels' flags (or the persistent one's
+        counters), or the second launch, plain or over tagged partials (decode_tagged)."""
+        batch, num_q_heads, head_dim, dev = self.batch, self.q_heads, self.head_dim, self.device
         if self.fused:
             # The merge's flags, one per partial (request, query head, split), or the
             # persistent kernel's counters: zero between launches.
@@ -315,6 +327,18 @@ class DecodePlan:
             self._flags = torch.zeros(n_flags, device=dev, dtype=torch.int32)
             self._s2 = None
             self._args2: tuple = ()
+        elif self.tagged:
+            # each (request, query head)'s last tag, raised by its merge program
+            self._ep = torch.zeros(batch * num_q_heads, device=dev, dtype=torch.int32)
+            meta2: dict = dict(
+                HEAD_DIM=head_dim, CHUNK=decode_tagged.CHUNK, POLL_NS=decode_tagged.POLL_NS,
+                EMULATE_RTNE=self.upcast, num_warps=4,
+            )  # fmt: skip
+            if not self.upcast:  # launched while stage 1 runs (the interpreter has no PDL)
+                meta2["launch_pdl"] = True
+            self._s2 = BoundKernel(decode_tagged._decode_merge_tagged, (batch, num_q_heads), meta2)
+            bufs2 = (self.o_part, self.lse_part, out, lse, self._ep)
+            self._args2 = (*bufs2, splits, *self._outs[2:])
         else:
             block_s, warps2 = _stage2_meta(splits, head_dim)
             self._s2 = BoundKernel(
@@ -554,7 +578,7 @@ class DecodePlan:
 
         else:
             a2 = self._args2
-            f2 = s2.launcher((*(t.data_ptr() for t in a2[:4]), *a2[4:]))
+            f2 = s2.launcher(tuple(t.data_ptr() if torch.is_tensor(t) else t for t in a2))
             if f2 is None:
                 return
 

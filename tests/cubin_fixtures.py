@@ -84,6 +84,7 @@ STAGE1_SIG = {
             "MERGE",
             "SEARCH",
             "OPAQUE_HEADS",
+            "TAGGED",
         )
     },
 }
@@ -106,6 +107,7 @@ STAGE1_CONST = {
     "MERGE": 16,
     "SEARCH": 256,
     "OPAQUE_HEADS": False,
+    "TAGGED": False,
 }
 
 # Real H200 reason names (CUPTI's), weighted roughly as a memory-bound decode kernel shows them;

@@ -83,15 +83,16 @@ def test_real_cubin_maps_every_instruction_to_the_kernel_file(stage1):
 
 @needs_nvdisasm
 def test_inlined_helpers_keep_their_chain(stage1):
-    """`mma` (kernels/_common.py) and tl.* helpers are inlined: the chain names them, the line
-    charged is the caller's line in the kernel."""
+    """`mma` and the other kernels/_common.py helpers, and tl.* helpers, are inlined: the
+    chain names them, the line charged is the caller's line in the kernel."""
     chains = [i for i in stage1.instrs if i.inlined]
     assert chains
     mma = [i for i in chains if "_common.py" in i.inlined]
     assert mma, "no instruction inlined from kernels/_common.py (mma)"
     src = DECODE.read_text().splitlines()
     for i in mma:
-        assert "mma(" in src[i.line - 1] or "to_bf16(" in src[i.line - 1], src[i.line - 1]
+        calls = ("mma(", "to_bf16(", "_common.rows(", "_common.store(", "_common.opaque_i32(")
+        assert any(c in src[i.line - 1] for c in calls), src[i.line - 1]
         assert i.inlined.endswith(f"decode_attention.py:{i.line}")
 
 

@@ -1,0 +1,114 @@
+"""The two-launch decode's merge over tagged partials, launched before stage 1 ends.
+
+In the two-launch form the merge kernel starts after stage 1's last program has finished and
+its writes are flushed: a launch's edges and the merge's own ramp follow the slowest split. Here
+stage 1 (``_decode_stage1`` with ``TAGGED``) stores every partial value as one int64, the value's
+fp32 bits under this launch's tag (:func:`kdash.kernels._common.store`), and lets the merge
+launch as soon as its own programs have started (``griddepcontrol.launch_dependents``); the
+merge is launched with programmatic dependent launch and never waits for the grid: it polls the
+partials themselves until every value of a chunk of splits carries the tag it expects, so its
+programs take the slots stage 1's programs leave during stage 1's tail and read the last
+split's partial one round trip after it is stored. A stale value (the last launch's) carries the
+last tag and is never taken. The tag a merge program expects is one more than ``EP[b, head]``,
+which it alone reads and raises at its end; stage 1 takes one more than the tag its own LSE
+slot holds, and both move by one a launch (every slot is written every launch, an empty split's
+LSE included).
+
+Off by default (``TAGGED_DEFAULT``; the bench's ``--tagged-two``): built and checked in the
+interpreter, not yet timed on a GPU (bench/NOTES-kernels.md, session 31).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._common import tag_of, tagged_value, to_bf16
+from .decode_fused import _pause
+
+# Two-launch bf16 plans made after the switch merge tagged partials (the bench's --tagged-two).
+TAGGED_DEFAULT = False
+CHUNK = 32  # splits a merge program reads at once (its own registers: stage 1's are apart)
+POLL_NS = 64
+
+
+@triton.jit
+def _decode_merge_tagged(
+    OP,
+    LSEP,
+    Out,
+    LSE,
+    EP,
+    num_splits,
+    stride_outb,
+    stride_outh,
+    HEAD_DIM: tl.constexpr,
+    CHUNK: tl.constexpr,
+    POLL_NS: tl.constexpr,
+    EMULATE_RTNE: tl.constexpr,
+):
+    """Grid ``(B, Hq)``: head ``h`` of request ``b`` over its splits, ``CHUNK`` at a time: the
+    chunk's LSE and output rows read together (volatile, past L1) until every row carries the
+    tag in all its values (an empty split's LSE alone: -inf), each row kept once it does, then
+    the chunk folded in split order (the result does not depend on which split finished
+    first)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    q_heads = tl.num_programs(1)
+    gpu = not EMULATE_RTNE
+    hrow = b * q_heads + h
+    row0 = hrow.to(tl.int64) * num_splits
+    tag = tl.load(EP + hrow, cache_modifier=".cg") + 1
+    lp = LSEP.to(tl.pointer_type(tl.int64))
+    op = OP.to(tl.pointer_type(tl.int64))
+    offs_c = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, HEAD_DIM)
+    m = tl.full([], float("-inf"), tl.float32)
+    den = tl.zeros([], tl.float32)
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for s0 in range(0, num_splits, CHUNK):
+        s = s0 + offs_c
+        have = s < num_splits
+        pending = have
+        lse_c = tl.full([CHUNK], float("-inf"), tl.float32)
+        part = tl.zeros([CHUNK, HEAD_DIM], tl.float32)
+        left = tl.sum(have.to(tl.int32), 0)
+        zero = left * 0
+        # The interpreter runs stage 1 to its end first: a row missing on the second read is a
+        # bug, shown as a wrong result rather than a hang.
+        rounds = 0
+        while (left > 0) & (gpu | (rounds < 2)):
+            rounds += 1
+            rows = row0 + zero + s
+            lt = tl.load(lp + rows, mask=pending, other=0, volatile=True)
+            ot = tl.load(
+                op + rows[:, None] * HEAD_DIM + offs_d[None, :],
+                mask=pending[:, None],
+                other=0,
+                volatile=True,
+            )
+            l_val = tagged_value(lt)
+            o_now = tl.min((tag_of(ot) == tag).to(tl.int32), 1) > 0
+            ready = pending & (tag_of(lt) == tag) & ((l_val == float("-inf")) | o_now)
+            lse_c = tl.where(ready, l_val, lse_c)
+            part = tl.where(ready[:, None], tagged_value(ot), part)
+            pending = pending & (ready == 0)
+            left = tl.sum(pending.to(tl.int32), 0)
+            if left > 0:
+                zero = _pause(left * 0, POLL_NS, gpu)
+        live = have & (lse_c > float("-inf"))
+        part = tl.where(live[:, None], part, 0.0)
+        m_new = tl.maximum(m, tl.max(lse_c, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        w = tl.where(live, tl.exp2(lse_c - m_safe), 0.0)
+        den = den * alpha + tl.sum(w, 0)
+        acc = acc * alpha + tl.sum(part * w[:, None], 0)
+        m = m_new
+    tl.store(EP + hrow, tag)
+    den_safe = tl.where(den > 0, den, 1.0)
+    out = acc / den_safe
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    lse_out = tl.where(den > 0, (m_safe + tl.log2(den_safe)) * 0.6931471805599453, -float("inf"))
+    tl.store(LSE + hrow, lse_out)
+    tl.store(Out + b * stride_outb + h * stride_outh + offs_d, to_bf16(out, EMULATE_RTNE))
