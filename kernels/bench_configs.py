@@ -49,22 +49,25 @@ def add_switches(ap: argparse.ArgumentParser) -> None:
         action="store_true",
         help="one-launch plans publish and poll with fences (decode_fused.FENCED_MERGE)",
     )
-    heads = ap.add_mutually_exclusive_group()
-    heads.add_argument(
-        "--opaque-heads",
-        action="store_true",
-        help="one-launch bf16 plans build stage 1's head mask from an opaque value "
+    _on_off(
+        ap,
+        "opaque-heads",
+        "one-launch bf16 plans build stage 1's head mask from an opaque value "
         "(decode_fused.OPAQUE_HEADS on: fewer registers with the L2 hint)",
     )
-    heads.add_argument("--no-opaque-heads", action="store_true", help="... from the constant")
-    tagged = ap.add_mutually_exclusive_group()
-    tagged.add_argument(
-        "--tagged-two",
-        action="store_true",
-        help="two-launch bf16 plans merge tagged partials in a merge launched while stage 1 "
-        "runs (decode_tagged.TAGGED_DEFAULT on)",
+    _on_off(
+        ap,
+        "tagged-two",
+        "two-launch bf16 plans merge tagged partials in a merge launched while stage 1 runs "
+        "(decode_tagged.TAGGED_DEFAULT on)",
     )
-    tagged.add_argument("--no-tagged-two", action="store_true", help="... the plain merge")
+
+
+def _on_off(ap: argparse.ArgumentParser, name: str, help_on: str) -> None:
+    """``--NAME`` and ``--no-NAME``, one or the other (neither: the switch keeps its default)."""
+    pair = ap.add_mutually_exclusive_group()
+    pair.add_argument(f"--{name}", action="store_true", help=help_on)
+    pair.add_argument(f"--no-{name}", action="store_true", help=f"the same, off (--{name})")
 
 
 def apply_switches(args: argparse.Namespace) -> None:

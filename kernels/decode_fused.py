@@ -180,24 +180,39 @@ def _merge_online(
             other=0.0,
             cache_modifier=".cg",
         )
-        live = have & (lse_c > float("-inf"))
-        part = tl.where(live[:, None], part, 0.0)
-        m_new = tl.maximum(m, tl.max(lse_c, 0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_safe)
-        w = tl.where(live, tl.exp2(lse_c - m_safe), 0.0)
-        den = den * alpha + tl.sum(w, 0)
-        acc = acc * alpha + tl.sum(part * w[:, None], 0)
-        m = m_new
+        m, den, acc = fold_chunk(m, den, acc, lse_c, part, have)
     # This program is the flags' only reader: lowering them readies the next launch.
     for s0 in range(0, num_splits, CHUNK):
         tl.store(FLAGS + row0 + s0 + offs_c, 0, mask=s0 + offs_c < num_splits)
+    out_at = Out + b * stride_outb + head * stride_outh + offs_d
+    store_merged(m, den, acc, LSE + b * q_heads + head, out_at, EMULATE_RTNE)
+
+
+@triton.jit
+def fold_chunk(m, den, acc, lse_c, part, have):
+    """``(m, den, acc)`` with a chunk of splits folded in: the online softmax over their log2
+    LSEs ``lse_c`` and outputs ``part`` (a split with no keys, LSE -inf, weighs nothing and
+    its row is not read)."""
+    live = have & (lse_c > float("-inf"))
+    part = tl.where(live[:, None], part, 0.0)
+    m_new = tl.maximum(m, tl.max(lse_c, 0))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m - m_safe)
+    w = tl.where(live, tl.exp2(lse_c - m_safe), 0.0)
+    den = den * alpha + tl.sum(w, 0)
+    acc = acc * alpha + tl.sum(part * w[:, None], 0)
+    return m_new, den, acc
+
+
+@triton.jit
+def store_merged(m, den, acc, lse_at, out_at, EMULATE_RTNE: tl.constexpr):
+    """The merged output (bf16) at ``out_at`` and its natural-log LSE at ``lse_at``."""
     den_safe = tl.where(den > 0, den, 1.0)
     out = acc / den_safe
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     lse_out = tl.where(den > 0, (m_safe + tl.log2(den_safe)) * 0.6931471805599453, -float("inf"))
-    tl.store(LSE + b * q_heads + head, lse_out)
-    tl.store(Out + b * stride_outb + head * stride_outh + offs_d, to_bf16(out, EMULATE_RTNE))
+    tl.store(lse_at, lse_out)
+    tl.store(out_at, to_bf16(out, EMULATE_RTNE))
 
 
 # num_splits is not specialised: folded in as the constant 1, it let LLVM move the merge's

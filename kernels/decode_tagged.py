@@ -23,8 +23,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import tag_of, tagged_value, to_bf16
-from .decode_fused import _pause
+from ._common import tag_of, tagged_value
+from .decode_fused import _pause, fold_chunk, store_merged
 
 # Two-launch bf16 plans made after the switch merge tagged partials (the bench's --tagged-two).
 TAGGED_DEFAULT = False
@@ -96,19 +96,7 @@ def _decode_merge_tagged(
             left = tl.sum(pending.to(tl.int32), 0)
             if left > 0:
                 zero = _pause(left * 0, POLL_NS, gpu)
-        live = have & (lse_c > float("-inf"))
-        part = tl.where(live[:, None], part, 0.0)
-        m_new = tl.maximum(m, tl.max(lse_c, 0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_safe)
-        w = tl.where(live, tl.exp2(lse_c - m_safe), 0.0)
-        den = den * alpha + tl.sum(w, 0)
-        acc = acc * alpha + tl.sum(part * w[:, None], 0)
-        m = m_new
+        m, den, acc = fold_chunk(m, den, acc, lse_c, part, have)
     tl.store(EP + hrow, tag)
-    den_safe = tl.where(den > 0, den, 1.0)
-    out = acc / den_safe
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    lse_out = tl.where(den > 0, (m_safe + tl.log2(den_safe)) * 0.6931471805599453, -float("inf"))
-    tl.store(LSE + hrow, lse_out)
-    tl.store(Out + b * stride_outb + h * stride_outh + offs_d, to_bf16(out, EMULATE_RTNE))
+    out_at = Out + b * stride_outb + h * stride_outh + offs_d
+    store_merged(m, den, acc, LSE + hrow, out_at, EMULATE_RTNE)
