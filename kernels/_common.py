@@ -113,11 +113,10 @@ def opaque_i32(x, GPU: tl.constexpr):
 
 
 @triton.jit
-def rows(heads, num_splits, split, LSEP, hmask, TAGGED: tl.constexpr, UPCAST: tl.constexpr):
+def rows(heads, num_splits, split, LSEP, TAGGED: tl.constexpr, UPCAST: tl.constexpr):
     """Stage 1's partial rows of ``heads`` (``heads * num_splits + split``, int64) and, with
     ``TAGGED`` (:mod:`kdash.kernels.decode_tagged`), this launch's tag: one more than the tag
-    its first row's LSE holds from the last launch (0 without; ``hmask`` is not needed for it:
-    the first row is always a real head). With ``TAGGED`` on the GPU the
+    its first row's LSE holds from the last launch (0 without). With ``TAGGED`` on the GPU the
     program also lets the merge kernel, launched after it with programmatic dependent launch,
     start (``griddepcontrol.launch_dependents``): the merge reads nothing but tagged partials,
     so it needs no grid-wide wait. ``UPCAST``: the interpreter's switch (no PTX there)."""

@@ -43,7 +43,7 @@ def apply_flags(args: argparse.Namespace, best: dict[str, DecodeConfig]) -> dict
 
 
 def add_switches(ap: argparse.ArgumentParser) -> None:
-    """The one-launch kernel's module switches as flags."""
+    """The decode kernels' module switches as flags."""
     ap.add_argument(
         "--fenced-merge",
         action="store_true",

@@ -439,7 +439,7 @@ def _decode_stage1(
     hmask = offs_h < (_common.opaque_i32(GROUP, not UPCAST) if OPAQUE_HEADS else GROUP)
     heads = kvh * GROUP + offs_h
     # Partials are contiguous [B, Hq, num_splits, D] and [B, Hq, num_splits].
-    row, tag = _common.rows(b * q_heads + heads, num_splits, split, LSEP, hmask, TAGGED, UPCAST)
+    row, tag = _common.rows(b * q_heads + heads, num_splits, split, LSEP, TAGGED, UPCAST)
     if start >= end:
         # An empty split (past the end of a short request, or beyond what a replayed plan's
         # lengths need) only says so: lse = -inf, which the merge reads as zero weight.

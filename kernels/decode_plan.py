@@ -332,7 +332,7 @@ class DecodePlan:
             self._ep = torch.zeros(batch * num_q_heads, device=dev, dtype=torch.int32)
             meta2: dict = dict(
                 HEAD_DIM=head_dim, CHUNK=decode_tagged.CHUNK, POLL_NS=decode_tagged.POLL_NS,
-                EMULATE_RTNE=self.upcast, num_warps=4,
+                GPU=not self.upcast, EMULATE_RTNE=self.upcast, num_warps=4,
             )  # fmt: skip
             if not self.upcast:  # launched while stage 1 runs (the interpreter has no PDL)
                 meta2["launch_pdl"] = True

@@ -45,6 +45,7 @@ def _decode_merge_tagged(
     HEAD_DIM: tl.constexpr,
     CHUNK: tl.constexpr,
     POLL_NS: tl.constexpr,
+    GPU: tl.constexpr,
     EMULATE_RTNE: tl.constexpr,
 ):
     """Grid ``(B, Hq)``: head ``h`` of request ``b`` over its splits, ``CHUNK`` at a time: the
@@ -55,7 +56,6 @@ def _decode_merge_tagged(
     b = tl.program_id(0)
     h = tl.program_id(1)
     q_heads = tl.num_programs(1)
-    gpu = not EMULATE_RTNE
     hrow = b * q_heads + h
     row0 = hrow.to(tl.int64) * num_splits
     tag = tl.load(EP + hrow, cache_modifier=".cg") + 1
@@ -77,7 +77,7 @@ def _decode_merge_tagged(
         # The interpreter runs stage 1 to its end first: a row missing on the second read is a
         # bug, shown as a wrong result rather than a hang.
         rounds = 0
-        while (left > 0) & (gpu | (rounds < 2)):
+        while (left > 0) & (GPU | (rounds < 2)):
             rounds += 1
             rows = row0 + zero + s
             lt = tl.load(lp + rows, mask=pending, other=0, volatile=True)
@@ -95,7 +95,7 @@ def _decode_merge_tagged(
             pending = pending & (ready == 0)
             left = tl.sum(pending.to(tl.int32), 0)
             if left > 0:
-                zero = _pause(left * 0, POLL_NS, gpu)
+                zero = _pause(left * 0, POLL_NS, GPU)
         m, den, acc = fold_chunk(m, den, acc, lse_c, part, have)
     tl.store(EP + hrow, tag)
     out_at = Out + b * stride_outb + h * stride_outh + offs_d

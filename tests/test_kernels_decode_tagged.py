@@ -47,16 +47,31 @@ def _nan_fill(case) -> None:
         t[~used] = float("nan")
 
 
-@pytest.mark.parametrize(("lens", "page"), [([1000, 37, 2222], 16), ([513, 1, 900], 1)])
-def test_tagged_runs_match_the_plain_merge_and_move_the_tags(lens, page, monkeypatch) -> None:
-    case = decode_cases.make_case(lens, 16, 4, 64, page, device="cpu", seed=7)
+@pytest.mark.parametrize(
+    ("lens", "heads", "page", "splits"),
+    [
+        ([1000, 37, 2222], (16, 4), 16, None),
+        ([513, 1, 900], (16, 4), 1, None),
+        ([3000, 70], (4, 1), 16, 40),
+    ],
+    ids=["odd3-p16", "odd3-p1", "40-splits"],  # 40: the merge reads two chunks of 32
+)
+def test_tagged_runs_match_the_plain_merge_and_move_the_tags(
+    lens, heads, page, splits, monkeypatch
+) -> None:
+    case = decode_cases.make_case(lens, *heads, 64, page, device="cpu", seed=7)
     _nan_fill(case)
     q, kc, vc, pt, sl, sc = case
-    plain = _plan(case, False, monkeypatch, fused=False)
-    tagged = _plan(case, True, monkeypatch, fused=False)
+    kw: dict = {"fused": False, "num_splits": splits}
+    if splits:  # short splits, so that the longer request uses more than one chunk of them
+        kw["config"] = DecodeConfig(min_tokens_per_split=16, block_n=16)
+    plain = _plan(case, False, monkeypatch, **kw)
+    tagged = _plan(case, True, monkeypatch, **kw)
     assert tagged.tagged and not plain.tagged
     assert tagged._meta1.get("TAGGED") is True and "TAGGED" not in plain._meta1
     assert tagged.num_splits == plain.num_splits > 1
+    if splits:
+        assert tagged.num_splits == splits > decode_tagged.CHUNK
     qs = [q, torch.randn_like(q), q]
     for i, x in enumerate(qs, start=1):
         want = plain.run(x, kc, vc).clone()
@@ -68,6 +83,10 @@ def test_tagged_runs_match_the_plain_merge_and_move_the_tags(lens, page, monkeyp
         assert (tagged._ep == i).all()
         tags = (tagged.lse_part.view(torch.int64) >> 32).to(torch.int32)
         assert (tags == i).all()  # every slot, an empty split's included, written this run
+    if splits:
+        lse = tagged.lse_part.view(torch.int64).view(len(lens), heads[0], splits)
+        live = torch.isfinite((lse & 0xFFFFFFFF).to(torch.int32).view(torch.float32))
+        assert int(live[0, 0].sum()) > decode_tagged.CHUNK
 
 
 def test_only_two_launch_bf16_plans_are_tagged(monkeypatch) -> None:
@@ -98,7 +117,7 @@ def test_the_sm90_builds_trigger_the_merge_and_poll_without_a_grid_wait(tmp_path
     assert copies and trigger < min(copies)
     assert re.search(r"st\.global(\.v2)?\.b64", body) and "griddepcontrol.wait" not in body
     meta2 = {k: v for k, v in plan._s2.meta.items() if k != "launch_pdl"}
-    meta2["EMULATE_RTNE"] = False
+    meta2.update(GPU=True, EMULATE_RTNE=False)
     ptrs2 = ["*fp32", "*fp32", "*bf16", "*fp32", "*i32"]
     where2 = "kdash.kernels.decode_tagged:_decode_merge_tagged"
     m = compile_sm90(where2, meta2, ptrs2, tmp_path / "b")["ptx"]
