@@ -332,9 +332,10 @@ class DecodePlan:
             self._ep = torch.zeros(batch * num_q_heads, device=dev, dtype=torch.int32)
             meta2: dict = dict(
                 HEAD_DIM=head_dim, CHUNK=decode_tagged.CHUNK, POLL_NS=decode_tagged.POLL_NS,
+                MAX_POLLS=2 if self.upcast else decode_tagged.MAX_POLLS,
                 GPU=not self.upcast, EMULATE_RTNE=self.upcast, num_warps=4,
             )  # fmt: skip
-            if not self.upcast:  # launched while stage 1 runs (the interpreter has no PDL)
+            if not self.upcast and decode_tagged.PDL:  # the interpreter has no PDL
                 meta2["launch_pdl"] = True
             self._s2 = BoundKernel(decode_tagged._decode_merge_tagged, (batch, num_q_heads), meta2)
             bufs2 = (self.o_part, self.lse_part, out, lse, self._ep)

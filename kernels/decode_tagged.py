@@ -30,6 +30,12 @@ from .decode_fused import _pause, fold_chunk, store_merged
 TAGGED_DEFAULT = False
 CHUNK = 32  # splits a merge program reads at once (its own registers: stage 1's are apart)
 POLL_NS = 64
+# Polls of a chunk before a merge program gives up on it and writes NaN, on the GPU (about a
+# second); in the interpreter, which runs stage 1 to its end first, two.
+MAX_POLLS = 1 << 20
+# The merge launched with programmatic dependent launch (off: after stage 1, as the plain merge
+# is; the tags then only check what the grid boundary already ensures).
+PDL = True
 
 
 @triton.jit
@@ -45,6 +51,7 @@ def _decode_merge_tagged(
     HEAD_DIM: tl.constexpr,
     CHUNK: tl.constexpr,
     POLL_NS: tl.constexpr,
+    MAX_POLLS: tl.constexpr,
     GPU: tl.constexpr,
     EMULATE_RTNE: tl.constexpr,
 ):
@@ -52,7 +59,8 @@ def _decode_merge_tagged(
     chunk's LSE and output rows read together (volatile, past L1) until every row carries the
     tag in all its values (an empty split's LSE alone: -inf), each row kept once it does, then
     the chunk folded in split order (the result does not depend on which split finished
-    first)."""
+    first). A row still missing after ``MAX_POLLS`` polls makes the output NaN: a bug shows as
+    a wrong result, never as a hang."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     q_heads = tl.num_programs(1)
@@ -74,10 +82,8 @@ def _decode_merge_tagged(
         part = tl.zeros([CHUNK, HEAD_DIM], tl.float32)
         left = tl.sum(have.to(tl.int32), 0)
         zero = left * 0
-        # The interpreter runs stage 1 to its end first: a row missing on the second read is a
-        # bug, shown as a wrong result rather than a hang.
         rounds = 0
-        while (left > 0) & (GPU | (rounds < 2)):
+        while (left > 0) & (rounds < MAX_POLLS):
             rounds += 1
             rows = row0 + zero + s
             lt = tl.load(lp + rows, mask=pending, other=0, volatile=True)
@@ -97,6 +103,7 @@ def _decode_merge_tagged(
             if left > 0:
                 zero = _pause(left * 0, POLL_NS, GPU)
         m, den, acc = fold_chunk(m, den, acc, lse_c, part, have)
+        acc = tl.where(left > 0, float("nan"), acc)  # NaN stays through the later chunks
     tl.store(EP + hrow, tag)
     out_at = Out + b * stride_outb + h * stride_outh + offs_d
     store_merged(m, den, acc, LSE + hrow, out_at, EMULATE_RTNE)

@@ -89,6 +89,23 @@ def test_tagged_runs_match_the_plain_merge_and_move_the_tags(
         assert int(live[0, 0].sum()) > decode_tagged.CHUNK
 
 
+def test_a_merge_whose_tag_never_comes_gives_up_with_nan(monkeypatch) -> None:
+    """A merge program expecting a tag no stage 1 writes (its head's EP raised by hand) stops
+    polling after MAX_POLLS and writes NaN for that head: a bookkeeping bug shows as a wrong
+    output, not as a hang; the other heads stay right."""
+    case = decode_cases.make_case([700, 90], 8, 2, 64, 16, device="cpu", seed=3)
+    q, kc, vc, pt, sl, sc = case
+    plan = _plan(case, True, monkeypatch, fused=False)
+    assert plan._s2.meta["MAX_POLLS"] == 2  # the interpreter's bound
+    plan.run(q, kc, vc)
+    plan._ep[5] += 7  # request 0, head 5: waits for tag 9 while stage 1 writes tag 2
+    got = plan.run(q, kc, vc).float()
+    bad = ~torch.isfinite(got).all(-1)
+    assert bad.view(-1).nonzero().view(-1).tolist() == [5]
+    assert torch.isfinite(got[1]).all() and torch.isfinite(got[0, :5]).all()
+    assert int(plan._ep[5]) == 9 and (plan._ep[plan._ep != 9] == 2).all()
+
+
 def test_only_two_launch_bf16_plans_are_tagged(monkeypatch) -> None:
     case = decode_cases.make_case([1000], 32, 8, 128, 16, device="cpu")
     assert not _plan(case, True, monkeypatch, fused=True).tagged

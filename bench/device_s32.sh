@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Session 32's device calls, whichever card comes: the decode GPU gates on today's tree (GATES=0
+# skips them), what the tagged merge's buffers hold after a run (--probe), its GPU tests and its
+# A/B (bench/gpu_decode_tagged.py); then, on an H200 only, NEW rounds of the decode table with the one-launch kernel's opaque head mask (--opaque-heads)
+# each followed by one without it, and a whole bench with it while the call has time left.
+# Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
+set -uo pipefail
+SESSION=s32
+# shellcheck source=bench/device_common.sh
+source bench/device_common.sh
+{
+  echo "$name $(date +%T)"
+  if [[ ${GATES:-1} == 1 ]]; then
+    echo "== GPU gates: decode, plan, fused publish, graph launch, L2 hint, fp8 variants, persistent"
+    timeout -k 5 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider \
+      tests/test_kernels_plan.py tests/test_kernels_decode.py tests/test_kernels_fused_publish.py \
+      tests/test_kernels_graph_launch.py tests/test_kernels_l2_hint.py \
+      tests/test_kernels_fp8_variants.py tests/test_kernels_decode_persist.py \
+      --junitxml "$OUT/gpu-gates-decode-$card-$SESSION-${CALLN:-1}.xml" > /tmp/gates.log 2>&1
+    echo "rc=$? $(date +%T)"; grep -E "passed|failed|FAILED|Error" /tmp/gates.log | tail -8
+  fi
+  if [[ ${TAGGED:-1} == 1 ]]; then
+    # apart from the gates: a merge that polls for ever would otherwise take their report too
+    echo "== tagged merge: what its buffers hold (--probe), GPU tests, then the A/B"
+    timeout -k 5 150 python3 bench/gpu_decode_tagged.py --probe
+    echo "rc=$? $(date +%T)"
+    timeout -k 5 150 python3 -m pytest -v -rs -m gpu -p no:cacheprovider \
+      -o faulthandler_timeout=60 tests/test_kernels_decode_tagged.py > /tmp/tagged.log 2>&1
+    rc=$?; echo "rc=$rc $(date +%T)"; grep -E "passed|failed|FAILED|PASSED|Error|^E |Timeout|File " /tmp/tagged.log | tail -30
+    if ((rc == 0)); then
+      timeout -k 5 200 python3 bench/gpu_decode_tagged.py --rounds "${ROUNDS:-3}"
+      echo "rc=$? $(date +%T)"
+    fi
+  fi
+  if [[ $card == h200 || ${FORCE:-0} == 1 ]]; then
+    for n in $(seq 1 "${NEW:-2}"); do
+      bench "${CALLN:-1}-$n-opaque" --only decode --opaque-heads
+      bench "${CALLN:-1}-$n-known" --only decode --no-opaque-heads
+    done
+    # a whole bench takes ~90 s once compiled; the call's limit is 600 s
+    if ((SECONDS < 470)); then bench "full-${CALLN:-1}-3-opaque" --opaque-heads
+    else echo "== no time left for the whole bench ($SECONDS s)"; fi
+  fi
+} 2>&1 | tee "$OUT/$SESSION-call${CALLN:-1}.log"
