@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Session 32's device calls, whichever card comes: the decode GPU gates on today's tree (GATES=0
 # skips them), what the tagged merge's buffers hold after a run (--probe), its GPU tests and its
-# A/B (bench/gpu_decode_tagged.py); then, on an H200 only, NEW rounds of the decode table with the one-launch kernel's opaque head mask (--opaque-heads)
-# each followed by one without it, and a whole bench with it while the call has time left.
+# A/B (bench/gpu_decode_tagged.py); then, on an H200 only, NEW rounds of the decode table with
+# the one-launch kernel's opaque head mask (--opaque-heads) each followed by one without it, and
+# a whole bench with it while the call has time left.
 # Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
 set -uo pipefail
 SESSION=s32
