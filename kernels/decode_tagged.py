@@ -39,6 +39,26 @@ PDL = True
 
 
 @triton.jit
+def _poll(lp, op, rows, offs_d, have, tag, HEAD_DIM: tl.constexpr):
+    """``(lse, out, missing)``: the chunk's tagged LSEs (volatile, past L1), then the output
+    rows of those that carry ``tag`` and are finite (an empty split stores its LSE alone), and
+    how many rows still miss their LSE or an output value under ``tag``. Stage 1 stores a
+    split's output before its LSE, so the second load seldom misses."""
+    lt = tl.load(lp + rows, mask=have, other=0, volatile=True)
+    lse_in = have & (tag_of(lt) == tag)
+    want_o = lse_in & (tagged_value(lt) > float("-inf"))
+    ot = tl.load(
+        op + rows[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=want_o[:, None],
+        other=0,
+        volatile=True,
+    )
+    o_short = tl.sum((want_o[:, None] & (tag_of(ot) != tag)).to(tl.int32), 1) > 0
+    missing = tl.sum((have & (lse_in == 0)).to(tl.int32), 0) + tl.sum(o_short.to(tl.int32), 0)
+    return lt, ot, missing
+
+
+@triton.jit
 def _decode_merge_tagged(
     OP,
     LSEP,
@@ -56,11 +76,13 @@ def _decode_merge_tagged(
     EMULATE_RTNE: tl.constexpr,
 ):
     """Grid ``(B, Hq)``: head ``h`` of request ``b`` over its splits, ``CHUNK`` at a time: the
-    chunk's LSE and output rows read together (volatile, past L1) until every row carries the
-    tag in all its values (an empty split's LSE alone: -inf), each row kept once it does, then
-    the chunk folded in split order (the result does not depend on which split finished
-    first). A row still missing after ``MAX_POLLS`` polls makes the output NaN: a bug shows as
-    a wrong result, never as a hang."""
+    chunk polled (:func:`_poll`) until every LSE carries the tag and so does every output row
+    of a split with keys, then folded in split order (the result does not depend on which
+    split finished first). Nothing but loaded values is carried from one poll to the next: with
+    a mask of the rows still missing carried instead, a head now and then polled for rows that
+    had long arrived once the merge ran beside stage 1 (session 32). A chunk still short after
+    ``MAX_POLLS`` polls makes the output NaN: a bug shows as a wrong result, never as a
+    hang."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     q_heads = tl.num_programs(1)
@@ -77,33 +99,20 @@ def _decode_merge_tagged(
     for s0 in range(0, num_splits, CHUNK):
         s = s0 + offs_c
         have = s < num_splits
-        pending = have
-        lse_c = tl.full([CHUNK], float("-inf"), tl.float32)
-        part = tl.zeros([CHUNK, HEAD_DIM], tl.float32)
-        left = tl.sum(have.to(tl.int32), 0)
-        zero = left * 0
-        rounds = 0
+        rows = row0 + s
+        lt, ot, left = _poll(lp, op, rows, offs_d, have, tag, HEAD_DIM)
+        rounds = 1
         while (left > 0) & (rounds < MAX_POLLS):
+            zero = _pause(left * 0, POLL_NS, GPU)
+            lt, ot, left = _poll(lp, op, rows + zero, offs_d, have, tag, HEAD_DIM)
             rounds += 1
-            rows = row0 + zero + s
-            lt = tl.load(lp + rows, mask=pending, other=0, volatile=True)
-            ot = tl.load(
-                op + rows[:, None] * HEAD_DIM + offs_d[None, :],
-                mask=pending[:, None],
-                other=0,
-                volatile=True,
-            )
-            l_val = tagged_value(lt)
-            o_now = tl.min((tag_of(ot) == tag).to(tl.int32), 1) > 0
-            ready = pending & (tag_of(lt) == tag) & ((l_val == float("-inf")) | o_now)
-            lse_c = tl.where(ready, l_val, lse_c)
-            part = tl.where(ready[:, None], tagged_value(ot), part)
-            pending = pending & (ready == 0)
-            left = tl.sum(pending.to(tl.int32), 0)
-            if left > 0:
-                zero = _pause(left * 0, POLL_NS, GPU)
+        # Values read elementwise beside their tags: one that is not this launch's is NaN.
+        lse_c = tl.where(tag_of(lt) == tag, tagged_value(lt), float("nan"))
+        lse_c = tl.where(have, lse_c, float("-inf"))
+        part = tl.where(tag_of(ot) == tag, tagged_value(ot), float("nan"))
         m, den, acc = fold_chunk(m, den, acc, lse_c, part, have)
-        acc = tl.where(left > 0, float("nan"), acc)  # NaN stays through the later chunks
+        lost = (left > 0) | (tl.sum((have & (lse_c != lse_c)).to(tl.int32), 0) > 0)
+        acc = tl.where(lost, float("nan"), acc)  # NaN stays through the later chunks
     tl.store(EP + hrow, tag)
     out_at = Out + b * stride_outb + h * stride_outh + offs_d
     store_merged(m, den, acc, LSE + hrow, out_at, EMULATE_RTNE)
