@@ -106,6 +106,27 @@ def test_a_merge_whose_tag_never_comes_gives_up_with_nan(monkeypatch) -> None:
     assert int(plan._ep[5]) == 9 and (plan._ep[plan._ep != 9] == 2).all()
 
 
+def test_an_output_value_under_an_old_tag_is_never_taken(monkeypatch) -> None:
+    """The merge alone, run again over one run's partials with one output value of a split
+    with keys set back to the tag before: that head comes out NaN (the merge waits for every
+    value of an arrived split, then gives up), the others as the first merge gave them."""
+    case = decode_cases.make_case([700, 90], 8, 2, 64, 16, device="cpu", seed=4)
+    q, kc, vc, pt, sl, sc = case
+    plan = _plan(case, True, monkeypatch, fused=False)
+    first = plan.run(q, kc, vc).clone()
+    lse = plan.lse_part.view(torch.int64).view(2, 8, plan.num_splits)
+    live = torch.isfinite((lse[1, 6] & 0xFFFFFFFF).to(torch.int32).view(torch.float32))
+    split = int(live.nonzero()[0])
+    o = plan.o_part.view(torch.int64).view(2, 8, plan.num_splits, 64)
+    o[1, 6, split, 17] = o[1, 6, split, 17] & 0xFFFFFFFF  # tag 0, its value kept
+    plan._ep.zero_()  # the merge expects tag 1 again
+    plan._s2(*plan._args2)
+    out = plan.out.float()
+    bad = ~torch.isfinite(out).all(-1)
+    assert bad.nonzero().tolist() == [[1, 6]]
+    assert torch.equal(out[~bad], first.float()[~bad])
+
+
 def test_only_two_launch_bf16_plans_are_tagged(monkeypatch) -> None:
     case = decode_cases.make_case([1000], 32, 8, 128, 16, device="cpu")
     assert not _plan(case, True, monkeypatch, fused=True).tagged
