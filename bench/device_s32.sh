@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Session 32's device calls, whichever card comes: the decode GPU gates on today's tree (GATES=0
-# skips them), what the tagged merge's buffers hold after a run (--probe), its GPU tests and its
-# A/B (bench/gpu_decode_tagged.py); then, on an H200 only, NEW rounds of the decode table with
-# the one-launch kernel's opaque head mask (--opaque-heads) each followed by one without it, and
-# a whole bench with it while the call has time left.
+# skips them); on an H200 only, NEW rounds of the decode table with the one-launch kernel's
+# opaque head mask (--opaque-heads) each followed by one without it, and FULL whole benches with
+# it while the call has time left; then (while the call is under TAGGED_BY s) what the tagged
+# merge's buffers hold after a run (--probe), its GPU tests and its A/B
+# (bench/gpu_decode_tagged.py).
 # Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
 set -uo pipefail
 SESSION=s32
@@ -20,8 +21,19 @@ source bench/device_common.sh
       --junitxml "$OUT/gpu-gates-decode-$card-$SESSION-${CALLN:-1}.xml" > /tmp/gates.log 2>&1
     echo "rc=$? $(date +%T)"; grep -E "passed|failed|FAILED|Error" /tmp/gates.log | tail -8
   fi
-  if [[ ${TAGGED:-1} == 1 ]]; then
-    # apart from the gates: a merge that polls for ever would otherwise take their report too
+  if [[ $card == h200 || ${FORCE:-0} == 1 ]]; then
+    for n in $(seq 1 "${NEW:-2}"); do
+      bench "${CALLN:-1}-$n-opaque" --only decode --opaque-heads
+      bench "${CALLN:-1}-$n-known" --only decode --no-opaque-heads
+    done
+    # a whole bench takes ~90 s once compiled; the call's limit is 600 s
+    for n in $(seq 1 "${FULL:-1}"); do
+      if ((SECONDS < 470)); then bench "full-${CALLN:-1}-$n-opaque" --opaque-heads
+      else echo "== no time left for a whole bench ($SECONDS s)"; fi
+    done
+  fi
+  if [[ ${TAGGED:-1} == 1 ]] && ((SECONDS < ${TAGGED_BY:-600})); then
+    # apart from the gates, with their own reports
     echo "== tagged merge: what its buffers hold (--probe), GPU tests, then the A/B"
     timeout -k 5 150 python3 bench/gpu_decode_tagged.py --probe
     echo "rc=$? $(date +%T)"
@@ -32,14 +44,5 @@ source bench/device_common.sh
       timeout -k 5 200 python3 bench/gpu_decode_tagged.py --rounds "${ROUNDS:-3}"
       echo "rc=$? $(date +%T)"
     fi
-  fi
-  if [[ $card == h200 || ${FORCE:-0} == 1 ]]; then
-    for n in $(seq 1 "${NEW:-2}"); do
-      bench "${CALLN:-1}-$n-opaque" --only decode --opaque-heads
-      bench "${CALLN:-1}-$n-known" --only decode --no-opaque-heads
-    done
-    # a whole bench takes ~90 s once compiled; the call's limit is 600 s
-    if ((SECONDS < 470)); then bench "full-${CALLN:-1}-3-opaque" --opaque-heads
-    else echo "== no time left for the whole bench ($SECONDS s)"; fi
   fi
 } 2>&1 | tee "$OUT/$SESSION-call${CALLN:-1}.log"
