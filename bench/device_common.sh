@@ -1,7 +1,7 @@
 # Sourced by the session device scripts (bench/device_s24.sh, device_s25.sh): the carried wheels
 # installed, the card named (card=h200|h100|gpu, name=its full name), and bench STEM [FLAGS]:
 # the whole kernel bench (default paths only) into $OUT/kernels-$card-$SESSION-STEM.json, its
-# own summary lines printed. Needs SESSION set first.
+# own summary lines printed; gates N: the decode GPU tests. Needs SESSION set first.
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH=/tmp/site PYTHONSAFEPATH=1
 bash bench/device_setup.sh > /dev/null || exit 1
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
@@ -12,4 +12,13 @@ bench() {  # $1: file stem, the rest: bench flags
   timeout -k 5 240 python3 -m kdash.kernels.bench --sweep none --default-path-only "$@" \
     --out "$OUT/kernels-$card-$SESSION-$stem.json" > "/tmp/$stem.log" 2>&1
   echo "rc=$? $(date +%T)"; grep -E "summary|Error|error" "/tmp/$stem.log" | cut -c1-300
+}
+gates() {  # the decode GPU gates into $OUT/gpu-gates-decode-$card-$SESSION-$1.xml
+  echo "== GPU gates: decode, plan, fused publish, graph launch, L2 hint, fp8 variants, persistent"
+  timeout -k 5 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider \
+    tests/test_kernels_plan.py tests/test_kernels_decode.py tests/test_kernels_fused_publish.py \
+    tests/test_kernels_graph_launch.py tests/test_kernels_l2_hint.py \
+    tests/test_kernels_fp8_variants.py tests/test_kernels_decode_persist.py \
+    --junitxml "$OUT/gpu-gates-decode-$card-$SESSION-$1.xml" > /tmp/gates.log 2>&1
+  echo "rc=$? $(date +%T)"; grep -E "passed|failed|FAILED|Error" /tmp/gates.log | tail -8
 }

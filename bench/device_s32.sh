@@ -13,13 +13,7 @@ source bench/device_common.sh
 {
   echo "$name $(date +%T)"
   if [[ ${GATES:-1} == 1 ]]; then
-    echo "== GPU gates: decode, plan, fused publish, graph launch, L2 hint, fp8 variants, persistent"
-    timeout -k 5 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider \
-      tests/test_kernels_plan.py tests/test_kernels_decode.py tests/test_kernels_fused_publish.py \
-      tests/test_kernels_graph_launch.py tests/test_kernels_l2_hint.py \
-      tests/test_kernels_fp8_variants.py tests/test_kernels_decode_persist.py \
-      --junitxml "$OUT/gpu-gates-decode-$card-$SESSION-${CALLN:-1}.xml" > /tmp/gates.log 2>&1
-    echo "rc=$? $(date +%T)"; grep -E "passed|failed|FAILED|Error" /tmp/gates.log | tail -8
+    gates "${CALLN:-1}"
   fi
   if [[ $card == h200 || ${FORCE:-0} == 1 ]]; then
     for n in $(seq 1 "${NEW:-2}"); do
