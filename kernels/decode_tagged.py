@@ -39,23 +39,32 @@ PDL = True
 
 
 @triton.jit
-def _poll(lp, op, rows, offs_d, have, tag, HEAD_DIM: tl.constexpr):
-    """``(lse, out, missing)``: the chunk's tagged LSEs (volatile, past L1), then the output
-    rows of those that carry ``tag`` and are finite (an empty split stores its LSE alone), and
-    how many rows still miss their LSE or an output value under ``tag``. Stage 1 stores a
-    split's output before its LSE, so the second load seldom misses."""
+def _lse_missing(lp, rows, have, tag):
+    """How many of the chunk's LSEs do not carry ``tag`` yet (volatile loads, past L1)."""
     lt = tl.load(lp + rows, mask=have, other=0, volatile=True)
-    lse_in = have & (tag_of(lt) == tag)
-    want_o = lse_in & (tagged_value(lt) > float("-inf"))
+    return tl.sum((have & (tag_of(lt) != tag)).to(tl.int32), 0)
+
+
+@triton.jit
+def _read(lp, op, rows, offs_d, have, tag, HEAD_DIM: tl.constexpr):
+    """``(lse, out, short)``: the chunk's LSEs and output rows as values, each NaN where its
+    tag is not ``tag`` (an empty split's LSE -inf, its output row never weighed), and how many
+    rows are short: an LSE, or an output value of a split with keys, not under ``tag``."""
+    lt = tl.load(lp + rows, mask=have, other=0, volatile=True)
     ot = tl.load(
         op + rows[:, None] * HEAD_DIM + offs_d[None, :],
-        mask=want_o[:, None],
+        mask=have[:, None],
         other=0,
         volatile=True,
     )
-    o_short = tl.sum((want_o[:, None] & (tag_of(ot) != tag)).to(tl.int32), 1) > 0
-    missing = tl.sum((have & (lse_in == 0)).to(tl.int32), 0) + tl.sum(o_short.to(tl.int32), 0)
-    return lt, ot, missing
+    l_in = tag_of(lt) == tag
+    lse = tl.where(have, tl.where(l_in, tagged_value(lt), float("nan")), float("-inf"))
+    o_in = tag_of(ot) == tag
+    out = tl.where(o_in, tagged_value(ot), float("nan"))
+    live = have & l_in & (lse > float("-inf"))
+    o_short = tl.sum((live[:, None] & (o_in == 0)).to(tl.int32), 1) > 0
+    short = tl.sum((have & (l_in == 0)).to(tl.int32), 0) + tl.sum(o_short.to(tl.int32), 0)
+    return lse, out, short
 
 
 @triton.jit
@@ -76,11 +85,12 @@ def _decode_merge_tagged(
     EMULATE_RTNE: tl.constexpr,
 ):
     """Grid ``(B, Hq)``: head ``h`` of request ``b`` over its splits, ``CHUNK`` at a time: the
-    chunk polled (:func:`_poll`) until every LSE carries the tag and so does every output row
-    of a split with keys, then folded in split order (the result does not depend on which
-    split finished first). Nothing but loaded values is carried from one poll to the next: with
-    a mask of the rows still missing carried instead, a head now and then polled for rows that
-    had long arrived once the merge ran beside stage 1 (session 32). A chunk still short after
+    chunk's LSEs polled until every one carries the tag, then the LSEs and output rows read
+    (:func:`_read`, again while an output value of a split with keys is not under the tag),
+    then folded in split order (the result does not depend on which split finished first).
+    Only counts cross a poll: on the GPU, polls that carried the partials and a mask of the
+    rows still missing lost rows now and then, and values read beside their tags in one poll
+    could be older than the tags (session 32). A chunk still short after
     ``MAX_POLLS`` polls makes the output NaN: a bug shows as a wrong result, never as a
     hang."""
     b = tl.program_id(0)
@@ -100,18 +110,22 @@ def _decode_merge_tagged(
         s = s0 + offs_c
         have = s < num_splits
         rows = row0 + s
-        lt, ot, left = _poll(lp, op, rows, offs_d, have, tag, HEAD_DIM)
+        left = _lse_missing(lp, rows, have, tag)
         rounds = 1
         while (left > 0) & (rounds < MAX_POLLS):
             zero = _pause(left * 0, POLL_NS, GPU)
-            lt, ot, left = _poll(lp, op, rows + zero, offs_d, have, tag, HEAD_DIM)
+            left = _lse_missing(lp, rows + zero, have, tag)
             rounds += 1
-        # Values read elementwise beside their tags: one that is not this launch's is NaN.
-        lse_c = tl.where(tag_of(lt) == tag, tagged_value(lt), float("nan"))
-        lse_c = tl.where(have, lse_c, float("-inf"))
-        part = tl.where(tag_of(ot) == tag, tagged_value(ot), float("nan"))
+        # Read again after the poll that saw every LSE: Triton may load a volatile value once
+        # for each layout it is used in, so a poll's values can be older than its tags.
+        zero = _pause(left * 0, 0, GPU)
+        lse_c, part, short = _read(lp, op, rows + zero, offs_d, have, tag, HEAD_DIM)
+        while (short > 0) & (rounds < MAX_POLLS):  # outputs are stored before, unfenced
+            zero = _pause(short * 0, POLL_NS, GPU)
+            lse_c, part, short = _read(lp, op, rows + zero, offs_d, have, tag, HEAD_DIM)
+            rounds += 1
         m, den, acc = fold_chunk(m, den, acc, lse_c, part, have)
-        lost = (left > 0) | (tl.sum((have & (lse_c != lse_c)).to(tl.int32), 0) > 0)
+        lost = (left > 0) | (short > 0)
         acc = tl.where(lost, float("nan"), acc)  # NaN stays through the later chunks
     tl.store(EP + hrow, tag)
     out_at = Out + b * stride_outb + h * stride_outh + offs_d
