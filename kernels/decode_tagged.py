@@ -6,16 +6,16 @@ stage 1 (``_decode_stage1`` with ``TAGGED``) stores every partial value as one i
 fp32 bits under this launch's tag (:func:`kdash.kernels._common.store`), and lets the merge
 launch as soon as its own programs have started (``griddepcontrol.launch_dependents``); the
 merge is launched with programmatic dependent launch and never waits for the grid: it polls the
-partials themselves until every value of a chunk of splits carries the tag it expects, so its
-programs take the slots stage 1's programs leave during stage 1's tail and read the last
-split's partial one round trip after it is stored. A stale value (the last launch's) carries the
-last tag and is never taken. The tag a merge program expects is one more than ``EP[b, head]``,
-which it alone reads and raises at its end; stage 1 takes one more than the tag its own LSE
-slot holds, and both move by one a launch (every slot is written every launch, an empty split's
-LSE included).
+LSEs until every one of a chunk of splits carries the tag it expects, then reads the chunk's
+partials, so its programs take the slots stage 1's programs leave during stage 1's tail and
+read the last split's partial two round trips after it is stored. A stale value (the last
+launch's) carries the last tag and is never taken. The tag a merge program expects is one more
+than ``EP[b, head]``, which it alone reads and raises at its end; stage 1 takes one more than
+the tag its own LSE slot holds, and both move by one a launch (every slot is written every
+launch, an empty split's LSE included).
 
-Off by default (``TAGGED_DEFAULT``; the bench's ``--tagged-two``): built and checked in the
-interpreter, not yet timed on a GPU (bench/NOTES-kernels.md, session 31).
+Off by default (``TAGGED_DEFAULT``; the bench's ``--tagged-two``): right on an H100 but slower
+there than the plain two launches, 3-5 us a step replayed (bench/NOTES-kernels.md, session 32).
 """
 
 from __future__ import annotations
