@@ -40,11 +40,14 @@ PLANS = ("fused", "two", "tagged", "tagged_after")
 
 
 def tagged_plan(case: bench.DecodeCase, pdl: bool):
+    """A two-launch plan over tagged partials, the merge launched early (``pdl``) or after
+    stage 1; the module's switches left as they were."""
+    was = decode_tagged.TAGGED_DEFAULT, decode_tagged.PDL
     decode_tagged.TAGGED_DEFAULT, decode_tagged.PDL = True, pdl
     try:
         plan = case.plan(DecodeConfig(), fused=False)
     finally:
-        decode_tagged.TAGGED_DEFAULT, decode_tagged.PDL = False, True
+        decode_tagged.TAGGED_DEFAULT, decode_tagged.PDL = was
     assert plan.tagged and plan._s2.meta.get("launch_pdl", False) == pdl
     return plan
 
@@ -71,7 +74,7 @@ def probe_row(lens, hq, hkv, pdl: bool) -> dict:
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
         lse = plan.lse_part.view(torch.int64)[: len(lens) * hq * splits]
-        o = plan.o_part.view(torch.int64)[: len(lens) * hq * splits * 128].view(-1, 128)
+        o = plan.o_part.view(torch.int64)[: len(lens) * hq * splits * case.d].view(-1, case.d)
         ltag = (lse >> 32).to(torch.int32)
         live = torch.isfinite((lse & 0xFFFFFFFF).to(torch.int32).view(torch.float32))
         otag_ok = ((o >> 32).to(torch.int32) == i).all(1)
