@@ -7,7 +7,7 @@
 # (bench/gpu_decode_tagged.py).
 # Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
 set -uo pipefail
-SESSION=s32
+SESSION=${SESSION:-s32}  # later sessions name theirs
 # shellcheck source=bench/device_common.sh
 source bench/device_common.sh
 {
