@@ -45,7 +45,8 @@ def bench_readflush_ms(fn, *, iters: int = 100) -> float:
     """Median ms of ``fn`` after an L2 flush that only reads (a sum over 256 MiB).
 
     ``do_bench`` flushes L2 by zeroing 256 MiB, which leaves L2 full of dirty lines whose write-back
-    then competes with the timed kernel (about 60 MB of extra writes, ~12 us on an H200). A read
+    then competes with the timed kernel (~24 MB written back during a 268 MB decode call on an
+    H100, by Nsight Compute: bench/NOTES-kernels.md, session 33). A read
     flush evicts the timed kernel's data just as well and leaves clean lines. Reported next to the
     ``do_bench`` figure, not instead of it.
     """

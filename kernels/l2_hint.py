@@ -3,10 +3,12 @@ and the Triton kernels' ``cp.async``.
 
 Decode reads every K/V byte once. ``triton.testing.do_bench`` (the bench's ``decode_bw_ratio``)
 flushes L2 before each call by zeroing 256 MiB, so a call starts with L2 full of dirty lines,
-and the stream evicts them: ~50 MB of write-back inside the timed call (bench/NOTES-kernels.md,
-sessions 13 and 18). A server's decode meets the same thing after any kernel that wrote more
-than L2 holds. With an evict-first policy the streamed lines are the first L2 gives up, so the
-dirty ones (and whatever else L2 holds that others still want) stay.
+and the stream evicts them: ~24 MB of write-back inside the timed call at 1 x 64k on an H100
+(Nsight Compute; bench/NOTES-kernels.md, sessions 13, 18 and 33). A server's decode meets the
+same thing after any kernel that wrote more than L2 holds. With an evict-first policy the
+streamed lines are the first L2 gives up, so the dirty ones (and whatever else L2 holds that
+others still want) stay: half as many bytes are written back, but while L2 stays mostly dirty
+the stream runs 4-7% slower, so past ~268 MB a call the hint loses what it saves.
 
 Neither copy gets the hint from Triton: Gluon in Triton 3.6 (the H200's) has no cache-policy
 parameter for TMA, and Triton's ``cp.async`` lowering drops eviction policies. So a
