@@ -3,7 +3,8 @@
 # policy in its own process and Triton cache (bench/gpu_decode_l2frac.py: do_bench, replayed and
 # read-flushed us; on an H100 the hinted stream ran 4-7% slower while L2 stayed dirty, session
 # 33), then the opaque head mask's A/B and whole benches with it (bench/device_s32.sh, NEW and
-# FULL as there; L2N: the hint's alternations, 2). Results in $OUT: l2frac-h200-s33.jsonl, kernels-h200-s33-*.json, the logs.
+# FULL as there; L2N: the hint's alternations, 2). Results in $OUT: l2frac-h200-s33.jsonl,
+# kernels-h200-s33-*.json, the logs.
 # Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
 set -uo pipefail
 SESSION=s33
