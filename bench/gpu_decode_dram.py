@@ -7,14 +7,16 @@ copies closed the gap (bench/NOTES-kernels.md, sessions 20 and 25). This script 
 Compute the calls to count: per shape, the default plan's run after a zeroing flush, after a
 reading flush and right after another run (no flush), ``--reps`` times each, between
 ``cudaProfilerStart``/``Stop``. Run it under ncu with the caches and clocks left alone and only
-the decode kernels counted (the flushes are kernels too)::
+the decode kernels counted (the flushes are kernels too), then read the report back as CSV in
+base units (bytes, ns), as bench/device_s33.sh does::
 
     ncu --profile-from-start off --cache-control none --clock-control none -k regex:^_decode \\
         --metrics dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum \\
-        --csv --page raw python bench/gpu_decode_dram.py --labels labels.json [--plain]
+        -f -o dram python bench/gpu_decode_dram.py --labels labels.json [--plain]
+    ncu --import dram.ncu-rep --csv --page raw --print-units base > ncu.csv
 
 ``--labels`` gets the profiled calls in launch order (shape, flush, rep, the kernels each call
-launched), which ``--join`` later pairs with ncu's CSV rows::
+launched), which ``--join`` pairs with ncu's CSV rows::
 
     python bench/gpu_decode_dram.py --join labels.json ncu.csv --out dram.json
 
@@ -30,6 +32,7 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 SHAPES = "1x65536:64/8:bf16,1x65536:64/8:fp8,1x131072:32/8:bf16"
 FLUSHES = ("zero", "read", "none")
@@ -83,7 +86,8 @@ def measure(shapes: list[str], reps: int, plain: bool) -> list[dict]:
     return labels
 
 
-def label(spec: str, how: str, rep: int, plan, splits: int, case, plain: bool) -> dict:
+def label(spec: str, how: str, rep: int, plan: Any, splits: int, case: Any, plain: bool) -> dict:
+    """One profiled call: what ran, and how many kernels ncu will list for it."""
     return {
         "shape": spec,
         "flush": how,
