@@ -7,7 +7,7 @@
 # kernels-h200-s33-*.json, the logs.
 # Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
 set -uo pipefail
-SESSION=s33
+SESSION=${SESSION:-s33}
 # shellcheck source=bench/device_common.sh
 source bench/device_common.sh
 if [[ $card != h200 ]]; then
