@@ -4,7 +4,11 @@
 # own summary lines printed; gates N: the decode GPU tests (OPAQUE=1: with the opaque head mask).
 # Needs SESSION set first.
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH=/tmp/site PYTHONSAFEPATH=1
-bash bench/device_setup.sh > /dev/null || exit 1
+# a device script that runs another one (device_s33_h200.sh runs device_s32.sh) installs once
+if [[ -z ${KDASH_DEVICE_SETUP:-} ]]; then
+  bash bench/device_setup.sh > /dev/null || exit 1
+  export KDASH_DEVICE_SETUP=1
+fi
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case $name in *H200*) card=h200 ;; *H100*) card=h100 ;; *) card=gpu ;; esac
 bench() {  # $1: file stem, the rest: bench flags
