@@ -1,7 +1,8 @@
 # Sourced by the session device scripts (bench/device_s24.sh, device_s25.sh): the carried wheels
 # installed, the card named (card=h200|h100|gpu, name=its full name), and bench STEM [FLAGS]:
 # the whole kernel bench (default paths only) into $OUT/kernels-$card-$SESSION-STEM.json, its
-# own summary lines printed; gates N: the decode GPU tests (OPAQUE=1: with the opaque head mask).
+# own summary lines printed; gates N: the decode GPU tests (OPAQUE=1: with the opaque head mask;
+# WARM=N: with the one-launch kernel's prefetch of N tiles).
 # Needs SESSION set first.
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH=/tmp/site PYTHONSAFEPATH=1
 # a device script that runs another one (device_s33_h200.sh runs device_s32.sh) installs once
@@ -20,12 +21,14 @@ bench() {  # $1: file stem, the rest: bench flags
 }
 gates() {  # the decode GPU gates into $OUT/gpu-gates-decode-$card-$SESSION-$1.xml
   echo "== GPU gates: decode, plan, fused publish, graph launch, L2 hint, fp8 variants, persistent"
-  # OPAQUE=1: with decode_fused.OPAQUE_HEADS on, as the bench's --opaque-heads runs it
+  # OPAQUE=1: with decode_fused.OPAQUE_HEADS on, as the bench's --opaque-heads runs it;
+  # WARM=N: with decode_fused.WARM_TILES = N (--warm-tiles N)
   local run=(python3 -m pytest)
-  if [[ ${OPAQUE:-0} == 1 ]]; then
-    run=(python3 -c 'import sys, pytest, kdash.kernels.decode_fused as f
-f.OPAQUE_HEADS = True
-sys.exit(pytest.main(sys.argv[1:]))')
+  if [[ ${OPAQUE:-0} == 1 || ${WARM:-0} != 0 ]]; then
+    run=(python3 -c "import sys, pytest, kdash.kernels.decode_fused as f
+f.OPAQUE_HEADS = ${OPAQUE:-0} == 1
+f.WARM_TILES = ${WARM:-0}
+sys.exit(pytest.main(sys.argv[1:]))")
   fi
   timeout -k 5 300 "${run[@]}" -q -rs -m gpu -p no:cacheprovider \
     tests/test_kernels_plan.py tests/test_kernels_decode.py tests/test_kernels_fused_publish.py \

@@ -1,9 +1,9 @@
 """The decode configs the bench's flags ask for (``--decode-tma``, ``--evict-first``,
 ``--no-evict-first``, ``--max-resident``, ``--max-registers``), what is wrong with a
 combination of them, and the one-launch kernel's switches (``--fenced-merge``,
-``--opaque-heads``, ``--no-opaque-heads``) and the two-launch kernel's (``--tagged-two``,
-``--no-tagged-two``): kept apart from :mod:`kdash.kernels.bench`, whose ``main`` only reads
-them."""
+``--opaque-heads``, ``--no-opaque-heads``, ``--warm-tiles``) and the two-launch kernel's
+(``--tagged-two``, ``--no-tagged-two``): kept apart from :mod:`kdash.kernels.bench`, whose
+``main`` only reads them."""
 
 from __future__ import annotations
 
@@ -55,6 +55,13 @@ def add_switches(ap: argparse.ArgumentParser) -> None:
         "one-launch bf16 plans build stage 1's head mask from an opaque value "
         "(decode_fused.OPAQUE_HEADS on: fewer registers with the L2 hint)",
     )
+    ap.add_argument(
+        "--warm-tiles",
+        type=int,
+        metavar="N",
+        help="one-launch bf16 plans ask L2 for each split's first N tiles before stage 1 "
+        "(decode_fused.WARM_TILES; 0: off)",
+    )
     _on_off(
         ap,
         "tagged-two",
@@ -75,5 +82,9 @@ def apply_switches(args: argparse.Namespace) -> None:
     decode_fused.FENCED_MERGE = args.fenced_merge
     if args.opaque_heads or args.no_opaque_heads:
         decode_fused.OPAQUE_HEADS = args.opaque_heads
+    if args.warm_tiles is not None:
+        if args.warm_tiles < 0:
+            raise SystemExit(f"--warm-tiles {args.warm_tiles}: a tile count, 0 or more")
+        decode_fused.WARM_TILES = args.warm_tiles
     if args.tagged_two or args.no_tagged_two:
         decode_tagged.TAGGED_DEFAULT = args.tagged_two

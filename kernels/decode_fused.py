@@ -51,6 +51,13 @@ FENCED_MERGE = False
 OPAQUE_HEADS = False
 
 
+# Tiles of each split's K and V that a one-launch bf16 plan made after the switch asks L2 for
+# before stage 1 starts (the bench's --warm-tiles): the page-table read for the split's first
+# tokens goes out beside the lengths' read instead of after it and the split search, and the
+# tiles' lines are on their way when the software pipeline asks for them.
+WARM_TILES = 0
+
+
 def merge_chunk(head_dim: int) -> int:
     """Splits a merge program folds per step. On the H200 at 1 x 64k (64 splits) 32 left no
     tail past two launches, 16 cost 2.5 us and 8 cost 9 (each step waits on its own flags, then
@@ -128,6 +135,45 @@ def _stamp(FLAGS, b, kvh, z, num_splits, q_heads, GROUP: tl.constexpr, t0, t1, t
     offs = tl.arange(0, 4)
     vals = tl.where(offs == 0, t0, tl.where(offs == 1, t1, tl.where(offs == 2, t2, sm)))
     tl.store(at + offs, vals)
+
+
+@triton.jit
+def _warm(
+    K, V, PT, LENS, b, kvh, z, split_len_hint, stride_kp, stride_ks, stride_kh, stride_vp,
+    stride_vs, stride_vh, stride_ptb, TOKENS: tl.constexpr, LINES: tl.constexpr,
+    LINE: tl.constexpr, PAGE: tl.constexpr,
+):  # fmt: skip
+    """An L2 prefetch of the first ``TOKENS`` tokens' K and V rows of split ``z`` (``LINES``
+    lines of ``LINE`` elements a row), where the plan's split length puts them.
+
+    Stage 1 finds its start only after the lengths' read and the split search, then reads the
+    page table, then the tiles: three dependent trips before the first byte of K streams, with
+    every program waiting on them at once. Here the page-table read goes out beside the lengths'
+    read, from the split length the plan computed on the host (the one the lengths it was made
+    for give; where a replay's lengths cut elsewhere, only the prefetch is wasted). A token
+    past the request's length is not fetched (its page entry may be anything); the page-table
+    read stays inside its row.
+    """
+    seq_len = tl.load(LENS + b)
+    offs = z * split_len_hint + tl.arange(0, TOKENS)
+    idx = offs // PAGE
+    page = tl.load(PT + b * stride_ptb + idx, mask=idx < stride_ptb, other=0).to(tl.int64)
+    ok = (offs < seq_len).to(tl.int32)[:, None] + tl.zeros([TOKENS, LINES], tl.int32)
+    at = (offs % PAGE)[:, None] + tl.zeros([TOKENS, LINES], tl.int64)
+    line = (tl.arange(0, LINES) * LINE)[None, :]
+    k_at = K + page[:, None] * stride_kp + at * stride_ks + kvh * stride_kh + line
+    v_at = V + page[:, None] * stride_vp + at * stride_vs + kvh * stride_vh + line
+    _prefetch_l2(k_at, ok)
+    _prefetch_l2(v_at, ok)
+
+
+@triton.jit
+def _prefetch_l2(ptrs, ok):
+    """``prefetch.global.L2`` of each of ``ptrs`` where ``ok`` is non-zero."""
+    tl.inline_asm_elementwise(
+        asm="{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+        constraints="=r,l,r", args=[ptrs, ok], dtype=tl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -274,6 +320,8 @@ def _decode_fused(
     ACQUIRE_POLL: tl.constexpr = True,
     STAMP: tl.constexpr = False,
     OPAQUE_HEADS: tl.constexpr = False,
+    WARM: tl.constexpr = 0,
+    WARM_LINES: tl.constexpr = 1,
 ):
     """Grid ``(B, Hkv, num_splits + GROUP)``: stage 1 for split ``z < num_splits``, else the
     merge of query head ``kvh * GROUP + z - num_splits``. ``FLAGS``: ``[B, Hq, num_splits]``
@@ -284,7 +332,8 @@ def _decode_fused(
     form before session 23, 0.8-1.5 us slower a step on an H100
     (bench/results/decode-publish-h100-s23.json). ``STAMP`` (a diagnostic, GPU only): every
     program writes when it started, when its stage 1 or merge was done and when it finished, and
-    its SM, past the flags (:func:`_stamp`). ``OPAQUE_HEADS``: see :data:`OPAQUE_HEADS`."""
+    its SM, past the flags (:func:`_stamp`). ``OPAQUE_HEADS``: see :data:`OPAQUE_HEADS`.
+    ``WARM`` tiles of each split asked of L2 first (:func:`_warm`, :data:`WARM_TILES`)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     z = tl.program_id(2)
@@ -294,6 +343,12 @@ def _decode_fused(
         t_start = _now(b)
         t_mid = t_start
     if z < num_splits:
+        if WARM > 0 and not PAIRS and not UPCAST:
+            _warm(
+                K, V, PT, LENS, b, kvh, z, split_len_hint, stride_kp, stride_ks, stride_kh,
+                stride_vp, stride_vs, stride_vh, stride_ptb, WARM * BLOCK_N, WARM_LINES,
+                HEAD_DIM // WARM_LINES, PAGE,
+            )  # fmt: skip
         if PAIRS and CVT:
             _decode_stage1_fp8_cvt(
                 Q, K, V, PT, LENS, KS, VS, OP, LSEP, qk_scale, num_splits, split_len_hint,
