@@ -1,0 +1,141 @@
+"""The one-launch decode's L2 prefetch of each split's first tiles (decode_fused.WARM_TILES).
+
+A prefetch changes no value, so what can go wrong is where it reads, when it goes out, and what
+it costs the kernel: the switch must reach one-launch bf16 plans only, the compiled kernel must
+issue the prefetches before its first copy and keep its registers (its residency sets the split
+count), and on a GPU a warm plan must give the cold plan's output bit for bit, eager and
+replayed from a CUDA graph after the lengths it was planned for have changed (the split it
+guessed is then not the one it runs). Triton's real compiler runs for sm_90 in a child process
+(no GPU needed); the ``gpu`` test needs CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import decode_cases  # noqa: E402
+from kdash.kernels import bench_configs, decode_fused  # noqa: E402
+from kdash.kernels.decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig  # noqa: E402
+from sm90_compile import compile_sm90  # noqa: E402
+from test_kernels_fused_publish import PTRS, WHERE, _registers  # noqa: E402
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available(),
+    reason="needs CUDA and TRITON_INTERPRET=0",
+)
+
+
+def _meta(fused: bool, fp8: bool = False, head_dim: int = 128) -> dict:
+    case = decode_cases.make_case([1000], 32, 8, head_dim, 16, fp8, device="cpu")
+    q, kc, _, pt, sl, sc = case
+    cfg = DEFAULT_FP8_CONFIG if fp8 else DecodeConfig()
+    plan = decode_cases.plan_for(
+        pt, sl, q, kc, config=cfg, fused=fused, max_seq_len=1000, **sc
+    )  # fmt: skip
+    return plan._meta1
+
+
+def test_the_switch_reaches_one_launch_bf16_plans_only(monkeypatch) -> None:
+    """Off by default; on, one-launch bf16 plans carry the tile count and the 128-byte lines a
+    token's head row spans (2 at head size 128, 1 at 64); two-launch and fp8 pair plans never
+    carry it. The bench's ``--warm-tiles`` sets it, leaves it alone when not given and refuses a
+    negative count."""
+    assert decode_fused.WARM_TILES == 0 and "WARM" not in _meta(True)
+    monkeypatch.setattr(decode_fused, "WARM_TILES", 2)
+    got = _meta(True)
+    assert (got["WARM"], got["WARM_LINES"]) == (2, 2)
+    assert _meta(True, head_dim=64)["WARM_LINES"] == 1
+    assert "WARM" not in _meta(False) and "WARM" not in _meta(True, fp8=True)
+    ap = argparse.ArgumentParser()
+    bench_configs.add_switches(ap)
+    bench_configs.apply_switches(ap.parse_args(["--warm-tiles", "1"]))
+    assert decode_fused.WARM_TILES == 1
+    bench_configs.apply_switches(ap.parse_args([]))
+    assert decode_fused.WARM_TILES == 1
+    with pytest.raises(SystemExit):
+        bench_configs.apply_switches(ap.parse_args(["--warm-tiles", "-1"]))
+
+
+def test_the_prefetches_go_out_before_the_first_copy_and_cost_no_registers(tmp_path) -> None:
+    """Compiled for sm_90 at 64/8 (the shape that sets the do_bench key): one predicated
+    ``prefetch.global.L2`` for K and one for V a thread (64 tokens x 2 lines over 128 threads),
+    both ahead of the first ``cp.async``; the page-table read they need does not wait on the
+    lengths' read (no ``ld.global`` between them uses the lengths); no more registers than the
+    cold kernel."""
+    q, kc, _, pt, sl, _ = decode_cases.make_case([1000], 64, 8, 128, 16, device="cpu")
+    plan = decode_cases.plan_for(pt, sl, q, kc, config=DecodeConfig(), fused=True, max_seq_len=1000)
+    meta = {k: v for k, v in plan._meta1.items() if k != "EVICT"}
+    meta.update(UPCAST=False, EVICT="")
+    cold = compile_sm90(WHERE, meta, PTRS, tmp_path / "a", cubin=tmp_path / "cold.cubin")["ptx"]
+    warm_meta = dict(meta, WARM=1, WARM_LINES=2)
+    warm = compile_sm90(WHERE, warm_meta, PTRS, tmp_path / "b", cubin=tmp_path / "warm.cubin")
+    ptx = warm["ptx"]
+    assert "prefetch" not in cold
+    fetches = [m.start() for m in re.finditer(r"@p prefetch\.global\.L2 \[", ptx)]
+    assert len(fetches) == 2
+    assert max(fetches) < ptx.index("cp.async")
+    # the two loads before the first prefetch: the lengths, then the page table, whose address
+    # is not computed from the lengths (their register is not read in between)
+    loads = list(re.finditer(r"ld\.global\.b32 \{ (%r\d+) \}", ptx[: fetches[0]]))
+    assert len(loads) == 2
+    between = ptx[loads[0].end() : loads[1].start()]
+    assert not re.search(re.escape(loads[0].group(1)) + r"\b", between)
+    regs_warm, regs_cold = _registers(tmp_path / "warm.cubin"), _registers(tmp_path / "cold.cubin")
+    if regs_warm is None:
+        pytest.skip("no cuobjdump to read the registers with (the PTX checks above passed)")
+    assert regs_warm <= regs_cold
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("warm", [1, 2])
+def test_gpu_warm_runs_equal_cold_runs_bit_for_bit(warm: int, monkeypatch) -> None:
+    """One cold and one warm one-launch plan over the same cache (NaN in every slot no request
+    owns): equal outputs eager, and replayed from CUDA graphs after the lengths and pages were
+    rewritten in place (the warm plan's guessed splits then start elsewhere, or past a length)."""
+    lens = [32768, 1000, 5, 4000]
+    q, kc, vc, pt, sl, sc = decode_cases.make_case(lens, 32, 8, 128, 16, seed=9)
+    plans = {}
+    for tiles in (0, warm):
+        monkeypatch.setattr(decode_fused, "WARM_TILES", tiles)
+        plans[tiles] = decode_cases.plan_for(
+            pt, sl, q, kc, config=DecodeConfig(), fused=True, max_seq_len=32768
+        )  # fmt: skip
+    assert plans[warm]._meta1["WARM"] == warm and "WARM" not in plans[0]._meta1
+    q_in, pt0 = q.clone(), pt.clone()
+    graphs = {}
+    for tiles, plan in plans.items():
+        plan.run(q_in, kc, vc)  # compiles and arms outside the capture
+        torch.cuda.synchronize()
+        graphs[tiles] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[tiles]):
+            plan.run(q_in, kc, vc)
+    assert torch.equal(plans[0].out, plans[warm].out)
+    decode_cases.check(plans[warm].out, q, kc, vc, pt, sl, sc)
+    for new_lens, perm in (
+        ([7, 20000, 999, 5], [3, 0, 1, 2]),
+        ([32768, 1, 4000, 1000], [0, 2, 3, 1]),
+    ):
+        sl.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        pt.copy_(pt0[perm])  # new row i takes row perm[i]'s pages, which hold its length
+        q_in.copy_(torch.randn_like(q.float()).bfloat16())
+        for tiles, g in graphs.items():
+            plans[tiles].out.fill_(float("nan"))
+            g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(plans[0].out, plans[warm].out)
+        decode_cases.check(plans[warm].out, q_in, kc, vc, pt, sl, sc)
+        assert not plans[warm]._flags.any()
