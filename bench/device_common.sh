@@ -34,6 +34,7 @@ sys.exit(pytest.main(sys.argv[1:]))")
     tests/test_kernels_plan.py tests/test_kernels_decode.py tests/test_kernels_fused_publish.py \
     tests/test_kernels_graph_launch.py tests/test_kernels_l2_hint.py \
     tests/test_kernels_fp8_variants.py tests/test_kernels_decode_persist.py \
+    tests/test_kernels_decode_warm.py \
     --junitxml "$OUT/gpu-gates-decode-$card-$SESSION-$1.xml" > /tmp/gates.log 2>&1
   echo "rc=$? $(date +%T)"; grep -E "passed|failed|FAILED|Error" /tmp/gates.log | tail -8
 }
