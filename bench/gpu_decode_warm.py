@@ -54,14 +54,14 @@ def main(argv: list[str] | None = None) -> int:
         warms = [int(w) for w in a.warm.split(",")]
     except ValueError:
         raise SystemExit(f"bad --warm {a.warm!r}: tile counts, e.g. 0,1,2") from None
+    shapes = [(spec, *parse_shape(spec)) for spec in a.shapes.split(",")]
     if not torch.cuda.is_available():
         print("gpu_decode_warm.py needs a CUDA GPU", file=sys.stderr)
         return 2
     machine = bench.machine()
     copy_gbs = a.copy_gbs or bench.ceilings()["copy_GBps"]
     cases = []
-    for spec in a.shapes.split(","):
-        lens, hq, hkv = parse_shape(spec)
+    for spec, lens, hq, hkv in shapes:
         case = bench.DecodeCase(lens, hq, hkv, 128, False)
         runs, first = [], None
         for w in warms:
