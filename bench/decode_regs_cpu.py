@@ -15,8 +15,8 @@ Run: python bench/decode_regs_cpu.py   (prints one line per layout; a private Tr
                                                as the GPU's default plans compile them)
      python bench/decode_regs_cpu.py --hint --opaque-heads   (bf16: stage 1 and the one-launch
                                             kernel with decode_fused.OPAQUE_HEADS)
-     python bench/decode_regs_cpu.py --hint --warm=1   (bf16: the one-launch kernel with
-                                            decode_fused.WARM_TILES = 1)
+     python bench/decode_regs_cpu.py --hint --warm=0   (bf16: the one-launch kernel without
+                                            its L2 prefetch, decode_fused.WARM_TILES = 0)
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ STRIDES = ("stride_qb", "stride_qh", "stride_kp", "stride_ks", "stride_kh", "str
 STRIDES += ("stride_vs", "stride_vh", "stride_ptb")
 EVICT = "evict_first" if "--hint" in sys.argv[1:] else ""
 OPAQUE = "--opaque-heads" in sys.argv[1:]  # decode_fused.OPAQUE_HEADS (stage 1 and fused)
-# --warm=N: decode_fused.WARM_TILES (the one-launch bf16 kernel's L2 prefetch of N tiles)
-WARM = max([int(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--warm=")] or [0])
+# --warm=N: the one-launch bf16 kernel's L2 prefetch of N tiles (default decode_fused.WARM_TILES)
+WARM = [int(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--warm=")]
 # (name, KV kind, head_dim, query heads per KV head, page size, tokens per tile)
 LAYOUTS = [
     ("bf16 32/8/128 p16", "bf16", 128, 4, 16, 64),
@@ -138,8 +138,9 @@ def compile_one(
         const.update(IS_FP8=fp8, FP8_FP16=True)
     if kind == "bf16":
         const.update(OPAQUE_HEADS=OPAQUE)
-        if fused and WARM:
-            const.update(WARM=WARM, WARM_LINES=max(1, head_dim * 2 // 128))
+        warm = WARM[-1] if WARM else df.WARM_TILES
+        if fused and warm:
+            const.update(WARM=warm, WARM_LINES=max(1, head_dim * 2 // 128))
     # the constexprs left out take their defaults (Triton 3.9 wants every one named)
     const.update({p.name: p.default for p in fn.params if p.is_constexpr and p.name not in const})
     sig.update({k: "constexpr" for k in const})

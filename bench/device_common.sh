@@ -22,12 +22,12 @@ bench() {  # $1: file stem, the rest: bench flags
 gates() {  # the decode GPU gates into $OUT/gpu-gates-decode-$card-$SESSION-$1.xml
   echo "== GPU gates: decode, plan, fused publish, graph launch, L2 hint, fp8 variants, persistent"
   # OPAQUE=1: with decode_fused.OPAQUE_HEADS on, as the bench's --opaque-heads runs it;
-  # WARM=N: with decode_fused.WARM_TILES = N (--warm-tiles N)
+  # WARM=N: with decode_fused.WARM_TILES = N (--warm-tiles N; unset: the module's default)
   local run=(python3 -m pytest)
-  if [[ ${OPAQUE:-0} == 1 || ${WARM:-0} != 0 ]]; then
+  if [[ ${OPAQUE:-0} == 1 || -n ${WARM:-} ]]; then
     run=(python3 -c "import sys, pytest, kdash.kernels.decode_fused as f
 f.OPAQUE_HEADS = ${OPAQUE:-0} == 1
-f.WARM_TILES = ${WARM:-0}
+f.WARM_TILES = ${WARM:-f.WARM_TILES}
 sys.exit(pytest.main(sys.argv[1:]))")
   fi
   timeout -k 5 300 "${run[@]}" -q -rs -m gpu -p no:cacheprovider \

@@ -753,6 +753,7 @@ def main(argv: list[str] | None = None) -> int:
     result["configs_used"] = {
         "decode": {k: asdict(v) for k, v in best_dec.items()},
         "prefill": {k: prefill_config_json(v) for k, v in best_pre.items()},
+        "switches": bench_configs.switches(),
     }
     out = Path(args.out)
 

@@ -77,6 +77,16 @@ def _on_off(ap: argparse.ArgumentParser, name: str, help_on: str) -> None:
     pair.add_argument(f"--no-{name}", action="store_true", help=f"the same, off (--{name})")
 
 
+def switches() -> dict[str, object]:
+    """The module switches a bench run's plans were made under, for its JSON."""
+    return {
+        "FENCED_MERGE": decode_fused.FENCED_MERGE,
+        "OPAQUE_HEADS": decode_fused.OPAQUE_HEADS,
+        "WARM_TILES": decode_fused.WARM_TILES,
+        "TAGGED_DEFAULT": decode_tagged.TAGGED_DEFAULT,
+    }
+
+
 def apply_switches(args: argparse.Namespace) -> None:
     """Set the switches for the plans made after this (a pair left out keeps its default)."""
     decode_fused.FENCED_MERGE = args.fenced_merge

@@ -52,10 +52,12 @@ OPAQUE_HEADS = False
 
 
 # Tiles of each split's K and V that a one-launch bf16 plan made after the switch asks L2 for
-# before stage 1 starts (the bench's --warm-tiles): the page-table read for the split's first
-# tokens goes out beside the lengths' read instead of after it and the split search, and the
-# tiles' lines are on their way when the software pipeline asks for them.
-WARM_TILES = 0
+# before stage 1 starts (the bench's --warm-tiles; 0: none): the page-table read for the split's
+# first tokens goes out beside the lengths' read instead of after it and the split search, and
+# the tiles' lines are on their way when the software pipeline asks for them. Two: on an H100
+# the 1 x 64k and 1 x 128k steps ran 2.6-4.0 us faster replayed and 1.4-2.0 us by do_bench,
+# outputs bit for bit the same; four lost at 64/8 (bench/NOTES-kernels.md, session 34).
+WARM_TILES = 2
 
 
 def merge_chunk(head_dim: int) -> int:

@@ -49,43 +49,45 @@ def _meta(fused: bool, fp8: bool = False, head_dim: int = 128) -> dict:
 
 
 def test_the_switch_reaches_one_launch_bf16_plans_only(monkeypatch) -> None:
-    """Off by default; on, one-launch bf16 plans carry the tile count and the 128-byte lines a
-    token's head row spans (2 at head size 128, 1 at 64); two-launch and fp8 pair plans never
-    carry it. The bench's ``--warm-tiles`` sets it, leaves it alone when not given and refuses a
-    negative count."""
-    assert decode_fused.WARM_TILES == 0 and "WARM" not in _meta(True)
-    monkeypatch.setattr(decode_fused, "WARM_TILES", 2)
+    """Two tiles by default: one-launch bf16 plans carry the tile count and the 128-byte lines
+    a token's head row spans (2 at head size 128, 1 at 64); at 0 they carry nothing; two-launch
+    and fp8 pair plans never carry it. The bench's ``--warm-tiles`` sets it, leaves it alone
+    when not given and refuses a negative count."""
+    assert decode_fused.WARM_TILES == 2
     got = _meta(True)
     assert (got["WARM"], got["WARM_LINES"]) == (2, 2)
     assert _meta(True, head_dim=64)["WARM_LINES"] == 1
     assert "WARM" not in _meta(False) and "WARM" not in _meta(True, fp8=True)
+    monkeypatch.setattr(decode_fused, "WARM_TILES", 0)
+    assert "WARM" not in _meta(True)
     ap = argparse.ArgumentParser()
     bench_configs.add_switches(ap)
     bench_configs.apply_switches(ap.parse_args(["--warm-tiles", "1"]))
     assert decode_fused.WARM_TILES == 1
     bench_configs.apply_switches(ap.parse_args([]))
-    assert decode_fused.WARM_TILES == 1
+    assert decode_fused.WARM_TILES == 1 and bench_configs.switches()["WARM_TILES"] == 1
     with pytest.raises(SystemExit):
         bench_configs.apply_switches(ap.parse_args(["--warm-tiles", "-1"]))
 
 
 def test_the_prefetches_go_out_before_the_first_copy_and_cost_no_registers(tmp_path) -> None:
-    """Compiled for sm_90 at 64/8 (the shape that sets the do_bench key): one predicated
-    ``prefetch.global.L2`` for K and one for V a thread (64 tokens x 2 lines over 128 threads),
-    both ahead of the first ``cp.async``; the page-table read they need does not wait on the
-    lengths' read (no ``ld.global`` between them uses the lengths); no more registers than the
-    cold kernel."""
+    """Compiled for sm_90 at 64/8 (the shape that sets the do_bench key) with the plan's own
+    values (two tiles): two predicated ``prefetch.global.L2`` for K and two for V a thread
+    (128 tokens x 2 lines over 128 threads), all ahead of the first ``cp.async``; the
+    page-table read they need does not wait on the lengths' read (no ``ld.global`` between them
+    uses the lengths); no more registers than the cold kernel."""
     q, kc, _, pt, sl, _ = decode_cases.make_case([1000], 64, 8, 128, 16, device="cpu")
     plan = decode_cases.plan_for(pt, sl, q, kc, config=DecodeConfig(), fused=True, max_seq_len=1000)
-    meta = {k: v for k, v in plan._meta1.items() if k != "EVICT"}
-    meta.update(UPCAST=False, EVICT="")
+    warm_meta = {k: v for k, v in plan._meta1.items() if k != "EVICT"}
+    warm_meta.update(UPCAST=False, EVICT="")
+    assert (warm_meta["WARM"], warm_meta["WARM_LINES"]) == (2, 2)
+    meta = {k: v for k, v in warm_meta.items() if k not in ("WARM", "WARM_LINES")}
     cold = compile_sm90(WHERE, meta, PTRS, tmp_path / "a", cubin=tmp_path / "cold.cubin")["ptx"]
-    warm_meta = dict(meta, WARM=1, WARM_LINES=2)
     warm = compile_sm90(WHERE, warm_meta, PTRS, tmp_path / "b", cubin=tmp_path / "warm.cubin")
     ptx = warm["ptx"]
     assert "prefetch" not in cold
     fetches = [m.start() for m in re.finditer(r"@p prefetch\.global\.L2 \[", ptx)]
-    assert len(fetches) == 2
+    assert len(fetches) == 4
     assert max(fetches) < ptx.index("cp.async")
     # the two loads before the first prefetch: the lengths, then the page table, whose address
     # is not computed from the lengths (their register is not read in between)
