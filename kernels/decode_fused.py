@@ -55,7 +55,7 @@ OPAQUE_HEADS = False
 # before stage 1 starts (the bench's --warm-tiles; 0: none): the page-table read for the split's
 # first tokens goes out beside the lengths' read instead of after it and the split search, and
 # the tiles' lines are on their way when the software pipeline asks for them. Two: on an H100
-# the 1 x 64k and 1 x 128k steps ran 2.6-4.0 us faster replayed and 1.4-2.0 us by do_bench,
+# the 1 x 64k and 1 x 128k steps ran 2.5-3.8 us faster replayed and 1.1-2.1 us by do_bench,
 # outputs bit for bit the same; four lost at 64/8 (bench/NOTES-kernels.md, session 34).
 WARM_TILES = 2
 
