@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 34, whichever card comes (~6 min): the one-launch kernel's L2 prefetch of each
 # split's first tiles (decode_fused.WARM_TILES) on and off, in turns (bench/gpu_decode_warm.py;
-# outputs checked bit for bit), then the decode GPU gates with it on (WARM=1). On an H200 the
+# outputs checked bit for bit), then (not on an H200) the decode GPU gates at one tile. On an H200 the
 # prefetch A/B runs first, then bench/device_s33_h200.sh's opaque-mask A/B and whole benches
 # (NEW, FULL as there) while the call has time. Results in $OUT.
 # Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     machine = bench.machine()
     copy_gbs = a.copy_gbs or bench.ceilings()["copy_GBps"]
-    cases = []
+    cases, default = [], decode_fused.WARM_TILES
     for spec, lens, hq, hkv in shapes:
         case = bench.DecodeCase(lens, hq, hkv, 128, False)
         runs, first = [], None
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append((w, fn, splits, plan.path, occ.get("registers"), same))
             print(f"{spec} warm {w}: {plan.path}, {splits} splits, {occ.get('registers')} "
                   f"registers, output {'equal' if same else 'DIFFERS'}", flush=True)  # fmt: skip
-        decode_fused.WARM_TILES = 0
+        decode_fused.WARM_TILES = default
         cases.append((spec, case, runs))
     bad = [(spec, w) for spec, _, runs in cases for w, *_, same in runs if not same]
     for r in range(a.rounds):
