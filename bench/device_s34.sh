@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Session 34, whichever card comes (~6 min): the one-launch kernel's L2 prefetch of each
-# split's first tiles (decode_fused.WARM_TILES) on and off, in turns (bench/gpu_decode_warm.py;
-# outputs checked bit for bit), then (not on an H200) the decode GPU gates at one tile. On an H200 the
-# prefetch A/B runs first, then bench/device_s33_h200.sh's opaque-mask A/B and whole benches
+# split's first tiles (decode_fused.WARM_TILES) off, 1 and 2 tiles, in turns
+# (bench/gpu_decode_warm.py; outputs checked bit for bit); then, on an H100, the decode GPU
+# gates at one tile; on an H200, bench/device_s32.sh's opaque-mask decode A/B and whole benches
 # (NEW, FULL as there) while the call has time. Results in $OUT.
 # Before the call: rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .   (carry .whl)
 set -uo pipefail
