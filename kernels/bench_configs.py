@@ -20,6 +20,8 @@ def flag_error(args: argparse.Namespace) -> str | None:
     """One line saying what is wrong with the decode flags, or None."""
     if args.max_resident is not None and args.max_resident < 0:
         return "--max-resident must be 0 or more"
+    if args.warm_tiles is not None and args.warm_tiles < 0:
+        return "--warm-tiles must be 0 or more"
     if args.max_registers is not None and not 24 <= args.max_registers <= 255:
         return "--max-registers must be from 24 to 255"
     if args.max_registers is not None and args.decode_tma:
@@ -92,9 +94,7 @@ def apply_switches(args: argparse.Namespace) -> None:
     decode_fused.FENCED_MERGE = args.fenced_merge
     if args.opaque_heads or args.no_opaque_heads:
         decode_fused.OPAQUE_HEADS = args.opaque_heads
-    if args.warm_tiles is not None:
-        if args.warm_tiles < 0:
-            raise SystemExit(f"--warm-tiles {args.warm_tiles}: a tile count, 0 or more")
+    if args.warm_tiles is not None:  # checked by flag_error
         decode_fused.WARM_TILES = args.warm_tiles
     if args.tagged_two or args.no_tagged_two:
         decode_tagged.TAGGED_DEFAULT = args.tagged_two

@@ -52,7 +52,7 @@ def test_the_switch_reaches_one_launch_bf16_plans_only(monkeypatch) -> None:
     """Two tiles by default: one-launch bf16 plans carry the tile count and the 128-byte lines
     a token's head row spans (2 at head size 128, 1 at 64); at 0 they carry nothing; two-launch
     and fp8 pair plans never carry it. The bench's ``--warm-tiles`` sets it, leaves it alone
-    when not given and refuses a negative count."""
+    when not given, and the bench refuses a negative count in one line (flag_error)."""
     assert decode_fused.WARM_TILES == 2
     got = _meta(True)
     assert (got["WARM"], got["WARM_LINES"]) == (2, 2)
@@ -66,8 +66,13 @@ def test_the_switch_reaches_one_launch_bf16_plans_only(monkeypatch) -> None:
     assert decode_fused.WARM_TILES == 1
     bench_configs.apply_switches(ap.parse_args([]))
     assert decode_fused.WARM_TILES == 1 and bench_configs.switches()["WARM_TILES"] == 1
-    with pytest.raises(SystemExit):
-        bench_configs.apply_switches(ap.parse_args(["--warm-tiles", "-1"]))
+    for flag in ("--max-resident", "--max-registers"):  # the decode flags flag_error reads
+        ap.add_argument(flag, type=int)
+    ap.add_argument("--decode-tma", action="store_true")
+    assert bench_configs.flag_error(ap.parse_args(["--warm-tiles", "-1"])) == (
+        "--warm-tiles must be 0 or more"
+    )
+    assert bench_configs.flag_error(ap.parse_args(["--warm-tiles", "0"])) is None
 
 
 def test_the_prefetches_go_out_before_the_first_copy_and_cost_no_registers(tmp_path) -> None:
