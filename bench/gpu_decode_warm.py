@@ -6,9 +6,11 @@ so the page-table read goes out beside the lengths' read instead of after it and
 search. Per shape, one plan per setting over the same cache and query: the outputs must be bit
 for bit the same (a prefetch changes no value), then in turns, ``--rounds`` times, do_bench,
 graph-replay and read-flushed us. One JSON line per (round, shape, setting), appended to
-``--out``.
+``--out``. ``--fp8``: fp8 KV (the default fp8 config, one-launch pair plans), whose switch is
+``decode_fused.WARM_TILES_FP8``.
 
-Run: python bench/gpu_decode_warm.py [--warm 0,1,2] [--shapes 1x65536:32/8,...] [--out FILE]
+Run: python bench/gpu_decode_warm.py [--fp8] [--warm 0,1,2] [--shapes 1x65536:32/8,...]
+[--out FILE]
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ import torch
 from kdash.kernels import bench, decode_fused
 from kdash.kernels.bench_occupancy import occupancy_or_error
 from kdash.kernels.bench_timing import bench_graph_ms, bench_ms, bench_readflush_ms
-from kdash.kernels.decode_attention import DecodeConfig
+from kdash.kernels.decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
 
-# (batch x context : query heads / KV heads), bf16 KV, head dim 128
+# (batch x context : query heads / KV heads), head dim 128
 SHAPES = "1x65536:32/8,1x65536:64/8,1x131072:32/8,4x1000:32/8"
 
 
@@ -44,7 +46,8 @@ def parse_shape(spec: str) -> tuple[list[int], int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--warm", default="0,1,2", help="WARM_TILES settings, the first the baseline")
+    ap.add_argument("--warm", default="0,1,2", help="tile counts, the first the baseline")
+    ap.add_argument("--fp8", action="store_true", help="fp8 KV (WARM_TILES_FP8)")
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--copy-gbs", type=float, help="the copy ceiling measured already (GB/s)")
@@ -60,13 +63,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     machine = bench.machine()
     copy_gbs = a.copy_gbs or bench.ceilings()["copy_GBps"]
-    cases, default = [], decode_fused.WARM_TILES
+    switch = "WARM_TILES_FP8" if a.fp8 else "WARM_TILES"
+    config = DEFAULT_FP8_CONFIG if a.fp8 else DecodeConfig()
+    cases, default = [], getattr(decode_fused, switch)
     for spec, lens, hq, hkv in shapes:
-        case = bench.DecodeCase(lens, hq, hkv, 128, False)
+        case = bench.DecodeCase(lens, hq, hkv, 128, a.fp8)
         runs, first = [], None
         for w in warms:
-            decode_fused.WARM_TILES = w
-            fn, splits = case.fn(DecodeConfig(), None)
+            setattr(decode_fused, switch, w)
+            fn, splits = case.fn(config, None)
             plan = case.last_plan
             fn()
             torch.cuda.synchronize()
@@ -77,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append((w, fn, splits, plan.path, occ.get("registers"), same))
             print(f"{spec} warm {w}: {plan.path}, {splits} splits, {occ.get('registers')} "
                   f"registers, output {'equal' if same else 'DIFFERS'}", flush=True)  # fmt: skip
-        decode_fused.WARM_TILES = default
+        setattr(decode_fused, switch, default)
         cases.append((spec, case, runs))
     bad = [(spec, w) for spec, _, runs in cases for w, *_, same in runs if not same]
     for r in range(a.rounds):
@@ -86,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             for w, fn, splits, path, regs, same in runs:
                 ms, ms_g, ms_r = bench_ms(fn), bench_graph_ms(fn), bench_readflush_ms(fn)
                 row = {
-                    "warm_tiles": w, "round": r, "shape": spec, "machine": machine,
+                    "warm_tiles": w, "kv": "fp8" if a.fp8 else "bf16", "round": r,
+                    "shape": spec, "machine": machine,
                     "copy_GBps": copy_gbs, "path": path, "splits": splits, "registers": regs,
                     "output_equal_to_first": same, "us": ms * 1e3, "us_graph": ms_g * 1e3,
                     "us_readflush": ms_r * 1e3,

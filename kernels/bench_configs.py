@@ -1,9 +1,9 @@
 """The decode configs the bench's flags ask for (``--decode-tma``, ``--evict-first``,
 ``--no-evict-first``, ``--max-resident``, ``--max-registers``), what is wrong with a
 combination of them, and the one-launch kernel's switches (``--fenced-merge``,
-``--opaque-heads``, ``--no-opaque-heads``, ``--warm-tiles``) and the two-launch kernel's
-(``--tagged-two``, ``--no-tagged-two``): kept apart from :mod:`kdash.kernels.bench`, whose
-``main`` only reads them."""
+``--opaque-heads``, ``--no-opaque-heads``, ``--warm-tiles``, ``--warm-tiles-fp8``) and the
+two-launch kernel's (``--tagged-two``, ``--no-tagged-two``): kept apart from
+:mod:`kdash.kernels.bench`, whose ``main`` only reads them."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ def flag_error(args: argparse.Namespace) -> str | None:
     """One line saying what is wrong with the decode flags, or None."""
     if args.max_resident is not None and args.max_resident < 0:
         return "--max-resident must be 0 or more"
-    if args.warm_tiles is not None and args.warm_tiles < 0:
-        return "--warm-tiles must be 0 or more"
+    for flag in ("warm_tiles", "warm_tiles_fp8"):
+        if (getattr(args, flag, None) or 0) < 0:
+            return f"--{flag.replace('_', '-')} must be 0 or more"
     if args.max_registers is not None and not 24 <= args.max_registers <= 255:
         return "--max-registers must be from 24 to 255"
     if args.max_registers is not None and args.decode_tma:
@@ -64,6 +65,12 @@ def add_switches(ap: argparse.ArgumentParser) -> None:
         help="one-launch bf16 plans ask L2 for each split's first N tiles before stage 1 "
         "(decode_fused.WARM_TILES; 0: off)",
     )
+    ap.add_argument(
+        "--warm-tiles-fp8",
+        type=int,
+        metavar="N",
+        help="the same for one-launch fp8 pair plans (decode_fused.WARM_TILES_FP8; 0: off)",
+    )
     _on_off(
         ap,
         "tagged-two",
@@ -85,6 +92,7 @@ def switches() -> dict[str, object]:
         "FENCED_MERGE": decode_fused.FENCED_MERGE,
         "OPAQUE_HEADS": decode_fused.OPAQUE_HEADS,
         "WARM_TILES": decode_fused.WARM_TILES,
+        "WARM_TILES_FP8": decode_fused.WARM_TILES_FP8,
         "TAGGED_DEFAULT": decode_tagged.TAGGED_DEFAULT,
     }
 
@@ -96,5 +104,7 @@ def apply_switches(args: argparse.Namespace) -> None:
         decode_fused.OPAQUE_HEADS = args.opaque_heads
     if args.warm_tiles is not None:  # checked by flag_error
         decode_fused.WARM_TILES = args.warm_tiles
+    if args.warm_tiles_fp8 is not None:
+        decode_fused.WARM_TILES_FP8 = args.warm_tiles_fp8
     if args.tagged_two or args.no_tagged_two:
         decode_tagged.TAGGED_DEFAULT = args.tagged_two

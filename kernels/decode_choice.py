@@ -97,9 +97,10 @@ def finish_meta(plan: DecodePlan, meta: dict) -> None:
             meta.update(PUBLISH_FENCE=fenced, ACQUIRE_POLL=not fenced)
             if not plan.pairs:  # the bf16 stage 1 (fp8 pairs keep their own mask)
                 meta["OPAQUE_HEADS"] = decode_fused.OPAQUE_HEADS
-                if decode_fused.WARM_TILES:
-                    row = plan.head_dim * plan.kv_dtype.itemsize  # bytes of one token's head
-                    meta.update(WARM=decode_fused.WARM_TILES, WARM_LINES=max(1, row // 128))
+            tiles = decode_fused.WARM_TILES_FP8 if plan.pairs else decode_fused.WARM_TILES
+            if tiles:
+                row = plan.head_dim * plan.kv_dtype.itemsize  # bytes of one token's head
+                meta.update(WARM=tiles, WARM_LINES=max(1, row // 128))
     maxnreg = getattr(plan.config, "maxnreg", None)
     if plan.persistent and plan.is_fp8:
         maxnreg = maxnreg or decode_persist.FP8_MAXNREG

@@ -59,6 +59,11 @@ OPAQUE_HEADS = False
 # outputs bit for bit the same; four lost at 64/8 (bench/NOTES-kernels.md, session 34).
 WARM_TILES = 2
 
+# The same for one-launch fp8 pair plans (the bench's --warm-tiles-fp8): their tiles are 128
+# tokens of one 128-byte line a row at head size 128, read as int16 pairs. Off until a GPU has
+# measured it.
+WARM_TILES_FP8 = 0
+
 
 def merge_chunk(head_dim: int) -> int:
     """Splits a merge program folds per step. On the H200 at 1 x 64k (64 splits) 32 left no
@@ -335,7 +340,8 @@ def _decode_fused(
     (bench/results/decode-publish-h100-s23.json). ``STAMP`` (a diagnostic, GPU only): every
     program writes when it started, when its stage 1 or merge was done and when it finished, and
     its SM, past the flags (:func:`_stamp`). ``OPAQUE_HEADS``: see :data:`OPAQUE_HEADS`.
-    ``WARM`` tiles of each split asked of L2 first (:func:`_warm`, :data:`WARM_TILES`)."""
+    ``WARM`` tiles of each split asked of L2 first (:func:`_warm`, :data:`WARM_TILES`,
+    :data:`WARM_TILES_FP8`)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     z = tl.program_id(2)
@@ -345,7 +351,14 @@ def _decode_fused(
         t_start = _now(b)
         t_mid = t_start
     if z < num_splits:
-        if WARM > 0 and not PAIRS and not UPCAST:
+        if WARM > 0 and PAIRS and not UPCAST:  # int16 pairs: strides and lines in pairs
+            _warm(
+                K.to(tl.pointer_type(tl.int16), bitcast=True),
+                V.to(tl.pointer_type(tl.int16), bitcast=True), PT, LENS, b, kvh, z,
+                split_len_hint, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                stride_ptb, WARM * BLOCK_N, WARM_LINES, HEAD_DIM // 2 // WARM_LINES, PAGE,
+            )  # fmt: skip
+        elif WARM > 0 and not UPCAST:
             _warm(
                 K, V, PT, LENS, b, kvh, z, split_len_hint, stride_kp, stride_ks, stride_kh,
                 stride_vp, stride_vs, stride_vh, stride_ptb, WARM * BLOCK_N, WARM_LINES,
