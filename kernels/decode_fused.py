@@ -60,8 +60,9 @@ OPAQUE_HEADS = False
 WARM_TILES = 2
 
 # The same for one-launch fp8 pair plans (the bench's --warm-tiles-fp8): their tiles are 128
-# tokens of one 128-byte line a row at head size 128, read as int16 pairs. Off until a GPU has
-# measured it.
+# tokens of one 128-byte line a row at head size 128, read as int16 pairs. Off: on an H100 two
+# tiles made 1 x 64k and 1 x 128k steps 2.0-2.9 us faster replayed but 0.2-0.8 us slower by
+# do_bench, which fp8_speedup counts (bench/NOTES-kernels.md, session 35).
 WARM_TILES_FP8 = 0
 
 
