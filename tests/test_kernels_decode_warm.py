@@ -149,7 +149,6 @@ def test_fp8_pair_prefetches_go_out_before_the_first_copy(tmp_path, monkeypatch)
     regs_warm, regs_cold = _registers(tmp_path / "warm.cubin"), _registers(tmp_path / "cold.cubin")
     if regs_warm is None:
         pytest.skip("no cuobjdump to read the registers with (the PTX checks above passed)")
-
     assert _per_sm(regs_warm, warm_meta) >= _per_sm(regs_cold, warm_meta)
 
 
