@@ -21,7 +21,7 @@ def flag_error(args: argparse.Namespace) -> str | None:
     if args.max_resident is not None and args.max_resident < 0:
         return "--max-resident must be 0 or more"
     for flag in ("warm_tiles", "warm_tiles_fp8"):
-        if (getattr(args, flag, None) or 0) < 0:
+        if (getattr(args, flag) or 0) < 0:
             return f"--{flag.replace('_', '-')} must be 0 or more"
     if args.max_registers is not None and not 24 <= args.max_registers <= 255:
         return "--max-registers must be from 24 to 255"

@@ -149,10 +149,12 @@ def _stamp(FLAGS, b, kvh, z, num_splits, q_heads, GROUP: tl.constexpr, t0, t1, t
 def _warm(
     K, V, PT, LENS, b, kvh, z, split_len_hint, stride_kp, stride_ks, stride_kh, stride_vp,
     stride_vs, stride_vh, stride_ptb, TOKENS: tl.constexpr, LINES: tl.constexpr,
-    LINE: tl.constexpr, PAGE: tl.constexpr,
+    LINE: tl.constexpr, PAGE: tl.constexpr, PAIRS: tl.constexpr = False,
 ):  # fmt: skip
     """An L2 prefetch of the first ``TOKENS`` tokens' K and V rows of split ``z`` (``LINES``
-    lines of ``LINE`` elements a row), where the plan's split length puts them.
+    lines of ``LINE`` elements a row), where the plan's split length puts them. ``PAIRS``: fp8
+    caches whose strides are in int16 units, read as the pair kernels read them (a line is then
+    ``LINE // 2`` pairs).
 
     Stage 1 finds its start only after the lengths' read and the split search, then reads the
     page table, then the tiles: three dependent trips before the first byte of K streams, with
@@ -162,13 +164,16 @@ def _warm(
     past the request's length is not fetched (its page entry may be anything); the page-table
     read stays inside its row.
     """
+    if PAIRS:
+        K = K.to(tl.pointer_type(tl.int16), bitcast=True)
+        V = V.to(tl.pointer_type(tl.int16), bitcast=True)
     seq_len = tl.load(LENS + b)
     offs = z * split_len_hint + tl.arange(0, TOKENS)
     idx = offs // PAGE
     page = tl.load(PT + b * stride_ptb + idx, mask=idx < stride_ptb, other=0).to(tl.int64)
     ok = (offs < seq_len).to(tl.int32)[:, None] + tl.zeros([TOKENS, LINES], tl.int32)
     at = (offs % PAGE)[:, None] + tl.zeros([TOKENS, LINES], tl.int64)
-    line = (tl.arange(0, LINES) * LINE)[None, :]
+    line = (tl.arange(0, LINES) * (LINE // 2 if PAIRS else LINE))[None, :]
     k_at = K + page[:, None] * stride_kp + at * stride_ks + kvh * stride_kh + line
     v_at = V + page[:, None] * stride_vp + at * stride_vs + kvh * stride_vh + line
     _prefetch_l2(k_at, ok)
@@ -352,18 +357,11 @@ def _decode_fused(
         t_start = _now(b)
         t_mid = t_start
     if z < num_splits:
-        if WARM > 0 and PAIRS and not UPCAST:  # int16 pairs: strides and lines in pairs
-            _warm(
-                K.to(tl.pointer_type(tl.int16), bitcast=True),
-                V.to(tl.pointer_type(tl.int16), bitcast=True), PT, LENS, b, kvh, z,
-                split_len_hint, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                stride_ptb, WARM * BLOCK_N, WARM_LINES, HEAD_DIM // 2 // WARM_LINES, PAGE,
-            )  # fmt: skip
-        elif WARM > 0 and not UPCAST:
+        if WARM > 0 and not UPCAST:
             _warm(
                 K, V, PT, LENS, b, kvh, z, split_len_hint, stride_kp, stride_ks, stride_kh,
                 stride_vp, stride_vs, stride_vh, stride_ptb, WARM * BLOCK_N, WARM_LINES,
-                HEAD_DIM // WARM_LINES, PAGE,
+                HEAD_DIM // WARM_LINES, PAGE, PAIRS,
             )  # fmt: skip
         if PAIRS and CVT:
             _decode_stage1_fp8_cvt(
