@@ -47,6 +47,7 @@ from . import bench_configs, decode_persist
 from .bench_occupancy import occ, occupancy_or_error, stage1_occupancy  # noqa: F401
 from .bench_summary import AT_MOST, FLOORS, LONG_CONTEXT, summarize
 from .bench_timing import (
+    ROUNDS,
     bench_graph_ms,
     bench_host_calls,
     bench_host_us,
@@ -54,6 +55,7 @@ from .bench_timing import (
     bench_ms_rounds,
     bench_readflush_ms,
     log,
+    turn_orders,
 )
 from .decode_attention import DEFAULT_FP8_CONFIG, DecodeConfig
 from .decode_plan import DecodePlan, decode_attention
@@ -579,7 +581,8 @@ def prefill_table(best: dict[str, AnyPrefillConfig]) -> list[dict[str, Any]]:
 
 def prefill_row(name, hq, hkv, d, causal, s, best: dict[str, AnyPrefillConfig]) -> dict[str, Any]:
     """Time one prefill shape against SDPA's FLASH_ATTENTION and CUDNN_ATTENTION backends, the
-    three in turn over three rounds (medians; each round's figure kept in ``rounds_us``)."""
+    three in turn over six rounds in balanced orders (``round_orders``; medians, each round's
+    figure kept in ``rounds_us``)."""
     from torch.nn.attention import SDPBackend
 
     case = PrefillCase(s, hq, hkv, d, causal)
@@ -590,7 +593,7 @@ def prefill_row(name, hq, hkv, d, causal, s, best: dict[str, AnyPrefillConfig]) 
             fns[key] = case.sdpa(getattr(SDPBackend, backend))
         except Exception as e:  # noqa: BLE001 - its error goes into the row
             failed[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-    got = {**bench_ms_rounds(fns), **failed}
+    got = {**bench_ms_rounds(fns, rounds=ROUNDS), **failed}
     if isinstance(got["ours"], str):
         raise RuntimeError(got["ours"])
     ms = sorted(got["ours"])[len(got["ours"]) // 2]
@@ -598,7 +601,8 @@ def prefill_row(name, hq, hkv, d, causal, s, best: dict[str, AnyPrefillConfig]) 
                            "batch": case.batch, "kernel": prefill_config_json(cfg)["kernel"],
                            "us": ms * 1e3, "TFLOPs": case.flops() / (ms * 1e-3) / 1e12,
                            "rounds_us": {k: v if isinstance(v, str) else [t * 1e3 for t in v]
-                                         for k, v in got.items()}}  # fmt: skip
+                                         for k, v in got.items()},
+                           "round_orders": turn_orders(list(fns), ROUNDS)}  # fmt: skip
     for key in ("sdpa_flash", "sdpa_cudnn"):
         if isinstance(times := got[key], str):
             row[f"{key}_error"] = times

@@ -19,20 +19,40 @@ def bench_ms(fn, *, rep: int = 100) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median"))
 
 
-def bench_ms_rounds(fns: dict, *, rounds: int = 3, rep: int = 40) -> dict[str, list[float] | str]:
-    """``bench_ms`` of each of ``fns`` (name -> callable) in turn, ``rounds`` times over: the ms
-    of each round per name, or the first line of the error that stopped a name (it is not timed
-    again). Taking turns puts every contender under the same clocks and temperatures: one timed
-    after the other for a whole run each, a compute-bound pair at 600-700 W can meet different
-    clock states (bench/NOTES-kernels.md, session 25)."""
+ROUNDS = 6  # twice the contenders of a prefill row: balanced orders (turn_orders)
+
+
+def turn_orders(names: list[str], rounds: int) -> list[list[str]]:
+    """The order of the contenders in each of ``rounds`` rounds, from a Williams design: over
+    ``len(names)`` rounds (twice that for an odd count, each order then followed by its reverse)
+    every contender goes first equally often and follows every other equally often, so none is
+    always timed right after the one that draws the most power (a compute-bound prefill at
+    600-700 W leaves the next contender a hotter card than a slower one does)."""
+    n = len(names)
+    base = [0] + [n - i // 2 if i % 2 == 0 else (i + 1) // 2 for i in range(1, n)]
+    rows = [[names[(b + k) % n] for b in base] for k in range(n)]
+    if n % 2:
+        rows = [row for pair in zip(rows, [r[::-1] for r in rows], strict=True) for row in pair]
+    return [rows[r % len(rows)] for r in range(rounds)] if n else [[] for _ in range(rounds)]
+
+
+def bench_ms_rounds(
+    fns: dict, *, rounds: int = ROUNDS, rep: int = 40
+) -> dict[str, list[float] | str]:
+    """``bench_ms`` of each of ``fns`` (name -> callable) in turn, ``rounds`` times over in the
+    orders of :func:`turn_orders`: the ms of each round per name (in round order), or the first
+    line of the error that stopped a name (it is not timed again). Taking turns puts every
+    contender under the same clocks and temperatures: one timed after the other for a whole run
+    each, a compute-bound pair at 600-700 W can meet different clock states (bench/NOTES-kernels.md,
+    session 25)."""
     got: dict[str, list[float] | str] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    for order in turn_orders(list(fns), rounds):
+        for name in order:
             times = got[name]
             if isinstance(times, str):
                 continue
             try:
-                times.append(bench_ms(fn, rep=rep))
+                times.append(bench_ms(fns[name], rep=rep))
             except Exception as e:  # noqa: BLE001 - the caller records the failing contender
                 got[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
     return got

@@ -23,17 +23,34 @@ def test_contenders_take_turns_and_a_failure_stops_only_its_own(monkeypatch) -> 
 
     monkeypatch.setattr(bench_timing, "bench_ms", fake_bench_ms)
     got = bench_timing.bench_ms_rounds(fns, rounds=3)
-    # round 1: all three; round 2: flash fails; round 3: flash is not timed again
-    assert calls == ["ours", "flash", "cudnn", "ours", "flash", "cudnn", "ours", "cudnn"]
-    assert got["ours"] == [1.0, 4.0, 7.0]
-    assert got["sdpa_cudnn"] == [3.0, 6.0, 8.0]
+    assert bench_timing.ROUNDS == 6  # the prefill rows' default: twice three contenders
+    # round 1 in the given order; round 2 reversed, where flash fails; round 3 rotated, flash
+    # not timed again
+    assert calls == ["ours", "flash", "cudnn", "cudnn", "flash", "ours", "cudnn", "ours"]
+    assert got["ours"] == [1.0, 6.0, 8.0]
+    assert got["sdpa_cudnn"] == [3.0, 4.0, 7.0]
     assert got["sdpa_flash"] == "RuntimeError: no kernel for this shape"
 
 
-@pytest.mark.parametrize("rounds", [1, 2])
+@pytest.mark.parametrize("rounds", [1, 2, 5])
 def test_each_round_times_every_contender_once(monkeypatch, rounds: int) -> None:
     seen: list[str] = []
     monkeypatch.setattr(bench_timing, "bench_ms", lambda fn, rep=100: seen.append(fn) or 1.0)
     got = bench_timing.bench_ms_rounds({"a": "a", "b": "b"}, rounds=rounds)
-    assert seen == ["a", "b"] * rounds
+    assert [sorted(seen[i : i + 2]) for i in range(0, len(seen), 2)] == [["a", "b"]] * rounds
+    assert seen == [x for order in bench_timing.turn_orders(["a", "b"], rounds) for x in order]
     assert got == {"a": [1.0] * rounds, "b": [1.0] * rounds}
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6])
+def test_balanced_orders_put_each_contender_first_and_after_each_other_equally(n: int) -> None:
+    names = [f"c{i}" for i in range(n)]
+    cycle = n if n % 2 == 0 else 2 * n  # a Williams design's length
+    orders = bench_timing.turn_orders(names, cycle)
+    assert all(sorted(o) == names for o in orders)
+    firsts = [o[0] for o in orders]
+    assert {firsts.count(c) for c in names} == {cycle // n}
+    follows = [(o[i], o[i + 1]) for o in orders for i in range(n - 1)]
+    pairs = [(a, b) for a in names for b in names if a != b]
+    # within rounds each ordered pair is as common as any other
+    assert {follows.count(p) for p in pairs} == {len(follows) // len(pairs)}
