@@ -11,7 +11,7 @@ One run measures, in order:
    bf16 and fp8 KV, hence the fp8 speed-up;
 4. prefill (no prefix; packed varlen with equal lengths, 16k tokens per launch): TFLOP/s and the
    ratio to torch SDPA forced to the FLASH_ATTENTION and CUDNN_ATTENTION backends, the three
-   timed in turn (medians of three rounds).
+   timed in turn (medians of six rounds in balanced orders).
 
 Decode is timed as a server runs it: a :class:`~kdash.kernels.decode_plan.DecodePlan` made
 once per shape, then ``plan.run`` per call. Besides the GPU time, the host time of one ``run``
