@@ -11,8 +11,9 @@ most 0.05 (on sm_90 the default path is this kernel at both head dims).
 
 Timing: do_bench (L2 flushed) at the kernel bench's prefill shapes with S >= 4096 (16k tokens a
 launch), the contenders in turns (six rounds in bench_timing.turn_orders' orders, the median kept,
-every round's figure in the row): the default prefill path, a few Gluon configs (persistent or one program a tile), with
-``--against FILE`` another version of kernels/prefill_gluon.py loaded beside this one, and SDPA.
+every round's figure in the row): the default prefill path, a few Gluon configs (persistent or
+one program a tile), with ``--against FILE`` another version of kernels/prefill_gluon.py loaded
+beside this one, and SDPA.
 ``--smoke`` runs the gates on small shapes only. Writes ``--out`` (JSON) after every step, so a
 hang or a kill keeps what ran.
 """
@@ -123,8 +124,8 @@ def load_against(path: Path):
 def time_shape(hq, hkv, d, causal, s, configs, against=None) -> dict[str, Any]:
     """Every contender at one shape, timed in turns (six rounds of do_bench each in
     bench_timing.turn_orders' orders, the median kept; each round's figure in ``rounds_us``):
-    the default prefill path, each Gluon config, ``against`` (another version of the kernel's module) if given, SDPA's cuDNN and
-    FLASH backends."""
+    the default prefill path, each Gluon config, ``against`` (another version of the kernel's
+    module) if given, SDPA's cuDNN and FLASH backends."""
     from torch.nn.attention import SDPBackend
 
     case = PrefillCase(s, hq, hkv, d, causal)
