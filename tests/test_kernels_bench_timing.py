@@ -54,3 +54,34 @@ def test_balanced_orders_put_each_contender_first_and_after_each_other_equally(n
     pairs = [(a, b) for a in names for b in names if a != b]
     # within rounds each ordered pair is as common as any other
     assert {follows.count(p) for p in pairs} == {len(follows) // len(pairs)}
+
+
+def test_a_prefill_row_keeps_each_round_in_the_order_it_ran(monkeypatch) -> None:
+    """The bench's prefill row on the CPU at a toy size: the contenders' callables are never
+    run (``bench_ms`` is the recorder, and SDPA's FLASH and cuDNN backends, which need CUDA, are
+    stood in for by named callables); what is checked is that ``round_orders`` says which
+    contender ran when, so ``rounds_us`` can be read by predecessor."""
+    import torch
+    from kdash.kernels import bench
+
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "PREFILL_TOKENS", 32)
+    monkeypatch.setattr(bench.PrefillCase, "sdpa", lambda self, backend: f"sdpa {backend.name}")
+    calls: list = []
+
+    def fake_bench_ms(fn, *, rep: int = 100) -> float:
+        calls.append(fn)
+        return float(len(calls))  # ms: the call's position, 1-based
+
+    monkeypatch.setattr(bench_timing, "bench_ms", fake_bench_ms)
+    cfg = bench.chosen_config(64, False, torch.device("cpu"))
+    row = bench.prefill_row("toy", 2, 2, 64, False, 16, {"d64-full": cfg})
+    names = {"sdpa FLASH_ATTENTION": "sdpa_flash", "sdpa CUDNN_ATTENTION": "sdpa_cudnn"}
+    ran = [names.get(fn, "ours") if isinstance(fn, str) else "ours" for fn in calls]
+    assert len(row["round_orders"]) == bench_timing.ROUNDS == 6
+    assert ran == [name for order in row["round_orders"] for name in order]
+    for r, order in enumerate(row["round_orders"]):
+        for pos, name in enumerate(order):
+            assert row["rounds_us"][name][r] == (3 * r + pos + 1) * 1e3
+    firsts = [order[0] for order in row["round_orders"]]
+    assert sorted(firsts) == sorted(["ours", "sdpa_flash", "sdpa_cudnn"] * 2)
