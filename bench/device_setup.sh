@@ -4,7 +4,7 @@
 # uc-micro-py), ijson, tomlkit, demangle, prometheus-client and cupti-python 13.0.1, downloaded as
 # the device README says (`pip download --no-deps -d .whl NAME`). Every runtime dependency the
 # kdash wheel declares is then imported: one the machine lacks is named on stderr (without
-# demangle the demo's recorder stops; session 38 saw it).
+# demangle the recorder stops, and the demo shows no kernels).
 # The kdash wheel itself is built here first, from the current tree:
 #   rm -f .whl/kdash-*.whl && pip wheel -q --no-deps -w .whl .
 # Use: `bash bench/device_setup.sh && export PYTHONPATH=/tmp/site PYTHONSAFEPATH=1`.
