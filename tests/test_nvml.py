@@ -694,7 +694,15 @@ def test_real_gpu_under_matmul_load() -> None:
     sm = [r["sm_clock_mhz"] for r in loaded]
     w = [r["power_w"] for r in loaded]
     util = [r["util_gpu_pct"] for r in loaded]
-    assert statistics.median(sm) > idle_sm, (idle_sm, sm)
+    sm_max = max(r["sm_clock_max_mhz"] for r in loaded)
+    assert all(0 < c <= sm_max for c in sm), (sm_max, sm)
+    if statistics.median(sm) <= idle_sm:
+        # A card may idle at its boost clock (an H100 read 1980 MHz idle) and drop under the
+        # matmul's power draw (~1350 MHz at the 700 W cap): the clock is still read live when
+        # the samples say what held it back. An H200 idles at 345 MHz and rises.
+        held = [r["throttle_reasons"] for r in loaded]
+        n_held = sum(h > 0 and bool(h & gpu_reasons.THROTTLE_MASK) for h in held)
+        assert n_held >= len(held) // 2, (idle_sm, sm, held)
     assert statistics.median(w) > idle_w * 1.5, (idle_w, w)
     assert statistics.median(util) > 90, util
     assert sum(u > 90 for u in util) >= 0.8 * len(util), util
